@@ -1,0 +1,76 @@
+// ClusterSpec: which tasks make up the cluster, in TensorFlow's words.
+//
+//   {"ps": ["h1:2222", "h2:2222"], "worker": ["h3:2222"], "chief": ["h4:2222"]}
+//
+// Read from TensorFlow-style flags, a JSON file, or the TF_CONFIG environment
+// variable ({"cluster": {...}, "task": {"type": "worker", "index": 0}}).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "tessera/status.h"
+
+namespace tessera {
+
+struct TaskAddress {
+  std::string host;
+  uint16_t port = 0;
+  std::string ToString() const { return host + ":" + std::to_string(port); }
+  static Result<TaskAddress> Parse(const std::string& host_port);
+};
+
+struct TaskId {
+  std::string job;  // "ps", "worker", "chief"
+  int index = 0;
+  // "/job:ps/task:0", as TensorFlow names it.
+  std::string ToString() const { return "/job:" + job + "/task:" + std::to_string(index); }
+};
+
+class ClusterSpec {
+ public:
+  ClusterSpec() = default;
+
+  // {"ps": ["host:port", ...], "worker": [...], "chief": [...]}
+  static Result<ClusterSpec> FromJson(const std::string& json_text);
+  static Result<ClusterSpec> FromJsonFile(const std::string& path);
+  // Comma-separated host:port lists, as --ps_hosts/--worker_hosts gave them.
+  static Result<ClusterSpec> FromHostLists(const std::string& ps_hosts,
+                                           const std::string& worker_hosts,
+                                           const std::string& chief_hosts = "");
+
+  Status AddJob(const std::string& job, std::vector<TaskAddress> tasks);
+  const std::vector<TaskAddress>& tasks(const std::string& job) const;
+  int num_tasks(const std::string& job) const { return static_cast<int>(tasks(job).size()); }
+  Result<TaskAddress> address(const TaskId& task) const;
+  const std::map<std::string, std::vector<TaskAddress>>& jobs() const { return jobs_; }
+
+  // Workers that push and pull: the chief task (if any) counts as one.
+  int num_workers() const { return num_tasks("worker") + num_tasks("chief"); }
+  // The chief: the "chief" task if the spec has one, else worker 0.
+  TaskId chief() const;
+  // Position of a worker-like task among all workers (chief first if present).
+  Result<int> worker_rank(const TaskId& task) const;
+
+  // Checks there is at least one ps task and one worker-like task.
+  Status Validate() const;
+  std::string ToJson() const;
+
+ private:
+  std::map<std::string, std::vector<TaskAddress>> jobs_;
+};
+
+struct TfConfig {
+  ClusterSpec cluster;
+  TaskId task;
+};
+
+// TensorFlow's TF_CONFIG format, exactly.
+Result<TfConfig> ParseTfConfig(const std::string& json_text);
+// Reads TF_CONFIG from the environment; NotFound when it is unset.
+Result<TfConfig> TfConfigFromEnv();
+std::string ToTfConfigJson(const ClusterSpec& cluster, const TaskId& task);
+
+}  // namespace tessera

@@ -1,0 +1,114 @@
+// Little-endian byte writer and bounds-checked reader. The reader never reads
+// past its span: every Read* fails (and latches the failure) instead.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+namespace tessera {
+
+// FNV-1a, 64 bit: a cheap integrity check (not a MAC) for self-describing blobs.
+uint64_t Fnv1a64(std::span<const uint8_t> bytes, uint64_t seed = 0xcbf29ce484222325ULL);
+
+class ByteWriter {
+  template <typename T, bool IsEnum>
+  struct Underlying {
+    using type = T;
+  };
+  template <typename T>
+  struct Underlying<T, true> {
+    using type = std::underlying_type_t<T>;
+  };
+
+ public:
+  explicit ByteWriter(std::vector<uint8_t>* out) : out_(out) {}
+
+  template <typename T>
+  void Put(T value) {
+    static_assert(std::is_integral_v<T> || std::is_enum_v<T>);
+    using U = std::make_unsigned_t<typename Underlying<T, std::is_enum_v<T>>::type>;
+    auto v = static_cast<U>(value);
+    for (size_t i = 0; i < sizeof(U); ++i) out_->push_back(static_cast<uint8_t>(v >> (8 * i)));
+  }
+  void PutBytes(std::span<const uint8_t> bytes) { out_->insert(out_->end(), bytes.begin(), bytes.end()); }
+  // u32 length, then the bytes.
+  void PutString(std::string_view s) {
+    Put<uint32_t>(static_cast<uint32_t>(s.size()));
+    out_->insert(out_->end(), s.begin(), s.end());
+  }
+  void PutBlob(std::span<const uint8_t> bytes) {
+    Put<uint32_t>(static_cast<uint32_t>(bytes.size()));
+    PutBytes(bytes);
+  }
+  size_t size() const { return out_->size(); }
+  // Overwrites a u32 at `offset` (for lengths known only at the end).
+  void PatchU32(size_t offset, uint32_t value) {
+    for (size_t i = 0; i < 4; ++i) (*out_)[offset + i] = static_cast<uint8_t>(value >> (8 * i));
+  }
+
+ private:
+  std::vector<uint8_t>* out_;
+};
+
+class ByteReader {
+ public:
+  explicit ByteReader(std::span<const uint8_t> in) : in_(in) {}
+
+  template <typename T>
+  bool Get(T* value) {
+    static_assert(std::is_integral_v<T>);
+    using U = std::make_unsigned_t<T>;
+    if (!Need(sizeof(U))) return false;
+    U v = 0;
+    for (size_t i = 0; i < sizeof(U); ++i) v |= static_cast<U>(static_cast<U>(in_[pos_ + i]) << (8 * i));
+    pos_ += sizeof(U);
+    *value = static_cast<T>(v);
+    return true;
+  }
+  bool GetBytes(size_t n, std::span<const uint8_t>* out) {
+    if (!Need(n)) return false;
+    *out = in_.subspan(pos_, n);
+    pos_ += n;
+    return true;
+  }
+  // A u32 length no larger than max_len, then that many bytes.
+  bool GetString(std::string* out, size_t max_len) {
+    std::span<const uint8_t> bytes;
+    if (!GetBlob(&bytes, max_len)) return false;
+    out->assign(bytes.begin(), bytes.end());
+    return true;
+  }
+  bool GetBlob(std::span<const uint8_t>* out, size_t max_len) {
+    uint32_t len = 0;
+    if (!Get(&len)) return false;
+    if (len > max_len) {
+      failed_ = true;
+      return false;
+    }
+    return GetBytes(len, out);
+  }
+
+  size_t remaining() const { return failed_ ? 0 : in_.size() - pos_; }
+  size_t position() const { return pos_; }
+  bool failed() const { return failed_; }
+
+ private:
+  bool Need(size_t n) {
+    if (failed_ || n > in_.size() - pos_) {
+      failed_ = true;
+      return false;
+    }
+    return true;
+  }
+
+  std::span<const uint8_t> in_;
+  size_t pos_ = 0;
+  bool failed_ = false;
+};
+
+}  // namespace tessera

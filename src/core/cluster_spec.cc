@@ -1,0 +1,202 @@
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "tessera/cluster.h"
+
+namespace tessera {
+namespace {
+
+const std::vector<TaskAddress> kNoTasks;
+
+std::vector<std::string> SplitComma(const std::string& s) {
+  std::vector<std::string> out;
+  std::string item;
+  std::istringstream in(s);
+  while (std::getline(in, item, ',')) {
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
+Result<std::vector<TaskAddress>> ParseList(const std::string& job,
+                                           const std::vector<std::string>& items) {
+  std::vector<TaskAddress> out;
+  for (const auto& item : items) {
+    auto addr = TaskAddress::Parse(item);
+    if (!addr.ok()) return addr.status().WithContext("job '" + job + "'");
+    out.push_back(*addr);
+  }
+  return out;
+}
+
+Result<ClusterSpec> FromJsonValue(const nlohmann::json& j) {
+  if (!j.is_object()) {
+    return Status::InvalidArgument("cluster spec must be a JSON object of job -> [\"host:port\"]");
+  }
+  ClusterSpec spec;
+  for (const auto& [job, list] : j.items()) {
+    if (!list.is_array()) {
+      return Status::InvalidArgument("cluster spec: job '" + job + "' must be a list of host:port");
+    }
+    std::vector<std::string> items;
+    for (const auto& v : list) {
+      if (!v.is_string()) {
+        return Status::InvalidArgument("cluster spec: job '" + job + "' has a non-string task");
+      }
+      items.push_back(v.get<std::string>());
+    }
+    auto tasks = ParseList(job, items);
+    if (!tasks.ok()) return tasks.status();
+    TESSERA_RETURN_IF_ERROR(spec.AddJob(job, std::move(*tasks)));
+  }
+  return spec;
+}
+
+}  // namespace
+
+Result<TaskAddress> TaskAddress::Parse(const std::string& host_port) {
+  auto colon = host_port.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == host_port.size()) {
+    return Status::InvalidArgument("'" + host_port + "' is not host:port");
+  }
+  std::string host = host_port.substr(0, colon);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  const std::string port_text = host_port.substr(colon + 1);
+  char* end = nullptr;
+  long port = std::strtol(port_text.c_str(), &end, 10);
+  if (*end != '\0' || port <= 0 || port > 65535) {
+    return Status::InvalidArgument("'" + host_port + "' has an invalid port '" + port_text + "'");
+  }
+  return TaskAddress{host, static_cast<uint16_t>(port)};
+}
+
+Status ClusterSpec::AddJob(const std::string& job, std::vector<TaskAddress> tasks) {
+  if (job.empty()) return Status::InvalidArgument("cluster spec: empty job name");
+  if (jobs_.count(job)) return Status::AlreadyExists("cluster spec: job '" + job + "' given twice");
+  if (job == "chief" && tasks.size() > 1) {
+    return Status::InvalidArgument("cluster spec: at most one chief task (got " +
+                                   std::to_string(tasks.size()) + ")");
+  }
+  jobs_[job] = std::move(tasks);
+  return Status::Ok();
+}
+
+const std::vector<TaskAddress>& ClusterSpec::tasks(const std::string& job) const {
+  auto it = jobs_.find(job);
+  return it == jobs_.end() ? kNoTasks : it->second;
+}
+
+Result<TaskAddress> ClusterSpec::address(const TaskId& task) const {
+  const auto& list = tasks(task.job);
+  if (task.index < 0 || task.index >= static_cast<int>(list.size())) {
+    return Status::NotFound("no task " + task.ToString() + " in the cluster spec (job '" +
+                            task.job + "' has " + std::to_string(list.size()) + " tasks)");
+  }
+  return list[task.index];
+}
+
+TaskId ClusterSpec::chief() const {
+  if (num_tasks("chief") > 0) return {"chief", 0};
+  return {"worker", 0};
+}
+
+Result<int> ClusterSpec::worker_rank(const TaskId& task) const {
+  int chiefs = num_tasks("chief");
+  if (task.job == "chief" && task.index == 0 && chiefs == 1) return 0;
+  if (task.job == "worker" && task.index >= 0 && task.index < num_tasks("worker")) {
+    return chiefs + task.index;
+  }
+  return Status::NotFound(task.ToString() + " is not a worker task of the cluster spec");
+}
+
+Status ClusterSpec::Validate() const {
+  if (num_tasks("ps") == 0) return Status::InvalidArgument("cluster spec has no ps tasks");
+  if (num_workers() == 0) {
+    return Status::InvalidArgument("cluster spec has no worker (or chief) tasks");
+  }
+  return Status::Ok();
+}
+
+std::string ClusterSpec::ToJson() const {
+  nlohmann::json j = nlohmann::json::object();
+  for (const auto& [job, list] : jobs_) {
+    auto arr = nlohmann::json::array();
+    for (const auto& t : list) arr.push_back(t.ToString());
+    j[job] = arr;
+  }
+  return j.dump();
+}
+
+Result<ClusterSpec> ClusterSpec::FromJson(const std::string& json_text) {
+  auto j = nlohmann::json::parse(json_text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return Status::InvalidArgument("cluster spec: not valid JSON");
+  return FromJsonValue(j);
+}
+
+Result<ClusterSpec> ClusterSpec::FromJsonFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return Status::NotFound("cannot open cluster spec file '" + path + "'");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  auto spec = FromJson(ss.str());
+  if (!spec.ok()) return spec.status().WithContext(path);
+  return spec;
+}
+
+Result<ClusterSpec> ClusterSpec::FromHostLists(const std::string& ps_hosts,
+                                               const std::string& worker_hosts,
+                                               const std::string& chief_hosts) {
+  ClusterSpec spec;
+  for (const auto& [job, list] : {std::pair<std::string, const std::string*>{"ps", &ps_hosts},
+                                  {"worker", &worker_hosts},
+                                  {"chief", &chief_hosts}}) {
+    auto items = SplitComma(*list);
+    if (items.empty()) continue;
+    auto tasks = ParseList(job, items);
+    if (!tasks.ok()) return tasks.status();
+    TESSERA_RETURN_IF_ERROR(spec.AddJob(job, std::move(*tasks)));
+  }
+  return spec;
+}
+
+Result<TfConfig> ParseTfConfig(const std::string& json_text) {
+  auto j = nlohmann::json::parse(json_text, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return Status::InvalidArgument("TF_CONFIG is not a JSON object");
+  if (!j.contains("cluster")) return Status::InvalidArgument("TF_CONFIG has no \"cluster\"");
+  auto cluster = FromJsonValue(j["cluster"]);
+  if (!cluster.ok()) return cluster.status().WithContext("TF_CONFIG");
+  TfConfig cfg{*cluster, {}};
+  if (!j.contains("task") || !j["task"].is_object()) {
+    return Status::InvalidArgument("TF_CONFIG has no \"task\" object");
+  }
+  const auto& task = j["task"];
+  if (!task.contains("type") || !task["type"].is_string()) {
+    return Status::InvalidArgument("TF_CONFIG task has no string \"type\"");
+  }
+  if (!task.contains("index") || !task["index"].is_number_integer()) {
+    return Status::InvalidArgument("TF_CONFIG task has no integer \"index\"");
+  }
+  cfg.task.job = task["type"].get<std::string>();
+  cfg.task.index = task["index"].get<int>();
+  auto addr = cfg.cluster.address(cfg.task);
+  if (!addr.ok()) return addr.status().WithContext("TF_CONFIG");
+  return cfg;
+}
+
+Result<TfConfig> TfConfigFromEnv() {
+  const char* text = std::getenv("TF_CONFIG");
+  if (text == nullptr || *text == '\0') return Status::NotFound("TF_CONFIG is not set");
+  return ParseTfConfig(text);
+}
+
+std::string ToTfConfigJson(const ClusterSpec& cluster, const TaskId& task) {
+  nlohmann::json j;
+  j["cluster"] = nlohmann::json::parse(cluster.ToJson());
+  j["task"] = {{"type", task.job}, {"index", task.index}};
+  return j.dump();
+}
+
+}  // namespace tessera

@@ -1,0 +1,74 @@
+#include "core/secret.h"
+
+#include <openssl/crypto.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+#include <vector>
+
+namespace tessera {
+
+Result<std::string> LoadSecret(const std::string& file_path) {
+  std::string path = file_path;
+  if (path.empty()) {
+    if (const char* s = std::getenv("TESSERA_SECRET"); s && *s) return std::string(s);
+    if (const char* f = std::getenv("TESSERA_SECRET_FILE"); f && *f) path = f;
+  }
+  if (path.empty()) {
+    return Status::NotFound(
+        "no cluster secret: set TESSERA_SECRET or TESSERA_SECRET_FILE (tessera launch makes one)");
+  }
+  std::ifstream in(path);
+  if (!in) return Status::NotFound("cannot read cluster secret file '" + path + "'");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string secret = ss.str();
+  while (!secret.empty() && (secret.back() == '\n' || secret.back() == '\r')) secret.pop_back();
+  if (secret.empty()) return Status::InvalidArgument("cluster secret file '" + path + "' is empty");
+  return secret;
+}
+
+Nonce RandomNonce() {
+  Nonce n{};
+  if (RAND_bytes(n.data(), static_cast<int>(n.size())) != 1) {
+    throw std::runtime_error("RAND_bytes failed: no entropy for a nonce");
+  }
+  return n;
+}
+
+std::string GenerateSecret() {
+  std::array<uint8_t, 32> raw{};
+  if (RAND_bytes(raw.data(), static_cast<int>(raw.size())) != 1) {
+    throw std::runtime_error("RAND_bytes failed: no entropy for a secret");
+  }
+  static const char* kHex = "0123456789abcdef";
+  std::string out;
+  for (uint8_t b : raw) {
+    out += kHex[b >> 4];
+    out += kHex[b & 15];
+  }
+  return out;
+}
+
+Proof MakeProof(const std::string& secret, std::string_view label, const Nonce& a, const Nonce& b,
+                std::string_view context) {
+  std::vector<uint8_t> msg(label.begin(), label.end());
+  msg.insert(msg.end(), a.begin(), a.end());
+  msg.insert(msg.end(), b.begin(), b.end());
+  msg.insert(msg.end(), context.begin(), context.end());
+  Proof out{};
+  unsigned int len = 0;
+  HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()), msg.data(), msg.size(),
+       out.data(), &len);
+  return out;
+}
+
+bool ProofsEqual(const Proof& x, const Proof& y) {
+  return CRYPTO_memcmp(x.data(), y.data(), x.size()) == 0;
+}
+
+}  // namespace tessera

@@ -1,0 +1,29 @@
+// The cluster secret and the proofs peers exchange to show they know it.
+// A peer proves knowledge with HMAC-SHA256 over both sides' fresh nonces, so
+// a recorded hello cannot be replayed.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "tessera/status.h"
+
+namespace tessera {
+
+using Nonce = std::array<uint8_t, 16>;
+using Proof = std::array<uint8_t, 32>;
+
+// TESSERA_SECRET (the secret itself) or TESSERA_SECRET_FILE (a file holding
+// it), in that order; an explicit file path wins over both.
+Result<std::string> LoadSecret(const std::string& file_path = "");
+// 32 random bytes, hex-encoded.
+std::string GenerateSecret();
+Nonce RandomNonce();
+// HMAC-SHA256(secret, label || a || b || context).
+Proof MakeProof(const std::string& secret, std::string_view label, const Nonce& a, const Nonce& b,
+                std::string_view context);
+bool ProofsEqual(const Proof& x, const Proof& y);
+
+}  // namespace tessera

@@ -1,0 +1,142 @@
+#include "transport/event_loop.h"
+
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <stdexcept>
+
+#include "core/log.h"
+
+namespace tessera::transport {
+
+EventLoop::EventLoop(std::string name, bool busy_poll, Hooks hooks)
+    : name_(std::move(name)), busy_poll_(busy_poll), hooks_(std::move(hooks)) {
+  epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
+  wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (epoll_fd_ < 0 || wake_fd_ < 0) {
+    throw std::runtime_error(std::string("event loop: epoll/eventfd: ") + std::strerror(errno));
+  }
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.fd = wake_fd_;
+  epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, wake_fd_, &ev);
+  if (hooks_.event_fd >= 0) {
+    ev.data.fd = hooks_.event_fd;
+    epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, hooks_.event_fd, &ev);
+  }
+}
+
+EventLoop::~EventLoop() {
+  Stop();
+  if (epoll_fd_ >= 0) close(epoll_fd_);
+  if (wake_fd_ >= 0) close(wake_fd_);
+}
+
+void EventLoop::Start() {
+  running_ = true;
+  thread_ = std::thread([this] { Run(); });
+}
+
+void EventLoop::Stop() {
+  if (!thread_.joinable()) return;
+  if (InLoopThread()) {
+    running_ = false;  // Stop from inside: the thread exits after this task.
+    return;
+  }
+  Post([this] { running_ = false; });
+  thread_.join();
+}
+
+void EventLoop::Post(std::function<void()> fn) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    tasks_.push_back(std::move(fn));
+  }
+  if (sleeping_.load()) Wake();
+}
+
+void EventLoop::PostAfter(std::chrono::milliseconds delay, std::function<void()> fn) {
+  auto deadline = std::chrono::steady_clock::now() + delay;
+  auto add = [this, deadline, fn = std::move(fn)]() mutable {
+    timers_.push(Timer{deadline, timer_seq_++, std::move(fn)});
+  };
+  if (InLoopThread()) {
+    add();
+  } else {
+    Post(std::move(add));
+  }
+}
+
+void EventLoop::Wake() {
+  uint64_t one = 1;
+  ssize_t n = write(wake_fd_, &one, sizeof(one));
+  (void)n;  // EAGAIN means the counter is already non-zero: the loop will wake.
+}
+
+bool EventLoop::RunTasks() {
+  std::deque<std::function<void()>> batch;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    batch.swap(tasks_);
+  }
+  for (auto& task : batch) task();
+  return !batch.empty();
+}
+
+void EventLoop::RunTimers() {
+  auto now = std::chrono::steady_clock::now();
+  while (!timers_.empty() && timers_.top().deadline <= now) {
+    auto fn = std::move(const_cast<Timer&>(timers_.top()).fn);
+    timers_.pop();
+    fn();
+  }
+}
+
+int EventLoop::MillisToNextTimer() const {
+  if (timers_.empty()) return -1;
+  auto left = timers_.top().deadline - std::chrono::steady_clock::now();
+  auto ms = std::chrono::ceil<std::chrono::milliseconds>(left).count();
+  return ms < 0 ? 0 : static_cast<int>(ms);
+}
+
+void EventLoop::Run() {
+  thread_id_ = std::this_thread::get_id();
+  constexpr int kMaxEvents = 4;
+  epoll_event events[kMaxEvents];
+  while (running_) {
+    bool worked = RunTasks();
+    RunTimers();
+    for (int i = 0; i < 64 && hooks_.progress(); ++i) worked = true;
+    if (worked || busy_poll_ || !running_) continue;
+
+    sleeping_ = true;
+    bool have_tasks;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      have_tasks = !tasks_.empty();
+    }
+    if (have_tasks || !hooks_.arm()) {
+      sleeping_ = false;
+      continue;
+    }
+    int n = epoll_wait(epoll_fd_, events, kMaxEvents, MillisToNextTimer());
+    sleeping_ = false;
+    if (n < 0 && errno != EINTR) {
+      TLOG_ERROR("{}: epoll_wait failed: {}", name_, std::strerror(errno));
+    }
+    for (int i = 0; i < n; ++i) {
+      if (events[i].data.fd == wake_fd_) {
+        uint64_t value;
+        ssize_t r = read(wake_fd_, &value, sizeof(value));
+        (void)r;
+      }
+    }
+  }
+  RunTasks();
+  thread_id_ = std::thread::id{};
+}
+
+}  // namespace tessera::transport

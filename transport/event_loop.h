@@ -1,0 +1,78 @@
+// One progress thread: runs posted tasks and timers, drives a fabric's
+// progress function, and sleeps on the fabric's event fd when idle (or spins,
+// in busy-poll mode). Shared by the transport backends.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <queue>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace tessera::transport {
+
+class EventLoop {
+ public:
+  struct Hooks {
+    // Drives the fabric once; returns true when it did some work.
+    std::function<bool()> progress;
+    // Prepares the fabric's fd for sleeping; returns false when events are
+    // already pending and the loop must not sleep.
+    std::function<bool()> arm;
+    // The fabric's event fd (readable when it has work), or -1.
+    int event_fd = -1;
+  };
+
+  EventLoop(std::string name, bool busy_poll, Hooks hooks);
+  ~EventLoop();
+  EventLoop(const EventLoop&) = delete;
+  EventLoop& operator=(const EventLoop&) = delete;
+
+  void Start();
+  // Runs the tasks already posted, then stops and joins the thread.
+  void Stop();
+
+  void Post(std::function<void()> fn);
+  void PostAfter(std::chrono::milliseconds delay, std::function<void()> fn);
+  bool InLoopThread() const { return std::this_thread::get_id() == thread_id_.load(); }
+
+ private:
+  struct Timer {
+    std::chrono::steady_clock::time_point deadline;
+    uint64_t seq;
+    std::function<void()> fn;
+    bool operator>(const Timer& other) const {
+      return deadline != other.deadline ? deadline > other.deadline : seq > other.seq;
+    }
+  };
+
+  void Run();
+  bool RunTasks();
+  void RunTimers();
+  int MillisToNextTimer() const;
+  void Wake();
+
+  const std::string name_;
+  const bool busy_poll_;
+  Hooks hooks_;
+  int epoll_fd_ = -1;
+  int wake_fd_ = -1;
+
+  std::mutex mu_;
+  std::deque<std::function<void()>> tasks_;  // guarded by mu_
+  std::atomic<bool> sleeping_{false};
+  std::atomic<bool> running_{false};
+  std::atomic<std::thread::id> thread_id_{};
+  std::thread thread_;
+
+  // Loop thread only.
+  std::priority_queue<Timer, std::vector<Timer>, std::greater<>> timers_;
+  uint64_t timer_seq_ = 0;
+};
+
+}  // namespace tessera::transport

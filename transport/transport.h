@@ -1,0 +1,159 @@
+// The fabric seen from above: contexts, registered memory, endpoints that send
+// small messages and move bytes one-sided. Nothing here knows what a parameter
+// is, and nothing above this header knows which fabric (UCX, verbs) carries it.
+//
+// Threading: every Context runs one progress thread. Message handlers, accept
+// and connect callbacks and completions run on that thread and must not block.
+// Endpoint and Context methods may be called from any thread; calls made off
+// the progress thread are handed to it.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "tessera/status.h"
+
+namespace tessera::transport {
+
+enum class MemoryKind : uint8_t { kHost = 0, kCuda = 1 };
+
+struct ContextOptions {
+  std::string backend = "ucx";
+  // Spin in the progress loop instead of sleeping on the fabric's event fd.
+  bool busy_poll = false;
+  // For logs: "shard 0", "worker 2".
+  std::string name = "tessera";
+};
+
+// Bytes moved, by kind. Used by tests to prove that payloads travel one-sided.
+struct Counters {
+  uint64_t messages_sent = 0;
+  uint64_t message_bytes_sent = 0;
+  uint64_t messages_received = 0;
+  uint64_t message_bytes_received = 0;
+  uint64_t puts = 0;
+  uint64_t put_bytes = 0;
+  uint64_t gets = 0;
+  uint64_t get_bytes = 0;
+};
+
+// Local memory that peers may read or write one-sided once they hold its key.
+class Region {
+ public:
+  virtual ~Region() = default;
+  virtual void* data() const = 0;
+  virtual size_t size() const = 0;
+  virtual MemoryKind kind() const = 0;
+  // What a peer needs to reach this region: base address, size and the
+  // backend's packed remote key, self-checking (see RemoteRegionDesc).
+  virtual std::vector<uint8_t> Describe() const = 0;
+};
+
+// A peer's region, attached to one endpoint.
+class RemoteRegion {
+ public:
+  virtual ~RemoteRegion() = default;
+  virtual uint64_t base() const = 0;
+  virtual uint64_t size() const = 0;
+  // True when [addr, addr + len) lies inside the region.
+  bool Contains(uint64_t addr, uint64_t len) const {
+    return addr >= base() && len <= size() && addr - base() <= size() - len;
+  }
+};
+
+using Completion = std::function<void(Status)>;
+
+class Endpoint {
+ public:
+  virtual ~Endpoint() = default;
+
+  // Sends a small message; the handler registered for `msg_id` runs on the
+  // peer. `done` (optional) runs when the bytes may be considered sent.
+  virtual void Send(uint16_t msg_id, std::vector<uint8_t> bytes, Completion done = {}) = 0;
+
+  // Attaches a region a peer described (Region::Describe). Refuses keys that
+  // are malformed or fail their checksum.
+  virtual Result<std::unique_ptr<RemoteRegion>> Attach(std::span<const uint8_t> description) = 0;
+
+  // One-sided write of local bytes [local, local+len) to remote_addr. The
+  // local buffer must stay valid until `done` runs. Out-of-region writes are
+  // refused before anything is sent.
+  virtual void Put(const void* local, size_t len, const RemoteRegion& remote, uint64_t remote_addr,
+                   Completion done) = 0;
+  // One-sided read of len bytes at remote_addr into local.
+  virtual void Get(void* local, size_t len, const RemoteRegion& remote, uint64_t remote_addr,
+                   Completion done) = 0;
+  // Completes once every put/get issued before it is complete at the peer.
+  virtual void Flush(Completion done) = 0;
+
+  // Closes the connection; pending operations fail.
+  virtual void Close() = 0;
+  virtual bool alive() const = 0;
+  // "127.0.0.1:7000" or what the backend knows of the peer.
+  virtual std::string peer() const = 0;
+
+  // Opaque slot for the layer above (e.g. which worker this is).
+  void set_user_tag(uint64_t tag) { user_tag_.store(tag); }
+  uint64_t user_tag() const { return user_tag_.load(); }
+
+ private:
+  std::atomic<uint64_t> user_tag_{0};
+};
+
+using MessageHandler = std::function<void(const std::shared_ptr<Endpoint>& from,
+                                          std::span<const uint8_t> bytes)>;
+using AcceptHandler = std::function<void(const std::shared_ptr<Endpoint>& ep)>;
+using DisconnectHandler = std::function<void(const std::shared_ptr<Endpoint>& ep, Status why)>;
+using ConnectCallback = std::function<void(Result<std::shared_ptr<Endpoint>>)>;
+
+class Listener {
+ public:
+  virtual ~Listener() = default;
+  // The port actually bound (useful with port 0).
+  virtual uint16_t port() const = 0;
+};
+
+class Context {
+ public:
+  // Message ids at or above this are the backend's own.
+  static constexpr uint16_t kMaxUserMessageId = 0xff00;
+
+  static Result<std::unique_ptr<Context>> Open(const ContextOptions& options);
+  virtual ~Context() = default;
+
+  // Memory the fabric allocates itself; shared-memory transports can map it
+  // directly into peers (faster than registering malloc'd memory).
+  virtual Result<std::unique_ptr<Region>> Allocate(size_t size, MemoryKind kind) = 0;
+  // Registers memory the caller owns; it must outlive the Region.
+  virtual Result<std::unique_ptr<Region>> Register(void* data, size_t size, MemoryKind kind) = 0;
+
+  // Handlers are set before Listen/Connect and are not changed afterwards.
+  virtual void SetHandler(uint16_t msg_id, MessageHandler handler) = 0;
+  virtual void SetDisconnectHandler(DisconnectHandler handler) = 0;
+
+  virtual Result<std::unique_ptr<Listener>> Listen(const std::string& host, uint16_t port,
+                                                   AcceptHandler on_accept) = 0;
+  // Connects; `done` runs with the endpoint once the peer has answered, or
+  // with an error after `timeout`.
+  virtual void Connect(const std::string& host, uint16_t port, std::chrono::milliseconds timeout,
+                       ConnectCallback done) = 0;
+
+  // Runs fn on the progress thread (soon, in order).
+  virtual void Post(std::function<void()> fn) = 0;
+  // Runs fn on the progress thread after `delay`.
+  virtual void PostAfter(std::chrono::milliseconds delay, std::function<void()> fn) = 0;
+  virtual bool InProgressThread() const = 0;
+
+  virtual Counters counters() const = 0;
+  // What the backend is and what it uses, for logs and `tessera status`.
+  virtual std::string Describe() const = 0;
+};
+
+}  // namespace tessera::transport

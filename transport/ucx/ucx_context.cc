@@ -1,0 +1,725 @@
+#include "transport/ucx/ucx_context.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <future>
+
+#include "core/log.h"
+#include "transport/region_desc.h"
+
+namespace tessera::transport {
+namespace {
+
+// The one UCX active-message id; the message id travels in the AM header.
+constexpr unsigned kAmId = 1;
+// Backend-internal message ids: the connection handshake.
+constexpr uint16_t kConnectMsg = 0xff01;
+constexpr uint16_t kConnectAckMsg = 0xff02;
+
+Status FromUcs(ucs_status_t status, const std::string& what) {
+  std::string msg = what + ": " + ucs_status_string(status);
+  switch (status) {
+    case UCS_OK: return Status::Ok();
+    case UCS_ERR_UNREACHABLE:
+    case UCS_ERR_CONNECTION_RESET:
+    case UCS_ERR_ENDPOINT_TIMEOUT:
+    case UCS_ERR_REJECTED:
+    case UCS_ERR_NOT_CONNECTED:
+    case UCS_ERR_IO_ERROR: return Status::Unavailable(msg);
+    case UCS_ERR_CANCELED: return Status::Aborted(msg);
+    case UCS_ERR_TIMED_OUT: return Status::DeadlineExceeded(msg);
+    case UCS_ERR_NO_MEMORY:
+    case UCS_ERR_NO_RESOURCE:
+    case UCS_ERR_EXCEEDS_LIMIT: return Status::ResourceExhausted(msg);
+    case UCS_ERR_INVALID_PARAM:
+    case UCS_ERR_INVALID_ADDR: return Status::InvalidArgument(msg);
+    case UCS_ERR_UNSUPPORTED: return Status::Unimplemented(msg);
+    default: return Status::Internal(msg);
+  }
+}
+
+std::string SockaddrToString(const sockaddr_storage& addr) {
+  char host[INET6_ADDRSTRLEN] = {0};
+  uint16_t port = 0;
+  if (addr.ss_family == AF_INET) {
+    const auto* in = reinterpret_cast<const sockaddr_in*>(&addr);
+    inet_ntop(AF_INET, &in->sin_addr, host, sizeof(host));
+    port = ntohs(in->sin_port);
+  } else if (addr.ss_family == AF_INET6) {
+    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&addr);
+    inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof(host));
+    port = ntohs(in6->sin6_port);
+  }
+  return std::string(host) + ":" + std::to_string(port);
+}
+
+Result<sockaddr_storage> Resolve(const std::string& host, uint16_t port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  int rc = getaddrinfo(host.empty() ? nullptr : host.c_str(), nullptr, &hints, &res);
+  if (rc != 0 || res == nullptr) {
+    return Status::InvalidArgument("cannot resolve host '" + host + "': " + gai_strerror(rc));
+  }
+  sockaddr_storage out{};
+  std::memcpy(&out, res->ai_addr, res->ai_addrlen);
+  freeaddrinfo(res);
+  if (out.ss_family == AF_INET) {
+    reinterpret_cast<sockaddr_in*>(&out)->sin_port = htons(port);
+  } else {
+    reinterpret_cast<sockaddr_in6*>(&out)->sin6_port = htons(port);
+  }
+  return out;
+}
+
+socklen_t SockaddrLen(const sockaddr_storage& addr) {
+  return addr.ss_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
+}
+
+// Runs fn on the loop thread and waits for its result.
+template <typename Fn>
+auto RunOnLoop(Context& ctx, Fn fn) -> decltype(fn()) {
+  if (ctx.InProgressThread()) return fn();
+  std::promise<decltype(fn())> promise;
+  auto future = promise.get_future();
+  ctx.Post([&] { promise.set_value(fn()); });
+  return future.get();
+}
+
+// What a UCX request needs until its callback.
+struct SendRequest {
+  uint8_t header[2];
+  std::vector<uint8_t> bytes;
+  Completion done;
+};
+struct RmaRequest {
+  Completion done;
+};
+
+void CompleteSend(void* request, ucs_status_t status, void* user_data) {
+  auto* req = static_cast<SendRequest*>(user_data);
+  if (req->done) req->done(FromUcs(status, "send"));
+  delete req;
+  ucp_request_free(request);
+}
+
+void CompleteRma(void* request, ucs_status_t status, void* user_data) {
+  auto* req = static_cast<RmaRequest*>(user_data);
+  if (req->done) req->done(FromUcs(status, "one-sided operation"));
+  delete req;
+  ucp_request_free(request);
+}
+
+// Handles a UCX non-blocking call's return: completed now, failed, or pending.
+template <typename Req>
+void FinishImmediate(ucs_status_ptr_t sp, Req* req, const char* what) {
+  if (sp == nullptr) {
+    if (req->done) req->done(Status::Ok());
+    delete req;
+  } else if (UCS_PTR_IS_ERR(sp)) {
+    if (req->done) req->done(FromUcs(UCS_PTR_STATUS(sp), what));
+    delete req;
+  }
+  // Otherwise the callback owns req.
+}
+
+class UcxRegion final : public Region {
+ public:
+  UcxRegion(std::shared_ptr<UcpContextHolder> ctx, ucp_mem_h memh, void* data, size_t size,
+            MemoryKind kind, std::vector<uint8_t> desc)
+      : ctx_(std::move(ctx)), memh_(memh), data_(data), size_(size), kind_(kind),
+        desc_(std::move(desc)) {}
+  ~UcxRegion() override { ucp_mem_unmap(ctx_->handle, memh_); }
+  void* data() const override { return data_; }
+  size_t size() const override { return size_; }
+  MemoryKind kind() const override { return kind_; }
+  std::vector<uint8_t> Describe() const override { return desc_; }
+
+ private:
+  std::shared_ptr<UcpContextHolder> ctx_;
+  ucp_mem_h memh_;
+  void* data_;
+  size_t size_;
+  MemoryKind kind_;
+  std::vector<uint8_t> desc_;
+};
+
+class UcxRemoteRegion final : public RemoteRegion {
+ public:
+  UcxRemoteRegion(Context* ctx, const UcxEndpoint* owner, ucp_rkey_h rkey, uint64_t base,
+                  uint64_t size)
+      : ctx_(ctx), owner_(owner), rkey_(rkey), base_(base), size_(size) {}
+  ~UcxRemoteRegion() override { ucp_rkey_destroy(rkey_); }
+  uint64_t base() const override { return base_; }
+  uint64_t size() const override { return size_; }
+  ucp_rkey_h rkey() const { return rkey_; }
+  const UcxEndpoint* owner() const { return owner_; }
+
+ private:
+  Context* ctx_;
+  const UcxEndpoint* owner_;
+  ucp_rkey_h rkey_;
+  uint64_t base_;
+  uint64_t size_;
+};
+
+}  // namespace
+
+class UcxListener final : public Listener {
+ public:
+  UcxListener(UcxContext* ctx, AcceptHandler on_accept) : ctx_(ctx), on_accept_(std::move(on_accept)) {}
+  ~UcxListener() override {
+    RunOnLoop(*ctx_, [this] {
+      if (listener_) ucp_listener_destroy(listener_);
+      return 0;
+    });
+  }
+  uint16_t port() const override { return port_; }
+
+  static void OnConnRequest(ucp_conn_request_h request, void* arg) {
+    auto* self = static_cast<UcxListener*>(arg);
+    UcxContext* ctx = self->ctx_;
+    std::string peer = "unknown peer";
+    ucp_conn_request_attr_t attr{};
+    attr.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR;
+    if (ucp_conn_request_query(request, &attr) == UCS_OK) peer = SockaddrToString(attr.client_address);
+
+    auto ep = std::make_shared<UcxEndpoint>(ctx, peer);
+    ucp_ep_params_t params{};
+    params.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLER |
+                        UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+    params.conn_request = request;
+    params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    Status st = ctx->CreateEndpoint(params, ep);
+    if (!st.ok()) {
+      TLOG_WARN("{}: refusing connection from {}: {}", ctx->options_.name, peer, st.ToString());
+      return;
+    }
+    // Accepted once its handshake message arrives (UcxContext::Dispatch).
+  }
+
+  UcxContext* ctx_;
+  AcceptHandler on_accept_;
+  ucp_listener_h listener_ = nullptr;
+  uint16_t port_ = 0;
+};
+
+// ---------------------------------------------------------------------------
+// UcxContext
+
+Result<std::unique_ptr<Context>> UcxContext::Create(const ContextOptions& options) {
+  std::unique_ptr<UcxContext> ctx(new UcxContext(options));
+  TESSERA_RETURN_IF_ERROR(ctx->Init());
+  return std::unique_ptr<Context>(std::move(ctx));
+}
+
+Status UcxContext::Init() {
+  ucp_config_t* config = nullptr;
+  ucs_status_t st = ucp_config_read(nullptr, nullptr, &config);
+  if (st != UCS_OK) return FromUcs(st, "ucp_config_read");
+
+  ucp_params_t params{};
+  params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED |
+                      UCP_PARAM_FIELD_NAME;
+  params.features = UCP_FEATURE_AM | UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP;
+  // Registration and key packing may be called from user threads.
+  params.mt_workers_shared = 1;
+  params.name = options_.name.c_str();
+  context_ = std::make_shared<UcpContextHolder>();
+  st = ucp_init(&params, config, &context_->handle);
+  ucp_config_release(config);
+  if (st != UCS_OK) return FromUcs(st, "ucp_init");
+
+  ucp_worker_params_t wparams{};
+  wparams.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  wparams.thread_mode = UCS_THREAD_MODE_SINGLE;  // only the progress thread touches it
+  st = ucp_worker_create(context_->handle, &wparams, &worker_);
+  if (st != UCS_OK) return FromUcs(st, "ucp_worker_create");
+
+  ucp_am_handler_param_t am{};
+  am.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                  UCP_AM_HANDLER_PARAM_FIELD_ARG | UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
+  am.id = kAmId;
+  am.cb = &UcxContext::AmCallback;
+  am.arg = this;
+  am.flags = UCP_AM_FLAG_WHOLE_MSG;
+  st = ucp_worker_set_am_recv_handler(worker_, &am);
+  if (st != UCS_OK) return FromUcs(st, "ucp_worker_set_am_recv_handler");
+
+  int efd = -1;
+  if (!options_.busy_poll) {
+    st = ucp_worker_get_efd(worker_, &efd);
+    if (st != UCS_OK) return FromUcs(st, "ucp_worker_get_efd");
+  }
+  EventLoop::Hooks hooks;
+  hooks.progress = [this] { return ucp_worker_progress(worker_) != 0; };
+  hooks.arm = [this] { return ucp_worker_arm(worker_) == UCS_OK; };
+  hooks.event_fd = efd;
+  loop_ = std::make_unique<EventLoop>(options_.name, options_.busy_poll, std::move(hooks));
+  loop_->Start();
+  return Status::Ok();
+}
+
+UcxContext::~UcxContext() {
+  if (loop_) {
+    RunOnLoop(*this, [this] {
+      std::vector<UcxEndpoint*> eps;
+      for (auto& [handle, ep] : endpoints_) eps.push_back(ep.get());
+      for (UcxEndpoint* ep : eps) CloseEndpoint(ep, /*force=*/true);
+      return 0;
+    });
+    loop_->Stop();
+  }
+  if (worker_) {
+    // Let forced closes finish; UCX completes them locally.
+    for (int i = 0; i < 1000 && !closing_.empty(); ++i) {
+      ucp_worker_progress(worker_);
+      std::erase_if(closing_, [](void* req) {
+        if (ucp_request_check_status(req) == UCS_INPROGRESS) return false;
+        ucp_request_free(req);
+        return true;
+      });
+    }
+    ucp_worker_destroy(worker_);
+  }
+}
+
+Result<std::unique_ptr<Region>> UcxContext::Allocate(size_t size, MemoryKind kind) {
+  return Map(nullptr, size, kind, /*allocate=*/true);
+}
+
+Result<std::unique_ptr<Region>> UcxContext::Register(void* data, size_t size, MemoryKind kind) {
+  if (data == nullptr) return Status::InvalidArgument("register: null buffer");
+  return Map(data, size, kind, /*allocate=*/false);
+}
+
+Result<std::unique_ptr<Region>> UcxContext::Map(void* data, size_t size, MemoryKind kind,
+                                                bool allocate) {
+  if (kind != MemoryKind::kHost) {
+    return Status::Unimplemented(
+        "UCX backend: GPU memory needs a UCX built with CUDA; this UCX (" +
+        std::string(ucp_get_version_string()) + ") was loaded without it");
+  }
+  if (size == 0) return Status::InvalidArgument("cannot map an empty region");
+  ucp_mem_map_params_t params{};
+  params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                      UCP_MEM_MAP_PARAM_FIELD_FLAGS;
+  params.address = data;
+  params.length = size;
+  params.flags = allocate ? UCP_MEM_MAP_ALLOCATE : 0;
+  ucp_mem_h memh = nullptr;
+  ucs_status_t st = ucp_mem_map(context_->handle, &params, &memh);
+  if (st != UCS_OK) {
+    return FromUcs(st, std::string(allocate ? "allocating " : "registering ") +
+                           std::to_string(size) + " bytes");
+  }
+  ucp_mem_attr_t attr{};
+  attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
+  st = ucp_mem_query(memh, &attr);
+  if (st != UCS_OK) {
+    ucp_mem_unmap(context_->handle, memh);
+    return FromUcs(st, "ucp_mem_query");
+  }
+  void* rkey_buf = nullptr;
+  size_t rkey_len = 0;
+  st = ucp_rkey_pack(context_->handle, memh, &rkey_buf, &rkey_len);
+  if (st != UCS_OK) {
+    ucp_mem_unmap(context_->handle, memh);
+    return FromUcs(st, "ucp_rkey_pack");
+  }
+  void* base = allocate ? attr.address : data;
+  auto desc = EncodeRegionDesc(BackendId::kUcx, reinterpret_cast<uint64_t>(base), size,
+                               {static_cast<const uint8_t*>(rkey_buf), rkey_len});
+  ucp_rkey_buffer_release(rkey_buf);
+  return std::unique_ptr<Region>(
+      new UcxRegion(context_, memh, base, size, kind, std::move(desc)));
+}
+
+void UcxContext::SetHandler(uint16_t msg_id, MessageHandler handler) {
+  handlers_[msg_id] = std::move(handler);
+}
+
+void UcxContext::SetDisconnectHandler(DisconnectHandler handler) {
+  on_disconnect_ = std::move(handler);
+}
+
+Result<std::unique_ptr<Listener>> UcxContext::Listen(const std::string& host, uint16_t port,
+                                                     AcceptHandler on_accept) {
+  auto listener = std::make_unique<UcxListener>(this, std::move(on_accept));
+  auto addr = Resolve(host.empty() ? "0.0.0.0" : host, port);
+  if (!addr.ok()) return addr.status();
+  Status st = RunOnLoop(*this, [&]() -> Status {
+    ucp_listener_params_t params{};
+    params.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
+    params.sockaddr.addr = reinterpret_cast<const sockaddr*>(&*addr);
+    params.sockaddr.addrlen = SockaddrLen(*addr);
+    params.conn_handler.cb = &UcxListener::OnConnRequest;
+    params.conn_handler.arg = listener.get();
+    ucs_status_t s = ucp_listener_create(worker_, &params, &listener->listener_);
+    if (s != UCS_OK) return FromUcs(s, "listen on " + host + ":" + std::to_string(port));
+    ucp_listener_attr_t attr{};
+    attr.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
+    s = ucp_listener_query(listener->listener_, &attr);
+    if (s != UCS_OK) return FromUcs(s, "ucp_listener_query");
+    listener->port_ = attr.sockaddr.ss_family == AF_INET
+                          ? ntohs(reinterpret_cast<sockaddr_in*>(&attr.sockaddr)->sin_port)
+                          : ntohs(reinterpret_cast<sockaddr_in6*>(&attr.sockaddr)->sin6_port);
+    return Status::Ok();
+  });
+  if (!st.ok()) return st;
+  // The listener's accept handler is reached through the endpoint's first message.
+  accept_handler_ = listener->on_accept_;
+  return std::unique_ptr<Listener>(std::move(listener));
+}
+
+void UcxContext::Connect(const std::string& host, uint16_t port, std::chrono::milliseconds timeout,
+                         ConnectCallback done) {
+  std::string peer = host + ":" + std::to_string(port);
+  Post([this, host, port, timeout, peer, done = std::move(done)]() mutable {
+    auto addr = Resolve(host, port);
+    if (!addr.ok()) {
+      done(addr.status());
+      return;
+    }
+    auto ep = std::make_shared<UcxEndpoint>(this, peer);
+    ucp_ep_params_t params{};
+    params.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
+                        UCP_EP_PARAM_FIELD_ERR_HANDLER | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+    params.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
+    params.sockaddr.addr = reinterpret_cast<const sockaddr*>(&*addr);
+    params.sockaddr.addrlen = SockaddrLen(*addr);
+    params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    Status st = CreateEndpoint(params, ep);
+    if (!st.ok()) {
+      done(st.WithContext("connect to " + peer));
+      return;
+    }
+    ep->connect_done_ = std::move(done);
+    ep->SendNow(kConnectMsg, {}, {});
+    std::weak_ptr<UcxEndpoint> weak = ep;
+    PostAfter(timeout, [this, weak, peer, timeout] {
+      auto pending = weak.lock();
+      if (!pending || !pending->connect_done_) return;
+      auto cb = std::move(pending->connect_done_);
+      pending->connect_done_ = nullptr;
+      CloseEndpoint(pending.get(), /*force=*/true);
+      cb(Status::DeadlineExceeded("connect to " + peer + ": no answer within " +
+                                  std::to_string(timeout.count()) + " ms"));
+    });
+  });
+}
+
+Status UcxContext::CreateEndpoint(const ucp_ep_params_t& in, const std::shared_ptr<UcxEndpoint>& ep) {
+  ucp_ep_params_t params = in;
+  params.err_handler.cb = &UcxContext::EndpointErrorCallback;
+  params.err_handler.arg = ep.get();
+  ucs_status_t st = ucp_ep_create(worker_, &params, &ep->ep_);
+  if (st != UCS_OK) return FromUcs(st, "ucp_ep_create");
+  endpoints_[ep->ep_] = ep;
+  return Status::Ok();
+}
+
+void UcxContext::EndpointErrorCallback(void* arg, ucp_ep_h /*ep*/, ucs_status_t status) {
+  auto* ep = static_cast<UcxEndpoint*>(arg);
+  ep->ctx_->OnEndpointError(ep, FromUcs(status, "connection to " + ep->peer_ + " failed"));
+}
+
+void UcxContext::OnEndpointError(UcxEndpoint* raw, Status why) {
+  auto it = endpoints_.find(raw->ep_);
+  if (it == endpoints_.end()) return;
+  std::shared_ptr<UcxEndpoint> ep = it->second;
+  ep->close_reason_ = why;
+  CloseEndpoint(ep.get(), /*force=*/true);
+  if (ep->connect_done_) {
+    auto cb = std::move(ep->connect_done_);
+    ep->connect_done_ = nullptr;
+    cb(why);
+    return;
+  }
+  if (ep->connected_ && on_disconnect_) on_disconnect_(ep, why);
+}
+
+void UcxContext::CloseEndpoint(UcxEndpoint* ep, bool force) {
+  if (ep->ep_ == nullptr) return;
+  ep->alive_ = false;
+  if (ep->close_reason_.ok()) ep->close_reason_ = Status::Unavailable("connection to " + ep->peer_ + " closed");
+  ucp_ep_h handle = ep->ep_;
+  ep->ep_ = nullptr;
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  param.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+  ucs_status_ptr_t req = ucp_ep_close_nbx(handle, &param);
+  if (UCS_PTR_IS_PTR(req)) closing_.push_back(req);
+  std::erase_if(closing_, [](void* r) {
+    if (ucp_request_check_status(r) == UCS_INPROGRESS) return false;
+    ucp_request_free(r);
+    return true;
+  });
+  auto node = endpoints_.extract(handle);
+  // Drop the map's reference after the caller is done with the endpoint.
+  if (!node.empty()) Post([keep = std::move(node.mapped())] {});
+}
+
+ucs_status_t UcxContext::AmCallback(void* arg, const void* header, size_t header_length, void* data,
+                                    size_t length, const ucp_am_recv_param_t* param) {
+  auto* self = static_cast<UcxContext*>(arg);
+  if (header_length != 2 || !(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) {
+    TLOG_WARN("{}: dropping a message without a Tessera header", self->options_.name);
+    return UCS_OK;
+  }
+  const auto* h = static_cast<const uint8_t*>(header);
+  uint16_t msg_id = static_cast<uint16_t>(h[0] | (h[1] << 8));
+  ucp_ep_h reply_ep = param->reply_ep;
+  if (!(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
+    self->OnAmReceived(reply_ep, msg_id, {static_cast<const uint8_t*>(data), length});
+    return UCS_OK;
+  }
+  // Large message: fetch it into a buffer of our own, then dispatch.
+  struct RndvRecv {
+    UcxContext* ctx;
+    ucp_ep_h reply_ep;
+    uint16_t msg_id;
+    std::vector<uint8_t> buffer;
+  };
+  auto* recv = new RndvRecv{self, reply_ep, msg_id, std::vector<uint8_t>(length)};
+  ucp_request_param_t rp{};
+  rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  rp.user_data = recv;
+  rp.cb.recv_am = [](void* request, ucs_status_t status, size_t, void* user_data) {
+    auto* r = static_cast<RndvRecv*>(user_data);
+    if (status == UCS_OK) r->ctx->OnAmReceived(r->reply_ep, r->msg_id, r->buffer);
+    delete r;
+    ucp_request_free(request);
+  };
+  ucs_status_ptr_t sp = ucp_am_recv_data_nbx(self->worker_, data, recv->buffer.data(), length, &rp);
+  if (sp == nullptr) {
+    self->OnAmReceived(reply_ep, msg_id, recv->buffer);
+    delete recv;
+  } else if (UCS_PTR_IS_ERR(sp)) {
+    TLOG_WARN("{}: receiving a {}-byte message failed: {}", self->options_.name, length,
+              ucs_status_string(UCS_PTR_STATUS(sp)));
+    delete recv;
+  }
+  return UCS_OK;
+}
+
+void UcxContext::OnAmReceived(ucp_ep_h reply_ep, uint16_t msg_id, std::span<const uint8_t> bytes) {
+  auto it = endpoints_.find(reply_ep);
+  if (it == endpoints_.end()) {
+    TLOG_WARN("{}: message {} from an unknown endpoint dropped", options_.name, msg_id);
+    return;
+  }
+  counters_.messages_received++;
+  counters_.message_bytes_received += bytes.size();
+  std::shared_ptr<UcxEndpoint> ep = it->second;
+  Dispatch(ep, msg_id, bytes);
+}
+
+void UcxContext::Dispatch(const std::shared_ptr<UcxEndpoint>& ep, uint16_t msg_id,
+                          std::span<const uint8_t> bytes) {
+  if (msg_id == kConnectMsg) {
+    if (ep->connected_) return;
+    ep->connected_ = true;
+    ep->SendNow(kConnectAckMsg, {}, {});
+    if (accept_handler_) accept_handler_(ep);
+    return;
+  }
+  if (msg_id == kConnectAckMsg) {
+    if (ep->connected_ || !ep->connect_done_) return;
+    ep->connected_ = true;
+    auto cb = std::move(ep->connect_done_);
+    ep->connect_done_ = nullptr;
+    cb(std::shared_ptr<Endpoint>(ep));
+    return;
+  }
+  if (!ep->connected_) {
+    TLOG_WARN("{}: message {} from {} before its handshake; closing", options_.name, msg_id,
+              ep->peer_);
+    CloseEndpoint(ep.get(), true);
+    return;
+  }
+  auto handler = handlers_.find(msg_id);
+  if (handler == handlers_.end()) {
+    TLOG_WARN("{}: no handler for message {} from {}; dropped", options_.name, msg_id, ep->peer_);
+    return;
+  }
+  handler->second(ep, bytes);
+}
+
+Counters UcxContext::counters() const {
+  Counters c;
+  c.messages_sent = counters_.messages_sent;
+  c.message_bytes_sent = counters_.message_bytes_sent;
+  c.messages_received = counters_.messages_received;
+  c.message_bytes_received = counters_.message_bytes_received;
+  c.puts = counters_.puts;
+  c.put_bytes = counters_.put_bytes;
+  c.gets = counters_.gets;
+  c.get_bytes = counters_.get_bytes;
+  return c;
+}
+
+std::string UcxContext::Describe() const {
+  const char* tls = std::getenv("UCX_TLS");
+  return std::string("ucx ") + ucp_get_version_string() + " (UCX_TLS=" + (tls ? tls : "all") +
+         (options_.busy_poll ? ", busy-poll" : ", sleeping progress") + ")";
+}
+
+// ---------------------------------------------------------------------------
+// UcxEndpoint
+
+UcxEndpoint::~UcxEndpoint() = default;
+
+Status UcxEndpoint::DeadStatus() const {
+  return close_reason_.ok() ? Status::Unavailable("connection to " + peer_ + " is closed")
+                            : close_reason_;
+}
+
+void UcxEndpoint::Send(uint16_t msg_id, std::vector<uint8_t> bytes, Completion done) {
+  if (ctx_->InProgressThread()) return SendNow(msg_id, std::move(bytes), std::move(done));
+  ctx_->Post([self = shared_from_this(), msg_id, bytes = std::move(bytes),
+              done = std::move(done)]() mutable {
+    self->SendNow(msg_id, std::move(bytes), std::move(done));
+  });
+}
+
+void UcxEndpoint::SendNow(uint16_t msg_id, std::vector<uint8_t> bytes, Completion done) {
+  if (ep_ == nullptr) {
+    if (done) done(DeadStatus());
+    return;
+  }
+  ctx_->counters_.messages_sent++;
+  ctx_->counters_.message_bytes_sent += bytes.size();
+  auto* req = new SendRequest{{static_cast<uint8_t>(msg_id), static_cast<uint8_t>(msg_id >> 8)},
+                              std::move(bytes), std::move(done)};
+  ucp_request_param_t param{};
+  param.op_attr_mask =
+      UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
+  param.flags = UCP_AM_SEND_FLAG_REPLY;
+  param.cb.send = &CompleteSend;
+  param.user_data = req;
+  ucs_status_ptr_t sp = ucp_am_send_nbx(ep_, kAmId, req->header, sizeof(req->header),
+                                        req->bytes.data(), req->bytes.size(), &param);
+  FinishImmediate(sp, req, "send");
+}
+
+Result<std::unique_ptr<RemoteRegion>> UcxEndpoint::Attach(std::span<const uint8_t> description) {
+  auto desc = DecodeRegionDesc(description);
+  if (!desc.ok()) return desc.status().WithContext("from " + peer_);
+  if (desc->backend != BackendId::kUcx) {
+    return Status::InvalidArgument("remote key from " + peer_ + " is not a UCX key");
+  }
+  return RunOnLoop(*ctx_, [&]() -> Result<std::unique_ptr<RemoteRegion>> {
+    if (ep_ == nullptr) return DeadStatus();
+    ucp_rkey_h rkey = nullptr;
+    ucs_status_t st = ucp_ep_rkey_unpack(ep_, desc->key.data(), &rkey);
+    if (st != UCS_OK) return FromUcs(st, "remote key from " + peer_ + " refused");
+    return std::unique_ptr<RemoteRegion>(
+        new UcxRemoteRegion(ctx_, this, rkey, desc->base, desc->size));
+  });
+}
+
+void UcxEndpoint::Put(const void* local, size_t len, const RemoteRegion& remote,
+                      uint64_t remote_addr, Completion done) {
+  if (ctx_->InProgressThread()) return PutNow(local, len, remote, remote_addr, std::move(done));
+  ctx_->Post([self = shared_from_this(), local, len, &remote, remote_addr,
+              done = std::move(done)]() mutable {
+    self->PutNow(local, len, remote, remote_addr, std::move(done));
+  });
+}
+
+void UcxEndpoint::Get(void* local, size_t len, const RemoteRegion& remote, uint64_t remote_addr,
+                      Completion done) {
+  if (ctx_->InProgressThread()) return GetNow(local, len, remote, remote_addr, std::move(done));
+  ctx_->Post([self = shared_from_this(), local, len, &remote, remote_addr,
+              done = std::move(done)]() mutable {
+    self->GetNow(local, len, remote, remote_addr, std::move(done));
+  });
+}
+
+namespace {
+Status CheckRma(const UcxEndpoint* ep, const RemoteRegion& remote, uint64_t addr, size_t len,
+                const std::string& peer) {
+  const auto* r = dynamic_cast<const UcxRemoteRegion*>(&remote);
+  if (r == nullptr || r->owner() != ep) {
+    return Status::InvalidArgument("remote region was not attached to the endpoint of " + peer);
+  }
+  if (!remote.Contains(addr, len)) {
+    return Status::OutOfRange("one-sided access of " + std::to_string(len) + " bytes at 0x" +
+                              fmt::format("{:x}", addr) + " lies outside the region of " + peer);
+  }
+  return Status::Ok();
+}
+}  // namespace
+
+void UcxEndpoint::PutNow(const void* local, size_t len, const RemoteRegion& remote,
+                         uint64_t remote_addr, Completion done) {
+  if (ep_ == nullptr) return done(DeadStatus());
+  Status st = CheckRma(this, remote, remote_addr, len, peer_);
+  if (!st.ok()) return done(st);
+  ctx_->counters_.puts++;
+  ctx_->counters_.put_bytes += len;
+  auto* req = new RmaRequest{std::move(done)};
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  param.cb.send = &CompleteRma;
+  param.user_data = req;
+  ucs_status_ptr_t sp = ucp_put_nbx(ep_, local, len, remote_addr,
+                                    static_cast<const UcxRemoteRegion&>(remote).rkey(), &param);
+  FinishImmediate(sp, req, "put");
+}
+
+void UcxEndpoint::GetNow(void* local, size_t len, const RemoteRegion& remote, uint64_t remote_addr,
+                         Completion done) {
+  if (ep_ == nullptr) return done(DeadStatus());
+  Status st = CheckRma(this, remote, remote_addr, len, peer_);
+  if (!st.ok()) return done(st);
+  ctx_->counters_.gets++;
+  ctx_->counters_.get_bytes += len;
+  auto* req = new RmaRequest{std::move(done)};
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  param.cb.send = &CompleteRma;
+  param.user_data = req;
+  ucs_status_ptr_t sp = ucp_get_nbx(ep_, local, len, remote_addr,
+                                    static_cast<const UcxRemoteRegion&>(remote).rkey(), &param);
+  FinishImmediate(sp, req, "get");
+}
+
+void UcxEndpoint::Flush(Completion done) {
+  if (ctx_->InProgressThread()) return FlushNow(std::move(done));
+  ctx_->Post([self = shared_from_this(), done = std::move(done)]() mutable {
+    self->FlushNow(std::move(done));
+  });
+}
+
+void UcxEndpoint::FlushNow(Completion done) {
+  if (ep_ == nullptr) return done(DeadStatus());
+  auto* req = new RmaRequest{std::move(done)};
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  param.cb.send = &CompleteRma;
+  param.user_data = req;
+  ucs_status_ptr_t sp = ucp_ep_flush_nbx(ep_, &param);
+  FinishImmediate(sp, req, "flush");
+}
+
+void UcxEndpoint::Close() {
+  auto self = shared_from_this();
+  auto close = [self] {
+    if (self->ep_ == nullptr) return;
+    self->ctx_->CloseEndpoint(self.get(), /*force=*/false);
+  };
+  if (ctx_->InProgressThread()) {
+    close();
+  } else {
+    ctx_->Post(close);
+  }
+}
+
+}  // namespace tessera::transport
