@@ -276,8 +276,9 @@ UcxContext::~UcxContext() {
     loop_->Stop();
   }
   if (worker_) {
-    // Let forced closes finish; UCX completes them locally.
-    for (int i = 0; i < 1000 && !closing_.empty(); ++i) {
+    // Let closes finish (graceful ones need the peer's answer), within a bound.
+    const auto limit = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+    while (!closing_.empty() && std::chrono::steady_clock::now() < limit) {
       ucp_worker_progress(worker_);
       std::erase_if(closing_, [](void* req) {
         if (ucp_request_check_status(req) == UCS_INPROGRESS) return false;

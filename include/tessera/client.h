@@ -1,0 +1,175 @@
+// The worker side: declare parameters, push gradients, pull weights.
+//
+//   auto client = tessera::Client::Connect(options).value();
+//   auto w = client->Declare({.name = "w", .dtype = DType::kF32, .shape = {1024},
+//                             .rule = UpdateRule::kAdd}).value();
+//   if (client->is_chief()) client->Initialize(); else client->WaitForInit();
+//   client->Push({{w, grad.data(), grad.size() * 4}});
+//   client->Pull({{w, weights.data(), weights.size() * 4}});
+//
+// Thread safety: a Client may be shared by threads; each call is
+// independent. Buffers passed to an asynchronous call must stay valid and
+// unchanged until its Future completes: bytes move from and into them
+// one-sided, without copies.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "tessera/cluster.h"
+#include "tessera/status.h"
+#include "tessera/tensor.h"
+
+namespace tessera {
+
+struct TensorSpec {
+  std::string name;
+  DType dtype = DType::kF32;
+  Shape shape;
+  UpdateRule rule = UpdateRule::kAssign;
+  // The value the chief initialises it with (raw bytes); empty means zeros.
+  std::vector<uint8_t> initial;
+  // Place every chunk on this ps task instead of by the placement policy.
+  int pinned_shard = -1;
+};
+
+// A declared tensor: cheap to copy, valid for the life of its Client.
+struct Tensor {
+  uint32_t index = UINT32_MAX;
+};
+
+struct TensorInfo {
+  std::string name;
+  DType dtype;
+  Shape shape;
+  UpdateRule rule;
+  uint64_t bytes;
+  std::vector<int> shards;  // the ps task of each chunk
+};
+
+// C++ element type -> DType, for the typed helpers below.
+template <typename T> constexpr DType DTypeOf();
+template <> constexpr DType DTypeOf<float>() { return DType::kF32; }
+template <> constexpr DType DTypeOf<double>() { return DType::kF64; }
+template <> constexpr DType DTypeOf<int32_t>() { return DType::kI32; }
+template <> constexpr DType DTypeOf<int64_t>() { return DType::kI64; }
+
+struct PushItem {
+  Tensor tensor;
+  const void* data;
+  size_t bytes;
+  // When set, the push fails unless the tensor has this dtype.
+  std::optional<DType> dtype;
+
+  template <typename T>
+  static PushItem Of(Tensor t, std::span<const T> values) {
+    return {t, values.data(), values.size_bytes(), DTypeOf<T>()};
+  }
+};
+
+struct PullItem {
+  Tensor tensor;
+  void* data;
+  size_t bytes;
+  // Wait until the tensor has at least this version (1 = initialised; each
+  // applied update adds 1).
+  uint64_t min_version = 1;
+  std::optional<DType> dtype;
+
+  template <typename T>
+  static PullItem Of(Tensor t, std::span<T> values, uint64_t min_version = 1) {
+    return {t, values.data(), values.size_bytes(), min_version, DTypeOf<T>()};
+  }
+};
+
+struct PushPullItem {
+  Tensor tensor;
+  const void* gradient;
+  void* weights;  // receives the value after this push was applied
+  size_t bytes;
+  std::optional<DType> dtype;
+};
+
+// Completion of an asynchronous call.
+class Future {
+ public:
+  Future() = default;
+  // Waits for completion, at most the client's operation timeout.
+  Status Wait() const;
+  Status WaitFor(std::chrono::milliseconds limit) const;
+  bool ready() const;
+  // Runs fn once complete (at once if it already is), on an internal thread.
+  void Then(std::function<void(Status)> fn) const;
+
+  struct State;
+  explicit Future(std::shared_ptr<State> state) : state_(std::move(state)) {}
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+struct ClientOptions {
+  ClusterSpec cluster;
+  TaskId task{"worker", 0};
+  std::string secret;
+  std::string transport = "ucx";
+  // Tensors above this many bytes are split into chunks spread over shards.
+  size_t chunk_bytes = 4u << 20;
+  std::string placement = "round_robin";  // or "greedy"
+  // How long Connect waits for every ps task, and how often it says whom it waits for.
+  std::chrono::milliseconds startup_timeout{60'000};
+  std::chrono::milliseconds report_interval{5'000};
+  // Bound on every blocking call and Future::Wait().
+  std::chrono::milliseconds op_timeout{60'000};
+  bool busy_poll = false;
+};
+
+// Bytes this client moved, by kind (one-sided vs. messages).
+struct ClientCounters {
+  uint64_t messages_sent = 0, message_bytes_sent = 0;
+  uint64_t messages_received = 0, message_bytes_received = 0;
+  uint64_t puts = 0, put_bytes = 0, gets = 0, get_bytes = 0;
+};
+
+class Client {
+ public:
+  // Connects to every ps task, waiting (and saying so) until they are up.
+  static Result<std::unique_ptr<Client>> Connect(const ClientOptions& options);
+  ~Client();
+
+  Result<Tensor> Declare(const TensorSpec& spec);
+  Result<std::vector<Tensor>> DeclareMany(const std::vector<TensorSpec>& specs);
+  Result<Tensor> Find(const std::string& name) const;
+  TensorInfo info(Tensor t) const;
+
+  bool is_chief() const;
+  // Chief only: writes every declared tensor's initial value, then lets the
+  // other workers' WaitForInit return.
+  Status Initialize();
+  Status WaitForInit(std::chrono::milliseconds timeout = std::chrono::milliseconds{60'000});
+
+  Future PushAsync(std::vector<PushItem> items);
+  Future PullAsync(std::vector<PullItem> items);
+  // Pushes, then pulls each tensor's value with this push applied.
+  Future PushPullAsync(std::vector<PushPullItem> items);
+  Status Push(std::vector<PushItem> items) { return PushAsync(std::move(items)).Wait(); }
+  Status Pull(std::vector<PullItem> items) { return PullAsync(std::move(items)).Wait(); }
+  Status PushPull(std::vector<PushPullItem> items) { return PushPullAsync(std::move(items)).Wait(); }
+
+  ClientCounters counters() const;
+  int num_shards() const;
+
+  class Impl;
+
+ private:
+  explicit Client(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tessera

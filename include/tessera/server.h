@@ -1,0 +1,53 @@
+// A parameter-server shard: `tessera server --job ps --task K` runs one.
+// Like tf.train.Server: it serves until Stop() (or a signal, in the tool).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "tessera/cluster.h"
+#include "tessera/status.h"
+
+namespace tessera {
+
+struct ServerOptions {
+  ClusterSpec cluster;
+  int task_index = 0;  // which ps task this is
+  std::string secret;  // the cluster secret (see LoadSecret)
+  std::string transport = "ucx";
+  // Listen on this host instead of the spec's (e.g. "0.0.0.0"); port from the spec.
+  std::string bind_host;
+  // Each worker's staging slot: the only memory it may write.
+  size_t staging_bytes_per_worker = 32u << 20;
+  // Parameters are laid out in arenas of at least this size.
+  size_t arena_bytes = 64u << 20;
+  // Log small tensors' values as they change (the demo uses it).
+  bool log_updates = false;
+  bool busy_poll = false;
+};
+
+struct ServerStats {
+  uint64_t tensors = 0;  // chunks held
+  uint64_t pushes_applied = 0;
+  uint64_t pulls_served = 0;
+  uint64_t connections_refused = 0;  // failed authentication or malformed messages
+};
+
+class Server {
+ public:
+  static Result<std::unique_ptr<Server>> Start(const ServerOptions& options);
+  ~Server();
+
+  uint16_t port() const;
+  ServerStats stats() const;
+  // Stops serving; connections are closed.
+  void Stop();
+
+ private:
+  class Impl;
+  explicit Server(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tessera

@@ -1,0 +1,834 @@
+#include "tessera/client.h"
+
+#include <condition_variable>
+#include <deque>
+#include <future>
+#include <mutex>
+#include <unordered_map>
+
+#include "client/staging_allocator.h"
+#include "core/log.h"
+#include "core/placement.h"
+#include "core/secret.h"
+#include "transport/transport.h"
+#include "wire/messages.h"
+
+namespace tessera {
+
+// ---------------------------------------------------------------------------
+// Future
+
+struct Future::State {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  Status status;
+  int remaining = 0;  // parts still running
+  std::vector<std::function<void(Status)>> then;
+  std::chrono::milliseconds timeout{60'000};
+
+  void Add(int n = 1) {
+    std::lock_guard<std::mutex> lock(mu);
+    remaining += n;
+  }
+  // One part finished; the first error wins.
+  void Finish(const Status& st) {
+    std::vector<std::function<void(Status)>> run;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (done) return;
+      if (!st.ok() && status.ok()) status = st;
+      if (--remaining > 0) return;
+      done = true;
+      run.swap(then);
+    }
+    cv.notify_all();
+    for (auto& fn : run) fn(status);
+  }
+};
+
+Status Future::Wait() const {
+  if (!state_) return Status::FailedPrecondition("waiting on an empty Future");
+  return WaitFor(state_->timeout);
+}
+
+Status Future::WaitFor(std::chrono::milliseconds limit) const {
+  if (!state_) return Status::FailedPrecondition("waiting on an empty Future");
+  std::unique_lock<std::mutex> lock(state_->mu);
+  if (!state_->cv.wait_for(lock, limit, [&] { return state_->done; })) {
+    return Status::DeadlineExceeded("operation did not complete within " +
+                                    std::to_string(limit.count()) + " ms");
+  }
+  return state_->status;
+}
+
+bool Future::ready() const {
+  if (!state_) return false;
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->done;
+}
+
+void Future::Then(std::function<void(Status)> fn) const {
+  Status st;
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    if (!state_->done) {
+      state_->then.push_back(std::move(fn));
+      return;
+    }
+    st = state_->status;
+  }
+  fn(st);
+}
+
+namespace {
+
+constexpr uint16_t kProtocolMsg = 1;  // as the shard's
+
+Future FailedFuture(const Status& st) {
+  auto state = std::make_shared<Future::State>();
+  state->remaining = 1;
+  state->Finish(st);
+  return Future(state);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// Client::Impl
+
+class Client::Impl {
+ public:
+  explicit Impl(ClientOptions options) : options_(std::move(options)) {}
+  ~Impl();
+
+  Status Start();
+  Result<std::vector<Tensor>> DeclareMany(const std::vector<TensorSpec>& specs);
+  Status Initialize();
+  Status WaitForInit(std::chrono::milliseconds timeout);
+  Future Push(std::vector<PushItem> items, uint32_t flags);
+  Future Pull(std::vector<PullItem> items);
+  Future PushPull(std::vector<PushPullItem> items);
+
+  struct Chunk {
+    int shard;
+    uint64_t elem_offset, elem_count, byte_offset, bytes;
+    uint32_t key_id = 0, arena_id = 0;
+    uint64_t arena_offset = 0;
+  };
+  struct TensorEntry {
+    TensorSpec spec;
+    uint64_t bytes;
+    std::vector<Chunk> chunks;
+  };
+
+  ClientOptions options_;
+  TaskId task_;
+  int worker_rank_ = 0;
+  std::unique_ptr<transport::Context> ctx_;
+
+  mutable std::mutex tensors_mu_;
+  std::deque<TensorEntry> tensors_;  // index = Tensor::index; append-only, so chunk pointers stay valid
+  std::unordered_map<std::string, uint32_t> by_name_;
+
+ private:
+  using Frame = std::vector<uint8_t>;
+  using ReplyFn = std::function<void(Status, const wire::Header&, std::span<const uint8_t>)>;
+
+  struct ShardConn {
+    TaskId task;
+    TaskAddress addr;
+    std::shared_ptr<transport::Endpoint> ep;
+    std::unique_ptr<transport::RemoteRegion> staging;
+    client::StagingAllocator alloc;
+    std::unordered_map<uint32_t, std::unique_ptr<transport::RemoteRegion>> arenas;
+    std::deque<std::function<void()>> waiting_for_staging;
+    Status dead;  // non-OK once the connection is gone
+    std::string name() const { return task.ToString() + " (" + addr.ToString() + ")"; }
+  };
+  struct PendingRequest {
+    int shard;
+    ReplyFn fn;
+  };
+
+  // Loop thread.
+  template <typename Msg>
+  void Request(int shard, const Msg& msg, uint32_t flags, ReplyFn fn);
+  void OnFrame(const std::shared_ptr<transport::Endpoint>& ep, std::span<const uint8_t> frame);
+  void OnShardLost(int shard, const Status& why);
+  void ConnectShard(int shard, std::chrono::steady_clock::time_point deadline);
+  void Handshake(int shard);
+
+  // Any thread: sends and waits for the reply frame.
+  template <typename Msg, typename ReplyMsg>
+  Result<ReplyMsg> Call(int shard, const Msg& msg, std::chrono::milliseconds timeout, uint32_t flags = 0);
+
+  struct ChunkIo {
+    const Chunk* chunk;
+    uint8_t* local;  // source (push) or destination (pull)
+    uint64_t min_version = 0;
+  };
+  void PushToShard(int shard, std::vector<ChunkIo> ios, uint32_t flags,
+                   std::function<void(Status, std::vector<uint64_t>)> done);
+  void PullFromShard(int shard, std::vector<ChunkIo> ios, std::function<void(Status)> done);
+  Result<const TensorEntry*> Lookup(Tensor t, size_t bytes, std::optional<DType> dtype) const;
+  std::shared_ptr<Future::State> NewOp() const {
+    auto st = std::make_shared<Future::State>();
+    st->timeout = options_.op_timeout;
+    return st;
+  }
+
+  std::vector<ShardConn> shards_;  // loop thread after Start
+  std::unordered_map<transport::Endpoint*, int> shard_of_;
+  std::unordered_map<uint64_t, PendingRequest> pending_;
+  uint64_t next_request_ = 1;
+
+  // Start-up progress, shared with the thread in Start().
+  std::mutex start_mu_;
+  std::condition_variable start_cv_;
+  std::vector<int> start_state_;  // 0 connecting, 1 ready, -1 failed for good
+  std::vector<std::string> start_error_;
+  bool stopping_ = false;
+};
+
+Client::Impl::~Impl() {
+  if (!ctx_) return;
+  std::promise<void> closed;
+  ctx_->Post([this, &closed] {
+    stopping_ = true;
+    for (auto& s : shards_) {
+      if (s.ep) s.ep->Close();
+    }
+    pending_.clear();
+    // Remote regions must go before the context.
+    for (auto& s : shards_) {
+      s.staging.reset();
+      s.arenas.clear();
+    }
+    closed.set_value();
+  });
+  closed.get_future().wait();
+  ctx_.reset();
+}
+
+template <typename Msg>
+void Client::Impl::Request(int shard, const Msg& msg, uint32_t flags, ReplyFn fn) {
+  ShardConn& s = shards_[shard];
+  wire::Header none;
+  if (!s.dead.ok() || !s.ep) return fn(s.dead.ok() ? Status::Unavailable(s.name() + " is not connected") : s.dead, none, {});
+  uint64_t id = next_request_++;
+  pending_[id] = PendingRequest{shard, std::move(fn)};
+  s.ep->Send(kProtocolMsg, wire::Encode(msg, id, flags), [this, id](Status st) {
+    if (st.ok()) return;
+    auto it = pending_.find(id);
+    if (it == pending_.end()) return;
+    auto cb = std::move(it->second.fn);
+    pending_.erase(it);
+    cb(st, wire::Header{}, {});
+  });
+}
+
+template <typename Msg, typename ReplyMsg>
+Result<ReplyMsg> Client::Impl::Call(int shard, const Msg& msg, std::chrono::milliseconds timeout,
+                                    uint32_t flags) {
+  auto promise = std::make_shared<std::promise<Result<ReplyMsg>>>();
+  auto future = promise->get_future();
+  auto request_id = std::make_shared<std::atomic<uint64_t>>(0);
+  ctx_->Post([=, this] {
+    request_id->store(next_request_);
+    Request(shard, msg, flags, [promise](Status st, const wire::Header& h, std::span<const uint8_t> frame) {
+      if (!st.ok()) return promise->set_value(st);
+      promise->set_value(wire::DecodeBody<ReplyMsg>(h, frame));
+    });
+  });
+  if (future.wait_for(timeout) != std::future_status::ready) {
+    ctx_->Post([this, request_id] { pending_.erase(request_id->load()); });
+    return Status::DeadlineExceeded(std::string(wire::OpcodeName(Msg::kOpcode)) + " to " +
+                                    TaskId{"ps", shard}.ToString() + " got no answer within " +
+                                    std::to_string(timeout.count()) + " ms");
+  }
+  return future.get();
+}
+
+void Client::Impl::OnFrame(const std::shared_ptr<transport::Endpoint>& ep, std::span<const uint8_t> frame) {
+  auto sit = shard_of_.find(ep.get());
+  if (sit == shard_of_.end()) return;
+  auto h = wire::DecodeHeader(frame);
+  if (!h.ok()) {
+    TLOG_WARN("bad message from {}: {}", shards_[sit->second].name(), h.status().ToString());
+    return OnShardLost(sit->second, h.status().WithContext("bad message"));
+  }
+  auto it = pending_.find(h->request_id);
+  if (it == pending_.end()) {
+    if (h->opcode == wire::Opcode::kError) {
+      auto err = wire::DecodeBody<wire::Error>(*h, frame);
+      TLOG_WARN("{}: {}", shards_[sit->second].name(), err.ok() ? err->message : "malformed error");
+    }
+    return;
+  }
+  auto fn = std::move(it->second.fn);
+  pending_.erase(it);
+  if (h->opcode == wire::Opcode::kError) {
+    auto err = wire::DecodeBody<wire::Error>(*h, frame);
+    return fn(err.ok() ? err->ToStatus() : err.status(), *h, frame);
+  }
+  fn(Status::Ok(), *h, frame);
+}
+
+void Client::Impl::OnShardLost(int shard, const Status& why) {
+  ShardConn& s = shards_[shard];
+  if (!s.dead.ok()) return;
+  s.dead = Status::Unavailable(s.name() + " is gone: " + why.message());
+  if (!stopping_) TLOG_ERROR("{}", s.dead.message());
+  if (s.ep) s.ep->Close();
+  std::vector<ReplyFn> fail;
+  for (auto it = pending_.begin(); it != pending_.end();) {
+    if (it->second.shard == shard) {
+      fail.push_back(std::move(it->second.fn));
+      it = pending_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (auto& fn : fail) fn(s.dead, wire::Header{}, {});
+  auto waiting = std::move(s.waiting_for_staging);
+  for (auto& fn : waiting) fn();
+}
+
+Status Client::Impl::Start() {
+  TESSERA_RETURN_IF_ERROR(options_.cluster.Validate());
+  task_ = options_.task;
+  auto rank = options_.cluster.worker_rank(task_);
+  if (!rank.ok()) return rank.status();
+  worker_rank_ = *rank;
+  if (options_.secret.empty()) return Status::InvalidArgument("the client needs a cluster secret");
+  if (options_.chunk_bytes < 64) return Status::InvalidArgument("chunk_bytes must be at least 64");
+  auto placement = ParsePlacementPolicy(options_.placement);
+  if (!placement.ok()) return placement.status();
+
+  transport::ContextOptions topts;
+  topts.backend = options_.transport;
+  topts.name = task_.job + std::to_string(task_.index);
+  topts.busy_poll = options_.busy_poll;
+  auto ctx = transport::Context::Open(topts);
+  if (!ctx.ok()) return ctx.status();
+  ctx_ = std::move(*ctx);
+  ctx_->SetHandler(kProtocolMsg, [this](const std::shared_ptr<transport::Endpoint>& ep,
+                                        std::span<const uint8_t> frame) { OnFrame(ep, frame); });
+  ctx_->SetDisconnectHandler([this](const std::shared_ptr<transport::Endpoint>& ep, Status why) {
+    auto it = shard_of_.find(ep.get());
+    if (it != shard_of_.end()) OnShardLost(it->second, why);
+  });
+
+  const int n = options_.cluster.num_tasks("ps");
+  shards_.resize(static_cast<size_t>(n));
+  start_state_.assign(static_cast<size_t>(n), 0);
+  start_error_.assign(static_cast<size_t>(n), "no answer yet");
+  for (int i = 0; i < n; ++i) {
+    shards_[i].task = {"ps", i};
+    shards_[i].addr = options_.cluster.tasks("ps")[static_cast<size_t>(i)];
+  }
+  const auto start = std::chrono::steady_clock::now();
+  const auto deadline = start + options_.startup_timeout;
+  ctx_->Post([this, n, deadline] {
+    for (int i = 0; i < n; ++i) ConnectShard(i, deadline);
+  });
+
+  // Wait like TensorFlow did, but say for whom, and give up in the end.
+  std::unique_lock<std::mutex> lock(start_mu_);
+  auto next_report = start + options_.report_interval;
+  while (true) {
+    bool all_ready = true;
+    std::string missing, failed;
+    for (int i = 0; i < n; ++i) {
+      if (start_state_[i] == 1) continue;
+      all_ready = false;
+      std::string line = shards_[i].name() + ": " + start_error_[i];
+      (start_state_[i] < 0 ? failed : missing) += (missing.empty() && start_state_[i] >= 0 ? "" : "; ") + line;
+    }
+    if (all_ready) break;
+    if (!failed.empty()) return Status::PermissionDenied("cannot join the cluster: " + failed);
+    auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) {
+      return Status::DeadlineExceeded(
+          "ps tasks not reachable within " + std::to_string(options_.startup_timeout.count()) +
+          " ms: " + missing);
+    }
+    if (now >= next_report) {
+      TLOG_INFO("{} waiting for ps tasks: {}", task_.ToString(), missing);
+      next_report = now + options_.report_interval;
+    }
+    start_cv_.wait_until(lock, std::min(deadline, next_report));
+  }
+  TLOG_INFO("{} connected to {} ps task(s) over {}", task_.ToString(), n, ctx_->Describe());
+  return Status::Ok();
+}
+
+void Client::Impl::ConnectShard(int shard, std::chrono::steady_clock::time_point deadline) {
+  if (stopping_) return;
+  ShardConn& s = shards_[shard];
+  auto attempt = std::chrono::milliseconds(2000);
+  ctx_->Connect(s.addr.host, s.addr.port, attempt,
+                [this, shard, deadline](Result<std::shared_ptr<transport::Endpoint>> ep) {
+                  if (!ep.ok()) {
+                    {
+                      std::lock_guard<std::mutex> lock(start_mu_);
+                      start_error_[shard] = ep.status().message();
+                    }
+                    if (std::chrono::steady_clock::now() < deadline) {
+                      ctx_->PostAfter(std::chrono::milliseconds(300),
+                                      [this, shard, deadline] { ConnectShard(shard, deadline); });
+                    }
+                    return;
+                  }
+                  ShardConn& conn = shards_[shard];
+                  conn.ep = *ep;
+                  conn.dead = Status::Ok();
+                  shard_of_[conn.ep.get()] = shard;
+                  Handshake(shard);
+                });
+}
+
+void Client::Impl::Handshake(int shard) {
+  auto fail = [this, shard](const Status& st) {
+    {
+      std::lock_guard<std::mutex> lock(start_mu_);
+      start_state_[shard] = -1;
+      start_error_[shard] = st.message();
+    }
+    start_cv_.notify_all();
+    OnShardLost(shard, st);
+  };
+  wire::Hello hello;
+  hello.worker_rank = static_cast<uint32_t>(worker_rank_);
+  hello.task = task_.ToString();
+  hello.client_nonce = RandomNonce();
+  Request(shard, hello, 0, [this, shard, hello, fail](Status st, const wire::Header& h, std::span<const uint8_t> frame) {
+    if (!st.ok()) return fail(st);
+    auto c = wire::DecodeBody<wire::Challenge>(h, frame);
+    if (!c.ok()) return fail(c.status());
+    Proof expect = MakeProof(options_.secret, "tessera-shard", hello.client_nonce, c->server_nonce, hello.task);
+    if (!ProofsEqual(expect, c->server_proof) || c->shard_index != static_cast<uint32_t>(shard)) {
+      return fail(Status::PermissionDenied(shards_[shard].name() +
+                                           " could not prove it knows the cluster secret "
+                                           "(is it started with the same secret?)"));
+    }
+    wire::Auth auth;
+    auth.client_proof = MakeProof(options_.secret, "tessera-worker", c->server_nonce, hello.client_nonce, hello.task);
+    Request(shard, auth, 0, [this, shard, fail](Status st2, const wire::Header& h2, std::span<const uint8_t> f2) {
+      if (!st2.ok()) return fail(st2);
+      auto w = wire::DecodeBody<wire::Welcome>(h2, f2);
+      if (!w.ok()) return fail(w.status());
+      ShardConn& s = shards_[shard];
+      auto staging = s.ep->Attach(w->staging_region);
+      if (!staging.ok()) return fail(staging.status());
+      s.alloc.Reset((*staging)->size());
+      s.staging = std::move(*staging);
+      {
+        std::lock_guard<std::mutex> lock(start_mu_);
+        start_state_[shard] = 1;
+      }
+      start_cv_.notify_all();
+    });
+  });
+}
+
+Result<const Client::Impl::TensorEntry*> Client::Impl::Lookup(Tensor t, size_t bytes, std::optional<DType> dtype) const {
+  std::lock_guard<std::mutex> lock(tensors_mu_);
+  if (t.index >= tensors_.size()) {
+    return Status::InvalidArgument("tensor handle " + std::to_string(t.index) + " was not declared by this client");
+  }
+  const TensorEntry* e = &tensors_[t.index];
+  if (dtype && *dtype != e->spec.dtype) {
+    return Status::InvalidArgument("tensor '" + e->spec.name + "' is " +
+                                   DescribeTensor(e->spec.dtype, e->spec.shape) + ", not " +
+                                   DTypeName(*dtype));
+  }
+  if (bytes != e->bytes) {
+    return Status::InvalidArgument("tensor '" + e->spec.name + "' is " +
+                                   DescribeTensor(e->spec.dtype, e->spec.shape) + " = " +
+                                   std::to_string(e->bytes) + " bytes, but the buffer has " +
+                                   std::to_string(bytes));
+  }
+  return e;
+}
+
+Result<std::vector<Tensor>> Client::Impl::DeclareMany(const std::vector<TensorSpec>& specs) {
+  wire::Declare declare;
+  declare.chunk_bytes = options_.chunk_bytes;
+  declare.placement = static_cast<uint8_t>(ParsePlacementPolicy(options_.placement).value());
+  for (const auto& spec : specs) {
+    if (spec.name.empty() || spec.name.size() > wire::kMaxNameLength) {
+      return Status::InvalidArgument("tensor name must have 1 to 1024 bytes");
+    }
+    if (!IsValidDType(static_cast<uint8_t>(spec.dtype))) {
+      return Status::InvalidArgument("tensor '" + spec.name + "': invalid dtype");
+    }
+    if (spec.shape.size() > wire::kMaxDims) {
+      return Status::InvalidArgument("tensor '" + spec.name + "': more than 8 dimensions");
+    }
+    auto n = NumElements(spec.shape);
+    if (!n.ok()) return n.status().WithContext("tensor '" + spec.name + "'");
+    uint64_t bytes = *n * DTypeSize(spec.dtype);
+    if (!spec.initial.empty() && spec.initial.size() != bytes) {
+      return Status::InvalidArgument("tensor '" + spec.name + "': initial value has " +
+                                     std::to_string(spec.initial.size()) + " bytes, " +
+                                     DescribeTensor(spec.dtype, spec.shape) + " needs " +
+                                     std::to_string(bytes));
+    }
+    declare.tensors.push_back({spec.name, spec.dtype, spec.rule, spec.shape, spec.pinned_shard});
+  }
+  auto placed = Call<wire::Declare, wire::DeclareReply>(0, declare, options_.op_timeout);
+  if (!placed.ok()) return placed.status();
+  if (placed->tensors.size() != specs.size()) return Status::Internal("declare reply does not match the request");
+
+  std::vector<TensorEntry> entries(specs.size());
+  std::vector<wire::Create> creates(shards_.size());
+  std::vector<std::vector<std::pair<size_t, size_t>>> owners(shards_.size());  // (tensor, chunk)
+  for (size_t i = 0; i < specs.size(); ++i) {
+    TensorEntry& e = entries[i];
+    e.spec = specs[i];
+    const size_t esize = DTypeSize(e.spec.dtype);
+    e.bytes = NumElements(e.spec.shape).value() * esize;
+    const auto& chunks = placed->tensors[i];
+    for (size_t c = 0; c < chunks.size(); ++c) {
+      const auto& pc = chunks[c];
+      if (pc.shard >= shards_.size()) return Status::Internal("coordinator placed a chunk on an unknown shard");
+      e.chunks.push_back({static_cast<int>(pc.shard), pc.elem_offset, pc.elem_count,
+                          pc.elem_offset * esize, pc.elem_count * esize});
+      wire::CreateEntry ce;
+      ce.tensor = declare.tensors[i];
+      ce.chunk_index = static_cast<uint32_t>(c);
+      ce.num_chunks = static_cast<uint32_t>(chunks.size());
+      ce.elem_offset = pc.elem_offset;
+      ce.elem_count = pc.elem_count;
+      creates[pc.shard].entries.push_back(std::move(ce));
+      owners[pc.shard].emplace_back(i, c);
+    }
+  }
+  for (size_t s = 0; s < shards_.size(); ++s) {
+    if (creates[s].entries.empty()) continue;
+    auto reply = Call<wire::Create, wire::CreateReply>(static_cast<int>(s), creates[s], options_.op_timeout);
+    if (!reply.ok()) return reply.status();
+    if (reply->keys.size() != owners[s].size()) return Status::Internal("create reply does not match the request");
+    // Attach arenas on the loop thread, where the endpoint lives.
+    std::promise<Status> attached;
+    ctx_->Post([&] {
+      for (const auto& a : reply->arenas) {
+        auto r = shards_[s].ep ? shards_[s].ep->Attach(a.region) : Result<std::unique_ptr<transport::RemoteRegion>>(shards_[s].dead);
+        if (!r.ok()) return attached.set_value(r.status());
+        shards_[s].arenas[a.arena_id] = std::move(*r);
+      }
+      attached.set_value(Status::Ok());
+    });
+    TESSERA_RETURN_IF_ERROR(attached.get_future().get());
+    for (size_t k = 0; k < reply->keys.size(); ++k) {
+      auto [ti, ci] = owners[s][k];
+      Chunk& chunk = entries[ti].chunks[ci];
+      const auto& loc = reply->keys[k];
+      if (loc.byte_length != chunk.bytes) return Status::Internal("shard holds a chunk of another size");
+      chunk.key_id = loc.key_id;
+      chunk.arena_id = loc.arena_id;
+      chunk.arena_offset = loc.arena_offset;
+    }
+  }
+
+  std::vector<Tensor> out;
+  std::lock_guard<std::mutex> lock(tensors_mu_);
+  for (auto& e : entries) {
+    auto it = by_name_.find(e.spec.name);
+    if (it != by_name_.end()) {
+      out.push_back({it->second});
+      continue;
+    }
+    uint32_t index = static_cast<uint32_t>(tensors_.size());
+    by_name_[e.spec.name] = index;
+    tensors_.push_back(std::move(e));
+    out.push_back({index});
+  }
+  return out;
+}
+
+void Client::Impl::PushToShard(int shard, std::vector<ChunkIo> ios, uint32_t flags,
+                               std::function<void(Status, std::vector<uint64_t>)> done) {
+  ShardConn& s = shards_[shard];
+  if (!s.dead.ok()) return done(s.dead, {});
+  uint64_t total = 0;
+  for (const auto& io : ios) total += (io.chunk->bytes + 63) / 64 * 64;
+  if (total > s.alloc.size()) {
+    // Larger than the whole slot: send in parts, each within the slot.
+    std::vector<ChunkIo> first, rest;
+    uint64_t used = 0;
+    for (auto& io : ios) {
+      uint64_t b = (io.chunk->bytes + 63) / 64 * 64;
+      if (b > s.alloc.size()) {
+        return done(Status::InvalidArgument("a chunk of " + std::to_string(io.chunk->bytes) +
+                                            " bytes exceeds the staging slot on " + s.name()), {});
+      }
+      (used + b <= s.alloc.size() && rest.empty() ? first : rest).push_back(io);
+      if (rest.empty()) used += b;
+    }
+    auto versions = std::make_shared<std::vector<uint64_t>>();
+    PushToShard(shard, std::move(first), flags,
+                [this, shard, rest = std::move(rest), flags, versions, done](Status st, std::vector<uint64_t> v) mutable {
+                  if (!st.ok()) return done(st, {});
+                  versions->insert(versions->end(), v.begin(), v.end());
+                  PushToShard(shard, std::move(rest), flags, [versions, done](Status st2, std::vector<uint64_t> v2) {
+                    versions->insert(versions->end(), v2.begin(), v2.end());
+                    done(st2, std::move(*versions));
+                  });
+                });
+    return;
+  }
+  auto offset = s.alloc.Allocate(total);
+  if (!offset) {
+    // Wait for earlier pushes to this shard to free their staging space.
+    s.waiting_for_staging.push_back([this, shard, ios = std::move(ios), flags, done]() mutable {
+      PushToShard(shard, std::move(ios), flags, std::move(done));
+    });
+    return;
+  }
+  wire::Push msg;
+  struct Progress {
+    int outstanding;
+    Status status;
+  };
+  auto progress = std::make_shared<Progress>(Progress{static_cast<int>(ios.size()) + 1, Status::Ok()});
+  uint64_t rel = *offset;
+  const uint64_t base = s.staging->base();
+  auto release = [this, shard, off = *offset] {
+    ShardConn& conn = shards_[shard];
+    conn.alloc.Free(off);
+    if (!conn.waiting_for_staging.empty()) {
+      auto next = std::move(conn.waiting_for_staging.front());
+      conn.waiting_for_staging.pop_front();
+      next();
+    }
+  };
+  auto after_puts = [this, shard, flags, progress, release, done](wire::Push m) {
+    if (!progress->status.ok()) {
+      release();
+      return done(progress->status, {});
+    }
+    Request(shard, m, flags, [release, done](Status st, const wire::Header& h, std::span<const uint8_t> frame) {
+      release();
+      if (!st.ok()) return done(st, {});
+      auto reply = wire::DecodeBody<wire::PushReply>(h, frame);
+      if (!reply.ok()) return done(reply.status(), {});
+      done(Status::Ok(), std::move(reply->versions));
+    });
+  };
+  for (const auto& io : ios) {
+    msg.entries.push_back({io.chunk->key_id, rel, io.chunk->bytes});
+    rel += (io.chunk->bytes + 63) / 64 * 64;
+  }
+  auto step = [progress, after_puts, msg](Status st) {
+    if (!st.ok() && progress->status.ok()) progress->status = st;
+    if (--progress->outstanding == 0) after_puts(msg);
+  };
+  for (size_t i = 0; i < ios.size(); ++i) {
+    const auto& e = msg.entries[i];
+    s.ep->Put(ios[i].local, e.byte_length, *s.staging, base + e.staging_offset, step);
+  }
+  // The shard reads the slot once the push-done arrives: make the puts
+  // complete at the shard first.
+  s.ep->Flush(step);
+}
+
+void Client::Impl::PullFromShard(int shard, std::vector<ChunkIo> ios, std::function<void(Status)> done) {
+  wire::Pull msg;
+  for (const auto& io : ios) msg.entries.push_back({io.chunk->key_id, io.min_version});
+  Request(shard, msg, 0, [this, shard, ios = std::move(ios), done](Status st, const wire::Header& h, std::span<const uint8_t> frame) {
+    if (!st.ok()) return done(st);
+    auto reply = wire::DecodeBody<wire::PullReply>(h, frame);
+    if (!reply.ok()) return done(reply.status());
+    ShardConn& s = shards_[shard];
+    struct Progress {
+      int outstanding;
+      Status status;
+    };
+    auto progress = std::make_shared<Progress>(Progress{static_cast<int>(ios.size()), Status::Ok()});
+    uint64_t lease = reply->lease_id;
+    auto step = [this, shard, progress, lease, done](Status st2) {
+      if (!st2.ok() && progress->status.ok()) progress->status = st2;
+      if (--progress->outstanding > 0) return;
+      // The bytes are ours: let the shard update them again.
+      ShardConn& conn = shards_[shard];
+      if (conn.dead.ok() && conn.ep) conn.ep->Send(kProtocolMsg, wire::Encode(wire::Release{lease}, 0));
+      done(progress->status);
+    };
+    for (const auto& io : ios) {
+      auto arena = s.arenas.find(io.chunk->arena_id);
+      if (arena == s.arenas.end()) {
+        step(Status::Internal("no key for arena " + std::to_string(io.chunk->arena_id) + " of " + s.name()));
+        continue;
+      }
+      s.ep->Get(io.local, io.chunk->bytes, *arena->second, arena->second->base() + io.chunk->arena_offset, step);
+    }
+  });
+}
+
+Future Client::Impl::Push(std::vector<PushItem> items, uint32_t flags) {
+  std::vector<std::vector<ChunkIo>> by_shard(shards_.size());
+  for (const auto& item : items) {
+    auto e = Lookup(item.tensor, item.bytes, item.dtype);
+    if (!e.ok()) return FailedFuture(e.status().WithContext("push"));
+    for (const auto& c : (*e)->chunks) {
+      by_shard[c.shard].push_back({&c, const_cast<uint8_t*>(static_cast<const uint8_t*>(item.data)) + c.byte_offset});
+    }
+  }
+  auto op = NewOp();
+  op->Add(1);  // held until every part is issued
+  ctx_->Post([this, op, flags, by_shard = std::move(by_shard)]() mutable {
+    for (size_t s = 0; s < by_shard.size(); ++s) {
+      if (by_shard[s].empty()) continue;
+      op->Add(1);
+      PushToShard(static_cast<int>(s), std::move(by_shard[s]), flags,
+                  [op](Status st, std::vector<uint64_t>) { op->Finish(st); });
+    }
+    op->Finish(Status::Ok());
+  });
+  return Future(op);
+}
+
+Future Client::Impl::Pull(std::vector<PullItem> items) {
+  std::vector<std::vector<ChunkIo>> by_shard(shards_.size());
+  for (const auto& item : items) {
+    auto e = Lookup(item.tensor, item.bytes, item.dtype);
+    if (!e.ok()) return FailedFuture(e.status().WithContext("pull"));
+    for (const auto& c : (*e)->chunks) {
+      by_shard[c.shard].push_back({&c, static_cast<uint8_t*>(item.data) + c.byte_offset, item.min_version});
+    }
+  }
+  auto op = NewOp();
+  op->Add(1);
+  ctx_->Post([this, op, by_shard = std::move(by_shard)]() mutable {
+    for (size_t s = 0; s < by_shard.size(); ++s) {
+      if (by_shard[s].empty()) continue;
+      op->Add(1);
+      PullFromShard(static_cast<int>(s), std::move(by_shard[s]), [op](Status st) { op->Finish(st); });
+    }
+    op->Finish(Status::Ok());
+  });
+  return Future(op);
+}
+
+Future Client::Impl::PushPull(std::vector<PushPullItem> items) {
+  std::vector<std::vector<ChunkIo>> push(shards_.size()), pull(shards_.size());
+  for (const auto& item : items) {
+    auto e = Lookup(item.tensor, item.bytes, item.dtype);
+    if (!e.ok()) return FailedFuture(e.status().WithContext("push_pull"));
+    for (const auto& c : (*e)->chunks) {
+      push[c.shard].push_back({&c, const_cast<uint8_t*>(static_cast<const uint8_t*>(item.gradient)) + c.byte_offset});
+      pull[c.shard].push_back({&c, static_cast<uint8_t*>(item.weights) + c.byte_offset});
+    }
+  }
+  auto op = NewOp();
+  op->Add(1);
+  ctx_->Post([this, op, push = std::move(push), pull = std::move(pull)]() mutable {
+    for (size_t s = 0; s < push.size(); ++s) {
+      if (push[s].empty()) continue;
+      op->Add(1);
+      PushToShard(static_cast<int>(s), std::move(push[s]), 0,
+                  [this, op, s, ios = std::move(pull[s])](Status st, std::vector<uint64_t> versions) mutable {
+                    if (!st.ok()) return op->Finish(st);
+                    // Read back at least the version this push produced.
+                    for (size_t i = 0; i < ios.size() && i < versions.size(); ++i) ios[i].min_version = versions[i];
+                    PullFromShard(static_cast<int>(s), std::move(ios), [op](Status st2) { op->Finish(st2); });
+                  });
+    }
+    op->Finish(Status::Ok());
+  });
+  return Future(op);
+}
+
+Status Client::Impl::Initialize() {
+  if (worker_rank_ != 0) {
+    return Status::FailedPrecondition(task_.ToString() + " is not the chief (" +
+                                      options_.cluster.chief().ToString() + " is); use WaitForInit");
+  }
+  std::vector<PushItem> items;
+  std::vector<std::vector<uint8_t>> zeros;
+  {
+    std::lock_guard<std::mutex> lock(tensors_mu_);
+    zeros.reserve(tensors_.size());
+    for (uint32_t i = 0; i < tensors_.size(); ++i) {
+      const auto& e = tensors_[i];
+      if (e.spec.initial.empty()) {
+        zeros.emplace_back(e.bytes, 0);
+        items.push_back({{i}, zeros.back().data(), e.bytes});
+      } else {
+        items.push_back({{i}, e.spec.initial.data(), e.bytes});
+      }
+    }
+  }
+  if (!items.empty()) TESSERA_RETURN_IF_ERROR(Push(std::move(items), wire::kFlagInit).Wait().WithContext("initialising"));
+  auto ack = Call<wire::InitDone, wire::Ack>(0, wire::InitDone{}, options_.op_timeout);
+  return ack.ok() ? Status::Ok() : ack.status();
+}
+
+Status Client::Impl::WaitForInit(std::chrono::milliseconds timeout) {
+  auto ack = Call<wire::WaitInit, wire::Ack>(0, wire::WaitInit{}, timeout);
+  if (ack.ok()) return Status::Ok();
+  if (ack.status().code() == StatusCode::kDeadlineExceeded) {
+    return Status::DeadlineExceeded("the chief (" + options_.cluster.chief().ToString() +
+                                    ") has not initialised the parameters within " +
+                                    std::to_string(timeout.count()) + " ms");
+  }
+  return ack.status();
+}
+
+// ---------------------------------------------------------------------------
+// Client
+
+Result<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
+  auto impl = std::make_unique<Impl>(options);
+  TESSERA_RETURN_IF_ERROR(impl->Start());
+  return std::unique_ptr<Client>(new Client(std::move(impl)));
+}
+
+Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Client::~Client() = default;
+
+Result<Tensor> Client::Declare(const TensorSpec& spec) {
+  auto r = impl_->DeclareMany({spec});
+  if (!r.ok()) return r.status();
+  return r->front();
+}
+
+Result<std::vector<Tensor>> Client::DeclareMany(const std::vector<TensorSpec>& specs) {
+  return impl_->DeclareMany(specs);
+}
+
+Result<Tensor> Client::Find(const std::string& name) const {
+  std::lock_guard<std::mutex> lock(impl_->tensors_mu_);
+  auto it = impl_->by_name_.find(name);
+  if (it == impl_->by_name_.end()) {
+    return Status::NotFound("tensor '" + name + "' was not declared by this client");
+  }
+  return Tensor{it->second};
+}
+
+TensorInfo Client::info(Tensor t) const {
+  std::lock_guard<std::mutex> lock(impl_->tensors_mu_);
+  const auto& e = impl_->tensors_.at(t.index);
+  TensorInfo info{e.spec.name, e.spec.dtype, e.spec.shape, e.spec.rule, e.bytes, {}};
+  for (const auto& c : e.chunks) info.shards.push_back(c.shard);
+  return info;
+}
+
+bool Client::is_chief() const { return impl_->worker_rank_ == 0; }
+Status Client::Initialize() { return impl_->Initialize(); }
+Status Client::WaitForInit(std::chrono::milliseconds timeout) { return impl_->WaitForInit(timeout); }
+Future Client::PushAsync(std::vector<PushItem> items) { return impl_->Push(std::move(items), 0); }
+Future Client::PullAsync(std::vector<PullItem> items) { return impl_->Pull(std::move(items)); }
+Future Client::PushPullAsync(std::vector<PushPullItem> items) { return impl_->PushPull(std::move(items)); }
+int Client::num_shards() const { return impl_->options_.cluster.num_tasks("ps"); }
+
+ClientCounters Client::counters() const {
+  auto c = impl_->ctx_->counters();
+  return {c.messages_sent, c.message_bytes_sent, c.messages_received, c.message_bytes_received,
+          c.puts, c.put_bytes, c.gets, c.get_bytes};
+}
+
+}  // namespace tessera

@@ -1,0 +1,54 @@
+#include "coord/coordinator.h"
+
+#include <algorithm>
+
+namespace tessera::coord {
+namespace {
+
+std::string Describe(const wire::TensorDecl& t) {
+  return DescribeTensor(t.dtype, t.shape) + " with rule " + UpdateRuleName(t.rule);
+}
+
+}  // namespace
+
+Result<wire::DeclareReply> Coordinator::Declare(const wire::Declare& msg, const std::string& who) {
+  // Validate the whole batch before placing anything.
+  for (const auto& t : msg.tensors) {
+    if (t.pinned_shard >= num_shards_) {
+      return Status::InvalidArgument("tensor '" + t.name + "' pinned to shard " +
+                                     std::to_string(t.pinned_shard) + " but the cluster has " +
+                                     std::to_string(num_shards_) + " ps tasks");
+    }
+    auto it = tensors_.find(t.name);
+    if (it == tensors_.end()) continue;
+    const auto& have = it->second.decl;
+    if (have.dtype != t.dtype || have.shape != t.shape || have.rule != t.rule) {
+      return Status::AlreadyExists("tensor '" + t.name + "' was declared as " + Describe(have) +
+                                   " by " + it->second.declared_by + ", but " + who +
+                                   " declares it as " + Describe(t));
+    }
+  }
+  if (!placer_) placer_ = std::make_unique<Placer>(static_cast<PlacementPolicy>(msg.placement), num_shards_);
+
+  wire::DeclareReply reply;
+  for (const auto& t : msg.tensors) {
+    auto it = tensors_.find(t.name);
+    if (it == tensors_.end()) {
+      Placed placed{t, who, {}};
+      const uint64_t total = NumElements(t.shape).value();
+      const uint64_t per_chunk = std::max<uint64_t>(1, msg.chunk_bytes / DTypeSize(t.dtype));
+      uint64_t offset = 0;
+      do {
+        uint64_t count = std::min(per_chunk, total - offset);
+        int shard = placer_->Place(count * DTypeSize(t.dtype), t.pinned_shard);
+        placed.chunks.push_back({static_cast<uint32_t>(shard), offset, count});
+        offset += count;
+      } while (offset < total);
+      it = tensors_.emplace(t.name, std::move(placed)).first;
+    }
+    reply.tensors.push_back(it->second.chunks);
+  }
+  return reply;
+}
+
+}  // namespace tessera::coord

@@ -1,0 +1,73 @@
+#include "server/param_table.h"
+
+#include <algorithm>
+
+namespace tessera::server {
+namespace {
+
+constexpr uint64_t kAlignment = 64;  // cache line; also keeps every dtype aligned
+
+std::string Describe(const wire::CreateEntry& e) {
+  return DescribeTensor(e.tensor.dtype, e.tensor.shape) + " (rule " + UpdateRuleName(e.tensor.rule) +
+         ")";
+}
+
+}  // namespace
+
+Result<std::pair<uint32_t, uint64_t>> ParamTable::AllocateBytes(uint64_t bytes) {
+  uint64_t need = std::max<uint64_t>(bytes, 1);
+  for (uint32_t id = 0; id < arenas_.size(); ++id) {
+    Arena& a = arenas_[id];
+    uint64_t offset = (a.used + kAlignment - 1) / kAlignment * kAlignment;
+    if (offset + need <= a.region->size()) {
+      a.used = offset + need;
+      return std::make_pair(id, offset);
+    }
+  }
+  uint64_t size = std::max<uint64_t>(arena_bytes_, (need + kAlignment - 1) / kAlignment * kAlignment);
+  auto region = ctx_->Allocate(size, transport::MemoryKind::kHost);
+  if (!region.ok()) {
+    return region.status().WithContext("allocating a " + std::to_string(size) + "-byte arena");
+  }
+  arenas_.push_back(Arena{std::move(*region), need});
+  return std::make_pair(static_cast<uint32_t>(arenas_.size() - 1), uint64_t{0});
+}
+
+Result<Param*> ParamTable::Create(const wire::CreateEntry& entry) {
+  const auto& t = entry.tensor;
+  auto key = std::make_pair(t.name, entry.chunk_index);
+  if (auto it = by_name_.find(key); it != by_name_.end()) {
+    Param* p = params_[it->second].get();
+    const auto& have = p->entry;
+    if (have.tensor.dtype != t.dtype || have.tensor.shape != t.shape || have.tensor.rule != t.rule ||
+        have.num_chunks != entry.num_chunks || have.elem_offset != entry.elem_offset ||
+        have.elem_count != entry.elem_count) {
+      return Status::AlreadyExists("tensor '" + t.name + "' is held as " + Describe(have) +
+                                   " but was now declared as " + Describe(entry));
+    }
+    return p;
+  }
+  uint64_t bytes = entry.elem_count * DTypeSize(t.dtype);
+  auto place = AllocateBytes(bytes);
+  if (!place.ok()) return place.status().WithContext("tensor '" + t.name + "'");
+  auto p = std::make_unique<Param>();
+  p->key_id = static_cast<uint32_t>(params_.size());
+  p->entry = entry;
+  p->display_name = entry.num_chunks == 1 ? t.name
+                                          : t.name + " (chunk " + std::to_string(entry.chunk_index) +
+                                                " of " + std::to_string(entry.num_chunks) + ")";
+  p->arena_id = place->first;
+  p->arena_offset = place->second;
+  p->bytes = bytes;
+  p->data = static_cast<uint8_t*>(arenas_[place->first].region->data()) + place->second;
+  std::fill(p->data, p->data + bytes, uint8_t{0});
+  by_name_[key] = p->key_id;
+  params_.push_back(std::move(p));
+  return params_.back().get();
+}
+
+Param* ParamTable::Find(uint32_t key_id) {
+  return key_id < params_.size() ? params_[key_id].get() : nullptr;
+}
+
+}  // namespace tessera::server

@@ -1,0 +1,62 @@
+// The parameters a shard holds: each chunk of each tensor at an offset in one
+// of a few large arenas the fabric allocated (remotely readable, never
+// remotely writable).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "transport/transport.h"
+#include "wire/messages.h"
+
+namespace tessera::server {
+
+struct Param {
+  uint32_t key_id = 0;
+  wire::CreateEntry entry;  // tensor declaration and which chunk this is
+  std::string display_name;  // "w" or "w (chunk 2 of 5)"
+  uint32_t arena_id = 0;
+  uint64_t arena_offset = 0;
+  uint64_t bytes = 0;
+  uint8_t* data = nullptr;
+
+  uint64_t version = 0;  // bumped by every applied update; 1 after init
+  bool initialized = false;
+  uint32_t readers = 0;         // pull leases that may be reading the bytes now
+  bool writer_waiting = false;  // an update waits for readers: new pulls wait too
+};
+
+class ParamTable {
+ public:
+  ParamTable(transport::Context* ctx, size_t arena_bytes) : ctx_(ctx), arena_bytes_(arena_bytes) {}
+
+  // Creates the chunk, or returns the existing one if it matches; a mismatch
+  // is an error naming both declarations.
+  Result<Param*> Create(const wire::CreateEntry& entry);
+  Param* Find(uint32_t key_id);
+  size_t size() const { return params_.size(); }
+  size_t num_arenas() const { return arenas_.size(); }
+  std::vector<uint8_t> DescribeArena(uint32_t arena_id) const { return arenas_[arena_id].region->Describe(); }
+  uint64_t arena_base(uint32_t arena_id) const {
+    return reinterpret_cast<uint64_t>(arenas_[arena_id].region->data());
+  }
+
+ private:
+  struct Arena {
+    std::unique_ptr<transport::Region> region;
+    uint64_t used = 0;
+  };
+  Result<std::pair<uint32_t, uint64_t>> AllocateBytes(uint64_t bytes);
+
+  transport::Context* ctx_;
+  size_t arena_bytes_;
+  std::vector<Arena> arenas_;
+  std::vector<std::unique_ptr<Param>> params_;  // index = key_id
+  std::map<std::pair<std::string, uint32_t>, uint32_t> by_name_;  // (name, chunk) -> key_id
+};
+
+}  // namespace tessera::server

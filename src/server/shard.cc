@@ -1,0 +1,420 @@
+#include "server/shard.h"
+
+#include <fmt/format.h>
+
+#include <future>
+
+#include "core/log.h"
+#include "kernels/update.h"
+
+namespace tessera::server {
+namespace {
+
+std::string FormatValues(const Param& p) {
+  const auto* d = p.data;
+  std::string out;
+  for (uint64_t i = 0; i < p.entry.elem_count; ++i) {
+    if (i) out += ", ";
+    switch (p.entry.tensor.dtype) {
+      case DType::kF32: out += fmt::format("{:.6g}", reinterpret_cast<const float*>(d)[i]); break;
+      case DType::kF64: out += fmt::format("{:.10g}", reinterpret_cast<const double*>(d)[i]); break;
+      case DType::kF16: out += fmt::format("{:.4g}", kernels::HalfToFloat(reinterpret_cast<const uint16_t*>(d)[i])); break;
+      case DType::kBF16: out += fmt::format("{:.4g}", kernels::BFloat16ToFloat(reinterpret_cast<const uint16_t*>(d)[i])); break;
+      case DType::kI32: out += std::to_string(reinterpret_cast<const int32_t*>(d)[i]); break;
+      case DType::kI64: out += std::to_string(reinterpret_cast<const int64_t*>(d)[i]); break;
+    }
+  }
+  return p.entry.elem_count == 1 ? out : "[" + out + "]";
+}
+
+}  // namespace
+
+Shard::~Shard() { Stop(); }
+
+Status Shard::Start() {
+  TESSERA_RETURN_IF_ERROR(options_.cluster.Validate());
+  auto addr = options_.cluster.address({"ps", options_.task_index});
+  if (!addr.ok()) return addr.status();
+  if (options_.secret.empty()) return Status::InvalidArgument("the shard needs a cluster secret");
+
+  transport::ContextOptions topts;
+  topts.backend = options_.transport;
+  topts.name = "ps" + std::to_string(options_.task_index);
+  topts.busy_poll = options_.busy_poll;
+  auto ctx = transport::Context::Open(topts);
+  if (!ctx.ok()) return ctx.status();
+  ctx_ = std::move(*ctx);
+  table_ = std::make_unique<ParamTable>(ctx_.get(), options_.arena_bytes);
+  if (options_.task_index == 0) coord_ = std::make_unique<coord::Coordinator>(options_.cluster.num_tasks("ps"));
+
+  ctx_->SetHandler(kProtocolMsg, [this](const EndpointPtr& ep, std::span<const uint8_t> frame) {
+    OnMessage(ep, frame);
+  });
+  ctx_->SetDisconnectHandler([this](const EndpointPtr& ep, Status why) { OnDisconnect(ep, why); });
+  const std::string host = options_.bind_host.empty() ? addr->host : options_.bind_host;
+  auto listener = ctx_->Listen(host, addr->port, [this](const EndpointPtr& ep) {
+    auto peer = std::make_unique<Peer>();
+    peer->ep = ep;
+    peers_[ep.get()] = std::move(peer);
+  });
+  if (!listener.ok()) {
+    return listener.status().WithContext("/job:ps/task:" + std::to_string(options_.task_index));
+  }
+  listener_ = std::move(*listener);
+  TLOG_INFO("ps task {} serving on {}:{} over {}{}", options_.task_index, host, listener_->port(),
+            ctx_->Describe(), coord_ ? " (coordinator)" : "");
+  return Status::Ok();
+}
+
+void Shard::Stop() {
+  if (!ctx_) return;
+  listener_.reset();
+  std::promise<void> done;
+  ctx_->Post([this, &done] {
+    for (auto& [raw, peer] : peers_) peer->ep->Close();
+    peers_.clear();
+    leases_.clear();
+    blocked_pushes_.clear();
+    waiting_pulls_.clear();
+    init_waiters_.clear();
+    done.set_value();
+  });
+  done.get_future().wait();
+  table_.reset();
+  ctx_.reset();
+}
+
+ServerStats Shard::stats() const {
+  ServerStats s;
+  s.tensors = tensors_;
+  s.pushes_applied = pushes_applied_;
+  s.pulls_served = pulls_served_;
+  s.connections_refused = refused_;
+  return s;
+}
+
+template <typename Msg>
+void Shard::Reply(Peer& peer, uint64_t request_id, const Msg& msg) {
+  peer.ep->Send(kProtocolMsg, wire::Encode(msg, request_id));
+}
+
+void Shard::SendError(Peer& peer, uint64_t request_id, const Status& st) {
+  wire::Error err{st.code(), "ps task " + std::to_string(options_.task_index) + ": " + st.message()};
+  Reply(peer, request_id, err);
+}
+
+void Shard::Drop(Peer& peer, const Status& why, uint64_t request_id) {
+  refused_++;
+  TLOG_WARN("closing connection from {} ({}): {}", peer.ep->peer(),
+            peer.hello.task.empty() ? "unauthenticated" : peer.hello.task, why.ToString());
+  // Tell the peer why before closing; the close flushes the send.
+  SendError(peer, request_id, why);
+  auto ep = peer.ep;
+  OnDisconnect(ep, why);
+  ep->Close();
+}
+
+void Shard::OnDisconnect(const EndpointPtr& ep, const Status& why) {
+  auto it = peers_.find(ep.get());
+  if (it == peers_.end()) return;
+  Peer* peer = it->second.get();
+  if (peer->authenticated) TLOG_INFO("{} disconnected: {}", peer->hello.task, why.message());
+  for (auto lit = leases_.begin(); lit != leases_.end();) {
+    if (lit->second.owner == ep.get()) {
+      for (uint32_t key : lit->second.keys) table_->Find(key)->readers--;
+      lit = leases_.erase(lit);
+    } else {
+      ++lit;
+    }
+  }
+  std::erase_if(blocked_pushes_, [&](const PendingPush& p) { return p.peer == peer; });
+  std::erase_if(waiting_pulls_, [&](const PendingPull& p) { return p.peer == peer; });
+  std::erase_if(init_waiters_, [&](const auto& w) { return w.first == peer; });
+  peers_.erase(it);
+  RetryWaiting();
+}
+
+void Shard::OnMessage(const EndpointPtr& ep, std::span<const uint8_t> frame) {
+  auto it = peers_.find(ep.get());
+  if (it == peers_.end()) return;
+  Peer& peer = *it->second;
+  auto h = wire::DecodeHeader(frame);
+  if (!h.ok()) return Drop(peer, h.status());
+
+  if (!peer.authenticated) {
+    Status st;
+    if (h->opcode == wire::Opcode::kHello && peer.hello.task.empty()) {
+      st = OnHello(peer, *h, frame);
+    } else if (h->opcode == wire::Opcode::kAuth && !peer.hello.task.empty()) {
+      st = OnAuth(peer, *h, frame);
+    } else {
+      st = Status::PermissionDenied(std::string(wire::OpcodeName(h->opcode)) +
+                                    " before authentication");
+    }
+    if (!st.ok()) Drop(peer, st, h->request_id);
+    return;
+  }
+
+  // A malformed message closes the connection; a well-formed request that
+  // cannot be served gets an error reply.
+  auto bad = [&](const Status& st) { Drop(peer, st, h->request_id); };
+  switch (h->opcode) {
+    case wire::Opcode::kDeclare: {
+      auto m = wire::DecodeBody<wire::Declare>(*h, frame);
+      if (!m.ok()) return bad(m.status());
+      if (!coord_) {
+        return SendError(peer, h->request_id,
+                         Status::FailedPrecondition("declare sent to a shard that is not the coordinator"));
+      }
+      auto reply = coord_->Declare(*m, peer.hello.task);
+      if (!reply.ok()) return SendError(peer, h->request_id, reply.status());
+      return Reply(peer, h->request_id, *reply);
+    }
+    case wire::Opcode::kCreate: {
+      auto m = wire::DecodeBody<wire::Create>(*h, frame);
+      if (!m.ok()) return bad(m.status());
+      return OnCreate(peer, h->request_id, *m);
+    }
+    case wire::Opcode::kPush: {
+      auto m = wire::DecodeBody<wire::Push>(*h, frame);
+      if (!m.ok()) return bad(m.status());
+      return OnPush(peer, h->request_id, h->flags, std::move(*m));
+    }
+    case wire::Opcode::kPull: {
+      auto m = wire::DecodeBody<wire::Pull>(*h, frame);
+      if (!m.ok()) return bad(m.status());
+      return OnPull(peer, h->request_id, std::move(*m));
+    }
+    case wire::Opcode::kRelease: {
+      auto m = wire::DecodeBody<wire::Release>(*h, frame);
+      if (!m.ok()) return bad(m.status());
+      return OnRelease(peer, *m);
+    }
+    case wire::Opcode::kInitDone:
+    case wire::Opcode::kWaitInit: {
+      if (!coord_) {
+        return SendError(peer, h->request_id,
+                         Status::FailedPrecondition("init barrier sent to a shard that is not the coordinator"));
+      }
+      if (h->opcode == wire::Opcode::kInitDone) {
+        if (peer.hello.worker_rank != 0) {
+          return SendError(peer, h->request_id,
+                           Status::PermissionDenied(peer.hello.task + " is not the chief"));
+        }
+        TLOG_INFO("chief {} initialised the parameters", peer.hello.task);
+        coord_->MarkInitialized();
+        Reply(peer, h->request_id, wire::Ack{});
+        for (auto& [waiter, req] : init_waiters_) Reply(*waiter, req, wire::Ack{});
+        init_waiters_.clear();
+      } else if (coord_->initialized()) {
+        Reply(peer, h->request_id, wire::Ack{});
+      } else {
+        init_waiters_.emplace_back(&peer, h->request_id);
+      }
+      return;
+    }
+    default:
+      return bad(Status::InvalidArgument(std::string("unexpected ") + wire::OpcodeName(h->opcode) +
+                                         " from a worker"));
+  }
+}
+
+Status Shard::OnHello(Peer& peer, const wire::Header& h, std::span<const uint8_t> frame) {
+  auto m = wire::DecodeBody<wire::Hello>(h, frame);
+  if (!m.ok()) return m.status();
+  if (m->task.empty()) return Status::InvalidArgument("hello without a task name");
+  if (static_cast<int>(m->worker_rank) >= options_.cluster.num_workers()) {
+    return Status::PermissionDenied(m->task + " claims worker rank " + std::to_string(m->worker_rank) +
+                                    " but the cluster has " +
+                                    std::to_string(options_.cluster.num_workers()) + " workers");
+  }
+  peer.hello = std::move(*m);
+  peer.server_nonce = RandomNonce();
+  wire::Challenge c;
+  c.server_nonce = peer.server_nonce;
+  c.server_proof = MakeProof(options_.secret, "tessera-shard", peer.hello.client_nonce,
+                             peer.server_nonce, peer.hello.task);
+  c.shard_index = static_cast<uint32_t>(options_.task_index);
+  Reply(peer, h.request_id, c);
+  return Status::Ok();
+}
+
+Status Shard::OnAuth(Peer& peer, const wire::Header& h, std::span<const uint8_t> frame) {
+  auto m = wire::DecodeBody<wire::Auth>(h, frame);
+  if (!m.ok()) return m.status();
+  Proof expect = MakeProof(options_.secret, "tessera-worker", peer.server_nonce,
+                           peer.hello.client_nonce, peer.hello.task);
+  if (!ProofsEqual(expect, m->client_proof)) {
+    return Status::PermissionDenied(peer.hello.task + " at " + peer.ep->peer() +
+                                    " does not know the cluster secret");
+  }
+  auto staging = ctx_->Allocate(options_.staging_bytes_per_worker, transport::MemoryKind::kHost);
+  if (!staging.ok()) return staging.status().WithContext("staging slot for " + peer.hello.task);
+  peer.staging = std::move(*staging);
+  peer.authenticated = true;
+  TLOG_INFO("{} connected from {}", peer.hello.task, peer.ep->peer());
+  Reply(peer, h.request_id, wire::Welcome{peer.staging->Describe()});
+  return Status::Ok();
+}
+
+void Shard::OnCreate(Peer& peer, uint64_t request_id, const wire::Create& msg) {
+  wire::CreateReply reply;
+  for (const auto& entry : msg.entries) {
+    auto p = table_->Create(entry);
+    if (!p.ok()) return SendError(peer, request_id, p.status());
+    reply.keys.push_back({(*p)->key_id, (*p)->arena_id, (*p)->arena_offset, (*p)->bytes, (*p)->version});
+    if (peer.known_arenas.insert((*p)->arena_id).second) {
+      reply.arenas.push_back({(*p)->arena_id, table_->DescribeArena((*p)->arena_id)});
+    }
+  }
+  tensors_ = table_->size();
+  Reply(peer, request_id, reply);
+}
+
+Status Shard::ValidatePush(const Peer& peer, uint32_t flags, const wire::Push& msg) {
+  const uint64_t slot = peer.staging->size();
+  for (const auto& e : msg.entries) {
+    const Param* p = table_->Find(e.key_id);
+    if (p == nullptr) return Status::NotFound("push to unknown key id " + std::to_string(e.key_id));
+    if (e.byte_length != p->bytes) {
+      return Status::InvalidArgument(
+          "push to tensor '" + p->display_name + "' (" +
+          DescribeTensor(p->entry.tensor.dtype, p->entry.tensor.shape) + ", " +
+          std::to_string(p->bytes) + " bytes) carries " + std::to_string(e.byte_length) + " bytes");
+    }
+    if (e.staging_offset > slot || e.byte_length > slot - e.staging_offset) {
+      return Status::OutOfRange("push to tensor '" + p->display_name + "' reads [" +
+                                std::to_string(e.staging_offset) + ", +" +
+                                std::to_string(e.byte_length) + ") outside the " +
+                                std::to_string(slot) + "-byte staging slot");
+    }
+    if (!(flags & wire::kFlagInit) && !p->initialized) {
+      return Status::FailedPrecondition("tensor '" + p->display_name +
+                                        "' is not initialised yet (the chief initialises it)");
+    }
+  }
+  return Status::Ok();
+}
+
+void Shard::OnPush(Peer& peer, uint64_t request_id, uint32_t flags, wire::Push msg) {
+  Status st = ValidatePush(peer, flags, msg);
+  if (!st.ok()) return SendError(peer, request_id, st);
+  PendingPush push{&peer, request_id, flags, std::move(msg)};
+  if (!TryApplyPush(push)) {
+    for (const auto& e : push.msg.entries) table_->Find(e.key_id)->writer_waiting = true;
+    blocked_pushes_.push_back(std::move(push));
+    return;
+  }
+  RetryWaiting();
+}
+
+bool Shard::TryApplyPush(PendingPush& push) {
+  for (const auto& e : push.msg.entries) {
+    if (table_->Find(e.key_id)->readers > 0) return false;
+  }
+  const bool init = push.flags & wire::kFlagInit;
+  const auto* staging = static_cast<const uint8_t*>(push.peer->staging->data());
+  wire::PushReply reply;
+  for (const auto& e : push.msg.entries) {
+    Param* p = table_->Find(e.key_id);
+    UpdateRule rule = init ? UpdateRule::kAssign : p->entry.tensor.rule;
+    Status st = kernels::ApplyUpdateCpu(rule, p->entry.tensor.dtype, p->data,
+                                        staging + e.staging_offset, p->entry.elem_count);
+    if (!st.ok()) {
+      SendError(*push.peer, push.request_id, st.WithContext("tensor '" + p->display_name + "'"));
+      return true;
+    }
+    p->version++;
+    p->initialized = true;
+    p->writer_waiting = false;
+    reply.versions.push_back(p->version);
+    if (options_.log_updates && p->entry.elem_count <= 8) LogUpdate(*p, *push.peer);
+  }
+  pushes_applied_++;
+  Reply(*push.peer, push.request_id, reply);
+  return true;
+}
+
+void Shard::LogUpdate(const Param& p, const Peer& from) const {
+  TLOG_INFO("{} = {}  (version {}, {} by {})", p.display_name, FormatValues(p), p.version,
+            p.version == 1 ? "initialised" : UpdateRuleName(p.entry.tensor.rule), from.hello.task);
+}
+
+void Shard::OnPull(Peer& peer, uint64_t request_id, wire::Pull msg) {
+  for (const auto& e : msg.entries) {
+    if (table_->Find(e.key_id) == nullptr) {
+      return SendError(peer, request_id,
+                       Status::NotFound("pull of unknown key id " + std::to_string(e.key_id)));
+    }
+  }
+  PendingPull pull{&peer, request_id, std::move(msg)};
+  if (!TryGrantPull(pull)) waiting_pulls_.push_back(std::move(pull));
+}
+
+bool Shard::TryGrantPull(PendingPull& pull) {
+  for (const auto& e : pull.msg.entries) {
+    const Param* p = table_->Find(e.key_id);
+    if (!p->initialized || p->version < e.min_version || p->writer_waiting) return false;
+  }
+  wire::PullReply reply;
+  reply.lease_id = next_lease_++;
+  Lease lease{pull.peer->ep.get(), {}};
+  for (const auto& e : pull.msg.entries) {
+    Param* p = table_->Find(e.key_id);
+    p->readers++;
+    lease.keys.push_back(e.key_id);
+    reply.versions.push_back(p->version);
+  }
+  leases_[reply.lease_id] = std::move(lease);
+  pulls_served_++;
+  Reply(*pull.peer, pull.request_id, reply);
+  return true;
+}
+
+void Shard::OnRelease(Peer& peer, const wire::Release& msg) {
+  auto it = leases_.find(msg.lease_id);
+  if (it == leases_.end() || it->second.owner != peer.ep.get()) {
+    TLOG_WARN("{} released lease {} it does not hold", peer.hello.task, msg.lease_id);
+    return;
+  }
+  for (uint32_t key : it->second.keys) table_->Find(key)->readers--;
+  leases_.erase(it);
+  RetryWaiting();
+}
+
+void Shard::RetryWaiting() {
+  // Updates first (writers have priority), then the pulls they unblock.
+  for (auto it = blocked_pushes_.begin(); it != blocked_pushes_.end();) {
+    it = TryApplyPush(*it) ? blocked_pushes_.erase(it) : std::next(it);
+  }
+  for (const auto& push : blocked_pushes_) {
+    for (const auto& e : push.msg.entries) table_->Find(e.key_id)->writer_waiting = true;
+  }
+  for (auto it = waiting_pulls_.begin(); it != waiting_pulls_.end();) {
+    it = TryGrantPull(*it) ? waiting_pulls_.erase(it) : std::next(it);
+  }
+}
+
+}  // namespace tessera::server
+
+namespace tessera {
+
+class Server::Impl {
+ public:
+  explicit Impl(ServerOptions options) : shard(std::move(options)) {}
+  server::Shard shard;
+};
+
+Result<std::unique_ptr<Server>> Server::Start(const ServerOptions& options) {
+  auto impl = std::make_unique<Impl>(options);
+  TESSERA_RETURN_IF_ERROR(impl->shard.Start());
+  return std::unique_ptr<Server>(new Server(std::move(impl)));
+}
+
+Server::Server(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Server::~Server() = default;
+uint16_t Server::port() const { return impl_->shard.port(); }
+ServerStats Server::stats() const { return impl_->shard.stats(); }
+void Server::Stop() { impl_->shard.Stop(); }
+
+}  // namespace tessera

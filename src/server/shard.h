@@ -1,0 +1,93 @@
+// The shard: authenticates workers, holds the parameter table, applies pushed
+// updates and grants pull leases. All its state lives on the transport's
+// progress thread.
+#pragma once
+
+#include <deque>
+#include <memory>
+#include <set>
+#include <unordered_map>
+
+#include "coord/coordinator.h"
+#include "server/param_table.h"
+#include "tessera/server.h"
+#include "transport/transport.h"
+
+namespace tessera::server {
+
+// The transport message id of every Tessera protocol frame.
+constexpr uint16_t kProtocolMsg = 1;
+
+class Shard {
+ public:
+  explicit Shard(ServerOptions options) : options_(std::move(options)) {}
+  ~Shard();
+  Status Start();
+  void Stop();
+  uint16_t port() const { return listener_ ? listener_->port() : 0; }
+  ServerStats stats() const;
+
+ private:
+  using EndpointPtr = std::shared_ptr<transport::Endpoint>;
+  struct Peer {
+    EndpointPtr ep;
+    bool authenticated = false;
+    wire::Hello hello;
+    Nonce server_nonce{};
+    std::unique_ptr<transport::Region> staging;
+    std::set<uint32_t> known_arenas;
+  };
+  struct Lease {
+    transport::Endpoint* owner;
+    std::vector<uint32_t> keys;
+  };
+  struct PendingPush {
+    Peer* peer;
+    uint64_t request_id;
+    uint32_t flags;
+    wire::Push msg;
+  };
+  struct PendingPull {
+    Peer* peer;
+    uint64_t request_id;
+    wire::Pull msg;
+  };
+
+  void OnMessage(const EndpointPtr& ep, std::span<const uint8_t> frame);
+  void OnDisconnect(const EndpointPtr& ep, const Status& why);
+  void Drop(Peer& peer, const Status& why, uint64_t request_id = 0);
+  void SendError(Peer& peer, uint64_t request_id, const Status& st);
+  template <typename Msg>
+  void Reply(Peer& peer, uint64_t request_id, const Msg& msg);
+
+  Status OnHello(Peer& peer, const wire::Header& h, std::span<const uint8_t> frame);
+  Status OnAuth(Peer& peer, const wire::Header& h, std::span<const uint8_t> frame);
+  void OnCreate(Peer& peer, uint64_t request_id, const wire::Create& msg);
+  void OnPush(Peer& peer, uint64_t request_id, uint32_t flags, wire::Push msg);
+  void OnPull(Peer& peer, uint64_t request_id, wire::Pull msg);
+  void OnRelease(Peer& peer, const wire::Release& msg);
+
+  Status ValidatePush(const Peer& peer, uint32_t flags, const wire::Push& msg);
+  bool TryApplyPush(PendingPush& push);
+  bool TryGrantPull(PendingPull& pull);
+  void RetryWaiting();
+  void LogUpdate(const Param& p, const Peer& from) const;
+
+  ServerOptions options_;
+  std::unique_ptr<transport::Context> ctx_;
+  std::unique_ptr<ParamTable> table_;
+  std::unique_ptr<coord::Coordinator> coord_;  // shard 0 only
+  std::unique_ptr<transport::Listener> listener_;
+
+  // Progress thread only.
+  std::unordered_map<transport::Endpoint*, std::unique_ptr<Peer>> peers_;
+  std::unordered_map<uint64_t, Lease> leases_;
+  uint64_t next_lease_ = 1;
+  std::deque<PendingPush> blocked_pushes_;
+  std::deque<PendingPull> waiting_pulls_;
+  std::vector<std::pair<Peer*, uint64_t>> init_waiters_;
+
+  std::atomic<uint64_t> pushes_applied_{0}, pulls_served_{0}, refused_{0}, tensors_{0};
+};
+
+}  // namespace tessera::server

@@ -1,0 +1,60 @@
+// The fixed frame every Tessera message starts with (24 bytes, little-endian):
+//
+//   u32 magic "TSRA" | u16 version | u16 opcode | u32 flags | u32 body_length | u64 request_id
+//
+// followed by exactly body_length bytes of the opcode's body.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "tessera/status.h"
+
+namespace tessera::wire {
+
+constexpr uint32_t kMagic = 0x41525354;  // "TSRA" read as little-endian
+constexpr uint16_t kVersion = 1;
+constexpr size_t kHeaderSize = 24;
+// No control message is larger: tensor data never travels in messages.
+constexpr uint32_t kMaxBodyLength = 16u << 20;
+
+enum class Opcode : uint16_t {
+  kHello = 1,
+  kChallenge = 2,
+  kAuth = 3,
+  kWelcome = 4,
+  kDeclare = 5,
+  kDeclareReply = 6,
+  kCreate = 7,
+  kCreateReply = 8,
+  kPush = 9,
+  kPushReply = 10,
+  kPull = 11,
+  kPullReply = 12,
+  kRelease = 13,
+  kInitDone = 14,
+  kWaitInit = 15,
+  kAck = 16,
+  kError = 17,
+};
+constexpr uint16_t kMaxOpcode = 17;
+const char* OpcodeName(Opcode op);
+
+// Header flags.
+constexpr uint32_t kFlagInit = 1u << 0;  // a push that initialises (the chief's)
+constexpr uint32_t kKnownFlags = kFlagInit;
+
+struct Header {
+  uint16_t version = kVersion;
+  Opcode opcode = Opcode::kError;
+  uint32_t flags = 0;
+  uint32_t body_length = 0;
+  uint64_t request_id = 0;
+};
+
+void EncodeHeader(const Header& h, std::vector<uint8_t>* out);
+// Validates magic, version, opcode, flags and that exactly body_length bytes follow.
+Result<Header> DecodeHeader(std::span<const uint8_t> frame);
+
+}  // namespace tessera::wire

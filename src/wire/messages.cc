@@ -1,0 +1,332 @@
+#include "wire/messages.h"
+
+namespace tessera::wire {
+namespace {
+
+Status Truncated(const char* what) {
+  return Status::InvalidArgument(std::string("truncated or oversized field '") + what + "'");
+}
+
+// Reads a count of items each at least `min_item_bytes` long, refusing counts
+// the remaining bytes could not hold (so a lying count allocates nothing).
+bool GetCount(ByteReader& r, size_t min_item_bytes, uint32_t* count) {
+  if (!r.Get(count)) return false;
+  return static_cast<uint64_t>(*count) * min_item_bytes <= r.remaining();
+}
+
+template <size_t N>
+bool GetArray(ByteReader& r, std::array<uint8_t, N>* out) {
+  std::span<const uint8_t> bytes;
+  if (!r.GetBytes(N, &bytes)) return false;
+  std::copy(bytes.begin(), bytes.end(), out->begin());
+  return true;
+}
+
+void PutTensorDecl(ByteWriter& w, const TensorDecl& t) {
+  w.PutString(t.name);
+  w.Put(static_cast<uint8_t>(t.dtype));
+  w.Put(static_cast<uint8_t>(t.rule));
+  w.Put(static_cast<uint8_t>(t.shape.size()));
+  for (int64_t d : t.shape) w.Put(d);
+  w.Put(t.pinned_shard);
+}
+
+constexpr size_t kMinTensorDeclBytes = 4 + 1 + 1 + 1 + 4;
+
+Result<TensorDecl> GetTensorDecl(ByteReader& r) {
+  TensorDecl t;
+  uint8_t dtype = 0, rule = 0, ndims = 0;
+  if (!r.GetString(&t.name, kMaxNameLength)) return Truncated("name");
+  if (t.name.empty()) return Status::InvalidArgument("empty tensor name");
+  if (!r.Get(&dtype)) return Truncated("dtype");
+  if (!IsValidDType(dtype)) {
+    return Status::InvalidArgument("tensor '" + t.name + "': invalid dtype " + std::to_string(dtype));
+  }
+  t.dtype = static_cast<DType>(dtype);
+  if (!r.Get(&rule)) return Truncated("rule");
+  if (!IsValidUpdateRule(rule)) {
+    return Status::InvalidArgument("tensor '" + t.name + "': invalid update rule " + std::to_string(rule));
+  }
+  t.rule = static_cast<UpdateRule>(rule);
+  if (!r.Get(&ndims)) return Truncated("ndims");
+  if (ndims > kMaxDims) {
+    return Status::InvalidArgument("tensor '" + t.name + "': " + std::to_string(ndims) +
+                                   " dimensions (at most " + std::to_string(kMaxDims) + ")");
+  }
+  for (uint8_t i = 0; i < ndims; ++i) {
+    int64_t d = 0;
+    if (!r.Get(&d)) return Truncated("shape");
+    t.shape.push_back(d);
+  }
+  auto n = NumElements(t.shape);
+  if (!n.ok()) return n.status().WithContext("tensor '" + t.name + "'");
+  if (*n > (uint64_t{1} << 40)) return Status::InvalidArgument("tensor '" + t.name + "' is too large");
+  if (!r.Get(&t.pinned_shard)) return Truncated("pinned_shard");
+  return t;
+}
+
+}  // namespace
+
+void Hello::EncodeBody(ByteWriter& w) const {
+  w.Put(worker_rank);
+  w.PutString(task);
+  w.PutBytes(client_nonce);
+}
+Result<Hello> Hello::DecodeBody(ByteReader& r) {
+  Hello m;
+  if (!r.Get(&m.worker_rank)) return Truncated("worker_rank");
+  if (!r.GetString(&m.task, kMaxNameLength)) return Truncated("task");
+  if (!GetArray(r, &m.client_nonce)) return Truncated("client_nonce");
+  return m;
+}
+
+void Challenge::EncodeBody(ByteWriter& w) const {
+  w.PutBytes(server_nonce);
+  w.PutBytes(server_proof);
+  w.Put(shard_index);
+}
+Result<Challenge> Challenge::DecodeBody(ByteReader& r) {
+  Challenge m;
+  if (!GetArray(r, &m.server_nonce)) return Truncated("server_nonce");
+  if (!GetArray(r, &m.server_proof)) return Truncated("server_proof");
+  if (!r.Get(&m.shard_index)) return Truncated("shard_index");
+  return m;
+}
+
+void Auth::EncodeBody(ByteWriter& w) const { w.PutBytes(client_proof); }
+Result<Auth> Auth::DecodeBody(ByteReader& r) {
+  Auth m;
+  if (!GetArray(r, &m.client_proof)) return Truncated("client_proof");
+  return m;
+}
+
+void Welcome::EncodeBody(ByteWriter& w) const { w.PutBlob(staging_region); }
+Result<Welcome> Welcome::DecodeBody(ByteReader& r) {
+  Welcome m;
+  std::span<const uint8_t> blob;
+  if (!r.GetBlob(&blob, kMaxRegionDescription)) return Truncated("staging_region");
+  m.staging_region.assign(blob.begin(), blob.end());
+  return m;
+}
+
+void Declare::EncodeBody(ByteWriter& w) const {
+  w.Put(chunk_bytes);
+  w.Put(placement);
+  w.Put(static_cast<uint32_t>(tensors.size()));
+  for (const auto& t : tensors) PutTensorDecl(w, t);
+}
+Result<Declare> Declare::DecodeBody(ByteReader& r) {
+  Declare m;
+  uint32_t count = 0;
+  if (!r.Get(&m.chunk_bytes)) return Truncated("chunk_bytes");
+  if (m.chunk_bytes < 8) return Status::InvalidArgument("chunk_bytes " + std::to_string(m.chunk_bytes) + " is below 8");
+  if (!r.Get(&m.placement)) return Truncated("placement");
+  if (m.placement < 1 || m.placement > 2) return Status::InvalidArgument("invalid placement policy " + std::to_string(m.placement));
+  if (!GetCount(r, kMinTensorDeclBytes, &count)) return Truncated("tensor count");
+  m.tensors.reserve(count);
+  for (uint32_t i = 0; i < count; ++i) {
+    auto t = GetTensorDecl(r);
+    if (!t.ok()) return t.status();
+    m.tensors.push_back(std::move(*t));
+  }
+  return m;
+}
+
+void DeclareReply::EncodeBody(ByteWriter& w) const {
+  w.Put(static_cast<uint32_t>(tensors.size()));
+  for (const auto& chunks : tensors) {
+    w.Put(static_cast<uint32_t>(chunks.size()));
+    for (const auto& c : chunks) {
+      w.Put(c.shard);
+      w.Put(c.elem_offset);
+      w.Put(c.elem_count);
+    }
+  }
+}
+Result<DeclareReply> DeclareReply::DecodeBody(ByteReader& r) {
+  DeclareReply m;
+  uint32_t count = 0;
+  if (!GetCount(r, 4, &count)) return Truncated("tensor count");
+  m.tensors.resize(count);
+  for (auto& chunks : m.tensors) {
+    uint32_t n = 0;
+    if (!GetCount(r, 20, &n)) return Truncated("chunk count");
+    if (n == 0) return Status::InvalidArgument("a tensor with no chunks");
+    chunks.resize(n);
+    for (auto& c : chunks) {
+      if (!r.Get(&c.shard) || !r.Get(&c.elem_offset) || !r.Get(&c.elem_count)) return Truncated("chunk");
+    }
+  }
+  return m;
+}
+
+void Create::EncodeBody(ByteWriter& w) const {
+  w.Put(static_cast<uint32_t>(entries.size()));
+  for (const auto& e : entries) {
+    PutTensorDecl(w, e.tensor);
+    w.Put(e.chunk_index);
+    w.Put(e.num_chunks);
+    w.Put(e.elem_offset);
+    w.Put(e.elem_count);
+  }
+}
+Result<Create> Create::DecodeBody(ByteReader& r) {
+  Create m;
+  uint32_t count = 0;
+  if (!GetCount(r, kMinTensorDeclBytes + 24, &count)) return Truncated("entry count");
+  m.entries.reserve(count);
+  for (uint32_t i = 0; i < count; ++i) {
+    CreateEntry e;
+    auto t = GetTensorDecl(r);
+    if (!t.ok()) return t.status();
+    e.tensor = std::move(*t);
+    if (!r.Get(&e.chunk_index) || !r.Get(&e.num_chunks) || !r.Get(&e.elem_offset) ||
+        !r.Get(&e.elem_count)) {
+      return Truncated("chunk");
+    }
+    uint64_t total = NumElements(e.tensor.shape).value();
+    if (e.num_chunks == 0 || e.chunk_index >= e.num_chunks || e.elem_offset > total ||
+        e.elem_count > total - e.elem_offset || (e.elem_count == 0 && total != 0)) {
+      return Status::InvalidArgument("tensor '" + e.tensor.name + "': chunk " +
+                                     std::to_string(e.chunk_index) + "/" + std::to_string(e.num_chunks) +
+                                     " [" + std::to_string(e.elem_offset) + ", +" +
+                                     std::to_string(e.elem_count) + ") does not fit its shape");
+    }
+    m.entries.push_back(std::move(e));
+  }
+  return m;
+}
+
+void CreateReply::EncodeBody(ByteWriter& w) const {
+  w.Put(static_cast<uint32_t>(keys.size()));
+  for (const auto& k : keys) {
+    w.Put(k.key_id);
+    w.Put(k.arena_id);
+    w.Put(k.arena_offset);
+    w.Put(k.byte_length);
+    w.Put(k.version);
+  }
+  w.Put(static_cast<uint32_t>(arenas.size()));
+  for (const auto& a : arenas) {
+    w.Put(a.arena_id);
+    w.PutBlob(a.region);
+  }
+}
+Result<CreateReply> CreateReply::DecodeBody(ByteReader& r) {
+  CreateReply m;
+  uint32_t count = 0;
+  if (!GetCount(r, 32, &count)) return Truncated("key count");
+  m.keys.resize(count);
+  for (auto& k : m.keys) {
+    if (!r.Get(&k.key_id) || !r.Get(&k.arena_id) || !r.Get(&k.arena_offset) ||
+        !r.Get(&k.byte_length) || !r.Get(&k.version)) {
+      return Truncated("key");
+    }
+  }
+  if (!GetCount(r, 8, &count)) return Truncated("arena count");
+  m.arenas.resize(count);
+  for (auto& a : m.arenas) {
+    std::span<const uint8_t> blob;
+    if (!r.Get(&a.arena_id) || !r.GetBlob(&blob, kMaxRegionDescription)) return Truncated("arena");
+    a.region.assign(blob.begin(), blob.end());
+  }
+  return m;
+}
+
+void Push::EncodeBody(ByteWriter& w) const {
+  w.Put(static_cast<uint32_t>(entries.size()));
+  for (const auto& e : entries) {
+    w.Put(e.key_id);
+    w.Put(e.staging_offset);
+    w.Put(e.byte_length);
+  }
+}
+Result<Push> Push::DecodeBody(ByteReader& r) {
+  Push m;
+  uint32_t count = 0;
+  if (!GetCount(r, 20, &count)) return Truncated("entry count");
+  if (count == 0) return Status::InvalidArgument("push of no tensors");
+  m.entries.resize(count);
+  for (auto& e : m.entries) {
+    if (!r.Get(&e.key_id) || !r.Get(&e.staging_offset) || !r.Get(&e.byte_length)) return Truncated("entry");
+  }
+  return m;
+}
+
+namespace {
+void PutVersions(ByteWriter& w, const std::vector<uint64_t>& v) {
+  w.Put(static_cast<uint32_t>(v.size()));
+  for (uint64_t x : v) w.Put(x);
+}
+bool GetVersions(ByteReader& r, std::vector<uint64_t>* v) {
+  uint32_t count = 0;
+  if (!GetCount(r, 8, &count)) return false;
+  v->resize(count);
+  for (auto& x : *v) {
+    if (!r.Get(&x)) return false;
+  }
+  return true;
+}
+}  // namespace
+
+void PushReply::EncodeBody(ByteWriter& w) const { PutVersions(w, versions); }
+Result<PushReply> PushReply::DecodeBody(ByteReader& r) {
+  PushReply m;
+  if (!GetVersions(r, &m.versions)) return Truncated("versions");
+  return m;
+}
+
+void Pull::EncodeBody(ByteWriter& w) const {
+  w.Put(static_cast<uint32_t>(entries.size()));
+  for (const auto& e : entries) {
+    w.Put(e.key_id);
+    w.Put(e.min_version);
+  }
+}
+Result<Pull> Pull::DecodeBody(ByteReader& r) {
+  Pull m;
+  uint32_t count = 0;
+  if (!GetCount(r, 12, &count)) return Truncated("entry count");
+  if (count == 0) return Status::InvalidArgument("pull of no tensors");
+  m.entries.resize(count);
+  for (auto& e : m.entries) {
+    if (!r.Get(&e.key_id) || !r.Get(&e.min_version)) return Truncated("entry");
+  }
+  return m;
+}
+
+void PullReply::EncodeBody(ByteWriter& w) const {
+  w.Put(lease_id);
+  PutVersions(w, versions);
+}
+Result<PullReply> PullReply::DecodeBody(ByteReader& r) {
+  PullReply m;
+  if (!r.Get(&m.lease_id)) return Truncated("lease_id");
+  if (!GetVersions(r, &m.versions)) return Truncated("versions");
+  return m;
+}
+
+void Release::EncodeBody(ByteWriter& w) const { w.Put(lease_id); }
+Result<Release> Release::DecodeBody(ByteReader& r) {
+  Release m;
+  if (!r.Get(&m.lease_id)) return Truncated("lease_id");
+  return m;
+}
+
+void Error::EncodeBody(ByteWriter& w) const {
+  w.Put(static_cast<uint8_t>(code));
+  w.PutString(message);
+}
+Result<Error> Error::DecodeBody(ByteReader& r) {
+  Error m;
+  uint8_t code = 0;
+  if (!r.Get(&code)) return Truncated("code");
+  if (code == 0 || code > static_cast<uint8_t>(StatusCode::kInternal)) {
+    return Status::InvalidArgument("invalid status code " + std::to_string(code));
+  }
+  m.code = static_cast<StatusCode>(code);
+  if (!r.GetString(&m.message, kMaxErrorMessage)) return Truncated("message");
+  return m;
+}
+
+}  // namespace tessera::wire

@@ -1,0 +1,245 @@
+// Typed control messages. Each has an opcode, an encoder and a decoder that
+// validates every field it can check without the receiver's state (sizes,
+// counts, dtypes, rules, shapes); the receiver then checks key ids and
+// offsets against its own table and regions.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/bytes.h"
+#include "core/secret.h"
+#include "tessera/status.h"
+#include "tessera/tensor.h"
+#include "wire/header.h"
+
+namespace tessera::wire {
+
+constexpr size_t kMaxNameLength = 1024;
+constexpr size_t kMaxDims = 8;
+constexpr size_t kMaxRegionDescription = 64 * 1024;
+constexpr size_t kMaxErrorMessage = 64 * 1024;
+
+struct Hello {
+  static constexpr Opcode kOpcode = Opcode::kHello;
+  uint32_t worker_rank = 0;
+  std::string task;  // "/job:worker/task:1", for messages that name it
+  Nonce client_nonce{};
+  void EncodeBody(ByteWriter& w) const;
+  static Result<Hello> DecodeBody(ByteReader& r);
+};
+
+struct Challenge {
+  static constexpr Opcode kOpcode = Opcode::kChallenge;
+  Nonce server_nonce{};
+  Proof server_proof{};  // the shard proves it knows the secret too
+  uint32_t shard_index = 0;
+  void EncodeBody(ByteWriter& w) const;
+  static Result<Challenge> DecodeBody(ByteReader& r);
+};
+
+struct Auth {
+  static constexpr Opcode kOpcode = Opcode::kAuth;
+  Proof client_proof{};
+  void EncodeBody(ByteWriter& w) const;
+  static Result<Auth> DecodeBody(ByteReader& r);
+};
+
+struct Welcome {
+  static constexpr Opcode kOpcode = Opcode::kWelcome;
+  std::vector<uint8_t> staging_region;  // the worker's own slot, the only writable memory
+  void EncodeBody(ByteWriter& w) const;
+  static Result<Welcome> DecodeBody(ByteReader& r);
+};
+
+struct TensorDecl {
+  std::string name;
+  DType dtype = DType::kF32;
+  UpdateRule rule = UpdateRule::kAssign;
+  Shape shape;
+  int32_t pinned_shard = -1;
+};
+
+// To the coordinator: where do these tensors live?
+struct Declare {
+  static constexpr Opcode kOpcode = Opcode::kDeclare;
+  uint64_t chunk_bytes = 0;
+  uint8_t placement = 1;
+  std::vector<TensorDecl> tensors;
+  void EncodeBody(ByteWriter& w) const;
+  static Result<Declare> DecodeBody(ByteReader& r);
+};
+
+struct ChunkPlacement {
+  uint32_t shard = 0;
+  uint64_t elem_offset = 0;
+  uint64_t elem_count = 0;
+};
+
+struct DeclareReply {
+  static constexpr Opcode kOpcode = Opcode::kDeclareReply;
+  std::vector<std::vector<ChunkPlacement>> tensors;  // one list per declared tensor
+  void EncodeBody(ByteWriter& w) const;
+  static Result<DeclareReply> DecodeBody(ByteReader& r);
+};
+
+// To a shard: hold these chunks.
+struct CreateEntry {
+  TensorDecl tensor;
+  uint32_t chunk_index = 0;
+  uint32_t num_chunks = 1;
+  uint64_t elem_offset = 0;
+  uint64_t elem_count = 0;
+};
+
+struct Create {
+  static constexpr Opcode kOpcode = Opcode::kCreate;
+  std::vector<CreateEntry> entries;
+  void EncodeBody(ByteWriter& w) const;
+  static Result<Create> DecodeBody(ByteReader& r);
+};
+
+struct KeyLocation {
+  uint32_t key_id = 0;
+  uint32_t arena_id = 0;
+  uint64_t arena_offset = 0;
+  uint64_t byte_length = 0;
+  uint64_t version = 0;
+};
+
+struct ArenaKey {
+  uint32_t arena_id = 0;
+  std::vector<uint8_t> region;
+};
+
+struct CreateReply {
+  static constexpr Opcode kOpcode = Opcode::kCreateReply;
+  std::vector<KeyLocation> keys;
+  std::vector<ArenaKey> arenas;  // arenas this connection has not been told about yet
+  void EncodeBody(ByteWriter& w) const;
+  static Result<CreateReply> DecodeBody(ByteReader& r);
+};
+
+struct PushEntry {
+  uint32_t key_id = 0;
+  uint64_t staging_offset = 0;
+  uint64_t byte_length = 0;
+};
+
+// "push-done": the bytes are in the sender's staging slot; apply them.
+struct Push {
+  static constexpr Opcode kOpcode = Opcode::kPush;
+  std::vector<PushEntry> entries;
+  void EncodeBody(ByteWriter& w) const;
+  static Result<Push> DecodeBody(ByteReader& r);
+};
+
+struct PushReply {
+  static constexpr Opcode kOpcode = Opcode::kPushReply;
+  std::vector<uint64_t> versions;  // each key's version after this push
+  void EncodeBody(ByteWriter& w) const;
+  static Result<PushReply> DecodeBody(ByteReader& r);
+};
+
+struct PullEntry {
+  uint32_t key_id = 0;
+  uint64_t min_version = 0;
+};
+
+struct Pull {
+  static constexpr Opcode kOpcode = Opcode::kPull;
+  std::vector<PullEntry> entries;
+  void EncodeBody(ByteWriter& w) const;
+  static Result<Pull> DecodeBody(ByteReader& r);
+};
+
+// The keys are readable now and stay unchanged until the lease is released.
+struct PullReply {
+  static constexpr Opcode kOpcode = Opcode::kPullReply;
+  uint64_t lease_id = 0;
+  std::vector<uint64_t> versions;
+  void EncodeBody(ByteWriter& w) const;
+  static Result<PullReply> DecodeBody(ByteReader& r);
+};
+
+struct Release {
+  static constexpr Opcode kOpcode = Opcode::kRelease;
+  uint64_t lease_id = 0;
+  void EncodeBody(ByteWriter& w) const;
+  static Result<Release> DecodeBody(ByteReader& r);
+};
+
+struct InitDone {
+  static constexpr Opcode kOpcode = Opcode::kInitDone;
+  void EncodeBody(ByteWriter&) const {}
+  static Result<InitDone> DecodeBody(ByteReader&) { return InitDone{}; }
+};
+
+struct WaitInit {
+  static constexpr Opcode kOpcode = Opcode::kWaitInit;
+  void EncodeBody(ByteWriter&) const {}
+  static Result<WaitInit> DecodeBody(ByteReader&) { return WaitInit{}; }
+};
+
+struct Ack {
+  static constexpr Opcode kOpcode = Opcode::kAck;
+  void EncodeBody(ByteWriter&) const {}
+  static Result<Ack> DecodeBody(ByteReader&) { return Ack{}; }
+};
+
+struct Error {
+  static constexpr Opcode kOpcode = Opcode::kError;
+  StatusCode code = StatusCode::kInternal;
+  std::string message;
+  void EncodeBody(ByteWriter& w) const;
+  static Result<Error> DecodeBody(ByteReader& r);
+  Status ToStatus() const { return {code, message}; }
+};
+
+template <typename Msg>
+std::vector<uint8_t> Encode(const Msg& msg, uint64_t request_id, uint32_t flags = 0) {
+  std::vector<uint8_t> out;
+  out.reserve(kHeaderSize + 64);
+  Header h;
+  h.opcode = Msg::kOpcode;
+  h.flags = flags;
+  h.request_id = request_id;
+  EncodeHeader(h, &out);
+  ByteWriter w(&out);
+  msg.EncodeBody(w);
+  w.PatchU32(12, static_cast<uint32_t>(out.size() - kHeaderSize));
+  return out;
+}
+
+// Decodes the body of a frame whose header was already decoded; the body must
+// be consumed exactly.
+template <typename Msg>
+Result<Msg> DecodeBody(const Header& h, std::span<const uint8_t> frame) {
+  if (h.opcode != Msg::kOpcode) {
+    return Status::InvalidArgument(std::string("expected ") + OpcodeName(Msg::kOpcode) + ", got " +
+                                   OpcodeName(h.opcode));
+  }
+  ByteReader r(frame.subspan(kHeaderSize));
+  auto msg = Msg::DecodeBody(r);
+  if (!msg.ok()) return msg.status().WithContext(std::string("bad ") + OpcodeName(h.opcode));
+  if (r.failed()) {
+    return Status::InvalidArgument(std::string("bad ") + OpcodeName(h.opcode) + ": truncated body");
+  }
+  if (r.remaining() != 0) {
+    return Status::InvalidArgument(std::string("bad ") + OpcodeName(h.opcode) + ": " +
+                                   std::to_string(r.remaining()) + " trailing bytes");
+  }
+  return msg;
+}
+
+// Header and body in one step.
+template <typename Msg>
+Result<Msg> Decode(std::span<const uint8_t> frame) {
+  auto h = DecodeHeader(frame);
+  if (!h.ok()) return h.status();
+  return DecodeBody<Msg>(*h, frame);
+}
+
+}  // namespace tessera::wire

@@ -1,0 +1,50 @@
+#include "tools/cluster_flags.h"
+
+#include "core/secret.h"
+
+namespace tessera::tools {
+
+void ClusterFlags::Add(CLI::App* app, const std::string& default_job) {
+  job_name = default_job;
+  app->add_option("--ps_hosts", ps_hosts, "comma-separated host:port of the ps tasks");
+  app->add_option("--worker_hosts", worker_hosts, "comma-separated host:port of the workers");
+  app->add_option("--chief_hosts", chief_hosts, "host:port of a dedicated chief task");
+  app->add_option("--cluster", cluster_file, "JSON cluster spec file ({\"ps\": [...], ...})");
+  app->add_option("--job_name,--job", job_name, "this task's job (ps, worker, chief)");
+  app->add_option("--task_index,--task", task_index, "this task's index in its job");
+  app->add_option("--secret-file", secret_file,
+                  "file holding the cluster secret (else TESSERA_SECRET / TESSERA_SECRET_FILE)");
+  app->add_option("--transport", transport, "ucx (verbs comes later)");
+}
+
+Result<TfConfig> ClusterFlags::Resolve() const {
+  TfConfig cfg;
+  if (!ps_hosts.empty() || !worker_hosts.empty()) {
+    auto spec = ClusterSpec::FromHostLists(ps_hosts, worker_hosts, chief_hosts);
+    if (!spec.ok()) return spec.status();
+    cfg.cluster = std::move(*spec);
+  } else if (!cluster_file.empty()) {
+    auto spec = ClusterSpec::FromJsonFile(cluster_file);
+    if (!spec.ok()) return spec.status();
+    cfg.cluster = std::move(*spec);
+  } else {
+    auto env = TfConfigFromEnv();
+    if (!env.ok()) {
+      return Status::InvalidArgument(
+          "no cluster given: pass --ps_hosts/--worker_hosts, --cluster FILE, or set TF_CONFIG");
+    }
+    cfg = std::move(*env);
+    if (task_index >= 0) cfg.task = {job_name, task_index};
+    TESSERA_RETURN_IF_ERROR(cfg.cluster.Validate());
+    return cfg;
+  }
+  cfg.task = {job_name, task_index < 0 ? 0 : task_index};
+  TESSERA_RETURN_IF_ERROR(cfg.cluster.Validate());
+  auto addr = cfg.cluster.address(cfg.task);
+  if (!addr.ok()) return addr.status();
+  return cfg;
+}
+
+Result<std::string> ClusterFlags::Secret() const { return LoadSecret(secret_file); }
+
+}  // namespace tessera::tools

@@ -1,0 +1,26 @@
+// The flags every role takes to know the cluster and its own task, in
+// TensorFlow's spellings; TF_CONFIG is used when no flags are given.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <string>
+
+#include "tessera/cluster.h"
+
+namespace tessera::tools {
+
+struct ClusterFlags {
+  std::string ps_hosts, worker_hosts, chief_hosts, cluster_file;
+  std::string job_name;
+  int task_index = -1;
+  std::string secret_file;
+  std::string transport = "ucx";
+
+  void Add(CLI::App* app, const std::string& default_job);
+  // Flags, else --cluster FILE, else TF_CONFIG.
+  Result<TfConfig> Resolve() const;
+  Result<std::string> Secret() const;
+};
+
+}  // namespace tessera::tools

@@ -1,0 +1,222 @@
+#include "tools/launch.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "core/secret.h"
+#include "tessera/cluster.h"
+
+namespace tessera::tools {
+namespace {
+
+struct Child {
+  std::string role;  // "ps0", "worker1"
+  bool is_worker;
+  pid_t pid = -1;
+  int out_fd = -1;  // stdout and stderr, merged
+  std::string partial;
+  bool exited = false;
+  int status = 0;
+};
+
+volatile sig_atomic_t g_interrupted = 0;
+void OnSignal(int sig) { g_interrupted = sig; }
+
+uint16_t FreePort(const std::string& host) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  inet_pton(AF_INET, host.c_str(), &addr.sin_addr);
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+void Emit(const Child& c, const std::string& line) {
+  std::string out = "[" + c.role + "] " + line + "\n";
+  fwrite(out.data(), 1, out.size(), stdout);
+  fflush(stdout);
+}
+
+void Drain(Child& c, bool flush_partial) {
+  char buf[4096];
+  while (true) {
+    ssize_t n = read(c.out_fd, buf, sizeof(buf));
+    if (n <= 0) break;
+    c.partial.append(buf, static_cast<size_t>(n));
+    size_t pos;
+    while ((pos = c.partial.find('\n')) != std::string::npos) {
+      Emit(c, c.partial.substr(0, pos));
+      c.partial.erase(0, pos + 1);
+    }
+  }
+  if (flush_partial && !c.partial.empty()) {
+    Emit(c, c.partial);
+    c.partial.clear();
+  }
+}
+
+pid_t Spawn(Child& c, const std::vector<std::string>& argv, const std::vector<std::string>& env) {
+  int fds[2];
+  if (pipe(fds) != 0) return -1;
+  pid_t parent = getpid();
+  pid_t pid = fork();
+  if (pid == 0) {
+    // The child dies with the launcher, whatever kills it.
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(1);
+    dup2(fds[1], STDOUT_FILENO);
+    dup2(fds[1], STDERR_FILENO);
+    close(fds[0]);
+    close(fds[1]);
+    for (const auto& kv : env) putenv(const_cast<char*>(kv.c_str()));
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execvp(args[0], args.data());
+    fprintf(stderr, "cannot start %s: %s\n", args[0], strerror(errno));
+    _exit(127);
+  }
+  close(fds[1]);
+  fcntl(fds[0], F_SETFL, O_NONBLOCK);
+  c.out_fd = fds[0];
+  c.pid = pid;
+  return pid;
+}
+
+std::string DescribeExit(int status) {
+  if (WIFEXITED(status)) return "exit " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) return std::string("killed by signal ") + strsignal(WTERMSIG(status));
+  return "status " + std::to_string(status);
+}
+
+}  // namespace
+
+std::string SelfExecutable() {
+  char buf[4096];
+  ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n <= 0) return "tessera";
+  buf[n] = '\0';
+  return buf;
+}
+
+int Launch(const LaunchOptions& options) {
+  if (options.worker_command.empty()) {
+    fprintf(stderr, "tessera launch: give the worker command after --\n");
+    return 2;
+  }
+  ClusterSpec spec;
+  std::vector<TaskAddress> ps, workers;
+  for (int i = 0; i < options.num_ps; ++i) ps.push_back({options.host, FreePort(options.host)});
+  for (int i = 0; i < options.num_workers; ++i) workers.push_back({options.host, FreePort(options.host)});
+  (void)spec.AddJob("ps", ps);
+  (void)spec.AddJob("worker", workers);
+
+  const std::string secret = std::getenv("TESSERA_SECRET") ? std::getenv("TESSERA_SECRET") : GenerateSecret();
+  const std::string secret_env = "TESSERA_SECRET=" + secret;
+
+  struct sigaction sa{};
+  sa.sa_handler = OnSignal;
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  std::vector<Child> children;
+  children.reserve(static_cast<size_t>(options.num_ps + options.num_workers));
+  const std::string self = SelfExecutable();
+  for (int i = 0; i < options.num_ps; ++i) {
+    children.push_back({"ps" + std::to_string(i), false});
+    std::vector<std::string> argv = {self, "server"};
+    argv.insert(argv.end(), options.server_args.begin(), options.server_args.end());
+    Spawn(children.back(), argv, {"TF_CONFIG=" + ToTfConfigJson(spec, {"ps", i}), secret_env});
+  }
+  for (int i = 0; i < options.num_workers; ++i) {
+    children.push_back({"worker" + std::to_string(i), true});
+    Spawn(children.back(), options.worker_command,
+          {"TF_CONFIG=" + ToTfConfigJson(spec, {"worker", i}), secret_env});
+  }
+  for (const auto& c : children) {
+    if (c.pid < 0) {
+      fprintf(stderr, "tessera launch: cannot start %s\n", c.role.c_str());
+      return 1;
+    }
+  }
+
+  int exit_code = 0;
+  bool tearing_down = false;
+  std::string reason;
+  auto teardown_at = std::chrono::steady_clock::time_point::max();
+  auto begin_teardown = [&](const std::string& why) {
+    if (tearing_down) return;
+    tearing_down = true;
+    reason = why;
+    for (auto& c : children) {
+      if (!c.exited) kill(c.pid, SIGTERM);
+    }
+    teardown_at = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  };
+
+  while (true) {
+    std::vector<pollfd> pfds;
+    for (auto& c : children) {
+      if (c.out_fd >= 0) pfds.push_back({c.out_fd, POLLIN, 0});
+    }
+    if (!pfds.empty()) poll(pfds.data(), pfds.size(), 100);
+    for (auto& c : children) {
+      if (c.out_fd >= 0) Drain(c, false);
+    }
+    if (g_interrupted) begin_teardown("interrupted");
+
+    for (auto& c : children) {
+      if (c.exited) continue;
+      int status = 0;
+      if (waitpid(c.pid, &status, WNOHANG) != c.pid) continue;
+      c.exited = true;
+      c.status = status;
+      Drain(c, true);
+      close(c.out_fd);
+      c.out_fd = -1;
+      bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+      if (!tearing_down && (!ok || !c.is_worker)) {
+        fprintf(stderr, "tessera launch: %s ended (%s); stopping the cluster\n", c.role.c_str(),
+                DescribeExit(status).c_str());
+        if (exit_code == 0) exit_code = 1;
+        begin_teardown(c.role + " failed");
+      } else if (c.is_worker && !ok && exit_code == 0) {
+        exit_code = 1;
+      }
+    }
+    bool workers_done = true, all_done = true;
+    for (const auto& c : children) {
+      if (!c.exited && c.is_worker) workers_done = false;
+      if (!c.exited) all_done = false;
+    }
+    if (workers_done) begin_teardown("workers finished");
+    if (all_done) break;
+    if (std::chrono::steady_clock::now() > teardown_at) {
+      for (auto& c : children) {
+        if (!c.exited) kill(c.pid, SIGKILL);
+      }
+      teardown_at = std::chrono::steady_clock::time_point::max();
+    }
+  }
+  if (g_interrupted) return 130;
+  return exit_code;
+}
+
+}  // namespace tessera::tools

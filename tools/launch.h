@@ -1,0 +1,29 @@
+// `tessera launch`: a local cluster of real processes on loopback. Each child
+// gets its TF_CONFIG and the cluster secret; output is forwarded with a role
+// prefix; everything is torn down when the workers finish, when any task
+// fails, or on Ctrl-C.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace tessera::tools {
+
+struct LaunchOptions {
+  int num_ps = 1;
+  int num_workers = 1;
+  std::string host = "127.0.0.1";
+  // Extra arguments for each `tessera server` child.
+  std::vector<std::string> server_args;
+  // The worker command; every worker runs it.
+  std::vector<std::string> worker_command;
+  int ps_ready_timeout_s = 30;
+};
+
+// Returns the exit code: 0 when every worker exited 0.
+int Launch(const LaunchOptions& options);
+
+// This executable's path (for starting `tessera server` children).
+std::string SelfExecutable();
+
+}  // namespace tessera::tools

@@ -1,0 +1,98 @@
+// The `tessera` command: server, launch, demo.
+#include <signal.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+
+#include "core/log.h"
+#include "tessera/server.h"
+#include "tessera_config.h"
+#include "tools/cluster_flags.h"
+#include "tools/demo.h"
+#include "tools/launch.h"
+
+namespace {
+
+using namespace tessera;
+
+int RunServer(const tools::ClusterFlags& flags, ServerOptions opts) {
+  // Block the stop signals before any thread starts, then wait for one.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  auto cfg = flags.Resolve();
+  if (!cfg.ok()) {
+    fprintf(stderr, "tessera server: %s\n", cfg.status().ToString().c_str());
+    return 2;
+  }
+  if (cfg->task.job != "ps") {
+    fprintf(stderr, "tessera server: runs ps tasks, not %s\n", cfg->task.ToString().c_str());
+    return 2;
+  }
+  InitLogging("ps" + std::to_string(cfg->task.index));
+  auto secret = flags.Secret();
+  if (!secret.ok()) {
+    fprintf(stderr, "tessera server: %s\n", secret.status().ToString().c_str());
+    return 2;
+  }
+  opts.cluster = cfg->cluster;
+  opts.task_index = cfg->task.index;
+  opts.secret = *secret;
+  opts.transport = flags.transport;
+  auto server = Server::Start(opts);
+  if (!server.ok()) {
+    fprintf(stderr, "tessera server: %s\n", server.status().ToString().c_str());
+    return 1;
+  }
+  int sig = 0;
+  sigwait(&stop_signals, &sig);
+  TLOG_INFO("stopping on {}", strsignal(sig));
+  (*server)->Stop();
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Tessera: a parameter store for distributed training over RDMA"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", std::string("tessera ") + TESSERA_VERSION);
+
+  tools::ClusterFlags server_flags;
+  ServerOptions server_opts;
+  auto* server = app.add_subcommand("server", "run one ps shard until stopped (like tf.train.Server.join())");
+  server_flags.Add(server, "ps");
+  server->add_option("--bind", server_opts.bind_host, "listen on this address instead of the spec's host");
+  server->add_flag("--log-updates", server_opts.log_updates, "log small tensors' values as they change");
+  server->add_option("--staging-mib", [&](const CLI::results_t& r) {
+    server_opts.staging_bytes_per_worker = std::stoull(r[0]) << 20;
+    return true;
+  }, "each worker's staging slot, MiB (default 32)");
+  server->add_flag("--busy-poll", server_opts.busy_poll, "spin instead of sleeping when idle");
+
+  tools::LaunchOptions launch;
+  auto* launch_cmd = app.add_subcommand("launch", "start a local cluster of real processes and run CMD on each worker");
+  launch_cmd->add_option("--ps", launch.num_ps, "number of ps tasks")->check(CLI::Range(1, 64));
+  launch_cmd->add_option("--workers", launch.num_workers, "number of workers")->check(CLI::Range(1, 256));
+  launch_cmd->add_option("--host", launch.host, "address the tasks use");
+  launch_cmd->add_option("cmd", launch.worker_command, "the worker command (after --)")->required();
+
+  tools::DemoOptions demo;
+  auto* demo_cmd = app.add_subcommand("demo", "ps/worker example: two workers increment one variable");
+  demo_cmd->add_option("--pause", demo.pause_s, "seconds between a worker's increments (TF's example: 1)");
+  auto* demo_worker = app.add_subcommand("demo-worker", "the demo's worker (started by `tessera demo`)");
+  demo_worker->group("");  // hidden
+  demo_worker->add_option("--workers", demo.workers);
+  demo_worker->add_option("--increments", demo.increments);
+  demo_worker->add_option("--pause", demo.pause_s);
+
+  CLI11_PARSE(app, argc, argv);
+  if (app.got_subcommand(server)) return RunServer(server_flags, server_opts);
+  if (app.got_subcommand(launch_cmd)) return tools::Launch(launch);
+  if (app.got_subcommand(demo_cmd)) return tools::RunDemo(demo);
+  if (app.got_subcommand(demo_worker)) return tools::RunDemoWorker(demo);
+  return 2;
+}
