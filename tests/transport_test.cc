@@ -23,6 +23,7 @@ struct TransportCase {
   const char* name;
   const char* ucx_tls;
   bool loopback_self;  // connect a context to its own listener
+  const char* expect_rma_lane;  // what UCX must have chosen for put/get
 };
 
 class TransportTest : public ::testing::TestWithParam<TransportCase> {
@@ -132,6 +133,11 @@ std::vector<uint8_t> Pattern(size_t n, uint32_t seed) {
   std::mt19937 rng(seed);
   for (auto& b : v) b = static_cast<uint8_t>(rng());
   return v;
+}
+
+TEST_P(TransportTest, UsesTheIntendedTransport) {
+  std::string lanes = ep_->DescribeLanes();
+  EXPECT_NE(lanes.find(GetParam().expect_rma_lane), std::string::npos) << lanes;
 }
 
 TEST_P(TransportTest, MessagesRoundTripByteExact) {
@@ -249,9 +255,9 @@ TEST_P(TransportTest, CountersSeparateMessagesFromOneSidedBytes) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Ucx, TransportTest,
-                         ::testing::Values(TransportCase{"tcp", "tcp", false},
-                                           TransportCase{"shm", "posix,sysv,cma,tcp", false},
-                                           TransportCase{"self", "self,tcp", true}),
+                         ::testing::Values(TransportCase{"tcp", "tcp", false, "tcp/"},
+                                           TransportCase{"shm", "posix,sysv,cma,tcp", false, "sysv/memory"},
+                                           TransportCase{"self", "self,tcp", true, "self/"}),
                          [](const auto& test_info) { return std::string(test_info.param.name); });
 
 }  // namespace

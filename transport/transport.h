@@ -24,8 +24,18 @@ namespace tessera::transport {
 
 enum class MemoryKind : uint8_t { kHost = 0, kCuda = 1 };
 
+// Whether endpoints ask the fabric to detect and report a failed peer.
+enum class PeerFailureMode : uint8_t {
+  // Remote peers: yes. Same-host peers: no, where asking would rule out the
+  // shared-memory transports (UCX 1.13's posix/sysv cannot report it).
+  kAuto,
+  kAlways,
+  kNever,
+};
+
 struct ContextOptions {
   std::string backend = "ucx";
+  PeerFailureMode peer_failure = PeerFailureMode::kAuto;
   // Spin in the progress loop instead of sleeping on the fabric's event fd.
   bool busy_poll = false;
   // For logs: "shard 0", "worker 2".
@@ -98,6 +108,9 @@ class Endpoint {
   virtual bool alive() const = 0;
   // "127.0.0.1:7000" or what the backend knows of the peer.
   virtual std::string peer() const = 0;
+  // Which fabric lanes carry this connection, as the backend reports them
+  // (UCX: ucp_ep_print_info), so users and tests can check what is used.
+  virtual std::string DescribeLanes() = 0;
 
   // Opaque slot for the layer above (e.g. which worker this is).
   void set_user_tag(uint64_t tag) { user_tag_.store(tag); }

@@ -188,6 +188,7 @@ class Client::Impl {
   std::condition_variable start_cv_;
   std::vector<int> start_state_;  // 0 connecting, 1 ready, -1 failed for good
   std::vector<std::string> start_error_;
+  StatusCode start_code_ = StatusCode::kUnavailable;
   bool stopping_ = false;
 };
 
@@ -347,7 +348,7 @@ Status Client::Impl::Start() {
       (start_state_[i] < 0 ? failed : missing) += (missing.empty() && start_state_[i] >= 0 ? "" : "; ") + line;
     }
     if (all_ready) break;
-    if (!failed.empty()) return Status::PermissionDenied("cannot join the cluster: " + failed);
+    if (!failed.empty()) return Status(start_code_, "cannot join the cluster: " + failed);
     auto now = std::chrono::steady_clock::now();
     if (now >= deadline) {
       return Status::DeadlineExceeded(
@@ -395,6 +396,7 @@ void Client::Impl::Handshake(int shard) {
       std::lock_guard<std::mutex> lock(start_mu_);
       start_state_[shard] = -1;
       start_error_[shard] = st.message();
+      start_code_ = st.code();
     }
     start_cv_.notify_all();
     OnShardLost(shard, st);
@@ -422,6 +424,12 @@ void Client::Impl::Handshake(int shard) {
       ShardConn& s = shards_[shard];
       auto staging = s.ep->Attach(w->staging_region);
       if (!staging.ok()) return fail(staging.status());
+      if ((options_.chunk_bytes + 63) / 64 * 64 > (*staging)->size()) {
+        return fail(Status::InvalidArgument(
+            "chunk_bytes " + std::to_string(options_.chunk_bytes) + " exceeds the " +
+            std::to_string((*staging)->size()) + "-byte staging slot of " + s.name() +
+            "; lower chunk_bytes or start the shard with a larger --staging-mib"));
+      }
       s.alloc.Reset((*staging)->size());
       s.staging = std::move(*staging);
       {

@@ -1,9 +1,11 @@
 #include "transport/ucx/ucx_context.h"
 
 #include <arpa/inet.h>
+#include <ifaddrs.h>
 #include <netdb.h>
 #include <netinet/in.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <future>
@@ -75,6 +77,47 @@ Result<sockaddr_storage> Resolve(const std::string& host, uint16_t port) {
     reinterpret_cast<sockaddr_in6*>(&out)->sin6_port = htons(port);
   }
   return out;
+}
+
+// True when addr is one of this host's addresses (loopback included).
+bool IsLocalAddress(const sockaddr_storage& addr) {
+  if (addr.ss_family == AF_INET) {
+    const auto& in = reinterpret_cast<const sockaddr_in&>(addr).sin_addr;
+    if ((ntohl(in.s_addr) >> 24) == 127) return true;
+  } else if (addr.ss_family == AF_INET6) {
+    const auto& in6 = reinterpret_cast<const sockaddr_in6&>(addr).sin6_addr;
+    if (IN6_IS_ADDR_LOOPBACK(&in6)) return true;
+  } else {
+    return false;
+  }
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) return false;
+  bool local = false;
+  for (ifaddrs* i = list; i && !local; i = i->ifa_next) {
+    if (!i->ifa_addr || i->ifa_addr->sa_family != addr.ss_family) continue;
+    if (addr.ss_family == AF_INET) {
+      local = reinterpret_cast<const sockaddr_in*>(i->ifa_addr)->sin_addr.s_addr ==
+              reinterpret_cast<const sockaddr_in&>(addr).sin_addr.s_addr;
+    } else {
+      local = std::memcmp(&reinterpret_cast<const sockaddr_in6*>(i->ifa_addr)->sin6_addr,
+                          &reinterpret_cast<const sockaddr_in6&>(addr).sin6_addr, 16) == 0;
+    }
+  }
+  freeifaddrs(list);
+  return local;
+}
+
+// UCX 1.13's shared-memory transports (posix, sysv) cannot report peer
+// failure, so an endpoint that asks for it never uses them. Same-host peers
+// therefore skip it in auto mode; their loss is still seen through the
+// connection manager's socket (and, later, heartbeats).
+ucp_err_handling_mode_t ErrorModeFor(PeerFailureMode mode, const sockaddr_storage& peer) {
+  switch (mode) {
+    case PeerFailureMode::kAlways: return UCP_ERR_HANDLING_MODE_PEER;
+    case PeerFailureMode::kNever: return UCP_ERR_HANDLING_MODE_NONE;
+    case PeerFailureMode::kAuto: break;
+  }
+  return IsLocalAddress(peer) ? UCP_ERR_HANDLING_MODE_NONE : UCP_ERR_HANDLING_MODE_PEER;
 }
 
 socklen_t SockaddrLen(const sockaddr_storage& addr) {
@@ -187,14 +230,18 @@ class UcxListener final : public Listener {
     std::string peer = "unknown peer";
     ucp_conn_request_attr_t attr{};
     attr.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR;
-    if (ucp_conn_request_query(request, &attr) == UCS_OK) peer = SockaddrToString(attr.client_address);
+    if (ucp_conn_request_query(request, &attr) == UCS_OK) {
+      peer = SockaddrToString(attr.client_address);
+    } else {
+      attr.client_address = sockaddr_storage{};  // unknown: treated as remote
+    }
 
     auto ep = std::make_shared<UcxEndpoint>(ctx, peer);
     ucp_ep_params_t params{};
     params.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLER |
                         UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
     params.conn_request = request;
-    params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    params.err_mode = ErrorModeFor(ctx->options_.peer_failure, attr.client_address);
     Status st = ctx->CreateEndpoint(params, ep);
     if (!st.ok()) {
       TLOG_WARN("{}: refusing connection from {}: {}", ctx->options_.name, peer, st.ToString());
@@ -394,7 +441,7 @@ void UcxContext::Connect(const std::string& host, uint16_t port, std::chrono::mi
     params.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
     params.sockaddr.addr = reinterpret_cast<const sockaddr*>(&*addr);
     params.sockaddr.addrlen = SockaddrLen(*addr);
-    params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    params.err_mode = ErrorModeFor(options_.peer_failure, *addr);
     Status st = CreateEndpoint(params, ep);
     if (!st.ok()) {
       done(st.WithContext("connect to " + peer));
@@ -708,6 +755,21 @@ void UcxEndpoint::FlushNow(Completion done) {
   param.user_data = req;
   ucs_status_ptr_t sp = ucp_ep_flush_nbx(ep_, &param);
   FinishImmediate(sp, req, "flush");
+}
+
+std::string UcxEndpoint::DescribeLanes() {
+  return RunOnLoop(*ctx_, [this]() -> std::string {
+    if (ep_ == nullptr) return "closed";
+    char* buf = nullptr;
+    size_t len = 0;
+    FILE* f = open_memstream(&buf, &len);
+    if (f == nullptr) return "unknown";
+    ucp_ep_print_info(ep_, f);
+    fclose(f);
+    std::string out(buf, len);
+    free(buf);
+    return out;
+  });
 }
 
 void UcxEndpoint::Close() {

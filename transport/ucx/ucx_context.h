@@ -38,6 +38,7 @@ class UcxEndpoint final : public Endpoint, public std::enable_shared_from_this<U
   void Close() override;
   bool alive() const override { return alive_.load(); }
   std::string peer() const override { return peer_; }
+  std::string DescribeLanes() override;
 
  private:
   friend class UcxContext;

@@ -1,0 +1,411 @@
+// Shards and workers in one process (separate transport contexts, real UCX
+// connections): placement, chunking, consistency of pulls, and every error
+// case the foundation promises to report clearly.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+#include <thread>
+
+#include "core/secret.h"
+#include "tessera/client.h"
+#include "tessera/server.h"
+#include "tests/test_util.h"
+#include "transport/transport.h"
+#include "wire/messages.h"
+
+namespace tessera {
+namespace {
+
+using namespace std::chrono_literals;
+
+class ClusterTest : public ::testing::TestWithParam<const char*> {
+ protected:
+  void SetUp() override { setenv("UCX_TLS", GetParam(), 1); }
+  void TearDown() override {
+    clients_.clear();
+    for (auto& s : servers_) s->Stop();
+    servers_.clear();
+  }
+
+  // Starts `running` of `num_ps` shards (the rest of the spec is never started).
+  void StartCluster(int num_ps, int num_workers, int running = -1) {
+    std::vector<TaskAddress> ps, workers;
+    for (int i = 0; i < num_ps; ++i) ps.push_back({"127.0.0.1", testing::UnusedPort()});
+    for (int i = 0; i < num_workers; ++i) workers.push_back({"127.0.0.1", testing::UnusedPort()});
+    ASSERT_TRUE(spec_.AddJob("ps", ps).ok());
+    ASSERT_TRUE(spec_.AddJob("worker", workers).ok());
+    for (int i = 0; i < (running < 0 ? num_ps : running); ++i) {
+      ServerOptions opts;
+      opts.cluster = spec_;
+      opts.task_index = i;
+      opts.secret = secret_;
+      opts.staging_bytes_per_worker = 16u << 20;
+      auto server = Server::Start(opts);
+      ASSERT_TRUE(server.ok()) << server.status().ToString();
+      servers_.push_back(std::move(*server));
+    }
+  }
+
+  ClientOptions Options(int worker) {
+    ClientOptions opts;
+    opts.cluster = spec_;
+    opts.task = {"worker", worker};
+    opts.secret = secret_;
+    opts.startup_timeout = 10s;
+    opts.op_timeout = 30s;
+    opts.chunk_bytes = 1u << 20;
+    return opts;
+  }
+
+  Client& Connect(int worker) {
+    auto c = Client::Connect(Options(worker));
+    EXPECT_TRUE(c.ok()) << c.status().ToString();
+    if (!c.ok()) std::abort();
+    clients_.push_back(std::move(*c));
+    return *clients_.back();
+  }
+
+  static TensorSpec F32(std::string name, int64_t n, UpdateRule rule = UpdateRule::kAdd) {
+    return {std::move(name), DType::kF32, {n}, rule, {}, -1};
+  }
+
+  std::string secret_ = GenerateSecret();
+  ClusterSpec spec_;
+  std::vector<std::unique_ptr<Server>> servers_;
+  std::vector<std::unique_ptr<Client>> clients_;
+};
+
+TEST_P(ClusterTest, ChiefInitialisesOthersWaitAndSeeIt) {
+  StartCluster(2, 2);
+  Client& chief = Connect(0);
+  Client& other = Connect(1);
+  auto spec = F32("w", 3);
+  std::vector<float> init = {1.5f, -2.0f, 3.25f};
+  spec.initial.resize(12);
+  std::memcpy(spec.initial.data(), init.data(), 12);
+  auto w0 = chief.Declare(spec);
+  auto w1 = other.Declare(F32("w", 3));
+  ASSERT_TRUE(w0.ok() && w1.ok());
+  EXPECT_TRUE(chief.is_chief());
+  EXPECT_FALSE(other.is_chief());
+  EXPECT_EQ(other.Initialize().code(), StatusCode::kFailedPrecondition);
+
+  std::thread waiter([&] { EXPECT_TRUE(other.WaitForInit(10s).ok()); });
+  std::this_thread::sleep_for(100ms);
+  ASSERT_TRUE(chief.Initialize().ok());
+  waiter.join();
+  std::vector<float> got(3);
+  ASSERT_TRUE(other.Pull({PullItem::Of<float>(*w1, got)}).ok());
+  EXPECT_EQ(got, init);
+}
+
+TEST_P(ClusterTest, WaitForInitTimesOutNamingTheChief) {
+  StartCluster(1, 2);
+  Client& other = Connect(1);
+  auto start = std::chrono::steady_clock::now();
+  Status st = other.WaitForInit(500ms);
+  EXPECT_EQ(st.code(), StatusCode::kDeadlineExceeded);
+  EXPECT_NE(st.message().find("/job:worker/task:0"), std::string::npos) << st.ToString();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 3s);
+}
+
+TEST_P(ClusterTest, PlacementRoundRobinGreedyPinnedAndChunks) {
+  StartCluster(3, 1);
+  Client& c = Connect(0);
+  auto t = c.DeclareMany({F32("a", 10), F32("b", 10), F32("c", 10), F32("d", 10)});
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(c.info((*t)[0]).shards, std::vector<int>{0});
+  EXPECT_EQ(c.info((*t)[1]).shards, std::vector<int>{1});
+  EXPECT_EQ(c.info((*t)[2]).shards, std::vector<int>{2});
+  EXPECT_EQ(c.info((*t)[3]).shards, std::vector<int>{0});
+  auto pinned = F32("pinned", 1 << 20);  // 4 MiB = 4 chunks of 1 MiB
+  pinned.pinned_shard = 2;
+  auto p = c.Declare(pinned);
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(c.info(*p).shards, std::vector<int>(4, 2));
+  auto big = c.Declare(F32("big", (5 << 20) / 4));  // 5 chunks spread round-robin
+  ASSERT_TRUE(big.ok());
+  EXPECT_EQ(c.info(*big).shards, (std::vector<int>{1, 2, 0, 1, 2}));
+  auto bad = F32("nowhere", 4);
+  bad.pinned_shard = 3;
+  auto r = c.Declare(bad);
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("nowhere"), std::string::npos);
+}
+
+TEST_P(ClusterTest, GreedyPlacementBalancesBytes) {
+  StartCluster(2, 1);
+  auto opts = Options(0);
+  opts.placement = "greedy";
+  auto c = Client::Connect(opts);
+  ASSERT_TRUE(c.ok());
+  auto t = (*c)->DeclareMany({F32("big", 1000), F32("s1", 10), F32("s2", 10), F32("s3", 10)});
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ((*c)->info((*t)[0]).shards[0], 0);
+  for (int i = 1; i < 4; ++i) EXPECT_EQ((*c)->info((*t)[i]).shards[0], 1) << i;
+}
+
+TEST_P(ClusterTest, DeclareMismatchNamesBoth) {
+  StartCluster(1, 2);
+  Client& a = Connect(0);
+  Client& b = Connect(1);
+  ASSERT_TRUE(a.Declare(F32("w", 10)).ok());
+  auto r = b.Declare({"w", DType::kF64, {10}, UpdateRule::kAdd, {}, -1});
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kAlreadyExists);
+  const auto& msg = r.status().message();
+  EXPECT_NE(msg.find("'w'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("f32[10]"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("f64[10]"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("/job:worker/task:0"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("/job:worker/task:1"), std::string::npos) << msg;
+  // Same declaration is fine and is the same parameter.
+  EXPECT_TRUE(b.Declare(F32("w", 10)).ok());
+}
+
+TEST_P(ClusterTest, BadPushesAreRefusedAndNothingElseBreaks) {
+  StartCluster(1, 1);
+  Client& c = Connect(0);
+  auto w = c.Declare(F32("w", 4));
+  ASSERT_TRUE(w.ok());
+  ASSERT_TRUE(c.Initialize().ok());
+  std::vector<float> three(3, 1.0f);
+  Status st = c.Push({PushItem::Of<float>(*w, three)});
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("'w'"), std::string::npos) << st.ToString();
+  EXPECT_NE(st.message().find("16 bytes"), std::string::npos) << st.ToString();
+  std::vector<double> wrong_dtype(2, 1.0);  // 16 bytes, but f64
+  st = c.Push({PushItem::Of<double>(*w, wrong_dtype)});
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("f32[4], not f64"), std::string::npos) << st.ToString();
+  st = c.Push({{Tensor{77}, three.data(), 12, std::nullopt}});
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(c.Find("nope").status().code(), StatusCode::kNotFound);
+  EXPECT_NE(c.Find("nope").status().message().find("'nope'"), std::string::npos);
+  // Still serving.
+  std::vector<float> ones(4, 1.0f), got(4);
+  ASSERT_TRUE(c.Push({PushItem::Of<float>(*w, ones)}).ok());
+  ASSERT_TRUE(c.Pull({PullItem::Of<float>(*w, got, 2)}).ok());
+  EXPECT_EQ(got, ones);
+}
+
+TEST_P(ClusterTest, PushBeforeInitIsRefused) {
+  StartCluster(1, 1);
+  Client& c = Connect(0);
+  auto w = c.Declare(F32("w", 2));
+  std::vector<float> v(2);
+  Status st = c.Push({PushItem::Of<float>(*w, v)});
+  EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(st.message().find("not initialised"), std::string::npos) << st.ToString();
+  EXPECT_NE(st.message().find("ps task 0"), std::string::npos) << st.ToString();
+}
+
+TEST_P(ClusterTest, ShardMissingAtStartIsNamed) {
+  StartCluster(2, 1, /*running=*/1);
+  auto opts = Options(0);
+  opts.startup_timeout = 1500ms;
+  opts.report_interval = 500ms;
+  auto start = std::chrono::steady_clock::now();
+  auto c = Client::Connect(opts);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), StatusCode::kDeadlineExceeded);
+  EXPECT_NE(c.status().message().find("/job:ps/task:1"), std::string::npos) << c.status().ToString();
+  EXPECT_NE(c.status().message().find(spec_.tasks("ps")[1].ToString()), std::string::npos);
+  EXPECT_EQ(c.status().message().find("/job:ps/task:0"), std::string::npos) << "ps 0 was up";
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
+}
+
+TEST_P(ClusterTest, WrongSecretIsRefusedAndOthersKeepWorking) {
+  StartCluster(1, 2);
+  auto opts = Options(1);
+  opts.secret = "not the secret";
+  auto bad = Client::Connect(opts);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kPermissionDenied);
+  EXPECT_NE(bad.status().message().find("/job:ps/task:0"), std::string::npos) << bad.status().ToString();
+  EXPECT_NE(bad.status().message().find("secret"), std::string::npos);
+
+  Client& good = Connect(0);
+  auto w = good.Declare(F32("w", 1));
+  ASSERT_TRUE(w.ok());
+  ASSERT_TRUE(good.Initialize().ok());
+}
+
+// A peer that asks for tensors without authenticating is refused and
+// disconnected; the shard keeps serving the others.
+TEST_P(ClusterTest, RequestsBeforeAuthenticationAreRefused) {
+  StartCluster(1, 1);
+  Client& good = Connect(0);
+  auto w = good.Declare(F32("w", 1));
+  ASSERT_TRUE(good.Initialize().ok());
+
+  auto ctx = transport::Context::Open({}).value();
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::vector<uint8_t>> frames;
+  ctx->SetHandler(1, [&](const std::shared_ptr<transport::Endpoint>&, std::span<const uint8_t> f) {
+    std::lock_guard<std::mutex> lock(mu);
+    frames.emplace_back(f.begin(), f.end());
+    cv.notify_all();
+  });
+  testing::Waiter<Result<std::shared_ptr<transport::Endpoint>>> connected;
+  auto addr = spec_.tasks("ps")[0];
+  ctx->Connect(addr.host, addr.port, 5s, connected.callback());
+  auto ep = connected.Wait();
+  ASSERT_TRUE(ep && ep->ok());
+  auto next = [&]() -> std::vector<uint8_t> {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait_for(lock, 5s, [&] { return !frames.empty(); });
+    if (frames.empty()) return {};
+    auto f = frames.front();
+    frames.erase(frames.begin());
+    return f;
+  };
+  // Asking for tensors before authenticating is refused.
+  ep->value()->Send(1, wire::Encode(wire::Pull{{{0, 0}}}, 9));
+  auto refused = wire::Decode<wire::Error>(next());
+  ASSERT_TRUE(refused.ok());
+  EXPECT_EQ(refused->code, StatusCode::kPermissionDenied);
+
+  std::this_thread::sleep_for(200ms);
+  EXPECT_GE(servers_[0]->stats().connections_refused, 1u);
+  std::vector<float> one(1, 1.0f), got(1);
+  ASSERT_TRUE(good.Push({PushItem::Of<float>(*w, one)}).ok());
+  ASSERT_TRUE(good.Pull({PullItem::Of<float>(*w, got, 2)}).ok());
+  EXPECT_EQ(got[0], 1.0f);
+}
+
+// A peer that speaks the protocol but forges its proof gets no memory key.
+TEST_P(ClusterTest, BadProofIsRefused) {
+  StartCluster(1, 1);
+  auto ctx = transport::Context::Open({}).value();
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::vector<uint8_t>> frames;
+  ctx->SetHandler(1, [&](const std::shared_ptr<transport::Endpoint>&, std::span<const uint8_t> f) {
+    std::lock_guard<std::mutex> lock(mu);
+    frames.emplace_back(f.begin(), f.end());
+    cv.notify_all();
+  });
+  testing::Waiter<Result<std::shared_ptr<transport::Endpoint>>> connected;
+  auto addr = spec_.tasks("ps")[0];
+  ctx->Connect(addr.host, addr.port, 5s, connected.callback());
+  auto ep = connected.Wait();
+  ASSERT_TRUE(ep && ep->ok());
+  auto next = [&]() -> std::vector<uint8_t> {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait_for(lock, 5s, [&] { return !frames.empty(); });
+    if (frames.empty()) return {};
+    auto f = frames.front();
+    frames.erase(frames.begin());
+    return f;
+  };
+  wire::Hello hello{0, "/job:worker/task:0", RandomNonce()};
+  ep->value()->Send(1, wire::Encode(hello, 1));
+  auto challenge = wire::Decode<wire::Challenge>(next());
+  ASSERT_TRUE(challenge.ok()) << challenge.status().ToString();
+  wire::Auth forged;
+  forged.client_proof.fill(0x42);
+  ep->value()->Send(1, wire::Encode(forged, 2));
+  auto reply = next();
+  auto err = wire::Decode<wire::Error>(reply);
+  ASSERT_TRUE(err.ok()) << "expected an error, got opcode " << (reply.size() > 6 ? reply[6] : -1);
+  EXPECT_EQ(err->code, StatusCode::kPermissionDenied);
+  EXPECT_NE(err->message.find("secret"), std::string::npos) << err->message;
+  EXPECT_TRUE(wire::Decode<wire::Welcome>(reply).status().code() != StatusCode::kOk);
+  EXPECT_GE(servers_[0]->stats().connections_refused, 1u);
+}
+
+TEST_P(ClusterTest, LargeTensorMovesOneSided) {
+  StartCluster(1, 1);
+  auto opts = Options(0);
+  opts.chunk_bytes = 4u << 20;  // the default: 16 chunks, each one put and one get
+  auto cr = Client::Connect(opts);
+  ASSERT_TRUE(cr.ok());
+  Client& c = **cr;
+  const size_t n = (64u << 20) / 4;
+  auto w = c.Declare({"big", DType::kF32, {static_cast<int64_t>(n)}, UpdateRule::kAssign, {}, -1});
+  ASSERT_TRUE(w.ok());
+  ASSERT_TRUE(c.Initialize().ok());
+  std::vector<float> data(n), back(n);
+  std::iota(data.begin(), data.end(), 0.5f);
+  auto before = c.counters();
+  ASSERT_TRUE(c.Push({PushItem::Of<float>(*w, data)}).ok());
+  ASSERT_TRUE(c.Pull({PullItem::Of<float>(*w, back, 2)}).ok());
+  auto after = c.counters();
+  EXPECT_TRUE(data == back);
+  EXPECT_EQ(after.put_bytes - before.put_bytes, n * 4) << "payload went one-sided, once";
+  EXPECT_EQ(after.get_bytes - before.get_bytes, n * 4);
+  EXPECT_EQ(after.puts - before.puts, 16u);
+  EXPECT_EQ(after.gets - before.gets, 16u);
+  EXPECT_LT(after.message_bytes_sent - before.message_bytes_sent, 2048u) << "no payload in messages";
+  EXPECT_LT(after.message_bytes_received - before.message_bytes_received, 2048u);
+}
+
+TEST_P(ClusterTest, ChunksLargerThanTheStagingSlotAreRefusedAtConnect) {
+  StartCluster(1, 1);
+  auto opts = Options(0);
+  opts.chunk_bytes = 64u << 20;  // the shards' slots hold 16 MiB
+  auto c = Client::Connect(opts);
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("chunk_bytes"), std::string::npos) << c.status().ToString();
+  EXPECT_NE(c.status().message().find("staging"), std::string::npos) << c.status().ToString();
+}
+
+// Each update adds 1 to every element, so any pulled buffer must be uniform:
+// a mix of two values would be a half-applied update.
+TEST_P(ClusterTest, PullNeverSeesAHalfAppliedUpdate) {
+  StartCluster(1, 2);
+  Client& writer = Connect(0);
+  Client& reader = Connect(1);
+  const size_t n = (2u << 20) / 4;
+  auto w = writer.Declare({"w", DType::kF32, {static_cast<int64_t>(n)}, UpdateRule::kAdd, {}, -1});
+  auto r = reader.Declare({"w", DType::kF32, {static_cast<int64_t>(n)}, UpdateRule::kAdd, {}, -1});
+  ASSERT_TRUE(w.ok() && r.ok());
+  ASSERT_TRUE(writer.Initialize().ok());
+  ASSERT_TRUE(reader.WaitForInit(5s).ok());
+  std::atomic<bool> stop{false};
+  std::thread pusher([&] {
+    std::vector<float> ones(n, 1.0f);
+    while (!stop) ASSERT_TRUE(writer.Push({PushItem::Of<float>(*w, ones)}).ok());
+  });
+  std::vector<float> got(n);
+  int torn = 0;
+  for (int i = 0; i < 300; ++i) {
+    ASSERT_TRUE(reader.Pull({PullItem::Of<float>(*r, got)}).ok());
+    if (std::any_of(got.begin(), got.end(), [&](float x) { return x != got[0]; })) torn++;
+  }
+  stop = true;
+  pusher.join();
+  EXPECT_EQ(torn, 0);
+}
+
+TEST_P(ClusterTest, LostShardFailsCallsNamingIt) {
+  StartCluster(2, 1);
+  Client& c = Connect(0);
+  auto t = c.DeclareMany({F32("a", 4), F32("b", 4)});
+  ASSERT_TRUE(t.ok());
+  ASSERT_TRUE(c.Initialize().ok());
+  servers_[1]->Stop();
+  std::vector<float> v(4), got(4);
+  Status st;
+  for (int i = 0; i < 50; ++i) {  // the loss may take a moment to be noticed
+    st = c.Push({PushItem::Of<float>((*t)[1], v)});
+    if (!st.ok()) break;
+    std::this_thread::sleep_for(100ms);
+  }
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("/job:ps/task:1"), std::string::npos) << st.ToString();
+  // The other shard still serves.
+  EXPECT_TRUE(c.Push({PushItem::Of<float>((*t)[0], v)}).ok());
+}
+
+INSTANTIATE_TEST_SUITE_P(Ucx, ClusterTest, ::testing::Values("tcp", "posix,sysv,cma,tcp"),
+                         [](const auto& test_info) {
+                           return std::string(test_info.param) == "tcp" ? "tcp" : "shm";
+                         });
+
+}  // namespace
+}  // namespace tessera

@@ -1,0 +1,83 @@
+// Real processes: `tessera demo`, and `tessera launch --ps 2 --workers 3`
+// running the integration worker, over tcp and over shared memory.
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+namespace {
+
+struct Run {
+  int exit_code;
+  std::string output;
+};
+
+// Runs a shell command with a hard time limit; returns its exit code and output.
+Run Shell(const std::string& cmd, int limit_s) {
+  std::string full = "timeout -k 5 " + std::to_string(limit_s) + " " + cmd + " 2>&1";
+  FILE* p = popen(full.c_str(), "r");
+  std::string out;
+  std::array<char, 4096> buf;
+  while (size_t n = fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
+  int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+std::string Env(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? v : "";
+}
+
+size_t Count(const std::string& haystack, const std::string& needle) {
+  size_t n = 0;
+  for (size_t pos = haystack.find(needle); pos != std::string::npos; pos = haystack.find(needle, pos + 1)) ++n;
+  return n;
+}
+
+class LaunchTest : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(LaunchTest, DemoPrintsIncrementsAndTen) {
+  auto run = Shell("env UCX_TLS=" + std::string(GetParam()) + " " + Env("TESSERA_BIN") + " demo --pause 0.05", 120);
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_EQ(Count(run.output, "var += 1.0"), 10u) << run.output;
+  EXPECT_NE(run.output.find("var = 10  (version 11"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("final value of var: 10.0"), std::string::npos) << run.output;
+}
+
+TEST_P(LaunchTest, TwoShardsThreeWorkersExactSums) {
+  auto run = Shell("env UCX_TLS=" + std::string(GetParam()) + " " + Env("TESSERA_BIN") +
+                       " launch --ps 2 --workers 3 -- " + Env("INTEGRATION_WORKER"),
+                   300);
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_EQ(Count(run.output, "verified 200 tensors"), 3u) << run.output;
+}
+
+TEST_P(LaunchTest, FailingWorkerFailsTheLaunchAndStopsShards) {
+  auto run = Shell("env UCX_TLS=" + std::string(GetParam()) + " " + Env("TESSERA_BIN") +
+                       " launch --ps 1 --workers 2 -- sh -c 'exit 3'",
+                   60);
+  EXPECT_EQ(run.exit_code, 1) << run.output;
+  EXPECT_NE(run.output.find("stopping the cluster"), std::string::npos) << run.output;
+}
+
+INSTANTIATE_TEST_SUITE_P(Ucx, LaunchTest, ::testing::Values("tcp", "posix,sysv,cma,tcp"),
+                         [](const auto& test_info) {
+                           return std::string(test_info.param) == "tcp" ? "tcp" : "shm";
+                         });
+
+// Shards and workers in separate network namespaces joined by veth pairs,
+// as separate hosts would be.
+TEST(NetnsTest, ClusterAcrossNamespaces) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to create network namespaces";
+  if (Shell("ip netns list", 10).exit_code != 0) GTEST_SKIP() << "`ip netns` is not available";
+  auto run = Shell("bash " + Env("NETNS_SCRIPT") + " " + Env("TESSERA_BIN") + " " + Env("INTEGRATION_WORKER"), 300);
+  if (run.exit_code == 77) GTEST_SKIP() << run.output;
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_EQ(Count(run.output, "verified 200 tensors"), 3u) << run.output;
+}
+
+}  // namespace
