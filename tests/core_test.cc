@@ -1,0 +1,201 @@
+// Cluster specs in every form users bring them, placement, the staging
+// allocator, and the update kernels against plain references.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <random>
+
+#include "client/staging_allocator.h"
+#include "core/placement.h"
+#include "core/secret.h"
+#include "kernels/update.h"
+#include "tessera/cluster.h"
+
+namespace tessera {
+namespace {
+
+TEST(ClusterSpec, TfConfigExactFormat) {
+  const char* text = R"({"cluster": {"chief": ["c:2222"], "ps": ["p0:2222", "p1:2223"],
+                          "worker": ["w0:2222", "w1:2222"]},
+                         "task": {"type": "worker", "index": 1}})";
+  auto cfg = ParseTfConfig(text);
+  ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
+  EXPECT_EQ(cfg->task.job, "worker");
+  EXPECT_EQ(cfg->task.index, 1);
+  EXPECT_EQ(cfg->cluster.num_tasks("ps"), 2);
+  EXPECT_EQ(cfg->cluster.tasks("ps")[1].ToString(), "p1:2223");
+  EXPECT_EQ(cfg->cluster.num_workers(), 3);
+  EXPECT_EQ(cfg->cluster.chief().ToString(), "/job:chief/task:0");
+  EXPECT_EQ(cfg->cluster.worker_rank({"chief", 0}).value(), 0);
+  EXPECT_EQ(cfg->cluster.worker_rank({"worker", 1}).value(), 2);
+  // Round trip through what `tessera launch` hands its children.
+  auto again = ParseTfConfig(ToTfConfigJson(cfg->cluster, cfg->task));
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->cluster.ToJson(), cfg->cluster.ToJson());
+}
+
+TEST(ClusterSpec, TfConfigErrorsSayWhat) {
+  struct Case {
+    const char* text;
+    const char* needle;
+  };
+  for (const auto& c : std::vector<Case>{
+           {"not json", "JSON"},
+           {R"({"task": {"type": "ps", "index": 0}})", "cluster"},
+           {R"({"cluster": {"ps": ["a:1"]}})", "task"},
+           {R"({"cluster": {"ps": ["a:1"]}, "task": {"type": "ps"}})", "index"},
+           {R"({"cluster": {"ps": ["a:1"]}, "task": {"type": "ps", "index": 3}})", "/job:ps/task:3"},
+           {R"({"cluster": {"ps": ["a"]}, "task": {"type": "ps", "index": 0}})", "host:port"},
+           {R"({"cluster": {"ps": ["a:99999"]}, "task": {"type": "ps", "index": 0}})", "port"},
+           {R"({"cluster": {"ps": "a:1"}, "task": {"type": "ps", "index": 0}})", "list"},
+       }) {
+    auto cfg = ParseTfConfig(c.text);
+    ASSERT_FALSE(cfg.ok()) << c.text;
+    EXPECT_NE(cfg.status().message().find(c.needle), std::string::npos)
+        << c.text << " -> " << cfg.status().ToString();
+  }
+}
+
+TEST(ClusterSpec, FromEnvironment) {
+  unsetenv("TF_CONFIG");
+  EXPECT_EQ(TfConfigFromEnv().status().code(), StatusCode::kNotFound);
+  setenv("TF_CONFIG", R"({"cluster": {"ps": ["h:1"], "worker": ["h:2"]}, "task": {"type": "ps", "index": 0}})", 1);
+  auto cfg = TfConfigFromEnv();
+  ASSERT_TRUE(cfg.ok());
+  EXPECT_EQ(cfg->task.ToString(), "/job:ps/task:0");
+  unsetenv("TF_CONFIG");
+}
+
+TEST(ClusterSpec, FlagsAndFile) {
+  auto spec = ClusterSpec::FromHostLists("a:1,b:2", "c:3", "");
+  ASSERT_TRUE(spec.ok());
+  EXPECT_EQ(spec->num_tasks("ps"), 2);
+  EXPECT_EQ(spec->chief().ToString(), "/job:worker/task:0");
+  EXPECT_TRUE(spec->Validate().ok());
+  EXPECT_FALSE(ClusterSpec::FromHostLists("", "c:3").value().Validate().ok());
+  EXPECT_FALSE(ClusterSpec::FromHostLists("a:1", "").value().Validate().ok());
+  EXPECT_FALSE(ClusterSpec::FromHostLists("a:1", "c:x").ok());
+  EXPECT_FALSE(ClusterSpec::FromHostLists("a:1", "c:1", "d:1,e:1").ok()) << "two chiefs";
+
+  std::string path = ::testing::TempDir() + "/cluster.json";
+  std::ofstream(path) << R"({"ps": ["[::1]:5000"], "worker": ["localhost:5001"]})";
+  auto from_file = ClusterSpec::FromJsonFile(path);
+  ASSERT_TRUE(from_file.ok()) << from_file.status().ToString();
+  EXPECT_EQ(from_file->tasks("ps")[0].host, "::1");
+  EXPECT_EQ(ClusterSpec::FromJsonFile("/nonexistent.json").status().code(), StatusCode::kNotFound);
+}
+
+TEST(Placement, RoundRobinGreedyPinned) {
+  Placer rr(PlacementPolicy::kRoundRobin, 3);
+  EXPECT_EQ(rr.Place(10), 0);
+  EXPECT_EQ(rr.Place(10), 1);
+  EXPECT_EQ(rr.Place(10, 0), 0);
+  EXPECT_EQ(rr.Place(10), 2);
+  Placer greedy(PlacementPolicy::kGreedyBytes, 2);
+  EXPECT_EQ(greedy.Place(100), 0);
+  EXPECT_EQ(greedy.Place(10), 1);
+  EXPECT_EQ(greedy.Place(10), 1);
+  EXPECT_EQ(greedy.Place(90), 1);
+  EXPECT_EQ(greedy.Place(1), 0);
+  EXPECT_FALSE(ParsePlacementPolicy("random").ok());
+}
+
+TEST(StagingAllocator, AllocatesFreesAndCoalesces) {
+  client::StagingAllocator a(1024);
+  auto x = a.Allocate(100), y = a.Allocate(300), z = a.Allocate(500);
+  ASSERT_TRUE(x && y && z);
+  EXPECT_EQ(*x, 0u);
+  EXPECT_EQ(*y, 128u);
+  EXPECT_FALSE(a.Allocate(200)) << "only 64 bytes left";
+  a.Free(*y);
+  EXPECT_FALSE(a.Allocate(400));
+  a.Free(*x);
+  auto big = a.Allocate(400);  // x and y coalesced
+  ASSERT_TRUE(big);
+  EXPECT_EQ(*big, 0u);
+  a.Free(*big);
+  a.Free(*z);
+  EXPECT_EQ(a.Allocate(1024).value_or(99), 0u) << "everything coalesced back";
+}
+
+TEST(Secret, ProofsBindBothNoncesAndTheSecret) {
+  Nonce a = RandomNonce(), b = RandomNonce();
+  EXPECT_NE(a, b);
+  Proof p = MakeProof("s3cret", "x", a, b, "/job:worker/task:0");
+  EXPECT_TRUE(ProofsEqual(p, MakeProof("s3cret", "x", a, b, "/job:worker/task:0")));
+  EXPECT_FALSE(ProofsEqual(p, MakeProof("other", "x", a, b, "/job:worker/task:0")));
+  EXPECT_FALSE(ProofsEqual(p, MakeProof("s3cret", "x", b, a, "/job:worker/task:0")));
+  EXPECT_FALSE(ProofsEqual(p, MakeProof("s3cret", "x", a, b, "/job:worker/task:1")));
+  EXPECT_EQ(GenerateSecret().size(), 64u);
+  setenv("TESSERA_SECRET", "from-env", 1);
+  EXPECT_EQ(LoadSecret().value(), "from-env");
+  unsetenv("TESSERA_SECRET");
+  unsetenv("TESSERA_SECRET_FILE");
+  EXPECT_EQ(LoadSecret().status().code(), StatusCode::kNotFound);
+}
+
+TEST(Kernels, HalfConversionsRoundTripEveryValue) {
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    float f = kernels::HalfToFloat(static_cast<uint16_t>(h));
+    if (std::isnan(f)) continue;
+    EXPECT_EQ(kernels::FloatToHalf(f), h) << std::hex << h;
+    float b = kernels::BFloat16ToFloat(static_cast<uint16_t>(h));
+    if (!std::isnan(b)) {
+      EXPECT_EQ(kernels::FloatToBFloat16(b), h) << std::hex << h;
+    }
+  }
+  EXPECT_EQ(kernels::FloatToHalf(65520.0f), 0x7c00) << "overflow rounds to inf";
+  EXPECT_EQ(kernels::FloatToHalf(1.0f + 1.0f / 2048), 0x3c00) << "ties to even";
+  EXPECT_EQ(kernels::FloatToBFloat16(1.00390625f), 0x3f80) << "ties to even";
+}
+
+template <typename T>
+void CheckAdd(DType dtype) {
+  std::mt19937 rng(7);
+  std::vector<T> dst(1001), src(1001), expect(1001);
+  for (size_t i = 0; i < dst.size(); ++i) {
+    dst[i] = static_cast<T>(static_cast<int>(rng() % 1000) - 500);
+    src[i] = static_cast<T>(static_cast<int>(rng() % 1000) - 500);
+    expect[i] = static_cast<T>(dst[i] + src[i]);
+  }
+  ASSERT_TRUE(kernels::ApplyUpdateCpu(UpdateRule::kAdd, dtype, dst.data(), src.data(), dst.size()).ok());
+  EXPECT_EQ(dst, expect) << DTypeName(dtype);
+  ASSERT_TRUE(kernels::ApplyUpdateCpu(UpdateRule::kAssign, dtype, dst.data(), src.data(), dst.size()).ok());
+  EXPECT_EQ(dst, src);
+}
+
+TEST(Kernels, AddAndAssignMatchReference) {
+  CheckAdd<float>(DType::kF32);
+  CheckAdd<double>(DType::kF64);
+  CheckAdd<int32_t>(DType::kI32);
+  CheckAdd<int64_t>(DType::kI64);
+  for (DType dt : {DType::kF16, DType::kBF16}) {
+    auto to = dt == DType::kF16 ? kernels::FloatToHalf : kernels::FloatToBFloat16;
+    auto from = dt == DType::kF16 ? kernels::HalfToFloat : kernels::BFloat16ToFloat;
+    std::vector<uint16_t> dst, src;
+    for (int i = -100; i < 100; ++i) {
+      dst.push_back(to(static_cast<float>(i) * 0.5f));
+      src.push_back(to(static_cast<float>(i % 7)));
+    }
+    auto before = dst;
+    ASSERT_TRUE(kernels::ApplyUpdateCpu(UpdateRule::kAdd, dt, dst.data(), src.data(), dst.size()).ok());
+    for (size_t i = 0; i < dst.size(); ++i) {
+      EXPECT_EQ(dst[i], to(from(before[i]) + from(src[i]))) << DTypeName(dt) << " element " << i;
+    }
+  }
+}
+
+TEST(Status, NamesAndContext) {
+  Status st = Status::NotFound("tensor 'w'").WithContext("ps task 1");
+  EXPECT_EQ(st.ToString(), "NotFound: ps task 1: tensor 'w'");
+  EXPECT_TRUE(Status::Ok().WithContext("x").ok());
+  EXPECT_FALSE(ParseDType("f8").ok());
+  EXPECT_EQ(ParseDType("bf16").value(), DType::kBF16);
+  EXPECT_EQ(DescribeTensor(DType::kI64, {2, 3}), "i64[2,3]");
+  EXPECT_FALSE(NumElements({2, -1}).ok());
+}
+
+}  // namespace
+}  // namespace tessera
