@@ -4,6 +4,7 @@
 #include <netinet/in.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
@@ -35,6 +36,8 @@ struct Child {
 volatile sig_atomic_t g_interrupted = 0;
 void OnSignal(int sig) { g_interrupted = sig; }
 
+}  // namespace
+
 uint16_t FreePort(const std::string& host) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
@@ -46,6 +49,8 @@ uint16_t FreePort(const std::string& host) {
   close(fd);
   return ntohs(addr.sin_port);
 }
+
+namespace {
 
 void Emit(const Child& c, const std::string& line) {
   std::string out = "[" + c.role + "] " + line + "\n";
@@ -106,6 +111,35 @@ std::string DescribeExit(int status) {
 }
 
 }  // namespace
+
+int SpawnProcess(const std::vector<std::string>& argv, const std::vector<std::string>& env, int cpu,
+                 bool quiet) {
+  pid_t parent = getpid();
+  pid_t pid = fork();
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(1);
+    if (cpu >= 0) {
+      cpu_set_t set;
+      CPU_ZERO(&set);
+      CPU_SET(cpu, &set);
+      sched_setaffinity(0, sizeof(set), &set);
+    }
+    if (quiet) {
+      int null = open("/dev/null", O_WRONLY);
+      dup2(null, STDOUT_FILENO);
+      dup2(null, STDERR_FILENO);
+    }
+    for (const auto& kv : env) putenv(const_cast<char*>(kv.c_str()));
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execvp(args[0], args.data());
+    fprintf(stderr, "cannot start %s: %s\n", args[0], strerror(errno));
+    _exit(127);
+  }
+  return pid;
+}
 
 std::string SelfExecutable() {
   char buf[4096];

@@ -4,6 +4,7 @@
 // fails, or on Ctrl-C.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -25,5 +26,14 @@ int Launch(const LaunchOptions& options);
 
 // This executable's path (for starting `tessera server` children).
 std::string SelfExecutable();
+
+// Starts argv with extra environment entries ("K=V"), pinned to `cpu` when
+// >= 0, its output inherited or, with `quiet`, discarded. The child dies
+// with this process.
+int SpawnProcess(const std::vector<std::string>& argv, const std::vector<std::string>& env, int cpu,
+                 bool quiet = false);
+
+// A free TCP port on host (nothing listens on it right now).
+uint16_t FreePort(const std::string& host);
 
 }  // namespace tessera::tools

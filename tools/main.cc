@@ -7,6 +7,7 @@
 #include "core/log.h"
 #include "tessera/server.h"
 #include "tessera_config.h"
+#include "tools/bench.h"
 #include "tools/cluster_flags.h"
 #include "tools/demo.h"
 #include "tools/launch.h"
@@ -89,7 +90,21 @@ int main(int argc, char** argv) {
   demo_worker->add_option("--increments", demo.increments);
   demo_worker->add_option("--pause", demo.pause_s);
 
+  tools::BenchOptions bench;
+  auto* bench_cmd = app.add_subcommand("bench", "push/pull round trips through a real shard, beside ucx_perftest");
+  bench_cmd->add_option("--tls", bench.tls, "UCX_TLS values to measure")->delimiter(';');
+  bench_cmd->add_option("--sizes", bench.sizes, "tensor sizes in bytes")->delimiter(',');
+  bench_cmd->add_option("--iters", bench.iters, "timed iterations per size");
+  bench_cmd->add_option("--warmup", bench.warmup, "untimed iterations first");
+  bench_cmd->add_flag("--baseline", bench.baseline, "run ucx_perftest put/get for the same sizes");
+  bench_cmd->add_flag("!--no-pin", bench.pin, "do not pin the shard and the worker to cores 0 and 1");
+  bench_cmd->add_option("--json", bench.json_path, "write the results as JSON");
+
   CLI11_PARSE(app, argc, argv);
+  if (app.got_subcommand(bench_cmd)) {
+    InitLogging("bench");
+    return tools::RunBench(bench);
+  }
   if (app.got_subcommand(server)) return RunServer(server_flags, server_opts);
   if (app.got_subcommand(launch_cmd)) return tools::Launch(launch);
   if (app.got_subcommand(demo_cmd)) return tools::RunDemo(demo);
