@@ -24,6 +24,10 @@ namespace tessera::transport {
 
 enum class MemoryKind : uint8_t { kHost = 0, kCuda = 1 };
 
+// What peers holding a region's key may do with it. Enforced by the fabric
+// where it can (verbs access flags; UCX passes it as the mapping's protection).
+enum class RemoteAccess : uint8_t { kRead = 1, kWrite = 2, kReadWrite = 3 };
+
 // Whether endpoints ask the fabric to detect and report a failed peer.
 enum class PeerFailureMode : uint8_t {
   // Remote peers: yes. Same-host peers: no, where asking would rule out the
@@ -143,9 +147,11 @@ class Context {
 
   // Memory the fabric allocates itself; shared-memory transports can map it
   // directly into peers (faster than registering malloc'd memory).
-  virtual Result<std::unique_ptr<Region>> Allocate(size_t size, MemoryKind kind) = 0;
+  virtual Result<std::unique_ptr<Region>> Allocate(size_t size, MemoryKind kind,
+                                                   RemoteAccess access = RemoteAccess::kReadWrite) = 0;
   // Registers memory the caller owns; it must outlive the Region.
-  virtual Result<std::unique_ptr<Region>> Register(void* data, size_t size, MemoryKind kind) = 0;
+  virtual Result<std::unique_ptr<Region>> Register(void* data, size_t size, MemoryKind kind,
+                                                   RemoteAccess access = RemoteAccess::kReadWrite) = 0;
 
   // Handlers are set before Listen/Connect and are not changed afterwards.
   virtual void SetHandler(uint16_t msg_id, MessageHandler handler) = 0;

@@ -25,7 +25,8 @@ Result<std::pair<uint32_t, uint64_t>> ParamTable::AllocateBytes(uint64_t bytes) 
     }
   }
   uint64_t size = std::max<uint64_t>(arena_bytes_, (need + kAlignment - 1) / kAlignment * kAlignment);
-  auto region = ctx_->Allocate(size, transport::MemoryKind::kHost);
+  // Workers only ever read parameters.
+  auto region = ctx_->Allocate(size, transport::MemoryKind::kHost, transport::RemoteAccess::kRead);
   if (!region.ok()) {
     return region.status().WithContext("allocating a " + std::to_string(size) + "-byte arena");
   }

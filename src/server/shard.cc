@@ -248,7 +248,8 @@ Status Shard::OnAuth(Peer& peer, const wire::Header& h, std::span<const uint8_t>
     return Status::PermissionDenied(peer.hello.task + " at " + peer.ep->peer() +
                                     " does not know the cluster secret");
   }
-  auto staging = ctx_->Allocate(options_.staging_bytes_per_worker, transport::MemoryKind::kHost);
+  auto staging = ctx_->Allocate(options_.staging_bytes_per_worker, transport::MemoryKind::kHost,
+                                transport::RemoteAccess::kWrite);
   if (!staging.ok()) return staging.status().WithContext("staging slot for " + peer.hello.task);
   peer.staging = std::move(*staging);
   peer.authenticated = true;

@@ -337,17 +337,19 @@ UcxContext::~UcxContext() {
   }
 }
 
-Result<std::unique_ptr<Region>> UcxContext::Allocate(size_t size, MemoryKind kind) {
-  return Map(nullptr, size, kind, /*allocate=*/true);
+Result<std::unique_ptr<Region>> UcxContext::Allocate(size_t size, MemoryKind kind,
+                                                     RemoteAccess access) {
+  return Map(nullptr, size, kind, access, /*allocate=*/true);
 }
 
-Result<std::unique_ptr<Region>> UcxContext::Register(void* data, size_t size, MemoryKind kind) {
+Result<std::unique_ptr<Region>> UcxContext::Register(void* data, size_t size, MemoryKind kind,
+                                                     RemoteAccess access) {
   if (data == nullptr) return Status::InvalidArgument("register: null buffer");
-  return Map(data, size, kind, /*allocate=*/false);
+  return Map(data, size, kind, access, /*allocate=*/false);
 }
 
 Result<std::unique_ptr<Region>> UcxContext::Map(void* data, size_t size, MemoryKind kind,
-                                                bool allocate) {
+                                                RemoteAccess access, bool allocate) {
   if (kind != MemoryKind::kHost) {
     return Status::Unimplemented(
         "UCX backend: GPU memory needs a UCX built with CUDA; this UCX (" +
@@ -356,7 +358,14 @@ Result<std::unique_ptr<Region>> UcxContext::Map(void* data, size_t size, MemoryK
   if (size == 0) return Status::InvalidArgument("cannot map an empty region");
   ucp_mem_map_params_t params{};
   params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
-                      UCP_MEM_MAP_PARAM_FIELD_FLAGS;
+                      UCP_MEM_MAP_PARAM_FIELD_FLAGS | UCP_MEM_MAP_PARAM_FIELD_PROT;
+  params.prot = UCP_MEM_MAP_PROT_LOCAL_READ | UCP_MEM_MAP_PROT_LOCAL_WRITE;
+  if (static_cast<uint8_t>(access) & static_cast<uint8_t>(RemoteAccess::kRead)) {
+    params.prot |= UCP_MEM_MAP_PROT_REMOTE_READ;
+  }
+  if (static_cast<uint8_t>(access) & static_cast<uint8_t>(RemoteAccess::kWrite)) {
+    params.prot |= UCP_MEM_MAP_PROT_REMOTE_WRITE;
+  }
   params.address = data;
   params.length = size;
   params.flags = allocate ? UCP_MEM_MAP_ALLOCATE : 0;

@@ -64,8 +64,10 @@ class UcxContext final : public Context {
   static Result<std::unique_ptr<Context>> Create(const ContextOptions& options);
   ~UcxContext() override;
 
-  Result<std::unique_ptr<Region>> Allocate(size_t size, MemoryKind kind) override;
-  Result<std::unique_ptr<Region>> Register(void* data, size_t size, MemoryKind kind) override;
+  Result<std::unique_ptr<Region>> Allocate(size_t size, MemoryKind kind,
+                                           RemoteAccess access) override;
+  Result<std::unique_ptr<Region>> Register(void* data, size_t size, MemoryKind kind,
+                                           RemoteAccess access) override;
   void SetHandler(uint16_t msg_id, MessageHandler handler) override;
   void SetDisconnectHandler(DisconnectHandler handler) override;
   Result<std::unique_ptr<Listener>> Listen(const std::string& host, uint16_t port,
@@ -90,7 +92,8 @@ class UcxContext final : public Context {
 
   explicit UcxContext(ContextOptions options) : options_(std::move(options)) {}
   Status Init();
-  Result<std::unique_ptr<Region>> Map(void* data, size_t size, MemoryKind kind, bool allocate);
+  Result<std::unique_ptr<Region>> Map(void* data, size_t size, MemoryKind kind, RemoteAccess access,
+                                      bool allocate);
 
   // Loop thread only.
   Status CreateEndpoint(const ucp_ep_params_t& params, const std::shared_ptr<UcxEndpoint>& ep);
