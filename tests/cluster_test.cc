@@ -211,7 +211,8 @@ TEST_P(ClusterTest, ShardMissingAtStartIsNamed) {
   auto c = Client::Connect(opts);
   ASSERT_FALSE(c.ok());
   EXPECT_EQ(c.status().code(), StatusCode::kDeadlineExceeded);
-  EXPECT_NE(c.status().message().find("/job:ps/task:1"), std::string::npos) << c.status().ToString();
+  EXPECT_NE(c.status().message().find("/job:ps/task:1"), std::string::npos)
+      << c.status().ToString();
   EXPECT_NE(c.status().message().find(spec_.tasks("ps")[1].ToString()), std::string::npos);
   EXPECT_EQ(c.status().message().find("/job:ps/task:0"), std::string::npos) << "ps 0 was up";
   EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
@@ -224,7 +225,8 @@ TEST_P(ClusterTest, WrongSecretIsRefusedAndOthersKeepWorking) {
   auto bad = Client::Connect(opts);
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().code(), StatusCode::kPermissionDenied);
-  EXPECT_NE(bad.status().message().find("/job:ps/task:0"), std::string::npos) << bad.status().ToString();
+  EXPECT_NE(bad.status().message().find("/job:ps/task:0"), std::string::npos)
+      << bad.status().ToString();
   EXPECT_NE(bad.status().message().find("secret"), std::string::npos);
 
   Client& good = Connect(0);
@@ -340,7 +342,8 @@ TEST_P(ClusterTest, LargeTensorMovesOneSided) {
   EXPECT_EQ(after.get_bytes - before.get_bytes, n * 4);
   EXPECT_EQ(after.puts - before.puts, 16u);
   EXPECT_EQ(after.gets - before.gets, 16u);
-  EXPECT_LT(after.message_bytes_sent - before.message_bytes_sent, 2048u) << "no payload in messages";
+  EXPECT_LT(after.message_bytes_sent - before.message_bytes_sent, 2048u)
+      << "no payload in messages";
   EXPECT_LT(after.message_bytes_received - before.message_bytes_received, 2048u);
 }
 

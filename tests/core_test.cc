@@ -46,7 +46,8 @@ TEST(ClusterSpec, TfConfigErrorsSayWhat) {
            {R"({"task": {"type": "ps", "index": 0}})", "cluster"},
            {R"({"cluster": {"ps": ["a:1"]}})", "task"},
            {R"({"cluster": {"ps": ["a:1"]}, "task": {"type": "ps"}})", "index"},
-           {R"({"cluster": {"ps": ["a:1"]}, "task": {"type": "ps", "index": 3}})", "/job:ps/task:3"},
+           {R"({"cluster": {"ps": ["a:1"]}, "task": {"type": "ps", "index": 3}})",
+            "/job:ps/task:3"},
            {R"({"cluster": {"ps": ["a"]}, "task": {"type": "ps", "index": 0}})", "host:port"},
            {R"({"cluster": {"ps": ["a:99999"]}, "task": {"type": "ps", "index": 0}})", "port"},
            {R"({"cluster": {"ps": "a:1"}, "task": {"type": "ps", "index": 0}})", "list"},
@@ -61,7 +62,9 @@ TEST(ClusterSpec, TfConfigErrorsSayWhat) {
 TEST(ClusterSpec, FromEnvironment) {
   unsetenv("TF_CONFIG");
   EXPECT_EQ(TfConfigFromEnv().status().code(), StatusCode::kNotFound);
-  setenv("TF_CONFIG", R"({"cluster": {"ps": ["h:1"], "worker": ["h:2"]}, "task": {"type": "ps", "index": 0}})", 1);
+  setenv("TF_CONFIG",
+         R"({"cluster": {"ps": ["h:1"], "worker": ["h:2"]}, "task": {"type": "ps", "index": 0}})",
+         1);
   auto cfg = TfConfigFromEnv();
   ASSERT_TRUE(cfg.ok());
   EXPECT_EQ(cfg->task.ToString(), "/job:ps/task:0");
@@ -160,9 +163,11 @@ void CheckAdd(DType dtype) {
     src[i] = static_cast<T>(static_cast<int>(rng() % 1000) - 500);
     expect[i] = static_cast<T>(dst[i] + src[i]);
   }
-  ASSERT_TRUE(kernels::ApplyUpdateCpu(UpdateRule::kAdd, dtype, dst.data(), src.data(), dst.size()).ok());
+  ASSERT_TRUE(
+      kernels::ApplyUpdateCpu(UpdateRule::kAdd, dtype, dst.data(), src.data(), dst.size()).ok());
   EXPECT_EQ(dst, expect) << DTypeName(dtype);
-  ASSERT_TRUE(kernels::ApplyUpdateCpu(UpdateRule::kAssign, dtype, dst.data(), src.data(), dst.size()).ok());
+  ASSERT_TRUE(
+      kernels::ApplyUpdateCpu(UpdateRule::kAssign, dtype, dst.data(), src.data(), dst.size()).ok());
   EXPECT_EQ(dst, src);
 }
 
@@ -180,7 +185,8 @@ TEST(Kernels, AddAndAssignMatchReference) {
       src.push_back(to(static_cast<float>(i % 7)));
     }
     auto before = dst;
-    ASSERT_TRUE(kernels::ApplyUpdateCpu(UpdateRule::kAdd, dt, dst.data(), src.data(), dst.size()).ok());
+    ASSERT_TRUE(
+        kernels::ApplyUpdateCpu(UpdateRule::kAdd, dt, dst.data(), src.data(), dst.size()).ok());
     for (size_t i = 0; i < dst.size(); ++i) {
       EXPECT_EQ(dst[i], to(from(before[i]) + from(src[i]))) << DTypeName(dt) << " element " << i;
     }

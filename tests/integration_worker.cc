@@ -24,7 +24,8 @@ struct Plan {
 };
 
 std::vector<Plan> MakePlan(int count, uint64_t big_bytes) {
-  const DType dtypes[] = {DType::kF32, DType::kF64, DType::kF16, DType::kBF16, DType::kI32, DType::kI64};
+  const DType dtypes[] = {DType::kF32,  DType::kF64, DType::kF16,
+                          DType::kBF16, DType::kI32, DType::kI64};
   const uint64_t sizes[] = {1, 2, 7, 64, 1000, 4097, 20000, 65536};
   std::vector<Plan> plan;
   for (int i = 0; i < count; ++i) {
@@ -37,23 +38,50 @@ std::vector<Plan> MakePlan(int count, uint64_t big_bytes) {
 }
 
 // Small integers: every dtype holds the sums exactly.
-void Fill(DType dt, uint64_t n, const std::function<int(uint64_t)>& value, std::vector<uint8_t>* out) {
+void Fill(DType dt, uint64_t n, const std::function<int(uint64_t)>& value,
+          std::vector<uint8_t>* out) {
   out->assign(n * DTypeSize(dt), 0);
   for (uint64_t j = 0; j < n; ++j) {
     int v = value(j);
     uint8_t* p = out->data() + j * DTypeSize(dt);
     switch (dt) {
-      case DType::kF32: { float x = static_cast<float>(v); std::memcpy(p, &x, 4); break; }
-      case DType::kF64: { double x = v; std::memcpy(p, &x, 8); break; }
-      case DType::kF16: { uint16_t x = kernels::FloatToHalf(static_cast<float>(v)); std::memcpy(p, &x, 2); break; }
-      case DType::kBF16: { uint16_t x = kernels::FloatToBFloat16(static_cast<float>(v)); std::memcpy(p, &x, 2); break; }
-      case DType::kI32: { int32_t x = v; std::memcpy(p, &x, 4); break; }
-      case DType::kI64: { int64_t x = v; std::memcpy(p, &x, 8); break; }
+      case DType::kF32: {
+        float x = static_cast<float>(v);
+        std::memcpy(p, &x, 4);
+        break;
+      }
+      case DType::kF64: {
+        double x = v;
+        std::memcpy(p, &x, 8);
+        break;
+      }
+      case DType::kF16: {
+        uint16_t x = kernels::FloatToHalf(static_cast<float>(v));
+        std::memcpy(p, &x, 2);
+        break;
+      }
+      case DType::kBF16: {
+        uint16_t x = kernels::FloatToBFloat16(static_cast<float>(v));
+        std::memcpy(p, &x, 2);
+        break;
+      }
+      case DType::kI32: {
+        int32_t x = v;
+        std::memcpy(p, &x, 4);
+        break;
+      }
+      case DType::kI64: {
+        int64_t x = v;
+        std::memcpy(p, &x, 8);
+        break;
+      }
     }
   }
 }
 
-int Delta(uint64_t j, int worker, int round) { return static_cast<int>((j + static_cast<uint64_t>(worker + round)) % 3) + 1; }
+int Delta(uint64_t j, int worker, int round) {
+  return static_cast<int>((j + static_cast<uint64_t>(worker + round)) % 3) + 1;
+}
 
 int Fail(const std::string& what, const Status& st) {
   fprintf(stderr, "integration_worker: %s: %s\n", what.c_str(), st.ToString().c_str());
@@ -94,7 +122,8 @@ int main(int argc, char** argv) {
   std::vector<TensorSpec> specs;
   for (const auto& p : plan) {
     TensorSpec s{p.name, p.dtype, {static_cast<int64_t>(p.elems)}, UpdateRule::kAdd, {}, -1};
-    Fill(p.dtype, p.elems, [](uint64_t j) { return static_cast<int>(j % 5); }, &s.initial);
+    Fill(
+        p.dtype, p.elems, [](uint64_t j) { return static_cast<int>(j % 5); }, &s.initial);
     specs.push_back(std::move(s));
   }
   auto handles = c.DeclareMany(specs);
@@ -108,12 +137,15 @@ int main(int argc, char** argv) {
     std::vector<PushItem> push;
     std::vector<PushPullItem> push_pull;
     for (size_t i = 0; i < plan.size(); ++i) {
-      Fill(plan[i].dtype, plan[i].elems, [&](uint64_t j) { return Delta(j, me, r); }, &grads[i]);
+      Fill(
+          plan[i].dtype, plan[i].elems, [&](uint64_t j) { return Delta(j, me, r); }, &grads[i]);
       scratch[i].resize(grads[i].size());
       push.push_back({(*handles)[i], grads[i].data(), grads[i].size(), plan[i].dtype});
-      push_pull.push_back({(*handles)[i], grads[i].data(), scratch[i].data(), grads[i].size(), plan[i].dtype});
+      push_pull.push_back(
+          {(*handles)[i], grads[i].data(), scratch[i].data(), grads[i].size(), plan[i].dtype});
     }
-    st = (r % 2 == 0) ? c.PushAsync(std::move(push)).Wait() : c.PushPullAsync(std::move(push_pull)).Wait();
+    st = (r % 2 == 0) ? c.PushAsync(std::move(push)).Wait()
+                      : c.PushPullAsync(std::move(push_pull)).Wait();
     if (!st.ok()) return Fail("round " + std::to_string(r), st);
   }
 
@@ -130,15 +162,20 @@ int main(int argc, char** argv) {
   size_t bad = 0;
   for (size_t i = 0; i < plan.size(); ++i) {
     std::vector<uint8_t> expect;
-    Fill(plan[i].dtype, plan[i].elems, [&](uint64_t j) {
-      int v = static_cast<int>(j % 5);
-      for (int w = 0; w < workers; ++w) {
-        for (int r = 0; r < rounds; ++r) v += Delta(j, w, r);
-      }
-      return v;
-    }, &expect);
+    Fill(
+        plan[i].dtype, plan[i].elems,
+        [&](uint64_t j) {
+          int v = static_cast<int>(j % 5);
+          for (int w = 0; w < workers; ++w) {
+            for (int r = 0; r < rounds; ++r) v += Delta(j, w, r);
+          }
+          return v;
+        },
+        &expect);
     if (expect != got[i]) {
-      if (bad++ < 5) fprintf(stderr, "integration_worker: %s differs from the expected sum\n", plan[i].name.c_str());
+      if (bad++ < 5)
+        fprintf(stderr, "integration_worker: %s differs from the expected sum\n",
+                plan[i].name.c_str());
     }
   }
   if (bad) {
@@ -148,9 +185,12 @@ int main(int argc, char** argv) {
   uint64_t bytes = 0;
   for (const auto& g : grads) bytes += g.size();
   auto counters = c.counters();
-  printf("%s verified %zu tensors (%.1f MiB) after %d rounds of %d workers; one-sided %.1f MiB put, %.1f MiB get, %.1f KiB in messages\n",
-         cfg->task.ToString().c_str(), plan.size(), static_cast<double>(bytes) / (1 << 20), rounds, workers,
-         static_cast<double>(counters.put_bytes) / (1 << 20), static_cast<double>(counters.get_bytes) / (1 << 20),
-         static_cast<double>(counters.message_bytes_sent) / 1024);
+  printf(
+      "%s verified %zu tensors (%.1f MiB) after %d rounds of %d workers; one-sided %.1f MiB put, "
+      "%.1f MiB get, %.1f KiB in messages\n",
+      cfg->task.ToString().c_str(), plan.size(), static_cast<double>(bytes) / (1 << 20), rounds,
+      workers, static_cast<double>(counters.put_bytes) / (1 << 20),
+      static_cast<double>(counters.get_bytes) / (1 << 20),
+      static_cast<double>(counters.message_bytes_sent) / 1024);
   return 0;
 }

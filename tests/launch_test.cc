@@ -34,14 +34,18 @@ std::string Env(const char* name) {
 
 size_t Count(const std::string& haystack, const std::string& needle) {
   size_t n = 0;
-  for (size_t pos = haystack.find(needle); pos != std::string::npos; pos = haystack.find(needle, pos + 1)) ++n;
+  for (size_t pos = haystack.find(needle); pos != std::string::npos;
+       pos = haystack.find(needle, pos + 1))
+    ++n;
   return n;
 }
 
 class LaunchTest : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(LaunchTest, DemoPrintsIncrementsAndTen) {
-  auto run = Shell("env UCX_TLS=" + std::string(GetParam()) + " " + Env("TESSERA_BIN") + " demo --pause 0.05", 120);
+  auto run = Shell(
+      "env UCX_TLS=" + std::string(GetParam()) + " " + Env("TESSERA_BIN") + " demo --pause 0.05",
+      120);
   EXPECT_EQ(run.exit_code, 0) << run.output;
   EXPECT_EQ(Count(run.output, "var += 1.0"), 10u) << run.output;
   EXPECT_NE(run.output.find("var = 10  (version 11"), std::string::npos) << run.output;
@@ -74,7 +78,9 @@ INSTANTIATE_TEST_SUITE_P(Ucx, LaunchTest, ::testing::Values("tcp", "posix,sysv,c
 TEST(NetnsTest, ClusterAcrossNamespaces) {
   if (geteuid() != 0) GTEST_SKIP() << "needs root to create network namespaces";
   if (Shell("ip netns list", 10).exit_code != 0) GTEST_SKIP() << "`ip netns` is not available";
-  auto run = Shell("bash " + Env("NETNS_SCRIPT") + " " + Env("TESSERA_BIN") + " " + Env("INTEGRATION_WORKER"), 300);
+  auto run = Shell(
+      "bash " + Env("NETNS_SCRIPT") + " " + Env("TESSERA_BIN") + " " + Env("INTEGRATION_WORKER"),
+      300);
   if (run.exit_code == 77) GTEST_SKIP() << run.output;
   EXPECT_EQ(run.exit_code, 0) << run.output;
   EXPECT_EQ(Count(run.output, "verified 200 tensors"), 3u) << run.output;

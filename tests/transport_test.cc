@@ -22,7 +22,7 @@ constexpr uint16_t kDescribeMsg = 8;
 struct TransportCase {
   const char* name;
   const char* ucx_tls;
-  bool loopback_self;  // connect a context to its own listener
+  bool loopback_self;           // connect a context to its own listener
   const char* expect_rma_lane;  // what UCX must have chosen for put/get
 };
 
@@ -50,20 +50,20 @@ class TransportTest : public ::testing::TestWithParam<TransportCase> {
     server_region_ = std::move(*region);
 
     // The server echoes messages and answers kDescribeMsg with its region's key.
-    server_->SetHandler(kEchoMsg, [](const std::shared_ptr<Endpoint>& from,
-                                     std::span<const uint8_t> bytes) {
-      from->Send(kEchoMsg + 100, std::vector<uint8_t>(bytes.begin(), bytes.end()));
-    });
-    server_->SetHandler(kDescribeMsg, [this](const std::shared_ptr<Endpoint>& from,
-                                             std::span<const uint8_t>) {
-      from->Send(kDescribeMsg + 100, server_region_->Describe());
-    });
-    client_ctx_->SetHandler(kEchoMsg + 100, [this](const std::shared_ptr<Endpoint>&,
-                                                   std::span<const uint8_t> bytes) {
-      std::lock_guard<std::mutex> lock(mu_);
-      replies_.emplace_back(bytes.begin(), bytes.end());
-      cv_.notify_all();
-    });
+    server_->SetHandler(
+        kEchoMsg, [](const std::shared_ptr<Endpoint>& from, std::span<const uint8_t> bytes) {
+          from->Send(kEchoMsg + 100, std::vector<uint8_t>(bytes.begin(), bytes.end()));
+        });
+    server_->SetHandler(kDescribeMsg,
+                        [this](const std::shared_ptr<Endpoint>& from, std::span<const uint8_t>) {
+                          from->Send(kDescribeMsg + 100, server_region_->Describe());
+                        });
+    client_ctx_->SetHandler(
+        kEchoMsg + 100, [this](const std::shared_ptr<Endpoint>&, std::span<const uint8_t> bytes) {
+          std::lock_guard<std::mutex> lock(mu_);
+          replies_.emplace_back(bytes.begin(), bytes.end());
+          cv_.notify_all();
+        });
     client_ctx_->SetHandler(kDescribeMsg + 100, [this](const std::shared_ptr<Endpoint>&,
                                                        std::span<const uint8_t> bytes) {
       std::lock_guard<std::mutex> lock(mu_);
@@ -141,8 +141,8 @@ TEST_P(TransportTest, UsesTheIntendedTransport) {
 }
 
 TEST_P(TransportTest, MessagesRoundTripByteExact) {
-  for (size_t size : {size_t{0}, size_t{1}, size_t{7}, size_t{4096}, size_t{65537},
-                      size_t{1} << 20, (size_t{8} << 20) + 3}) {
+  for (size_t size : {size_t{0}, size_t{1}, size_t{7}, size_t{4096}, size_t{65537}, size_t{1} << 20,
+                      (size_t{8} << 20) + 3}) {
     auto msg = Pattern(size, static_cast<uint32_t>(size));
     ep_->Send(kEchoMsg, msg);
     auto reply = NextReply();
@@ -153,20 +153,23 @@ TEST_P(TransportTest, MessagesRoundTripByteExact) {
 
 TEST_P(TransportTest, PutThenGetByteExactAtUnalignedOffsets) {
   const uint64_t base = remote_->base();
-  for (size_t size : {size_t{1}, size_t{3}, size_t{4096}, size_t{65535}, size_t{1} << 20,
-                      size_t{64} << 20}) {
+  for (size_t size :
+       {size_t{1}, size_t{3}, size_t{4096}, size_t{65535}, size_t{1} << 20, size_t{64} << 20}) {
     for (size_t offset : {size_t{1}, size_t{13}}) {
       if (offset + size > kRegionSize) continue;
       auto src = Pattern(size + 5, static_cast<uint32_t>(size * 31 + offset));
       // Unaligned local addresses too.
       const uint8_t* local = src.data() + 3;
-      ASSERT_TRUE(Wait([&](Completion c) { ep_->Put(local, size, *remote_, base + offset, c); }).ok());
+      ASSERT_TRUE(
+          Wait([&](Completion c) { ep_->Put(local, size, *remote_, base + offset, c); }).ok());
       ASSERT_TRUE(Wait([&](Completion c) { ep_->Flush(c); }).ok());
       ASSERT_EQ(std::memcmp(static_cast<uint8_t*>(server_region_->data()) + offset, local, size), 0)
           << "put of " << size << " bytes at offset " << offset;
 
       std::vector<uint8_t> back(size + 7, 0xee);
-      ASSERT_TRUE(Wait([&](Completion c) { ep_->Get(back.data() + 5, size, *remote_, base + offset, c); }).ok());
+      ASSERT_TRUE(Wait([&](Completion c) {
+                    ep_->Get(back.data() + 5, size, *remote_, base + offset, c);
+                  }).ok());
       ASSERT_EQ(std::memcmp(back.data() + 5, local, size), 0) << "get of " << size << " bytes";
       EXPECT_EQ(back[4], 0xee) << "get wrote before its buffer";
       EXPECT_EQ(back[5 + size], 0xee) << "get wrote past its buffer";
@@ -189,7 +192,8 @@ TEST_P(TransportTest, ThousandOutstandingOperations) {
   ASSERT_EQ(all.get_future().wait_for(30s), std::future_status::ready) << done << " of " << kOps;
   EXPECT_EQ(failed, 0u);
   ASSERT_TRUE(Wait([&](Completion c) { ep_->Flush(c); }).ok());
-  EXPECT_EQ(std::memcmp(static_cast<uint8_t*>(server_region_->data()) + 1, src.data(), src.size()), 0);
+  EXPECT_EQ(std::memcmp(static_cast<uint8_t*>(server_region_->data()) + 1, src.data(), src.size()),
+            0);
 
   std::vector<uint8_t> back(kOps * kSize);
   done = 0;
@@ -248,7 +252,9 @@ TEST_P(TransportTest, ConnectToDeadAddressFailsWithinTimeout) {
 TEST_P(TransportTest, CountersSeparateMessagesFromOneSidedBytes) {
   auto before = client_ctx_->counters();
   std::vector<uint8_t> buf(1 << 20, 1);
-  ASSERT_TRUE(Wait([&](Completion c) { ep_->Put(buf.data(), buf.size(), *remote_, remote_->base(), c); }).ok());
+  ASSERT_TRUE(Wait([&](Completion c) {
+                ep_->Put(buf.data(), buf.size(), *remote_, remote_->base(), c);
+              }).ok());
   auto after = client_ctx_->counters();
   EXPECT_EQ(after.put_bytes - before.put_bytes, buf.size());
   EXPECT_EQ(after.message_bytes_sent, before.message_bytes_sent);
@@ -256,7 +262,8 @@ TEST_P(TransportTest, CountersSeparateMessagesFromOneSidedBytes) {
 
 INSTANTIATE_TEST_SUITE_P(Ucx, TransportTest,
                          ::testing::Values(TransportCase{"tcp", "tcp", false, "tcp/"},
-                                           TransportCase{"shm", "posix,sysv,cma,tcp", false, "sysv/memory"},
+                                           TransportCase{"shm", "posix,sysv,cma,tcp", false,
+                                                         "sysv/memory"},
                                            TransportCase{"self", "self,tcp", true, "self/"}),
                          [](const auto& test_info) { return std::string(test_info.param.name); });
 

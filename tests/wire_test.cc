@@ -35,7 +35,8 @@ std::vector<Sample> Samples() {
   challenge.shard_index = 1;
   Declare declare{1 << 20, 1, {Decl("w", DType::kF32, {3, 4}), Decl("b", DType::kBF16, {})}};
   DeclareReply declare_reply{{{{0, 0, 12}}, {{1, 0, 6}, {0, 6, 6}}}};
-  Create create{{{Decl("w", DType::kF32, {3, 4}), 0, 2, 0, 6}, {Decl("w", DType::kF32, {3, 4}), 1, 2, 6, 6}}};
+  Create create{
+      {{Decl("w", DType::kF32, {3, 4}), 0, 2, 0, 6}, {Decl("w", DType::kF32, {3, 4}), 1, 2, 6, 6}}};
   CreateReply create_reply{{{0, 0, 64, 24, 1}}, {{0, {1, 2, 3, 4}}}};
   Push push{{{0, 0, 24}, {1, 64, 24}}};
   Pull pull{{{0, 2}, {1, 2}}};
@@ -59,7 +60,8 @@ std::vector<Sample> Samples() {
 }
 
 TEST(Wire, ValidFramesRoundTrip) {
-  for (const auto& s : Samples()) EXPECT_TRUE(s.decode(s.frame).ok()) << s.name << ": " << s.decode(s.frame).ToString();
+  for (const auto& s : Samples())
+    EXPECT_TRUE(s.decode(s.frame).ok()) << s.name << ": " << s.decode(s.frame).ToString();
   auto declare = Decode<Declare>(Samples()[4].frame);
   ASSERT_TRUE(declare.ok());
   ASSERT_EQ(declare->tensors.size(), 2u);
@@ -131,7 +133,8 @@ void TensorBody(ByteWriter& w, const std::string& name, uint8_t dtype, uint8_t r
 }
 
 TEST(Wire, DeclareFieldsValidated) {
-  auto declare_with = [](std::function<void(ByteWriter&)> tensor, uint32_t count = 1, uint64_t chunk = 4096) {
+  auto declare_with = [](std::function<void(ByteWriter&)> tensor, uint32_t count = 1,
+                         uint64_t chunk = 4096) {
     return DecodeRaw<Declare>([&](ByteWriter& w) {
       w.Put(chunk);
       w.Put(uint8_t{1});
@@ -149,9 +152,17 @@ TEST(Wire, DeclareFieldsValidated) {
       {"dtype 0", [](ByteWriter& w) { TensorBody(w, "w", 0, 2, {2}); }, "dtype"},
       {"dtype 99", [](ByteWriter& w) { TensorBody(w, "w", 99, 2, {2}); }, "dtype"},
       {"rule 7", [](ByteWriter& w) { TensorBody(w, "w", 1, 7, {2}); }, "rule"},
-      {"9 dims", [](ByteWriter& w) { TensorBody(w, "w", 1, 2, {1, 1, 1, 1, 1, 1, 1, 1, 1}); }, "dimensions"},
+      {"9 dims",
+       [](ByteWriter& w) {
+         TensorBody(w, "w", 1, 2, {1, 1, 1, 1, 1, 1, 1, 1, 1});
+       },
+       "dimensions"},
       {"negative dim", [](ByteWriter& w) { TensorBody(w, "w", 1, 2, {-3}); }, "negative"},
-      {"overflowing shape", [](ByteWriter& w) { TensorBody(w, "w", 1, 2, {1LL << 40, 1LL << 40}); }, "64 bits"},
+      {"overflowing shape",
+       [](ByteWriter& w) {
+         TensorBody(w, "w", 1, 2, {1LL << 40, 1LL << 40});
+       },
+       "64 bits"},
       {"empty name", [](ByteWriter& w) { TensorBody(w, "", 1, 2, {2}); }, "empty"},
       {"ndims beyond body", [](ByteWriter& w) { TensorBody(w, "w", 1, 2, {2}, 4); }, "truncated"},
       {"name length lies",
@@ -169,7 +180,8 @@ TEST(Wire, DeclareFieldsValidated) {
   // A count that the body cannot hold is refused before anything is allocated.
   Status st = declare_with([](ByteWriter& w) { TensorBody(w, "w", 1, 2, {2}); }, 0xffffffffu);
   EXPECT_FALSE(st.ok());
-  EXPECT_FALSE(declare_with([](ByteWriter& w) { TensorBody(w, "w", 1, 2, {2}); }, 1, 3).ok()) << "chunk_bytes 3";
+  EXPECT_FALSE(declare_with([](ByteWriter& w) { TensorBody(w, "w", 1, 2, {2}); }, 1, 3).ok())
+      << "chunk_bytes 3";
 }
 
 TEST(Wire, CreateChunkMustFitShape) {
@@ -194,7 +206,10 @@ TEST(Wire, CreateChunkMustFitShape) {
 TEST(Wire, EmptyPushAndPullRejected) {
   EXPECT_FALSE(DecodeRaw<Push>([](ByteWriter& w) { w.Put(uint32_t{0}); }).ok());
   EXPECT_FALSE(DecodeRaw<Pull>([](ByteWriter& w) { w.Put(uint32_t{0}); }).ok());
-  EXPECT_FALSE(DecodeRaw<Error>([](ByteWriter& w) { w.Put(uint8_t{200}); w.PutString("x"); }).ok());
+  EXPECT_FALSE(DecodeRaw<Error>([](ByteWriter& w) {
+                 w.Put(uint8_t{200});
+                 w.PutString("x");
+               }).ok());
 }
 
 TEST(Wire, RandomGarbageNeverCrashes) {

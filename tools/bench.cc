@@ -50,11 +50,13 @@ Perftest RunPerftest(const std::string& tls, const std::string& test, uint64_t s
   Perftest out;
   uint16_t port = FreePort("127.0.0.1");
   std::vector<std::string> env = {"UCX_TLS=" + tls};
-  int server = SpawnProcess({"ucx_perftest", "-p", std::to_string(port)}, env, pin ? 0 : -1, /*quiet=*/true);
+  int server =
+      SpawnProcess({"ucx_perftest", "-p", std::to_string(port)}, env, pin ? 0 : -1, /*quiet=*/true);
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   std::string cmd = fmt::format(
-      "UCX_TLS={} timeout 120 {} ucx_perftest 127.0.0.1 -p {} -t {} -s {} -n {} -w {} -f 2>/dev/null", tls,
-      pin ? "taskset -c 1" : "", port, test, size, iters, warmup);
+      "UCX_TLS={} timeout 120 {} ucx_perftest 127.0.0.1 -p {} -t {} -s {} -n {} -w {} -f "
+      "2>/dev/null",
+      tls, pin ? "taskset -c 1" : "", port, test, size, iters, warmup);
   FILE* p = popen(cmd.c_str(), "r");
   std::string text;
   std::array<char, 4096> buf;
@@ -67,12 +69,13 @@ Perftest RunPerftest(const std::string& tls, const std::string& test, uint64_t s
   std::istringstream in(text.substr(text.rfind('\n') + 1));
   double n = 0, p50 = 0, avg = 0, overall = 0, bw_avg = 0, bw_overall = 0;
   if (rc != 0 || !(in >> n >> p50 >> avg >> overall >> bw_avg >> bw_overall)) {
-    out.error = "ucx_perftest failed (exit " + std::to_string(rc) + "): " + text.substr(text.size() > 300 ? text.size() - 300 : 0);
+    out.error = "ucx_perftest failed (exit " + std::to_string(rc) +
+                "): " + text.substr(text.size() > 300 ? text.size() - 300 : 0);
     return out;
   }
   out.ok = true;
-  out.p50_us = overall;                       // per-operation time over the whole run
-  out.gbps = bw_overall * 1048576.0 / 1e9;    // perftest's MB is 2^20 bytes
+  out.p50_us = overall;                     // per-operation time over the whole run
+  out.gbps = bw_overall * 1048576.0 / 1e9;  // perftest's MB is 2^20 bytes
   return out;
 }
 
@@ -101,11 +104,11 @@ int RunBench(const BenchOptions& options) {
     (void)spec.AddJob("ps", {{"127.0.0.1", FreePort("127.0.0.1")}});
     (void)spec.AddJob("worker", {{"127.0.0.1", FreePort("127.0.0.1")}});
     const std::string secret = GenerateSecret();
-    int shard = SpawnProcess({SelfExecutable(), "server", "--ps_hosts", spec.tasks("ps")[0].ToString(),
-                              "--worker_hosts", spec.tasks("worker")[0].ToString(), "--job", "ps",
-                              "--task", "0", "--staging-mib", "160"},
-                             {"TESSERA_SECRET=" + secret, "TESSERA_LOG_LEVEL=warn", "UCX_TLS=" + tls},
-                             options.pin ? 0 : -1);
+    int shard = SpawnProcess(
+        {SelfExecutable(), "server", "--ps_hosts", spec.tasks("ps")[0].ToString(), "--worker_hosts",
+         spec.tasks("worker")[0].ToString(), "--job", "ps", "--task", "0", "--staging-mib", "160"},
+        {"TESSERA_SECRET=" + secret, "TESSERA_LOG_LEVEL=warn", "UCX_TLS=" + tls},
+        options.pin ? 0 : -1);
     ClientOptions copts;
     copts.cluster = spec;
     copts.task = {"worker", 0};
@@ -119,8 +122,12 @@ int RunBench(const BenchOptions& options) {
     }
     std::vector<TensorSpec> specs;
     for (uint64_t size : options.sizes) {
-      specs.push_back({"t" + std::to_string(size), DType::kF32, {static_cast<int64_t>(size / 4)},
-                       UpdateRule::kAssign, {}, -1});
+      specs.push_back({"t" + std::to_string(size),
+                       DType::kF32,
+                       {static_cast<int64_t>(size / 4)},
+                       UpdateRule::kAssign,
+                       {},
+                       -1});
     }
     auto tensors = (*client)->DeclareMany(specs);
     if (!tensors.ok() || !(*client)->Initialize().ok()) {
@@ -154,18 +161,28 @@ int RunBench(const BenchOptions& options) {
         put = RunPerftest(tls, "ucp_put_bw", size, options.iters, options.warmup, options.pin);
         get = RunPerftest(tls, "ucp_get", size, options.iters, options.warmup, options.pin);
       }
-      auto ratio = [](double a, const Perftest& b) { return b.ok && b.gbps > 0 ? a / b.gbps : 0.0; };
-      printf("%-20s %-9s | %10.1f %9.3f | %10.1f %9.3f | %12.3f %12.3f | %9.3f %9.3f\n", tls.c_str(),
-             SizeName(size).c_str(), push.p50_us, push.gbps, pull.p50_us, pull.gbps, put.gbps,
-             get.gbps, ratio(push.gbps, put), ratio(pull.gbps, get));
+      auto ratio = [](double a, const Perftest& b) {
+        return b.ok && b.gbps > 0 ? a / b.gbps : 0.0;
+      };
+      printf("%-20s %-9s | %10.1f %9.3f | %10.1f %9.3f | %12.3f %12.3f | %9.3f %9.3f\n",
+             tls.c_str(), SizeName(size).c_str(), push.p50_us, push.gbps, pull.p50_us, pull.gbps,
+             put.gbps, get.gbps, ratio(push.gbps, put), ratio(pull.gbps, get));
       fflush(stdout);
       if (!put.error.empty()) fprintf(stderr, "  %s\n", put.error.c_str());
       if (!get.error.empty()) fprintf(stderr, "  %s\n", get.error.c_str());
-      results.push_back({{"transport", tls}, {"bytes", size}, {"iters", options.iters},
-                         {"push_p50_us", push.p50_us}, {"push_p99_us", push.p99_us}, {"push_gbps", push.gbps},
-                         {"pull_p50_us", pull.p50_us}, {"pull_p99_us", pull.p99_us}, {"pull_gbps", pull.gbps},
-                         {"perftest_put_gbps", put.gbps}, {"perftest_put_us", put.p50_us},
-                         {"perftest_get_gbps", get.gbps}, {"perftest_get_us", get.p50_us}});
+      results.push_back({{"transport", tls},
+                         {"bytes", size},
+                         {"iters", options.iters},
+                         {"push_p50_us", push.p50_us},
+                         {"push_p99_us", push.p99_us},
+                         {"push_gbps", push.gbps},
+                         {"pull_p50_us", pull.p50_us},
+                         {"pull_p99_us", pull.p99_us},
+                         {"pull_gbps", pull.gbps},
+                         {"perftest_put_gbps", put.gbps},
+                         {"perftest_put_us", put.p50_us},
+                         {"perftest_get_gbps", get.gbps},
+                         {"perftest_get_us", get.p50_us}});
     }
     client->reset();
     kill(shard, SIGTERM);

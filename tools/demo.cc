@@ -17,10 +17,10 @@ int RunDemo(const DemoOptions& options) {
   launch.num_ps = 1;
   launch.num_workers = options.workers;
   launch.server_args = {"--log-updates"};
-  launch.worker_command = {SelfExecutable(),     "demo-worker",
-                           "--workers",          std::to_string(options.workers),
-                           "--increments",       std::to_string(options.increments),
-                           "--pause",            std::to_string(options.pause_s)};
+  launch.worker_command = {SelfExecutable(), "demo-worker",
+                           "--workers",      std::to_string(options.workers),
+                           "--increments",   std::to_string(options.increments),
+                           "--pause",        std::to_string(options.pause_s)};
   return Launch(launch);
 }
 

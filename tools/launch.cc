@@ -1,8 +1,8 @@
 #include "tools/launch.h"
 
 #include <arpa/inet.h>
-#include <netinet/in.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
@@ -42,10 +42,15 @@ uint16_t FreePort(const std::string& host) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
-  inet_pton(AF_INET, host.c_str(), &addr.sin_addr);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  if (inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1) {
+    close(fd);
+    return 0;  // not an IPv4 address: let the caller's bind fail loudly
+  }
   socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    addr.sin_port = 0;
+  }
   close(fd);
   return ntohs(addr.sin_port);
 }
@@ -76,6 +81,19 @@ void Drain(Child& c, bool flush_partial) {
   }
 }
 
+// In a forked child: adds env entries and execs argv; never returns.
+[[noreturn]] void ExecChild(const std::vector<std::string>& argv,
+                            const std::vector<std::string>& env) {
+  for (const auto& kv : env) putenv(const_cast<char*>(kv.c_str()));
+  std::vector<char*> args;
+  args.reserve(argv.size() + 1);
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  execvp(args[0], args.data());
+  fprintf(stderr, "cannot start %s: %s\n", args[0], strerror(errno));
+  _exit(127);
+}
+
 pid_t Spawn(Child& c, const std::vector<std::string>& argv, const std::vector<std::string>& env) {
   int fds[2];
   if (pipe(fds) != 0) return -1;
@@ -89,13 +107,7 @@ pid_t Spawn(Child& c, const std::vector<std::string>& argv, const std::vector<st
     dup2(fds[1], STDERR_FILENO);
     close(fds[0]);
     close(fds[1]);
-    for (const auto& kv : env) putenv(const_cast<char*>(kv.c_str()));
-    std::vector<char*> args;
-    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    execvp(args[0], args.data());
-    fprintf(stderr, "cannot start %s: %s\n", args[0], strerror(errno));
-    _exit(127);
+    ExecChild(argv, env);
   }
   close(fds[1]);
   fcntl(fds[0], F_SETFL, O_NONBLOCK);
@@ -130,13 +142,7 @@ int SpawnProcess(const std::vector<std::string>& argv, const std::vector<std::st
       dup2(null, STDOUT_FILENO);
       dup2(null, STDERR_FILENO);
     }
-    for (const auto& kv : env) putenv(const_cast<char*>(kv.c_str()));
-    std::vector<char*> args;
-    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    execvp(args[0], args.data());
-    fprintf(stderr, "cannot start %s: %s\n", args[0], strerror(errno));
-    _exit(127);
+    ExecChild(argv, env);
   }
   return pid;
 }
@@ -157,21 +163,23 @@ int Launch(const LaunchOptions& options) {
   ClusterSpec spec;
   std::vector<TaskAddress> ps, workers;
   for (int i = 0; i < options.num_ps; ++i) ps.push_back({options.host, FreePort(options.host)});
-  for (int i = 0; i < options.num_workers; ++i) workers.push_back({options.host, FreePort(options.host)});
+  for (int i = 0; i < options.num_workers; ++i)
+    workers.push_back({options.host, FreePort(options.host)});
   (void)spec.AddJob("ps", ps);
   (void)spec.AddJob("worker", workers);
 
-  const std::string secret = std::getenv("TESSERA_SECRET") ? std::getenv("TESSERA_SECRET") : GenerateSecret();
+  const std::string secret =
+      std::getenv("TESSERA_SECRET") ? std::getenv("TESSERA_SECRET") : GenerateSecret();
   const std::string secret_env = "TESSERA_SECRET=" + secret;
 
-  struct sigaction sa{};
+  struct sigaction sa {};
   sa.sa_handler = OnSignal;
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
   std::vector<Child> children;
-  children.reserve(static_cast<size_t>(options.num_ps + options.num_workers));
+  children.reserve(static_cast<size_t>(options.num_ps) + static_cast<size_t>(options.num_workers));
   const std::string self = SelfExecutable();
   for (int i = 0; i < options.num_ps; ++i) {
     children.push_back({"ps" + std::to_string(i), false});

@@ -57,47 +57,60 @@ int RunServer(const tools::ClusterFlags& flags, ServerOptions opts) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int main(int argc, char** argv) try {
   CLI::App app{"Tessera: a parameter store for distributed training over RDMA"};
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string("tessera ") + TESSERA_VERSION);
 
   tools::ClusterFlags server_flags;
   ServerOptions server_opts;
-  auto* server = app.add_subcommand("server", "run one ps shard until stopped (like tf.train.Server.join())");
+  auto* server =
+      app.add_subcommand("server", "run one ps shard until stopped (like tf.train.Server.join())");
   server_flags.Add(server, "ps");
-  server->add_option("--bind", server_opts.bind_host, "listen on this address instead of the spec's host");
-  server->add_flag("--log-updates", server_opts.log_updates, "log small tensors' values as they change");
-  server->add_option("--staging-mib", [&](const CLI::results_t& r) {
-    server_opts.staging_bytes_per_worker = std::stoull(r[0]) << 20;
-    return true;
-  }, "each worker's staging slot, MiB (default 32)");
+  server->add_option("--bind", server_opts.bind_host,
+                     "listen on this address instead of the spec's host");
+  server->add_flag("--log-updates", server_opts.log_updates,
+                   "log small tensors' values as they change");
+  server->add_option(
+      "--staging-mib",
+      [&](const CLI::results_t& r) {
+        server_opts.staging_bytes_per_worker = std::stoull(r[0]) << 20;
+        return true;
+      },
+      "each worker's staging slot, MiB (default 32)");
   server->add_flag("--busy-poll", server_opts.busy_poll, "spin instead of sleeping when idle");
 
   tools::LaunchOptions launch;
-  auto* launch_cmd = app.add_subcommand("launch", "start a local cluster of real processes and run CMD on each worker");
+  auto* launch_cmd = app.add_subcommand(
+      "launch", "start a local cluster of real processes and run CMD on each worker");
   launch_cmd->add_option("--ps", launch.num_ps, "number of ps tasks")->check(CLI::Range(1, 64));
-  launch_cmd->add_option("--workers", launch.num_workers, "number of workers")->check(CLI::Range(1, 256));
+  launch_cmd->add_option("--workers", launch.num_workers, "number of workers")
+      ->check(CLI::Range(1, 256));
   launch_cmd->add_option("--host", launch.host, "address the tasks use");
   launch_cmd->add_option("cmd", launch.worker_command, "the worker command (after --)")->required();
 
   tools::DemoOptions demo;
-  auto* demo_cmd = app.add_subcommand("demo", "ps/worker example: two workers increment one variable");
-  demo_cmd->add_option("--pause", demo.pause_s, "seconds between a worker's increments (TF's example: 1)");
-  auto* demo_worker = app.add_subcommand("demo-worker", "the demo's worker (started by `tessera demo`)");
+  auto* demo_cmd =
+      app.add_subcommand("demo", "ps/worker example: two workers increment one variable");
+  demo_cmd->add_option("--pause", demo.pause_s,
+                       "seconds between a worker's increments (TF's example: 1)");
+  auto* demo_worker =
+      app.add_subcommand("demo-worker", "the demo's worker (started by `tessera demo`)");
   demo_worker->group("");  // hidden
   demo_worker->add_option("--workers", demo.workers);
   demo_worker->add_option("--increments", demo.increments);
   demo_worker->add_option("--pause", demo.pause_s);
 
   tools::BenchOptions bench;
-  auto* bench_cmd = app.add_subcommand("bench", "push/pull round trips through a real shard, beside ucx_perftest");
+  auto* bench_cmd = app.add_subcommand(
+      "bench", "push/pull round trips through a real shard, beside ucx_perftest");
   bench_cmd->add_option("--tls", bench.tls, "UCX_TLS values to measure")->delimiter(';');
   bench_cmd->add_option("--sizes", bench.sizes, "tensor sizes in bytes")->delimiter(',');
   bench_cmd->add_option("--iters", bench.iters, "timed iterations per size");
   bench_cmd->add_option("--warmup", bench.warmup, "untimed iterations first");
   bench_cmd->add_flag("--baseline", bench.baseline, "run ucx_perftest put/get for the same sizes");
-  bench_cmd->add_flag("!--no-pin", bench.pin, "do not pin the shard and the worker to cores 0 and 1");
+  bench_cmd->add_flag("!--no-pin", bench.pin,
+                      "do not pin the shard and the worker to cores 0 and 1");
   bench_cmd->add_option("--json", bench.json_path, "write the results as JSON");
 
   CLI11_PARSE(app, argc, argv);
@@ -110,4 +123,7 @@ int main(int argc, char** argv) {
   if (app.got_subcommand(demo_cmd)) return tools::RunDemo(demo);
   if (app.got_subcommand(demo_worker)) return tools::RunDemoWorker(demo);
   return 2;
+} catch (const std::exception& e) {
+  fprintf(stderr, "tessera: %s\n", e.what());
+  return 1;
 }

@@ -124,8 +124,8 @@ class Endpoint {
   std::atomic<uint64_t> user_tag_{0};
 };
 
-using MessageHandler = std::function<void(const std::shared_ptr<Endpoint>& from,
-                                          std::span<const uint8_t> bytes)>;
+using MessageHandler =
+    std::function<void(const std::shared_ptr<Endpoint>& from, std::span<const uint8_t> bytes)>;
 using AcceptHandler = std::function<void(const std::shared_ptr<Endpoint>& ep)>;
 using DisconnectHandler = std::function<void(const std::shared_ptr<Endpoint>& ep, Status why)>;
 using ConnectCallback = std::function<void(Result<std::shared_ptr<Endpoint>>)>;
@@ -147,11 +147,11 @@ class Context {
 
   // Memory the fabric allocates itself; shared-memory transports can map it
   // directly into peers (faster than registering malloc'd memory).
-  virtual Result<std::unique_ptr<Region>> Allocate(size_t size, MemoryKind kind,
-                                                   RemoteAccess access = RemoteAccess::kReadWrite) = 0;
+  virtual Result<std::unique_ptr<Region>> Allocate(
+      size_t size, MemoryKind kind, RemoteAccess access = RemoteAccess::kReadWrite) = 0;
   // Registers memory the caller owns; it must outlive the Region.
-  virtual Result<std::unique_ptr<Region>> Register(void* data, size_t size, MemoryKind kind,
-                                                   RemoteAccess access = RemoteAccess::kReadWrite) = 0;
+  virtual Result<std::unique_ptr<Region>> Register(
+      void* data, size_t size, MemoryKind kind, RemoteAccess access = RemoteAccess::kReadWrite) = 0;
 
   // Handlers are set before Listen/Connect and are not changed afterwards.
   virtual void SetHandler(uint16_t msg_id, MessageHandler handler) = 0;

@@ -54,11 +54,24 @@ struct TensorInfo {
 };
 
 // C++ element type -> DType, for the typed helpers below.
-template <typename T> constexpr DType DTypeOf();
-template <> constexpr DType DTypeOf<float>() { return DType::kF32; }
-template <> constexpr DType DTypeOf<double>() { return DType::kF64; }
-template <> constexpr DType DTypeOf<int32_t>() { return DType::kI32; }
-template <> constexpr DType DTypeOf<int64_t>() { return DType::kI64; }
+template <typename T>
+constexpr DType DTypeOf();
+template <>
+constexpr DType DTypeOf<float>() {
+  return DType::kF32;
+}
+template <>
+constexpr DType DTypeOf<double>() {
+  return DType::kF64;
+}
+template <>
+constexpr DType DTypeOf<int32_t>() {
+  return DType::kI32;
+}
+template <>
+constexpr DType DTypeOf<int64_t>() {
+  return DType::kI64;
+}
 
 struct PushItem {
   Tensor tensor;
@@ -154,13 +167,13 @@ class Client {
   Status Initialize();
   Status WaitForInit(std::chrono::milliseconds timeout = std::chrono::milliseconds{60'000});
 
-  Future PushAsync(std::vector<PushItem> items);
-  Future PullAsync(std::vector<PullItem> items);
+  Future PushAsync(const std::vector<PushItem>& items);
+  Future PullAsync(const std::vector<PullItem>& items);
   // Pushes, then pulls each tensor's value with this push applied.
-  Future PushPullAsync(std::vector<PushPullItem> items);
-  Status Push(std::vector<PushItem> items) { return PushAsync(std::move(items)).Wait(); }
-  Status Pull(std::vector<PullItem> items) { return PullAsync(std::move(items)).Wait(); }
-  Status PushPull(std::vector<PushPullItem> items) { return PushPullAsync(std::move(items)).Wait(); }
+  Future PushPullAsync(const std::vector<PushPullItem>& items);
+  Status Push(const std::vector<PushItem>& items) { return PushAsync(items).Wait(); }
+  Status Pull(const std::vector<PullItem>& items) { return PullAsync(items).Wait(); }
+  Status PushPull(const std::vector<PushPullItem>& items) { return PushPullAsync(items).Wait(); }
 
   ClientCounters counters() const;
   int num_shards() const;

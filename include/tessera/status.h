@@ -37,7 +37,9 @@ class [[nodiscard]] Status {
   Status(StatusCode code, std::string message) : code_(code), message_(std::move(message)) {}
 
   static Status Ok() { return {}; }
-  static Status InvalidArgument(std::string m) { return {StatusCode::kInvalidArgument, std::move(m)}; }
+  static Status InvalidArgument(std::string m) {
+    return {StatusCode::kInvalidArgument, std::move(m)};
+  }
   static Status NotFound(std::string m) { return {StatusCode::kNotFound, std::move(m)}; }
   static Status AlreadyExists(std::string m) { return {StatusCode::kAlreadyExists, std::move(m)}; }
   static Status FailedPrecondition(std::string m) {
@@ -76,7 +78,7 @@ class [[nodiscard]] Status {
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : value_(std::move(value)) {}  // NOLINT(google-explicit-constructor)
+  Result(T value) : value_(std::move(value)) {}         // NOLINT(google-explicit-constructor)
   Result(Status status) : status_(std::move(status)) {  // NOLINT(google-explicit-constructor)
     assert(!status_.ok() && "Result constructed from an OK status without a value");
     if (status_.ok()) status_ = Status::Internal("Result constructed from OK status");
@@ -102,12 +104,13 @@ class [[nodiscard]] Result {
 #define TESSERA_CONCAT_INNER_(a, b) a##b
 #define TESSERA_CONCAT_(a, b) TESSERA_CONCAT_INNER_(a, b)
 
-#define TESSERA_RETURN_IF_ERROR(expr)            \
-  do {                                           \
-    ::tessera::Status tessera_status_ = (expr);  \
+#define TESSERA_RETURN_IF_ERROR(expr)                  \
+  do {                                                 \
+    ::tessera::Status tessera_status_ = (expr);        \
     if (!tessera_status_.ok()) return tessera_status_; \
   } while (0)
 
+// NOLINTBEGIN(bugprone-macro-parentheses): lhs may be a declaration.
 #define TESSERA_ASSIGN_OR_RETURN_IMPL_(tmp, lhs, expr) \
   auto tmp = (expr);                                   \
   if (!tmp.ok()) return tmp.status();                  \
@@ -115,3 +118,4 @@ class [[nodiscard]] Result {
 
 #define TESSERA_ASSIGN_OR_RETURN(lhs, expr) \
   TESSERA_ASSIGN_OR_RETURN_IMPL_(TESSERA_CONCAT_(tessera_result_, __LINE__), lhs, expr)
+// NOLINTEND(bugprone-macro-parentheses)

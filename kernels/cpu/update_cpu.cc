@@ -91,8 +91,12 @@ Status ApplyUpdateCpu(UpdateRule rule, DType dtype, void* dst, const void* src, 
   }
   if (rule != UpdateRule::kAdd) return Status::InvalidArgument("unknown update rule");
   switch (dtype) {
-    case DType::kF32: AddLoop(static_cast<float*>(dst), static_cast<const float*>(src), n); break;
-    case DType::kF64: AddLoop(static_cast<double*>(dst), static_cast<const double*>(src), n); break;
+    case DType::kF32:
+      AddLoop(static_cast<float*>(dst), static_cast<const float*>(src), n);
+      break;
+    case DType::kF64:
+      AddLoop(static_cast<double*>(dst), static_cast<const double*>(src), n);
+      break;
     case DType::kI32: {
       // Wrap-around like TensorFlow's int32 assign_add, without signed-overflow UB.
       AddLoop(static_cast<uint32_t*>(dst), static_cast<const uint32_t*>(src), n);

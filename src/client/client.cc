@@ -106,9 +106,9 @@ class Client::Impl {
   Result<std::vector<Tensor>> DeclareMany(const std::vector<TensorSpec>& specs);
   Status Initialize();
   Status WaitForInit(std::chrono::milliseconds timeout);
-  Future Push(std::vector<PushItem> items, uint32_t flags);
-  Future Pull(std::vector<PullItem> items);
-  Future PushPull(std::vector<PushPullItem> items);
+  Future Push(const std::vector<PushItem>& items, uint32_t flags);
+  Future Pull(const std::vector<PullItem>& items);
+  Future PushPull(const std::vector<PushPullItem>& items);
 
   struct Chunk {
     int shard;
@@ -128,7 +128,8 @@ class Client::Impl {
   std::unique_ptr<transport::Context> ctx_;
 
   mutable std::mutex tensors_mu_;
-  std::deque<TensorEntry> tensors_;  // index = Tensor::index; append-only, so chunk pointers stay valid
+  std::deque<TensorEntry>
+      tensors_;  // index = Tensor::index; append-only, so chunk pointers stay valid
   std::unordered_map<std::string, uint32_t> by_name_;
 
  private:
@@ -161,7 +162,8 @@ class Client::Impl {
 
   // Any thread: sends and waits for the reply frame.
   template <typename Msg, typename ReplyMsg>
-  Result<ReplyMsg> Call(int shard, const Msg& msg, std::chrono::milliseconds timeout, uint32_t flags = 0);
+  Result<ReplyMsg> Call(int shard, const Msg& msg, std::chrono::milliseconds timeout,
+                        uint32_t flags = 0);
 
   struct ChunkIo {
     const Chunk* chunk;
@@ -170,7 +172,7 @@ class Client::Impl {
   };
   void PushToShard(int shard, std::vector<ChunkIo> ios, uint32_t flags,
                    std::function<void(Status, std::vector<uint64_t>)> done);
-  void PullFromShard(int shard, std::vector<ChunkIo> ios, std::function<void(Status)> done);
+  void PullFromShard(int shard, std::vector<ChunkIo> ios, const std::function<void(Status)>& done);
   Result<const TensorEntry*> Lookup(Tensor t, size_t bytes, std::optional<DType> dtype) const;
   std::shared_ptr<Future::State> NewOp() const {
     auto st = std::make_shared<Future::State>();
@@ -216,10 +218,11 @@ template <typename Msg>
 void Client::Impl::Request(int shard, const Msg& msg, uint32_t flags, ReplyFn fn) {
   ShardConn& s = shards_[shard];
   wire::Header none;
-  if (!s.dead.ok() || !s.ep) return fn(s.dead.ok() ? Status::Unavailable(s.name() + " is not connected") : s.dead, none, {});
+  if (!s.dead.ok() || !s.ep)
+    return fn(s.dead.ok() ? Status::Unavailable(s.name() + " is not connected") : s.dead, none, {});
   uint64_t id = next_request_++;
   pending_[id] = PendingRequest{shard, std::move(fn)};
-  s.ep->Send(kProtocolMsg, wire::Encode(msg, id, flags), [this, id](Status st) {
+  s.ep->Send(kProtocolMsg, wire::Encode(msg, id, flags), [this, id](const Status& st) {
     if (st.ok()) return;
     auto it = pending_.find(id);
     if (it == pending_.end()) return;
@@ -237,10 +240,11 @@ Result<ReplyMsg> Client::Impl::Call(int shard, const Msg& msg, std::chrono::mill
   auto request_id = std::make_shared<std::atomic<uint64_t>>(0);
   ctx_->Post([=, this] {
     request_id->store(next_request_);
-    Request(shard, msg, flags, [promise](Status st, const wire::Header& h, std::span<const uint8_t> frame) {
-      if (!st.ok()) return promise->set_value(st);
-      promise->set_value(wire::DecodeBody<ReplyMsg>(h, frame));
-    });
+    Request(shard, msg, flags,
+            [promise](const Status& st, const wire::Header& h, std::span<const uint8_t> frame) {
+              if (!st.ok()) return promise->set_value(st);
+              promise->set_value(wire::DecodeBody<ReplyMsg>(h, frame));
+            });
   });
   if (future.wait_for(timeout) != std::future_status::ready) {
     ctx_->Post([this, request_id] { pending_.erase(request_id->load()); });
@@ -251,7 +255,8 @@ Result<ReplyMsg> Client::Impl::Call(int shard, const Msg& msg, std::chrono::mill
   return future.get();
 }
 
-void Client::Impl::OnFrame(const std::shared_ptr<transport::Endpoint>& ep, std::span<const uint8_t> frame) {
+void Client::Impl::OnFrame(const std::shared_ptr<transport::Endpoint>& ep,
+                           std::span<const uint8_t> frame) {
   auto sit = shard_of_.find(ep.get());
   if (sit == shard_of_.end()) return;
   auto h = wire::DecodeHeader(frame);
@@ -316,10 +321,11 @@ Status Client::Impl::Start() {
   ctx_ = std::move(*ctx);
   ctx_->SetHandler(kProtocolMsg, [this](const std::shared_ptr<transport::Endpoint>& ep,
                                         std::span<const uint8_t> frame) { OnFrame(ep, frame); });
-  ctx_->SetDisconnectHandler([this](const std::shared_ptr<transport::Endpoint>& ep, Status why) {
-    auto it = shard_of_.find(ep.get());
-    if (it != shard_of_.end()) OnShardLost(it->second, why);
-  });
+  ctx_->SetDisconnectHandler(
+      [this](const std::shared_ptr<transport::Endpoint>& ep, const Status& why) {
+        auto it = shard_of_.find(ep.get());
+        if (it != shard_of_.end()) OnShardLost(it->second, why);
+      });
 
   const int n = options_.cluster.num_tasks("ps");
   shards_.resize(static_cast<size_t>(n));
@@ -345,15 +351,16 @@ Status Client::Impl::Start() {
       if (start_state_[i] == 1) continue;
       all_ready = false;
       std::string line = shards_[i].name() + ": " + start_error_[i];
-      (start_state_[i] < 0 ? failed : missing) += (missing.empty() && start_state_[i] >= 0 ? "" : "; ") + line;
+      (start_state_[i] < 0 ? failed : missing) +=
+          (missing.empty() && start_state_[i] >= 0 ? "" : "; ") + line;
     }
     if (all_ready) break;
     if (!failed.empty()) return Status(start_code_, "cannot join the cluster: " + failed);
     auto now = std::chrono::steady_clock::now();
     if (now >= deadline) {
-      return Status::DeadlineExceeded(
-          "ps tasks not reachable within " + std::to_string(options_.startup_timeout.count()) +
-          " ms: " + missing);
+      return Status::DeadlineExceeded("ps tasks not reachable within " +
+                                      std::to_string(options_.startup_timeout.count()) +
+                                      " ms: " + missing);
     }
     if (now >= next_report) {
       TLOG_INFO("{} waiting for ps tasks: {}", task_.ToString(), missing);
@@ -405,46 +412,56 @@ void Client::Impl::Handshake(int shard) {
   hello.worker_rank = static_cast<uint32_t>(worker_rank_);
   hello.task = task_.ToString();
   hello.client_nonce = RandomNonce();
-  Request(shard, hello, 0, [this, shard, hello, fail](Status st, const wire::Header& h, std::span<const uint8_t> frame) {
-    if (!st.ok()) return fail(st);
-    auto c = wire::DecodeBody<wire::Challenge>(h, frame);
-    if (!c.ok()) return fail(c.status());
-    Proof expect = MakeProof(options_.secret, "tessera-shard", hello.client_nonce, c->server_nonce, hello.task);
-    if (!ProofsEqual(expect, c->server_proof) || c->shard_index != static_cast<uint32_t>(shard)) {
-      return fail(Status::PermissionDenied(shards_[shard].name() +
-                                           " could not prove it knows the cluster secret "
-                                           "(is it started with the same secret?)"));
-    }
-    wire::Auth auth;
-    auth.client_proof = MakeProof(options_.secret, "tessera-worker", c->server_nonce, hello.client_nonce, hello.task);
-    Request(shard, auth, 0, [this, shard, fail](Status st2, const wire::Header& h2, std::span<const uint8_t> f2) {
-      if (!st2.ok()) return fail(st2);
-      auto w = wire::DecodeBody<wire::Welcome>(h2, f2);
-      if (!w.ok()) return fail(w.status());
-      ShardConn& s = shards_[shard];
-      auto staging = s.ep->Attach(w->staging_region);
-      if (!staging.ok()) return fail(staging.status());
-      if ((options_.chunk_bytes + 63) / 64 * 64 > (*staging)->size()) {
-        return fail(Status::InvalidArgument(
-            "chunk_bytes " + std::to_string(options_.chunk_bytes) + " exceeds the " +
-            std::to_string((*staging)->size()) + "-byte staging slot of " + s.name() +
-            "; lower chunk_bytes or start the shard with a larger --staging-mib"));
-      }
-      s.alloc.Reset((*staging)->size());
-      s.staging = std::move(*staging);
-      {
-        std::lock_guard<std::mutex> lock(start_mu_);
-        start_state_[shard] = 1;
-      }
-      start_cv_.notify_all();
-    });
-  });
+  Request(shard, hello, 0,
+          [this, shard, hello, fail](const Status& st, const wire::Header& h,
+                                     std::span<const uint8_t> frame) {
+            if (!st.ok()) return fail(st);
+            auto c = wire::DecodeBody<wire::Challenge>(h, frame);
+            if (!c.ok()) return fail(c.status());
+            Proof expect = MakeProof(options_.secret, "tessera-shard", hello.client_nonce,
+                                     c->server_nonce, hello.task);
+            if (!ProofsEqual(expect, c->server_proof) ||
+                c->shard_index != static_cast<uint32_t>(shard)) {
+              return fail(Status::PermissionDenied(shards_[shard].name() +
+                                                   " could not prove it knows the cluster secret "
+                                                   "(is it started with the same secret?)"));
+            }
+            wire::Auth auth;
+            auth.client_proof = MakeProof(options_.secret, "tessera-worker", c->server_nonce,
+                                          hello.client_nonce, hello.task);
+            Request(
+                shard, auth, 0,
+                [this, shard, fail](const Status& st2, const wire::Header& h2,
+                                    std::span<const uint8_t> f2) {
+                  if (!st2.ok()) return fail(st2);
+                  auto w = wire::DecodeBody<wire::Welcome>(h2, f2);
+                  if (!w.ok()) return fail(w.status());
+                  ShardConn& s = shards_[shard];
+                  auto staging = s.ep->Attach(w->staging_region);
+                  if (!staging.ok()) return fail(staging.status());
+                  if ((options_.chunk_bytes + 63) / 64 * 64 > (*staging)->size()) {
+                    return fail(Status::InvalidArgument(
+                        "chunk_bytes " + std::to_string(options_.chunk_bytes) + " exceeds the " +
+                        std::to_string((*staging)->size()) + "-byte staging slot of " + s.name() +
+                        "; lower chunk_bytes or start the shard with a larger --staging-mib"));
+                  }
+                  s.alloc.Reset((*staging)->size());
+                  s.staging = std::move(*staging);
+                  {
+                    std::lock_guard<std::mutex> lock(start_mu_);
+                    start_state_[shard] = 1;
+                  }
+                  start_cv_.notify_all();
+                });
+          });
 }
 
-Result<const Client::Impl::TensorEntry*> Client::Impl::Lookup(Tensor t, size_t bytes, std::optional<DType> dtype) const {
+Result<const Client::Impl::TensorEntry*> Client::Impl::Lookup(Tensor t, size_t bytes,
+                                                              std::optional<DType> dtype) const {
   std::lock_guard<std::mutex> lock(tensors_mu_);
   if (t.index >= tensors_.size()) {
-    return Status::InvalidArgument("tensor handle " + std::to_string(t.index) + " was not declared by this client");
+    return Status::InvalidArgument("tensor handle " + std::to_string(t.index) +
+                                   " was not declared by this client");
   }
   const TensorEntry* e = &tensors_[t.index];
   if (dtype && *dtype != e->spec.dtype) {
@@ -453,10 +470,9 @@ Result<const Client::Impl::TensorEntry*> Client::Impl::Lookup(Tensor t, size_t b
                                    DTypeName(*dtype));
   }
   if (bytes != e->bytes) {
-    return Status::InvalidArgument("tensor '" + e->spec.name + "' is " +
-                                   DescribeTensor(e->spec.dtype, e->spec.shape) + " = " +
-                                   std::to_string(e->bytes) + " bytes, but the buffer has " +
-                                   std::to_string(bytes));
+    return Status::InvalidArgument(
+        "tensor '" + e->spec.name + "' is " + DescribeTensor(e->spec.dtype, e->spec.shape) + " = " +
+        std::to_string(e->bytes) + " bytes, but the buffer has " + std::to_string(bytes));
   }
   return e;
 }
@@ -479,16 +495,16 @@ Result<std::vector<Tensor>> Client::Impl::DeclareMany(const std::vector<TensorSp
     if (!n.ok()) return n.status().WithContext("tensor '" + spec.name + "'");
     uint64_t bytes = *n * DTypeSize(spec.dtype);
     if (!spec.initial.empty() && spec.initial.size() != bytes) {
-      return Status::InvalidArgument("tensor '" + spec.name + "': initial value has " +
-                                     std::to_string(spec.initial.size()) + " bytes, " +
-                                     DescribeTensor(spec.dtype, spec.shape) + " needs " +
-                                     std::to_string(bytes));
+      return Status::InvalidArgument(
+          "tensor '" + spec.name + "': initial value has " + std::to_string(spec.initial.size()) +
+          " bytes, " + DescribeTensor(spec.dtype, spec.shape) + " needs " + std::to_string(bytes));
     }
     declare.tensors.push_back({spec.name, spec.dtype, spec.rule, spec.shape, spec.pinned_shard});
   }
   auto placed = Call<wire::Declare, wire::DeclareReply>(0, declare, options_.op_timeout);
   if (!placed.ok()) return placed.status();
-  if (placed->tensors.size() != specs.size()) return Status::Internal("declare reply does not match the request");
+  if (placed->tensors.size() != specs.size())
+    return Status::Internal("declare reply does not match the request");
 
   std::vector<TensorEntry> entries(specs.size());
   std::vector<wire::Create> creates(shards_.size());
@@ -501,7 +517,8 @@ Result<std::vector<Tensor>> Client::Impl::DeclareMany(const std::vector<TensorSp
     const auto& chunks = placed->tensors[i];
     for (size_t c = 0; c < chunks.size(); ++c) {
       const auto& pc = chunks[c];
-      if (pc.shard >= shards_.size()) return Status::Internal("coordinator placed a chunk on an unknown shard");
+      if (pc.shard >= shards_.size())
+        return Status::Internal("coordinator placed a chunk on an unknown shard");
       e.chunks.push_back({static_cast<int>(pc.shard), pc.elem_offset, pc.elem_count,
                           pc.elem_offset * esize, pc.elem_count * esize});
       wire::CreateEntry ce;
@@ -516,14 +533,17 @@ Result<std::vector<Tensor>> Client::Impl::DeclareMany(const std::vector<TensorSp
   }
   for (size_t s = 0; s < shards_.size(); ++s) {
     if (creates[s].entries.empty()) continue;
-    auto reply = Call<wire::Create, wire::CreateReply>(static_cast<int>(s), creates[s], options_.op_timeout);
+    auto reply =
+        Call<wire::Create, wire::CreateReply>(static_cast<int>(s), creates[s], options_.op_timeout);
     if (!reply.ok()) return reply.status();
-    if (reply->keys.size() != owners[s].size()) return Status::Internal("create reply does not match the request");
+    if (reply->keys.size() != owners[s].size())
+      return Status::Internal("create reply does not match the request");
     // Attach arenas on the loop thread, where the endpoint lives.
     std::promise<Status> attached;
     ctx_->Post([&] {
       for (const auto& a : reply->arenas) {
-        auto r = shards_[s].ep ? shards_[s].ep->Attach(a.region) : Result<std::unique_ptr<transport::RemoteRegion>>(shards_[s].dead);
+        auto r = shards_[s].ep ? shards_[s].ep->Attach(a.region)
+                               : Result<std::unique_ptr<transport::RemoteRegion>>(shards_[s].dead);
         if (!r.ok()) return attached.set_value(r.status());
         shards_[s].arenas[a.arena_id] = std::move(*r);
       }
@@ -534,7 +554,8 @@ Result<std::vector<Tensor>> Client::Impl::DeclareMany(const std::vector<TensorSp
       auto [ti, ci] = owners[s][k];
       Chunk& chunk = entries[ti].chunks[ci];
       const auto& loc = reply->keys[k];
-      if (loc.byte_length != chunk.bytes) return Status::Internal("shard holds a chunk of another size");
+      if (loc.byte_length != chunk.bytes)
+        return Status::Internal("shard holds a chunk of another size");
       chunk.key_id = loc.key_id;
       chunk.arena_id = loc.arena_id;
       chunk.arena_offset = loc.arena_offset;
@@ -571,20 +592,23 @@ void Client::Impl::PushToShard(int shard, std::vector<ChunkIo> ios, uint32_t fla
       uint64_t b = (io.chunk->bytes + 63) / 64 * 64;
       if (b > s.alloc.size()) {
         return done(Status::InvalidArgument("a chunk of " + std::to_string(io.chunk->bytes) +
-                                            " bytes exceeds the staging slot on " + s.name()), {});
+                                            " bytes exceeds the staging slot on " + s.name()),
+                    {});
       }
       (used + b <= s.alloc.size() && rest.empty() ? first : rest).push_back(io);
       if (rest.empty()) used += b;
     }
     auto versions = std::make_shared<std::vector<uint64_t>>();
     PushToShard(shard, std::move(first), flags,
-                [this, shard, rest = std::move(rest), flags, versions, done](Status st, std::vector<uint64_t> v) mutable {
+                [this, shard, rest = std::move(rest), flags, versions, done](
+                    const Status& st, const std::vector<uint64_t>& v) mutable {
                   if (!st.ok()) return done(st, {});
                   versions->insert(versions->end(), v.begin(), v.end());
-                  PushToShard(shard, std::move(rest), flags, [versions, done](Status st2, std::vector<uint64_t> v2) {
-                    versions->insert(versions->end(), v2.begin(), v2.end());
-                    done(st2, std::move(*versions));
-                  });
+                  PushToShard(shard, std::move(rest), flags,
+                              [versions, done](const Status& st2, std::vector<uint64_t> v2) {
+                                versions->insert(versions->end(), v2.begin(), v2.end());
+                                done(st2, std::move(*versions));
+                              });
                 });
     return;
   }
@@ -601,7 +625,8 @@ void Client::Impl::PushToShard(int shard, std::vector<ChunkIo> ios, uint32_t fla
     int outstanding;
     Status status;
   };
-  auto progress = std::make_shared<Progress>(Progress{static_cast<int>(ios.size()) + 1, Status::Ok()});
+  auto progress =
+      std::make_shared<Progress>(Progress{static_cast<int>(ios.size()) + 1, Status::Ok()});
   uint64_t rel = *offset;
   const uint64_t base = s.staging->base();
   auto release = [this, shard, off = *offset] {
@@ -613,24 +638,26 @@ void Client::Impl::PushToShard(int shard, std::vector<ChunkIo> ios, uint32_t fla
       next();
     }
   };
-  auto after_puts = [this, shard, flags, progress, release, done](wire::Push m) {
+  auto after_puts = [this, shard, flags, progress, release, done](const wire::Push& m) {
     if (!progress->status.ok()) {
       release();
       return done(progress->status, {});
     }
-    Request(shard, m, flags, [release, done](Status st, const wire::Header& h, std::span<const uint8_t> frame) {
-      release();
-      if (!st.ok()) return done(st, {});
-      auto reply = wire::DecodeBody<wire::PushReply>(h, frame);
-      if (!reply.ok()) return done(reply.status(), {});
-      done(Status::Ok(), std::move(reply->versions));
-    });
+    Request(
+        shard, m, flags,
+        [release, done](const Status& st, const wire::Header& h, std::span<const uint8_t> frame) {
+          release();
+          if (!st.ok()) return done(st, {});
+          auto reply = wire::DecodeBody<wire::PushReply>(h, frame);
+          if (!reply.ok()) return done(reply.status(), {});
+          done(Status::Ok(), std::move(reply->versions));
+        });
   };
   for (const auto& io : ios) {
     msg.entries.push_back({io.chunk->key_id, rel, io.chunk->bytes});
     rel += (io.chunk->bytes + 63) / 64 * 64;
   }
-  auto step = [progress, after_puts, msg](Status st) {
+  auto step = [progress, after_puts, msg](const Status& st) {
     if (!st.ok() && progress->status.ok()) progress->status = st;
     if (--progress->outstanding == 0) after_puts(msg);
   };
@@ -643,46 +670,54 @@ void Client::Impl::PushToShard(int shard, std::vector<ChunkIo> ios, uint32_t fla
   s.ep->Flush(step);
 }
 
-void Client::Impl::PullFromShard(int shard, std::vector<ChunkIo> ios, std::function<void(Status)> done) {
+void Client::Impl::PullFromShard(int shard, std::vector<ChunkIo> ios,
+                                 const std::function<void(Status)>& done) {
   wire::Pull msg;
   for (const auto& io : ios) msg.entries.push_back({io.chunk->key_id, io.min_version});
-  Request(shard, msg, 0, [this, shard, ios = std::move(ios), done](Status st, const wire::Header& h, std::span<const uint8_t> frame) {
-    if (!st.ok()) return done(st);
-    auto reply = wire::DecodeBody<wire::PullReply>(h, frame);
-    if (!reply.ok()) return done(reply.status());
-    ShardConn& s = shards_[shard];
-    struct Progress {
-      int outstanding;
-      Status status;
-    };
-    auto progress = std::make_shared<Progress>(Progress{static_cast<int>(ios.size()), Status::Ok()});
-    uint64_t lease = reply->lease_id;
-    auto step = [this, shard, progress, lease, done](Status st2) {
-      if (!st2.ok() && progress->status.ok()) progress->status = st2;
-      if (--progress->outstanding > 0) return;
-      // The bytes are ours: let the shard update them again.
-      ShardConn& conn = shards_[shard];
-      if (conn.dead.ok() && conn.ep) conn.ep->Send(kProtocolMsg, wire::Encode(wire::Release{lease}, 0));
-      done(progress->status);
-    };
-    for (const auto& io : ios) {
-      auto arena = s.arenas.find(io.chunk->arena_id);
-      if (arena == s.arenas.end()) {
-        step(Status::Internal("no key for arena " + std::to_string(io.chunk->arena_id) + " of " + s.name()));
-        continue;
-      }
-      s.ep->Get(io.local, io.chunk->bytes, *arena->second, arena->second->base() + io.chunk->arena_offset, step);
-    }
-  });
+  Request(shard, msg, 0,
+          [this, shard, ios = std::move(ios), done](const Status& st, const wire::Header& h,
+                                                    std::span<const uint8_t> frame) {
+            if (!st.ok()) return done(st);
+            auto reply = wire::DecodeBody<wire::PullReply>(h, frame);
+            if (!reply.ok()) return done(reply.status());
+            ShardConn& s = shards_[shard];
+            struct Progress {
+              int outstanding;
+              Status status;
+            };
+            auto progress =
+                std::make_shared<Progress>(Progress{static_cast<int>(ios.size()), Status::Ok()});
+            uint64_t lease = reply->lease_id;
+            auto step = [this, shard, progress, lease, done](const Status& st2) {
+              if (!st2.ok() && progress->status.ok()) progress->status = st2;
+              if (--progress->outstanding > 0) return;
+              // The bytes are ours: let the shard update them again.
+              ShardConn& conn = shards_[shard];
+              if (conn.dead.ok() && conn.ep)
+                conn.ep->Send(kProtocolMsg, wire::Encode(wire::Release{lease}, 0));
+              done(progress->status);
+            };
+            for (const auto& io : ios) {
+              auto arena = s.arenas.find(io.chunk->arena_id);
+              if (arena == s.arenas.end()) {
+                step(Status::Internal("no key for arena " + std::to_string(io.chunk->arena_id) +
+                                      " of " + s.name()));
+                continue;
+              }
+              s.ep->Get(io.local, io.chunk->bytes, *arena->second,
+                        arena->second->base() + io.chunk->arena_offset, step);
+            }
+          });
 }
 
-Future Client::Impl::Push(std::vector<PushItem> items, uint32_t flags) {
+Future Client::Impl::Push(const std::vector<PushItem>& items, uint32_t flags) {
   std::vector<std::vector<ChunkIo>> by_shard(shards_.size());
   for (const auto& item : items) {
     auto e = Lookup(item.tensor, item.bytes, item.dtype);
     if (!e.ok()) return FailedFuture(e.status().WithContext("push"));
     for (const auto& c : (*e)->chunks) {
-      by_shard[c.shard].push_back({&c, const_cast<uint8_t*>(static_cast<const uint8_t*>(item.data)) + c.byte_offset});
+      by_shard[c.shard].push_back(
+          {&c, const_cast<uint8_t*>(static_cast<const uint8_t*>(item.data)) + c.byte_offset});
     }
   }
   auto op = NewOp();
@@ -692,20 +727,21 @@ Future Client::Impl::Push(std::vector<PushItem> items, uint32_t flags) {
       if (by_shard[s].empty()) continue;
       op->Add(1);
       PushToShard(static_cast<int>(s), std::move(by_shard[s]), flags,
-                  [op](Status st, std::vector<uint64_t>) { op->Finish(st); });
+                  [op](const Status& st, const std::vector<uint64_t>&) { op->Finish(st); });
     }
     op->Finish(Status::Ok());
   });
   return Future(op);
 }
 
-Future Client::Impl::Pull(std::vector<PullItem> items) {
+Future Client::Impl::Pull(const std::vector<PullItem>& items) {
   std::vector<std::vector<ChunkIo>> by_shard(shards_.size());
   for (const auto& item : items) {
     auto e = Lookup(item.tensor, item.bytes, item.dtype);
     if (!e.ok()) return FailedFuture(e.status().WithContext("pull"));
     for (const auto& c : (*e)->chunks) {
-      by_shard[c.shard].push_back({&c, static_cast<uint8_t*>(item.data) + c.byte_offset, item.min_version});
+      by_shard[c.shard].push_back(
+          {&c, static_cast<uint8_t*>(item.data) + c.byte_offset, item.min_version});
     }
   }
   auto op = NewOp();
@@ -714,20 +750,22 @@ Future Client::Impl::Pull(std::vector<PullItem> items) {
     for (size_t s = 0; s < by_shard.size(); ++s) {
       if (by_shard[s].empty()) continue;
       op->Add(1);
-      PullFromShard(static_cast<int>(s), std::move(by_shard[s]), [op](Status st) { op->Finish(st); });
+      PullFromShard(static_cast<int>(s), std::move(by_shard[s]),
+                    [op](const Status& st) { op->Finish(st); });
     }
     op->Finish(Status::Ok());
   });
   return Future(op);
 }
 
-Future Client::Impl::PushPull(std::vector<PushPullItem> items) {
+Future Client::Impl::PushPull(const std::vector<PushPullItem>& items) {
   std::vector<std::vector<ChunkIo>> push(shards_.size()), pull(shards_.size());
   for (const auto& item : items) {
     auto e = Lookup(item.tensor, item.bytes, item.dtype);
     if (!e.ok()) return FailedFuture(e.status().WithContext("push_pull"));
     for (const auto& c : (*e)->chunks) {
-      push[c.shard].push_back({&c, const_cast<uint8_t*>(static_cast<const uint8_t*>(item.gradient)) + c.byte_offset});
+      push[c.shard].push_back(
+          {&c, const_cast<uint8_t*>(static_cast<const uint8_t*>(item.gradient)) + c.byte_offset});
       pull[c.shard].push_back({&c, static_cast<uint8_t*>(item.weights) + c.byte_offset});
     }
   }
@@ -738,11 +776,14 @@ Future Client::Impl::PushPull(std::vector<PushPullItem> items) {
       if (push[s].empty()) continue;
       op->Add(1);
       PushToShard(static_cast<int>(s), std::move(push[s]), 0,
-                  [this, op, s, ios = std::move(pull[s])](Status st, std::vector<uint64_t> versions) mutable {
+                  [this, op, s, ios = std::move(pull[s])](const Status& st,
+                                                          std::vector<uint64_t> versions) mutable {
                     if (!st.ok()) return op->Finish(st);
                     // Read back at least the version this push produced.
-                    for (size_t i = 0; i < ios.size() && i < versions.size(); ++i) ios[i].min_version = versions[i];
-                    PullFromShard(static_cast<int>(s), std::move(ios), [op](Status st2) { op->Finish(st2); });
+                    for (size_t i = 0; i < ios.size() && i < versions.size(); ++i)
+                      ios[i].min_version = versions[i];
+                    PullFromShard(static_cast<int>(s), std::move(ios),
+                                  [op](const Status& st2) { op->Finish(st2); });
                   });
     }
     op->Finish(Status::Ok());
@@ -753,7 +794,8 @@ Future Client::Impl::PushPull(std::vector<PushPullItem> items) {
 Status Client::Impl::Initialize() {
   if (worker_rank_ != 0) {
     return Status::FailedPrecondition(task_.ToString() + " is not the chief (" +
-                                      options_.cluster.chief().ToString() + " is); use WaitForInit");
+                                      options_.cluster.chief().ToString() +
+                                      " is); use WaitForInit");
   }
   std::vector<PushItem> items;
   std::vector<std::vector<uint8_t>> zeros;
@@ -770,7 +812,8 @@ Status Client::Impl::Initialize() {
       }
     }
   }
-  if (!items.empty()) TESSERA_RETURN_IF_ERROR(Push(std::move(items), wire::kFlagInit).Wait().WithContext("initialising"));
+  if (!items.empty())
+    TESSERA_RETURN_IF_ERROR(Push(items, wire::kFlagInit).Wait().WithContext("initialising"));
   auto ack = Call<wire::InitDone, wire::Ack>(0, wire::InitDone{}, options_.op_timeout);
   return ack.ok() ? Status::Ok() : ack.status();
 }
@@ -827,16 +870,26 @@ TensorInfo Client::info(Tensor t) const {
 
 bool Client::is_chief() const { return impl_->worker_rank_ == 0; }
 Status Client::Initialize() { return impl_->Initialize(); }
-Status Client::WaitForInit(std::chrono::milliseconds timeout) { return impl_->WaitForInit(timeout); }
-Future Client::PushAsync(std::vector<PushItem> items) { return impl_->Push(std::move(items), 0); }
-Future Client::PullAsync(std::vector<PullItem> items) { return impl_->Pull(std::move(items)); }
-Future Client::PushPullAsync(std::vector<PushPullItem> items) { return impl_->PushPull(std::move(items)); }
+Status Client::WaitForInit(std::chrono::milliseconds timeout) {
+  return impl_->WaitForInit(timeout);
+}
+Future Client::PushAsync(const std::vector<PushItem>& items) { return impl_->Push(items, 0); }
+Future Client::PullAsync(const std::vector<PullItem>& items) { return impl_->Pull(items); }
+Future Client::PushPullAsync(const std::vector<PushPullItem>& items) {
+  return impl_->PushPull(items);
+}
 int Client::num_shards() const { return impl_->options_.cluster.num_tasks("ps"); }
 
 ClientCounters Client::counters() const {
   auto c = impl_->ctx_->counters();
-  return {c.messages_sent, c.message_bytes_sent, c.messages_received, c.message_bytes_received,
-          c.puts, c.put_bytes, c.gets, c.get_bytes};
+  return {c.messages_sent,
+          c.message_bytes_sent,
+          c.messages_received,
+          c.message_bytes_received,
+          c.puts,
+          c.put_bytes,
+          c.gets,
+          c.get_bytes};
 }
 
 }  // namespace tessera

@@ -28,7 +28,8 @@ Result<wire::DeclareReply> Coordinator::Declare(const wire::Declare& msg, const 
                                    " declares it as " + Describe(t));
     }
   }
-  if (!placer_) placer_ = std::make_unique<Placer>(static_cast<PlacementPolicy>(msg.placement), num_shards_);
+  if (!placer_)
+    placer_ = std::make_unique<Placer>(static_cast<PlacementPolicy>(msg.placement), num_shards_);
 
   wire::DeclareReply reply;
   for (const auto& t : msg.tensors) {

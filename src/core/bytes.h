@@ -35,7 +35,9 @@ class ByteWriter {
     auto v = static_cast<U>(value);
     for (size_t i = 0; i < sizeof(U); ++i) out_->push_back(static_cast<uint8_t>(v >> (8 * i)));
   }
-  void PutBytes(std::span<const uint8_t> bytes) { out_->insert(out_->end(), bytes.begin(), bytes.end()); }
+  void PutBytes(std::span<const uint8_t> bytes) {
+    out_->insert(out_->end(), bytes.begin(), bytes.end());
+  }
   // u32 length, then the bytes.
   void PutString(std::string_view s) {
     Put<uint32_t>(static_cast<uint32_t>(s.size()));
@@ -65,7 +67,8 @@ class ByteReader {
     using U = std::make_unsigned_t<T>;
     if (!Need(sizeof(U))) return false;
     U v = 0;
-    for (size_t i = 0; i < sizeof(U); ++i) v |= static_cast<U>(static_cast<U>(in_[pos_ + i]) << (8 * i));
+    for (size_t i = 0; i < sizeof(U); ++i)
+      v |= static_cast<U>(static_cast<U>(in_[pos_ + i]) << (8 * i));
     pos_ += sizeof(U);
     *value = static_cast<T>(v);
     return true;

@@ -63,7 +63,8 @@ Result<TaskAddress> TaskAddress::Parse(const std::string& host_port) {
     return Status::InvalidArgument("'" + host_port + "' is not host:port");
   }
   std::string host = host_port.substr(0, colon);
-  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']')
+    host = host.substr(1, host.size() - 2);
   const std::string port_text = host_port.substr(colon + 1);
   char* end = nullptr;
   long port = std::strtol(port_text.c_str(), &end, 10);
@@ -164,7 +165,8 @@ Result<ClusterSpec> ClusterSpec::FromHostLists(const std::string& ps_hosts,
 
 Result<TfConfig> ParseTfConfig(const std::string& json_text) {
   auto j = nlohmann::json::parse(json_text, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) return Status::InvalidArgument("TF_CONFIG is not a JSON object");
+  if (j.is_discarded() || !j.is_object())
+    return Status::InvalidArgument("TF_CONFIG is not a JSON object");
   if (!j.contains("cluster")) return Status::InvalidArgument("TF_CONFIG has no \"cluster\"");
   auto cluster = FromJsonValue(j["cluster"]);
   if (!cluster.ok()) return cluster.status().WithContext("TF_CONFIG");

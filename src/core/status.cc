@@ -4,20 +4,34 @@ namespace tessera {
 
 const char* StatusCodeName(StatusCode code) {
   switch (code) {
-    case StatusCode::kOk: return "OK";
-    case StatusCode::kInvalidArgument: return "InvalidArgument";
-    case StatusCode::kNotFound: return "NotFound";
-    case StatusCode::kAlreadyExists: return "AlreadyExists";
-    case StatusCode::kFailedPrecondition: return "FailedPrecondition";
-    case StatusCode::kOutOfRange: return "OutOfRange";
-    case StatusCode::kPermissionDenied: return "PermissionDenied";
-    case StatusCode::kUnavailable: return "Unavailable";
-    case StatusCode::kDeadlineExceeded: return "DeadlineExceeded";
-    case StatusCode::kResourceExhausted: return "ResourceExhausted";
-    case StatusCode::kDataLoss: return "DataLoss";
-    case StatusCode::kAborted: return "Aborted";
-    case StatusCode::kUnimplemented: return "Unimplemented";
-    case StatusCode::kInternal: return "Internal";
+    case StatusCode::kOk:
+      return "OK";
+    case StatusCode::kInvalidArgument:
+      return "InvalidArgument";
+    case StatusCode::kNotFound:
+      return "NotFound";
+    case StatusCode::kAlreadyExists:
+      return "AlreadyExists";
+    case StatusCode::kFailedPrecondition:
+      return "FailedPrecondition";
+    case StatusCode::kOutOfRange:
+      return "OutOfRange";
+    case StatusCode::kPermissionDenied:
+      return "PermissionDenied";
+    case StatusCode::kUnavailable:
+      return "Unavailable";
+    case StatusCode::kDeadlineExceeded:
+      return "DeadlineExceeded";
+    case StatusCode::kResourceExhausted:
+      return "ResourceExhausted";
+    case StatusCode::kDataLoss:
+      return "DataLoss";
+    case StatusCode::kAborted:
+      return "Aborted";
+    case StatusCode::kUnimplemented:
+      return "Unimplemented";
+    case StatusCode::kInternal:
+      return "Internal";
   }
   return "Unknown";
 }

@@ -6,24 +6,33 @@ namespace tessera {
 
 size_t DTypeSize(DType dtype) {
   switch (dtype) {
-    case DType::kF32: return 4;
-    case DType::kF64: return 8;
-    case DType::kF16: return 2;
-    case DType::kBF16: return 2;
-    case DType::kI32: return 4;
-    case DType::kI64: return 8;
+    case DType::kF16:
+    case DType::kBF16:
+      return 2;
+    case DType::kF32:
+    case DType::kI32:
+      return 4;
+    case DType::kF64:
+    case DType::kI64:
+      return 8;
   }
   return 0;
 }
 
 const char* DTypeName(DType dtype) {
   switch (dtype) {
-    case DType::kF32: return "f32";
-    case DType::kF64: return "f64";
-    case DType::kF16: return "f16";
-    case DType::kBF16: return "bf16";
-    case DType::kI32: return "i32";
-    case DType::kI64: return "i64";
+    case DType::kF32:
+      return "f32";
+    case DType::kF64:
+      return "f64";
+    case DType::kF16:
+      return "f16";
+    case DType::kBF16:
+      return "bf16";
+    case DType::kI32:
+      return "i32";
+    case DType::kI64:
+      return "i64";
   }
   return "invalid";
 }
@@ -64,8 +73,10 @@ std::string DescribeTensor(DType dtype, const Shape& shape) {
 
 const char* UpdateRuleName(UpdateRule rule) {
   switch (rule) {
-    case UpdateRule::kAssign: return "assign";
-    case UpdateRule::kAdd: return "add";
+    case UpdateRule::kAssign:
+      return "assign";
+    case UpdateRule::kAdd:
+      return "add";
   }
   return "invalid";
 }

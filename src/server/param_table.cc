@@ -8,8 +8,8 @@ namespace {
 constexpr uint64_t kAlignment = 64;  // cache line; also keeps every dtype aligned
 
 std::string Describe(const wire::CreateEntry& e) {
-  return DescribeTensor(e.tensor.dtype, e.tensor.shape) + " (rule " + UpdateRuleName(e.tensor.rule) +
-         ")";
+  return DescribeTensor(e.tensor.dtype, e.tensor.shape) + " (rule " +
+         UpdateRuleName(e.tensor.rule) + ")";
 }
 
 }  // namespace
@@ -24,7 +24,8 @@ Result<std::pair<uint32_t, uint64_t>> ParamTable::AllocateBytes(uint64_t bytes) 
       return std::make_pair(id, offset);
     }
   }
-  uint64_t size = std::max<uint64_t>(arena_bytes_, (need + kAlignment - 1) / kAlignment * kAlignment);
+  uint64_t size =
+      std::max<uint64_t>(arena_bytes_, (need + kAlignment - 1) / kAlignment * kAlignment);
   // Workers only ever read parameters.
   auto region = ctx_->Allocate(size, transport::MemoryKind::kHost, transport::RemoteAccess::kRead);
   if (!region.ok()) {
@@ -40,9 +41,9 @@ Result<Param*> ParamTable::Create(const wire::CreateEntry& entry) {
   if (auto it = by_name_.find(key); it != by_name_.end()) {
     Param* p = params_[it->second].get();
     const auto& have = p->entry;
-    if (have.tensor.dtype != t.dtype || have.tensor.shape != t.shape || have.tensor.rule != t.rule ||
-        have.num_chunks != entry.num_chunks || have.elem_offset != entry.elem_offset ||
-        have.elem_count != entry.elem_count) {
+    if (have.tensor.dtype != t.dtype || have.tensor.shape != t.shape ||
+        have.tensor.rule != t.rule || have.num_chunks != entry.num_chunks ||
+        have.elem_offset != entry.elem_offset || have.elem_count != entry.elem_count) {
       return Status::AlreadyExists("tensor '" + t.name + "' is held as " + Describe(have) +
                                    " but was now declared as " + Describe(entry));
     }
@@ -54,9 +55,10 @@ Result<Param*> ParamTable::Create(const wire::CreateEntry& entry) {
   auto p = std::make_unique<Param>();
   p->key_id = static_cast<uint32_t>(params_.size());
   p->entry = entry;
-  p->display_name = entry.num_chunks == 1 ? t.name
-                                          : t.name + " (chunk " + std::to_string(entry.chunk_index) +
-                                                " of " + std::to_string(entry.num_chunks) + ")";
+  p->display_name = entry.num_chunks == 1
+                        ? t.name
+                        : t.name + " (chunk " + std::to_string(entry.chunk_index) + " of " +
+                              std::to_string(entry.num_chunks) + ")";
   p->arena_id = place->first;
   p->arena_offset = place->second;
   p->bytes = bytes;

@@ -17,7 +17,7 @@ namespace tessera::server {
 
 struct Param {
   uint32_t key_id = 0;
-  wire::CreateEntry entry;  // tensor declaration and which chunk this is
+  wire::CreateEntry entry;   // tensor declaration and which chunk this is
   std::string display_name;  // "w" or "w (chunk 2 of 5)"
   uint32_t arena_id = 0;
   uint64_t arena_offset = 0;
@@ -40,7 +40,9 @@ class ParamTable {
   Param* Find(uint32_t key_id);
   size_t size() const { return params_.size(); }
   size_t num_arenas() const { return arenas_.size(); }
-  std::vector<uint8_t> DescribeArena(uint32_t arena_id) const { return arenas_[arena_id].region->Describe(); }
+  std::vector<uint8_t> DescribeArena(uint32_t arena_id) const {
+    return arenas_[arena_id].region->Describe();
+  }
   uint64_t arena_base(uint32_t arena_id) const {
     return reinterpret_cast<uint64_t>(arenas_[arena_id].region->data());
   }
@@ -55,7 +57,7 @@ class ParamTable {
   transport::Context* ctx_;
   size_t arena_bytes_;
   std::vector<Arena> arenas_;
-  std::vector<std::unique_ptr<Param>> params_;  // index = key_id
+  std::vector<std::unique_ptr<Param>> params_;                    // index = key_id
   std::map<std::pair<std::string, uint32_t>, uint32_t> by_name_;  // (name, chunk) -> key_id
 };
 

@@ -16,12 +16,25 @@ std::string FormatValues(const Param& p) {
   for (uint64_t i = 0; i < p.entry.elem_count; ++i) {
     if (i) out += ", ";
     switch (p.entry.tensor.dtype) {
-      case DType::kF32: out += fmt::format("{:.6g}", reinterpret_cast<const float*>(d)[i]); break;
-      case DType::kF64: out += fmt::format("{:.10g}", reinterpret_cast<const double*>(d)[i]); break;
-      case DType::kF16: out += fmt::format("{:.4g}", kernels::HalfToFloat(reinterpret_cast<const uint16_t*>(d)[i])); break;
-      case DType::kBF16: out += fmt::format("{:.4g}", kernels::BFloat16ToFloat(reinterpret_cast<const uint16_t*>(d)[i])); break;
-      case DType::kI32: out += std::to_string(reinterpret_cast<const int32_t*>(d)[i]); break;
-      case DType::kI64: out += std::to_string(reinterpret_cast<const int64_t*>(d)[i]); break;
+      case DType::kF32:
+        out += fmt::format("{:.6g}", reinterpret_cast<const float*>(d)[i]);
+        break;
+      case DType::kF64:
+        out += fmt::format("{:.10g}", reinterpret_cast<const double*>(d)[i]);
+        break;
+      case DType::kF16:
+        out += fmt::format("{:.4g}", kernels::HalfToFloat(reinterpret_cast<const uint16_t*>(d)[i]));
+        break;
+      case DType::kBF16:
+        out += fmt::format("{:.4g}",
+                           kernels::BFloat16ToFloat(reinterpret_cast<const uint16_t*>(d)[i]));
+        break;
+      case DType::kI32:
+        out += std::to_string(reinterpret_cast<const int32_t*>(d)[i]);
+        break;
+      case DType::kI64:
+        out += std::to_string(reinterpret_cast<const int64_t*>(d)[i]);
+        break;
     }
   }
   return p.entry.elem_count == 1 ? out : "[" + out + "]";
@@ -45,12 +58,14 @@ Status Shard::Start() {
   if (!ctx.ok()) return ctx.status();
   ctx_ = std::move(*ctx);
   table_ = std::make_unique<ParamTable>(ctx_.get(), options_.arena_bytes);
-  if (options_.task_index == 0) coord_ = std::make_unique<coord::Coordinator>(options_.cluster.num_tasks("ps"));
+  if (options_.task_index == 0)
+    coord_ = std::make_unique<coord::Coordinator>(options_.cluster.num_tasks("ps"));
 
   ctx_->SetHandler(kProtocolMsg, [this](const EndpointPtr& ep, std::span<const uint8_t> frame) {
     OnMessage(ep, frame);
   });
-  ctx_->SetDisconnectHandler([this](const EndpointPtr& ep, Status why) { OnDisconnect(ep, why); });
+  ctx_->SetDisconnectHandler(
+      [this](const EndpointPtr& ep, const Status& why) { OnDisconnect(ep, why); });
   const std::string host = options_.bind_host.empty() ? addr->host : options_.bind_host;
   auto listener = ctx_->Listen(host, addr->port, [this](const EndpointPtr& ep) {
     auto peer = std::make_unique<Peer>();
@@ -99,7 +114,8 @@ void Shard::Reply(Peer& peer, uint64_t request_id, const Msg& msg) {
 }
 
 void Shard::SendError(Peer& peer, uint64_t request_id, const Status& st) {
-  wire::Error err{st.code(), "ps task " + std::to_string(options_.task_index) + ": " + st.message()};
+  wire::Error err{st.code(),
+                  "ps task " + std::to_string(options_.task_index) + ": " + st.message()};
   Reply(peer, request_id, err);
 }
 
@@ -163,8 +179,9 @@ void Shard::OnMessage(const EndpointPtr& ep, std::span<const uint8_t> frame) {
       auto m = wire::DecodeBody<wire::Declare>(*h, frame);
       if (!m.ok()) return bad(m.status());
       if (!coord_) {
-        return SendError(peer, h->request_id,
-                         Status::FailedPrecondition("declare sent to a shard that is not the coordinator"));
+        return SendError(
+            peer, h->request_id,
+            Status::FailedPrecondition("declare sent to a shard that is not the coordinator"));
       }
       auto reply = coord_->Declare(*m, peer.hello.task);
       if (!reply.ok()) return SendError(peer, h->request_id, reply.status());
@@ -193,8 +210,9 @@ void Shard::OnMessage(const EndpointPtr& ep, std::span<const uint8_t> frame) {
     case wire::Opcode::kInitDone:
     case wire::Opcode::kWaitInit: {
       if (!coord_) {
-        return SendError(peer, h->request_id,
-                         Status::FailedPrecondition("init barrier sent to a shard that is not the coordinator"));
+        return SendError(
+            peer, h->request_id,
+            Status::FailedPrecondition("init barrier sent to a shard that is not the coordinator"));
       }
       if (h->opcode == wire::Opcode::kInitDone) {
         if (peer.hello.worker_rank != 0) {
@@ -224,8 +242,8 @@ Status Shard::OnHello(Peer& peer, const wire::Header& h, std::span<const uint8_t
   if (!m.ok()) return m.status();
   if (m->task.empty()) return Status::InvalidArgument("hello without a task name");
   if (static_cast<int>(m->worker_rank) >= options_.cluster.num_workers()) {
-    return Status::PermissionDenied(m->task + " claims worker rank " + std::to_string(m->worker_rank) +
-                                    " but the cluster has " +
+    return Status::PermissionDenied(m->task + " claims worker rank " +
+                                    std::to_string(m->worker_rank) + " but the cluster has " +
                                     std::to_string(options_.cluster.num_workers()) + " workers");
   }
   peer.hello = std::move(*m);
@@ -263,7 +281,8 @@ void Shard::OnCreate(Peer& peer, uint64_t request_id, const wire::Create& msg) {
   for (const auto& entry : msg.entries) {
     auto p = table_->Create(entry);
     if (!p.ok()) return SendError(peer, request_id, p.status());
-    reply.keys.push_back({(*p)->key_id, (*p)->arena_id, (*p)->arena_offset, (*p)->bytes, (*p)->version});
+    reply.keys.push_back(
+        {(*p)->key_id, (*p)->arena_id, (*p)->arena_offset, (*p)->bytes, (*p)->version});
     if (peer.known_arenas.insert((*p)->arena_id).second) {
       reply.arenas.push_back({(*p)->arena_id, table_->DescribeArena((*p)->arena_id)});
     }
@@ -278,10 +297,10 @@ Status Shard::ValidatePush(const Peer& peer, uint32_t flags, const wire::Push& m
     const Param* p = table_->Find(e.key_id);
     if (p == nullptr) return Status::NotFound("push to unknown key id " + std::to_string(e.key_id));
     if (e.byte_length != p->bytes) {
-      return Status::InvalidArgument(
-          "push to tensor '" + p->display_name + "' (" +
-          DescribeTensor(p->entry.tensor.dtype, p->entry.tensor.shape) + ", " +
-          std::to_string(p->bytes) + " bytes) carries " + std::to_string(e.byte_length) + " bytes");
+      return Status::InvalidArgument("push to tensor '" + p->display_name + "' (" +
+                                     DescribeTensor(p->entry.tensor.dtype, p->entry.tensor.shape) +
+                                     ", " + std::to_string(p->bytes) + " bytes) carries " +
+                                     std::to_string(e.byte_length) + " bytes");
     }
     if (e.staging_offset > slot || e.byte_length > slot - e.staging_offset) {
       return Status::OutOfRange("push to tensor '" + p->display_name + "' reads [" +

@@ -8,23 +8,40 @@ namespace tessera::wire {
 
 const char* OpcodeName(Opcode op) {
   switch (op) {
-    case Opcode::kHello: return "hello";
-    case Opcode::kChallenge: return "challenge";
-    case Opcode::kAuth: return "auth";
-    case Opcode::kWelcome: return "welcome";
-    case Opcode::kDeclare: return "declare";
-    case Opcode::kDeclareReply: return "declare-reply";
-    case Opcode::kCreate: return "create";
-    case Opcode::kCreateReply: return "create-reply";
-    case Opcode::kPush: return "push-done";
-    case Opcode::kPushReply: return "push-reply";
-    case Opcode::kPull: return "pull";
-    case Opcode::kPullReply: return "pull-reply";
-    case Opcode::kRelease: return "release";
-    case Opcode::kInitDone: return "init-done";
-    case Opcode::kWaitInit: return "wait-init";
-    case Opcode::kAck: return "ack";
-    case Opcode::kError: return "error";
+    case Opcode::kHello:
+      return "hello";
+    case Opcode::kChallenge:
+      return "challenge";
+    case Opcode::kAuth:
+      return "auth";
+    case Opcode::kWelcome:
+      return "welcome";
+    case Opcode::kDeclare:
+      return "declare";
+    case Opcode::kDeclareReply:
+      return "declare-reply";
+    case Opcode::kCreate:
+      return "create";
+    case Opcode::kCreateReply:
+      return "create-reply";
+    case Opcode::kPush:
+      return "push-done";
+    case Opcode::kPushReply:
+      return "push-reply";
+    case Opcode::kPull:
+      return "pull";
+    case Opcode::kPullReply:
+      return "pull-reply";
+    case Opcode::kRelease:
+      return "release";
+    case Opcode::kInitDone:
+      return "init-done";
+    case Opcode::kWaitInit:
+      return "wait-init";
+    case Opcode::kAck:
+      return "ack";
+    case Opcode::kError:
+      return "error";
   }
   return "unknown";
 }

@@ -40,12 +40,14 @@ Result<TensorDecl> GetTensorDecl(ByteReader& r) {
   if (t.name.empty()) return Status::InvalidArgument("empty tensor name");
   if (!r.Get(&dtype)) return Truncated("dtype");
   if (!IsValidDType(dtype)) {
-    return Status::InvalidArgument("tensor '" + t.name + "': invalid dtype " + std::to_string(dtype));
+    return Status::InvalidArgument("tensor '" + t.name + "': invalid dtype " +
+                                   std::to_string(dtype));
   }
   t.dtype = static_cast<DType>(dtype);
   if (!r.Get(&rule)) return Truncated("rule");
   if (!IsValidUpdateRule(rule)) {
-    return Status::InvalidArgument("tensor '" + t.name + "': invalid update rule " + std::to_string(rule));
+    return Status::InvalidArgument("tensor '" + t.name + "': invalid update rule " +
+                                   std::to_string(rule));
   }
   t.rule = static_cast<UpdateRule>(rule);
   if (!r.Get(&ndims)) return Truncated("ndims");
@@ -60,7 +62,8 @@ Result<TensorDecl> GetTensorDecl(ByteReader& r) {
   }
   auto n = NumElements(t.shape);
   if (!n.ok()) return n.status().WithContext("tensor '" + t.name + "'");
-  if (*n > (uint64_t{1} << 40)) return Status::InvalidArgument("tensor '" + t.name + "' is too large");
+  if (*n > (uint64_t{1} << 40))
+    return Status::InvalidArgument("tensor '" + t.name + "' is too large");
   if (!r.Get(&t.pinned_shard)) return Truncated("pinned_shard");
   return t;
 }
@@ -119,9 +122,11 @@ Result<Declare> Declare::DecodeBody(ByteReader& r) {
   Declare m;
   uint32_t count = 0;
   if (!r.Get(&m.chunk_bytes)) return Truncated("chunk_bytes");
-  if (m.chunk_bytes < 8) return Status::InvalidArgument("chunk_bytes " + std::to_string(m.chunk_bytes) + " is below 8");
+  if (m.chunk_bytes < 8)
+    return Status::InvalidArgument("chunk_bytes " + std::to_string(m.chunk_bytes) + " is below 8");
   if (!r.Get(&m.placement)) return Truncated("placement");
-  if (m.placement < 1 || m.placement > 2) return Status::InvalidArgument("invalid placement policy " + std::to_string(m.placement));
+  if (m.placement < 1 || m.placement > 2)
+    return Status::InvalidArgument("invalid placement policy " + std::to_string(m.placement));
   if (!GetCount(r, kMinTensorDeclBytes, &count)) return Truncated("tensor count");
   m.tensors.reserve(count);
   for (uint32_t i = 0; i < count; ++i) {
@@ -154,7 +159,8 @@ Result<DeclareReply> DeclareReply::DecodeBody(ByteReader& r) {
     if (n == 0) return Status::InvalidArgument("a tensor with no chunks");
     chunks.resize(n);
     for (auto& c : chunks) {
-      if (!r.Get(&c.shard) || !r.Get(&c.elem_offset) || !r.Get(&c.elem_count)) return Truncated("chunk");
+      if (!r.Get(&c.shard) || !r.Get(&c.elem_offset) || !r.Get(&c.elem_count))
+        return Truncated("chunk");
     }
   }
   return m;
@@ -187,10 +193,10 @@ Result<Create> Create::DecodeBody(ByteReader& r) {
     uint64_t total = NumElements(e.tensor.shape).value();
     if (e.num_chunks == 0 || e.chunk_index >= e.num_chunks || e.elem_offset > total ||
         e.elem_count > total - e.elem_offset || (e.elem_count == 0 && total != 0)) {
-      return Status::InvalidArgument("tensor '" + e.tensor.name + "': chunk " +
-                                     std::to_string(e.chunk_index) + "/" + std::to_string(e.num_chunks) +
-                                     " [" + std::to_string(e.elem_offset) + ", +" +
-                                     std::to_string(e.elem_count) + ") does not fit its shape");
+      return Status::InvalidArgument(
+          "tensor '" + e.tensor.name + "': chunk " + std::to_string(e.chunk_index) + "/" +
+          std::to_string(e.num_chunks) + " [" + std::to_string(e.elem_offset) + ", +" +
+          std::to_string(e.elem_count) + ") does not fit its shape");
     }
     m.entries.push_back(std::move(e));
   }
@@ -248,7 +254,8 @@ Result<Push> Push::DecodeBody(ByteReader& r) {
   if (count == 0) return Status::InvalidArgument("push of no tensors");
   m.entries.resize(count);
   for (auto& e : m.entries) {
-    if (!r.Get(&e.key_id) || !r.Get(&e.staging_offset) || !r.Get(&e.byte_length)) return Truncated("entry");
+    if (!r.Get(&e.key_id) || !r.Get(&e.staging_offset) || !r.Get(&e.byte_length))
+      return Truncated("entry");
   }
   return m;
 }

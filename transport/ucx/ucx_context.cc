@@ -25,22 +25,30 @@ constexpr uint16_t kConnectAckMsg = 0xff02;
 Status FromUcs(ucs_status_t status, const std::string& what) {
   std::string msg = what + ": " + ucs_status_string(status);
   switch (status) {
-    case UCS_OK: return Status::Ok();
+    case UCS_OK:
+      return Status::Ok();
     case UCS_ERR_UNREACHABLE:
     case UCS_ERR_CONNECTION_RESET:
     case UCS_ERR_ENDPOINT_TIMEOUT:
     case UCS_ERR_REJECTED:
     case UCS_ERR_NOT_CONNECTED:
-    case UCS_ERR_IO_ERROR: return Status::Unavailable(msg);
-    case UCS_ERR_CANCELED: return Status::Aborted(msg);
-    case UCS_ERR_TIMED_OUT: return Status::DeadlineExceeded(msg);
+    case UCS_ERR_IO_ERROR:
+      return Status::Unavailable(msg);
+    case UCS_ERR_CANCELED:
+      return Status::Aborted(msg);
+    case UCS_ERR_TIMED_OUT:
+      return Status::DeadlineExceeded(msg);
     case UCS_ERR_NO_MEMORY:
     case UCS_ERR_NO_RESOURCE:
-    case UCS_ERR_EXCEEDS_LIMIT: return Status::ResourceExhausted(msg);
+    case UCS_ERR_EXCEEDS_LIMIT:
+      return Status::ResourceExhausted(msg);
     case UCS_ERR_INVALID_PARAM:
-    case UCS_ERR_INVALID_ADDR: return Status::InvalidArgument(msg);
-    case UCS_ERR_UNSUPPORTED: return Status::Unimplemented(msg);
-    default: return Status::Internal(msg);
+    case UCS_ERR_INVALID_ADDR:
+      return Status::InvalidArgument(msg);
+    case UCS_ERR_UNSUPPORTED:
+      return Status::Unimplemented(msg);
+    default:
+      return Status::Internal(msg);
   }
 }
 
@@ -113,9 +121,12 @@ bool IsLocalAddress(const sockaddr_storage& addr) {
 // connection manager's socket (and, later, heartbeats).
 ucp_err_handling_mode_t ErrorModeFor(PeerFailureMode mode, const sockaddr_storage& peer) {
   switch (mode) {
-    case PeerFailureMode::kAlways: return UCP_ERR_HANDLING_MODE_PEER;
-    case PeerFailureMode::kNever: return UCP_ERR_HANDLING_MODE_NONE;
-    case PeerFailureMode::kAuto: break;
+    case PeerFailureMode::kAlways:
+      return UCP_ERR_HANDLING_MODE_PEER;
+    case PeerFailureMode::kNever:
+      return UCP_ERR_HANDLING_MODE_NONE;
+    case PeerFailureMode::kAuto:
+      break;
   }
   return IsLocalAddress(peer) ? UCP_ERR_HANDLING_MODE_NONE : UCP_ERR_HANDLING_MODE_PEER;
 }
@@ -175,7 +186,11 @@ class UcxRegion final : public Region {
  public:
   UcxRegion(std::shared_ptr<UcpContextHolder> ctx, ucp_mem_h memh, void* data, size_t size,
             MemoryKind kind, std::vector<uint8_t> desc)
-      : ctx_(std::move(ctx)), memh_(memh), data_(data), size_(size), kind_(kind),
+      : ctx_(std::move(ctx)),
+        memh_(memh),
+        data_(data),
+        size_(size),
+        kind_(kind),
         desc_(std::move(desc)) {}
   ~UcxRegion() override { ucp_mem_unmap(ctx_->handle, memh_); }
   void* data() const override { return data_; }
@@ -215,7 +230,8 @@ class UcxRemoteRegion final : public RemoteRegion {
 
 class UcxListener final : public Listener {
  public:
-  UcxListener(UcxContext* ctx, AcceptHandler on_accept) : ctx_(ctx), on_accept_(std::move(on_accept)) {}
+  UcxListener(UcxContext* ctx, AcceptHandler on_accept)
+      : ctx_(ctx), on_accept_(std::move(on_accept)) {}
   ~UcxListener() override {
     RunOnLoop(*ctx_, [this] {
       if (listener_) ucp_listener_destroy(listener_);
@@ -271,8 +287,8 @@ Status UcxContext::Init() {
   if (st != UCS_OK) return FromUcs(st, "ucp_config_read");
 
   ucp_params_t params{};
-  params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED |
-                      UCP_PARAM_FIELD_NAME;
+  params.field_mask =
+      UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED | UCP_PARAM_FIELD_NAME;
   params.features = UCP_FEATURE_AM | UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP;
   // Registration and key packing may be called from user threads.
   params.mt_workers_shared = 1;
@@ -351,9 +367,8 @@ Result<std::unique_ptr<Region>> UcxContext::Register(void* data, size_t size, Me
 Result<std::unique_ptr<Region>> UcxContext::Map(void* data, size_t size, MemoryKind kind,
                                                 RemoteAccess access, bool allocate) {
   if (kind != MemoryKind::kHost) {
-    return Status::Unimplemented(
-        "UCX backend: GPU memory needs a UCX built with CUDA; this UCX (" +
-        std::string(ucp_get_version_string()) + ") was loaded without it");
+    return Status::Unimplemented("UCX backend: GPU memory needs a UCX built with CUDA; this UCX (" +
+                                 std::string(ucp_get_version_string()) + ") was loaded without it");
   }
   if (size == 0) return Status::InvalidArgument("cannot map an empty region");
   ucp_mem_map_params_t params{};
@@ -393,8 +408,7 @@ Result<std::unique_ptr<Region>> UcxContext::Map(void* data, size_t size, MemoryK
   auto desc = EncodeRegionDesc(BackendId::kUcx, reinterpret_cast<uint64_t>(base), size,
                                {static_cast<const uint8_t*>(rkey_buf), rkey_len});
   ucp_rkey_buffer_release(rkey_buf);
-  return std::unique_ptr<Region>(
-      new UcxRegion(context_, memh, base, size, kind, std::move(desc)));
+  return std::unique_ptr<Region>(new UcxRegion(context_, memh, base, size, kind, std::move(desc)));
 }
 
 void UcxContext::SetHandler(uint16_t msg_id, MessageHandler handler) {
@@ -471,7 +485,8 @@ void UcxContext::Connect(const std::string& host, uint16_t port, std::chrono::mi
   });
 }
 
-Status UcxContext::CreateEndpoint(const ucp_ep_params_t& in, const std::shared_ptr<UcxEndpoint>& ep) {
+Status UcxContext::CreateEndpoint(const ucp_ep_params_t& in,
+                                  const std::shared_ptr<UcxEndpoint>& ep) {
   ucp_ep_params_t params = in;
   params.err_handler.cb = &UcxContext::EndpointErrorCallback;
   params.err_handler.arg = ep.get();
@@ -486,7 +501,7 @@ void UcxContext::EndpointErrorCallback(void* arg, ucp_ep_h /*ep*/, ucs_status_t 
   ep->ctx_->OnEndpointError(ep, FromUcs(status, "connection to " + ep->peer_ + " failed"));
 }
 
-void UcxContext::OnEndpointError(UcxEndpoint* raw, Status why) {
+void UcxContext::OnEndpointError(UcxEndpoint* raw, const Status& why) {
   auto it = endpoints_.find(raw->ep_);
   if (it == endpoints_.end()) return;
   std::shared_ptr<UcxEndpoint> ep = it->second;
@@ -504,7 +519,8 @@ void UcxContext::OnEndpointError(UcxEndpoint* raw, Status why) {
 void UcxContext::CloseEndpoint(UcxEndpoint* ep, bool force) {
   if (ep->ep_ == nullptr) return;
   ep->alive_ = false;
-  if (ep->close_reason_.ok()) ep->close_reason_ = Status::Unavailable("connection to " + ep->peer_ + " closed");
+  if (ep->close_reason_.ok())
+    ep->close_reason_ = Status::Unavailable("connection to " + ep->peer_ + " closed");
   ucp_ep_h handle = ep->ep_;
   ep->ep_ = nullptr;
   ucp_request_param_t param{};
@@ -653,7 +669,8 @@ void UcxEndpoint::SendNow(uint16_t msg_id, std::vector<uint8_t> bytes, Completio
   ctx_->counters_.messages_sent++;
   ctx_->counters_.message_bytes_sent += bytes.size();
   auto* req = new SendRequest{{static_cast<uint8_t>(msg_id), static_cast<uint8_t>(msg_id >> 8)},
-                              std::move(bytes), std::move(done)};
+                              std::move(bytes),
+                              std::move(done)};
   ucp_request_param_t param{};
   param.op_attr_mask =
       UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;

@@ -54,9 +54,9 @@ class UcxEndpoint final : public Endpoint, public std::enable_shared_from_this<U
   std::string peer_;
   ucp_ep_h ep_ = nullptr;  // loop thread only
   std::atomic<bool> alive_{true};
-  bool connected_ = false;            // loop thread only: the handshake completed
-  ConnectCallback connect_done_;      // client side, until connected
-  Status close_reason_;               // loop thread only
+  bool connected_ = false;        // loop thread only: the handshake completed
+  ConnectCallback connect_done_;  // client side, until connected
+  Status close_reason_;           // loop thread only
 };
 
 class UcxContext final : public Context {
@@ -98,7 +98,7 @@ class UcxContext final : public Context {
   // Loop thread only.
   Status CreateEndpoint(const ucp_ep_params_t& params, const std::shared_ptr<UcxEndpoint>& ep);
   void OnAmReceived(ucp_ep_h reply_ep, uint16_t msg_id, std::span<const uint8_t> bytes);
-  void OnEndpointError(UcxEndpoint* ep, Status why);
+  void OnEndpointError(UcxEndpoint* ep, const Status& why);
   void CloseEndpoint(UcxEndpoint* ep, bool force);
   void Dispatch(const std::shared_ptr<UcxEndpoint>& ep, uint16_t msg_id,
                 std::span<const uint8_t> bytes);
