@@ -488,23 +488,25 @@ void UcxContext::Connect(const std::string& host, uint16_t port, std::chrono::mi
 Status UcxContext::CreateEndpoint(const ucp_ep_params_t& in,
                                   const std::shared_ptr<UcxEndpoint>& ep) {
   ucp_ep_params_t params = in;
+  // The callback finds the endpoint by its ucp_ep_h: UCX may still report an
+  // error for an endpoint we already closed and freed.
   params.err_handler.cb = &UcxContext::EndpointErrorCallback;
-  params.err_handler.arg = ep.get();
+  params.err_handler.arg = this;
   ucs_status_t st = ucp_ep_create(worker_, &params, &ep->ep_);
   if (st != UCS_OK) return FromUcs(st, "ucp_ep_create");
   endpoints_[ep->ep_] = ep;
   return Status::Ok();
 }
 
-void UcxContext::EndpointErrorCallback(void* arg, ucp_ep_h /*ep*/, ucs_status_t status) {
-  auto* ep = static_cast<UcxEndpoint*>(arg);
-  ep->ctx_->OnEndpointError(ep, FromUcs(status, "connection to " + ep->peer_ + " failed"));
+void UcxContext::EndpointErrorCallback(void* arg, ucp_ep_h handle, ucs_status_t status) {
+  static_cast<UcxContext*>(arg)->OnEndpointError(handle, status);
 }
 
-void UcxContext::OnEndpointError(UcxEndpoint* raw, const Status& why) {
-  auto it = endpoints_.find(raw->ep_);
-  if (it == endpoints_.end()) return;
+void UcxContext::OnEndpointError(ucp_ep_h handle, ucs_status_t status) {
+  auto it = endpoints_.find(handle);
+  if (it == endpoints_.end()) return;  // closed by us already
   std::shared_ptr<UcxEndpoint> ep = it->second;
+  const Status why = FromUcs(status, "connection to " + ep->peer_ + " failed");
   ep->close_reason_ = why;
   CloseEndpoint(ep.get(), /*force=*/true);
   if (ep->connect_done_) {

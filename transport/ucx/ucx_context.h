@@ -98,7 +98,7 @@ class UcxContext final : public Context {
   // Loop thread only.
   Status CreateEndpoint(const ucp_ep_params_t& params, const std::shared_ptr<UcxEndpoint>& ep);
   void OnAmReceived(ucp_ep_h reply_ep, uint16_t msg_id, std::span<const uint8_t> bytes);
-  void OnEndpointError(UcxEndpoint* ep, const Status& why);
+  void OnEndpointError(ucp_ep_h handle, ucs_status_t status);
   void CloseEndpoint(UcxEndpoint* ep, bool force);
   void Dispatch(const std::shared_ptr<UcxEndpoint>& ep, uint16_t msg_id,
                 std::span<const uint8_t> bytes);
