@@ -20,6 +20,60 @@ namespace {
 
 using namespace std::chrono_literals;
 
+// A peer that speaks the wire protocol by hand, for what a Client never sends.
+class RawPeer {
+ public:
+  explicit RawPeer(const TaskAddress& addr) : ctx_(transport::Context::Open({}).value()) {
+    ctx_->SetHandler(
+        1, [this](const std::shared_ptr<transport::Endpoint>&, std::span<const uint8_t> f) {
+          std::lock_guard<std::mutex> lock(mu_);
+          frames_.emplace_back(f.begin(), f.end());
+          cv_.notify_all();
+        });
+    testing::Waiter<Result<std::shared_ptr<transport::Endpoint>>> connected;
+    ctx_->Connect(addr.host, addr.port, 5s, connected.callback());
+    auto ep = connected.Wait();
+    if (ep && ep->ok()) ep_ = ep->value();
+  }
+  ~RawPeer() {
+    if (ep_) ep_->Close();
+  }
+  bool connected() const { return ep_ != nullptr; }
+
+  template <typename Msg>
+  void Send(const Msg& msg, uint64_t request_id) {
+    ep_->Send(1, wire::Encode(msg, request_id));
+  }
+  // The next frame from the shard, or empty after 5 s.
+  std::vector<uint8_t> Next() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock, 5s, [&] { return !frames_.empty(); });
+    if (frames_.empty()) return {};
+    auto f = frames_.front();
+    frames_.erase(frames_.begin());
+    return f;
+  }
+  // Hello, then an auth proof made with `secret`; returns the shard's answer.
+  std::vector<uint8_t> Authenticate(const std::string& secret, const std::string& task) {
+    wire::Hello hello{0, task, RandomNonce()};
+    Send(hello, 1);
+    auto challenge = wire::Decode<wire::Challenge>(Next());
+    if (!challenge.ok()) return {};
+    wire::Auth auth;
+    auth.client_proof =
+        MakeProof(secret, "tessera-worker", challenge->server_nonce, hello.client_nonce, task);
+    Send(auth, 2);
+    return Next();
+  }
+
+ private:
+  std::unique_ptr<transport::Context> ctx_;
+  std::shared_ptr<transport::Endpoint> ep_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::vector<uint8_t>> frames_;
+};
+
 class ClusterTest : public ::testing::TestWithParam<const char*> {
  protected:
   void SetUp() override { setenv("UCX_TLS", GetParam(), 1); }
@@ -42,6 +96,7 @@ class ClusterTest : public ::testing::TestWithParam<const char*> {
       opts.task_index = i;
       opts.secret = secret_;
       opts.staging_bytes_per_worker = 16u << 20;
+      opts.lease_timeout = lease_timeout_;
       auto server = Server::Start(opts);
       ASSERT_TRUE(server.ok()) << server.status().ToString();
       servers_.push_back(std::move(*server));
@@ -71,6 +126,7 @@ class ClusterTest : public ::testing::TestWithParam<const char*> {
     return {std::move(name), DType::kF32, {n}, rule, {}, -1};
   }
 
+  std::chrono::milliseconds lease_timeout_{30'000};
   std::string secret_ = GenerateSecret();
   ClusterSpec spec_;
   std::vector<std::unique_ptr<Server>> servers_;
@@ -243,36 +299,15 @@ TEST_P(ClusterTest, RequestsBeforeAuthenticationAreRefused) {
   auto w = good.Declare(F32("w", 1));
   ASSERT_TRUE(good.Initialize().ok());
 
-  auto ctx = transport::Context::Open({}).value();
-  std::mutex mu;
-  std::condition_variable cv;
-  std::vector<std::vector<uint8_t>> frames;
-  ctx->SetHandler(1, [&](const std::shared_ptr<transport::Endpoint>&, std::span<const uint8_t> f) {
-    std::lock_guard<std::mutex> lock(mu);
-    frames.emplace_back(f.begin(), f.end());
-    cv.notify_all();
-  });
-  testing::Waiter<Result<std::shared_ptr<transport::Endpoint>>> connected;
-  auto addr = spec_.tasks("ps")[0];
-  ctx->Connect(addr.host, addr.port, 5s, connected.callback());
-  auto ep = connected.Wait();
-  ASSERT_TRUE(ep && ep->ok());
-  auto next = [&]() -> std::vector<uint8_t> {
-    std::unique_lock<std::mutex> lock(mu);
-    cv.wait_for(lock, 5s, [&] { return !frames.empty(); });
-    if (frames.empty()) return {};
-    auto f = frames.front();
-    frames.erase(frames.begin());
-    return f;
-  };
-  // Asking for tensors before authenticating is refused.
-  ep->value()->Send(1, wire::Encode(wire::Pull{{{0, 0}}}, 9));
-  auto refused = wire::Decode<wire::Error>(next());
+  RawPeer raw(spec_.tasks("ps")[0]);
+  ASSERT_TRUE(raw.connected());
+  raw.Send(wire::Pull{{{0, 0}}}, 9);
+  auto refused = wire::Decode<wire::Error>(raw.Next());
   ASSERT_TRUE(refused.ok());
   EXPECT_EQ(refused->code, StatusCode::kPermissionDenied);
-
   std::this_thread::sleep_for(200ms);
   EXPECT_GE(servers_[0]->stats().connections_refused, 1u);
+
   std::vector<float> one(1, 1.0f), got(1);
   ASSERT_TRUE(good.Push({PushItem::Of<float>(*w, one)}).ok());
   ASSERT_TRUE(good.Pull({PullItem::Of<float>(*w, got, 2)}).ok());
@@ -282,42 +317,38 @@ TEST_P(ClusterTest, RequestsBeforeAuthenticationAreRefused) {
 // A peer that speaks the protocol but forges its proof gets no memory key.
 TEST_P(ClusterTest, BadProofIsRefused) {
   StartCluster(1, 1);
-  auto ctx = transport::Context::Open({}).value();
-  std::mutex mu;
-  std::condition_variable cv;
-  std::vector<std::vector<uint8_t>> frames;
-  ctx->SetHandler(1, [&](const std::shared_ptr<transport::Endpoint>&, std::span<const uint8_t> f) {
-    std::lock_guard<std::mutex> lock(mu);
-    frames.emplace_back(f.begin(), f.end());
-    cv.notify_all();
-  });
-  testing::Waiter<Result<std::shared_ptr<transport::Endpoint>>> connected;
-  auto addr = spec_.tasks("ps")[0];
-  ctx->Connect(addr.host, addr.port, 5s, connected.callback());
-  auto ep = connected.Wait();
-  ASSERT_TRUE(ep && ep->ok());
-  auto next = [&]() -> std::vector<uint8_t> {
-    std::unique_lock<std::mutex> lock(mu);
-    cv.wait_for(lock, 5s, [&] { return !frames.empty(); });
-    if (frames.empty()) return {};
-    auto f = frames.front();
-    frames.erase(frames.begin());
-    return f;
-  };
-  wire::Hello hello{0, "/job:worker/task:0", RandomNonce()};
-  ep->value()->Send(1, wire::Encode(hello, 1));
-  auto challenge = wire::Decode<wire::Challenge>(next());
-  ASSERT_TRUE(challenge.ok()) << challenge.status().ToString();
-  wire::Auth forged;
-  forged.client_proof.fill(0x42);
-  ep->value()->Send(1, wire::Encode(forged, 2));
-  auto reply = next();
+  RawPeer raw(spec_.tasks("ps")[0]);
+  ASSERT_TRUE(raw.connected());
+  auto reply = raw.Authenticate("a guess", "/job:worker/task:0");
   auto err = wire::Decode<wire::Error>(reply);
-  ASSERT_TRUE(err.ok()) << "expected an error, got opcode " << (reply.size() > 6 ? reply[6] : -1);
+  ASSERT_TRUE(err.ok()) << "expected an error, got " << reply.size() << " bytes";
   EXPECT_EQ(err->code, StatusCode::kPermissionDenied);
   EXPECT_NE(err->message.find("secret"), std::string::npos) << err->message;
-  EXPECT_TRUE(wire::Decode<wire::Welcome>(reply).status().code() != StatusCode::kOk);
+  EXPECT_FALSE(wire::Decode<wire::Welcome>(reply).ok());
   EXPECT_GE(servers_[0]->stats().connections_refused, 1u);
+}
+
+// A worker that takes a pull lease and never gives it back cannot block the
+// tensor's updates: the lease is revoked after lease_timeout.
+TEST_P(ClusterTest, StalledLeaseIsRevoked) {
+  lease_timeout_ = 300ms;
+  StartCluster(1, 2);
+  Client& c = Connect(0);
+  auto w = c.Declare(F32("w", 4));
+  ASSERT_TRUE(c.Initialize().ok());
+
+  RawPeer raw(spec_.tasks("ps")[0]);
+  ASSERT_TRUE(raw.connected());
+  ASSERT_TRUE(wire::Decode<wire::Welcome>(raw.Authenticate(secret_, "/job:worker/task:1")).ok());
+  raw.Send(wire::Pull{{{0, 1}}}, 3);  // key 0 is "w": the only tensor
+  auto lease = wire::Decode<wire::PullReply>(raw.Next());
+  ASSERT_TRUE(lease.ok()) << lease.status().ToString();
+
+  std::vector<float> ones(4, 1.0f);
+  auto start = std::chrono::steady_clock::now();
+  ASSERT_TRUE(c.Push({PushItem::Of<float>(*w, ones)}).ok());
+  EXPECT_GE(std::chrono::steady_clock::now() - start, 250ms) << "the update waited for the lease";
+  EXPECT_EQ(servers_[0]->stats().leases_revoked, 1u);
 }
 
 TEST_P(ClusterTest, LargeTensorMovesOneSided) {
@@ -403,6 +434,32 @@ TEST_P(ClusterTest, LostShardFailsCallsNamingIt) {
   EXPECT_NE(st.message().find("/job:ps/task:1"), std::string::npos) << st.ToString();
   // The other shard still serves.
   EXPECT_TRUE(c.Push({PushItem::Of<float>((*t)[0], v)}).ok());
+}
+
+TEST_P(ClusterTest, SeparateCoordinatorTask) {
+  ASSERT_TRUE(spec_.AddJob("coordinator", {{"127.0.0.1", testing::UnusedPort()}}).ok());
+  StartCluster(2, 2);
+  ServerOptions opts;
+  opts.cluster = spec_;
+  opts.job = "coordinator";
+  opts.secret = secret_;
+  auto coordinator = Server::Start(opts);
+  ASSERT_TRUE(coordinator.ok()) << coordinator.status().ToString();
+  Client& a = Connect(0);
+  Client& b = Connect(1);
+  auto wa = a.DeclareMany({F32("x", 2), F32("y", 2)});
+  auto wb = b.DeclareMany({F32("y", 2), F32("x", 2)});  // other order, same placement
+  ASSERT_TRUE(wa.ok() && wb.ok());
+  EXPECT_EQ(a.info((*wa)[0]).shards, b.info((*wb)[1]).shards);
+  EXPECT_EQ(a.info((*wa)[1]).shards, std::vector<int>{1});
+  ASSERT_TRUE(a.Initialize().ok());
+  ASSERT_TRUE(b.WaitForInit(5s).ok());
+  std::vector<float> v = {1, 2}, got(2);
+  ASSERT_TRUE(b.Push({PushItem::Of<float>((*wb)[0], v)}).ok());
+  ASSERT_TRUE(a.Pull({PullItem::Of<float>((*wa)[1], got, 2)}).ok());
+  EXPECT_EQ(got, v);
+  clients_.clear();
+  (*coordinator)->Stop();
 }
 
 INSTANTIATE_TEST_SUITE_P(Ucx, ClusterTest, ::testing::Values("tcp", "posix,sysv,cma,tcp"),

@@ -4,10 +4,12 @@
 
 #include <sys/wait.h>
 
+#include <unistd.h>
 #include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <thread>
 
 namespace {
 
@@ -30,6 +32,13 @@ Run Shell(const std::string& cmd, int limit_s) {
 std::string Env(const char* name) {
   const char* v = std::getenv(name);
   return v ? v : "";
+}
+
+// Quotes a command for use inside a single-quoted sh -c argument.
+std::string Escape(const std::string& s) {
+  std::string out;
+  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out;
 }
 
 size_t Count(const std::string& haystack, const std::string& needle) {
@@ -66,6 +75,33 @@ TEST_P(LaunchTest, FailingWorkerFailsTheLaunchAndStopsShards) {
                    60);
   EXPECT_EQ(run.exit_code, 1) << run.output;
   EXPECT_NE(run.output.find("stopping the cluster"), std::string::npos) << run.output;
+}
+
+TEST(LaunchTest, SeparateCoordinatorTask) {
+  auto run = Shell("env UCX_TLS=tcp " + Env("TESSERA_BIN") +
+                       " launch --coordinator --ps 2 --workers 3 -- " + Env("INTEGRATION_WORKER"),
+                   300);
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_EQ(Count(run.output, "verified 200 tensors"), 3u) << run.output;
+  EXPECT_NE(run.output.find("[coordinator]"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("chief /job:worker/task:0 initialised"), std::string::npos);
+}
+
+// Ctrl-C (SIGINT) to the launcher stops every process it started, including
+// what the workers started themselves.
+TEST(LaunchTest, InterruptTearsEverythingDown) {
+  // A sleep whose command line is unique to this test run.
+  const std::string nap = "59." + std::to_string(getpid());
+  std::string cmd = "env UCX_TLS=tcp " + Env("TESSERA_BIN") +
+                    " launch --ps 2 --workers 2 -- sh -c 'sleep " + nap + "; echo woke'";
+  auto run = Shell(
+      "sh -c '(" + Escape(cmd) + ") & pid=$!; sleep 2; kill -INT $pid; wait $pid; echo rc=$?'", 60);
+  EXPECT_NE(run.output.find("rc=130"), std::string::npos) << run.output;
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  // "[s]leep" matches the sleeps but not this pgrep's own command line.
+  auto left = Shell("pgrep -af '[s]leep " + nap + "' || true", 10);
+  EXPECT_EQ(left.output, "") << "left running: " << left.output;
+  Shell("pkill -f '[s]leep " + nap + "'", 10);
 }
 
 INSTANTIATE_TEST_SUITE_P(Ucx, LaunchTest, ::testing::Values("tcp", "posix,sysv,cma,tcp"),

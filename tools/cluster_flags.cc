@@ -10,7 +10,10 @@ void ClusterFlags::Add(CLI::App* app, const std::string& default_job) {
   app->add_option("--worker_hosts", worker_hosts, "comma-separated host:port of the workers");
   app->add_option("--chief_hosts", chief_hosts, "host:port of a dedicated chief task");
   app->add_option("--cluster", cluster_file, "JSON cluster spec file ({\"ps\": [...], ...})");
-  app->add_option("--job_name,--job", job_name, "this task's job (ps, worker, chief)");
+  app->add_option(
+      "--coordinator_host", coordinator_host,
+      "host:port of a separate coordinator task (default: ps task 0 is the coordinator)");
+  app->add_option("--job_name,--job", job_name, "this task's job (ps, worker, chief, coordinator)");
   app->add_option("--task_index,--task", task_index, "this task's index in its job");
   app->add_option("--secret-file", secret_file,
                   "file holding the cluster secret (else TESSERA_SECRET / TESSERA_SECRET_FILE)");
@@ -23,6 +26,11 @@ Result<TfConfig> ClusterFlags::Resolve() const {
     auto spec = ClusterSpec::FromHostLists(ps_hosts, worker_hosts, chief_hosts);
     if (!spec.ok()) return spec.status();
     cfg.cluster = std::move(*spec);
+    if (!coordinator_host.empty()) {
+      auto addr = TaskAddress::Parse(coordinator_host);
+      if (!addr.ok()) return addr.status().WithContext("--coordinator_host");
+      TESSERA_RETURN_IF_ERROR(cfg.cluster.AddJob("coordinator", {*addr}));
+    }
   } else if (!cluster_file.empty()) {
     auto spec = ClusterSpec::FromJsonFile(cluster_file);
     if (!spec.ok()) return spec.status();

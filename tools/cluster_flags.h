@@ -11,7 +11,7 @@
 namespace tessera::tools {
 
 struct ClusterFlags {
-  std::string ps_hosts, worker_hosts, chief_hosts, cluster_file;
+  std::string ps_hosts, worker_hosts, chief_hosts, coordinator_host, cluster_file;
   std::string job_name;
   int task_index = -1;
   std::string secret_file;

@@ -100,7 +100,9 @@ pid_t Spawn(Child& c, const std::vector<std::string>& argv, const std::vector<st
   pid_t parent = getpid();
   pid_t pid = fork();
   if (pid == 0) {
-    // The child dies with the launcher, whatever kills it.
+    // Its own process group, so teardown reaches whatever it starts; and it
+    // dies with the launcher, whatever kills that.
+    setpgid(0, 0);
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != parent) _exit(1);
     dup2(fds[1], STDOUT_FILENO);
@@ -109,6 +111,7 @@ pid_t Spawn(Child& c, const std::vector<std::string>& argv, const std::vector<st
     close(fds[1]);
     ExecChild(argv, env);
   }
+  setpgid(pid, pid);  // also here: no race with the child's own call
   close(fds[1]);
   fcntl(fds[0], F_SETFL, O_NONBLOCK);
   c.out_fd = fds[0];
@@ -167,6 +170,9 @@ int Launch(const LaunchOptions& options) {
     workers.push_back({options.host, FreePort(options.host)});
   (void)spec.AddJob("ps", ps);
   (void)spec.AddJob("worker", workers);
+  if (options.separate_coordinator) {
+    (void)spec.AddJob("coordinator", {{options.host, FreePort(options.host)}});
+  }
 
   const std::string secret =
       std::getenv("TESSERA_SECRET") ? std::getenv("TESSERA_SECRET") : GenerateSecret();
@@ -179,13 +185,19 @@ int Launch(const LaunchOptions& options) {
   signal(SIGPIPE, SIG_IGN);
 
   std::vector<Child> children;
-  children.reserve(static_cast<size_t>(options.num_ps) + static_cast<size_t>(options.num_workers));
+  children.reserve(static_cast<size_t>(options.num_ps) + static_cast<size_t>(options.num_workers) +
+                   1);
   const std::string self = SelfExecutable();
   for (int i = 0; i < options.num_ps; ++i) {
     children.push_back({"ps" + std::to_string(i), false});
     std::vector<std::string> argv = {self, "server"};
     argv.insert(argv.end(), options.server_args.begin(), options.server_args.end());
     Spawn(children.back(), argv, {"TF_CONFIG=" + ToTfConfigJson(spec, {"ps", i}), secret_env});
+  }
+  if (options.separate_coordinator) {
+    children.push_back({"coordinator", false});
+    Spawn(children.back(), {self, "server"},
+          {"TF_CONFIG=" + ToTfConfigJson(spec, {"coordinator", 0}), secret_env});
   }
   for (int i = 0; i < options.num_workers; ++i) {
     children.push_back({"worker" + std::to_string(i), true});
@@ -207,9 +219,7 @@ int Launch(const LaunchOptions& options) {
     if (tearing_down) return;
     tearing_down = true;
     reason = why;
-    for (auto& c : children) {
-      if (!c.exited) kill(c.pid, SIGTERM);
-    }
+    for (auto& c : children) kill(-c.pid, SIGTERM);  // exited ones may leave a group behind
     teardown_at = std::chrono::steady_clock::now() + std::chrono::seconds(5);
   };
 
@@ -251,9 +261,7 @@ int Launch(const LaunchOptions& options) {
     if (workers_done) begin_teardown("workers finished");
     if (all_done) break;
     if (std::chrono::steady_clock::now() > teardown_at) {
-      for (auto& c : children) {
-        if (!c.exited) kill(c.pid, SIGKILL);
-      }
+      for (auto& c : children) kill(-c.pid, SIGKILL);
       teardown_at = std::chrono::steady_clock::time_point::max();
     }
   }

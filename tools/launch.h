@@ -14,6 +14,8 @@ struct LaunchOptions {
   int num_ps = 1;
   int num_workers = 1;
   std::string host = "127.0.0.1";
+  // Run the coordinator as its own task instead of inside ps task 0.
+  bool separate_coordinator = false;
   // Extra arguments for each `tessera server` child.
   std::vector<std::string> server_args;
   // The worker command; every worker runs it.

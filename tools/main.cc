@@ -29,17 +29,19 @@ int RunServer(const tools::ClusterFlags& flags, ServerOptions opts) {
     fprintf(stderr, "tessera server: %s\n", cfg.status().ToString().c_str());
     return 2;
   }
-  if (cfg->task.job != "ps") {
-    fprintf(stderr, "tessera server: runs ps tasks, not %s\n", cfg->task.ToString().c_str());
+  if (cfg->task.job != "ps" && cfg->task.job != "coordinator") {
+    fprintf(stderr, "tessera server: runs ps or coordinator tasks, not %s\n",
+            cfg->task.ToString().c_str());
     return 2;
   }
-  InitLogging("ps" + std::to_string(cfg->task.index));
+  InitLogging(cfg->task.job == "ps" ? "ps" + std::to_string(cfg->task.index) : "coordinator");
   auto secret = flags.Secret();
   if (!secret.ok()) {
     fprintf(stderr, "tessera server: %s\n", secret.status().ToString().c_str());
     return 2;
   }
   opts.cluster = cfg->cluster;
+  opts.job = cfg->task.job;
   opts.task_index = cfg->task.index;
   opts.secret = *secret;
   opts.transport = flags.transport;
@@ -87,6 +89,8 @@ int main(int argc, char** argv) try {
   launch_cmd->add_option("--workers", launch.num_workers, "number of workers")
       ->check(CLI::Range(1, 256));
   launch_cmd->add_option("--host", launch.host, "address the tasks use");
+  launch_cmd->add_flag("--coordinator", launch.separate_coordinator,
+                       "run the coordinator as its own task instead of inside ps task 0");
   launch_cmd->add_option("cmd", launch.worker_command, "the worker command (after --)")->required();
 
   tools::DemoOptions demo;

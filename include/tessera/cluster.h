@@ -4,6 +4,8 @@
 //
 // Read from TensorFlow-style flags, a JSON file, or the TF_CONFIG environment
 // variable ({"cluster": {...}, "task": {"type": "worker", "index": 0}}).
+// An optional "coordinator" job (one task) runs the coordinator on its own;
+// without it, ps task 0 is also the coordinator.
 #pragma once
 
 #include <cstdint>

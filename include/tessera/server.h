@@ -2,6 +2,7 @@
 // Like tf.train.Server: it serves until Stop() (or a signal, in the tool).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -13,7 +14,11 @@ namespace tessera {
 
 struct ServerOptions {
   ClusterSpec cluster;
-  int task_index = 0;  // which ps task this is
+  // "ps" for a shard; "coordinator" for a coordinator that holds no
+  // parameters (the cluster spec's one "coordinator" task). Without a
+  // "coordinator" job in the spec, ps task 0 embeds the coordinator.
+  std::string job = "ps";
+  int task_index = 0;  // which task of the job this is
   std::string secret;  // the cluster secret (see LoadSecret)
   std::string transport = "ucx";
   // Listen on this host instead of the spec's (e.g. "0.0.0.0"); port from the spec.
@@ -22,6 +27,10 @@ struct ServerOptions {
   size_t staging_bytes_per_worker = 32u << 20;
   // Parameters are laid out in arenas of at least this size.
   size_t arena_bytes = 64u << 20;
+  // A pull lease not released within this time is revoked (and logged), so a
+  // worker that stalls between its pull reply and its release cannot block
+  // updates forever.
+  std::chrono::milliseconds lease_timeout{30'000};
   // Log small tensors' values as they change (the demo uses it).
   bool log_updates = false;
   bool busy_poll = false;
@@ -32,6 +41,7 @@ struct ServerStats {
   uint64_t pushes_applied = 0;
   uint64_t pulls_served = 0;
   uint64_t connections_refused = 0;  // failed authentication or malformed messages
+  uint64_t leases_revoked = 0;       // pull leases not released within lease_timeout
 };
 
 class Server {

@@ -180,7 +180,10 @@ class Client::Impl {
     return st;
   }
 
-  std::vector<ShardConn> shards_;  // loop thread after Start
+  // One per ps task, then the coordinator when it runs separately. The task
+  // and address are fixed by Start(); the rest belongs to the loop thread.
+  std::vector<ShardConn> shards_;
+  int coord_index_ = 0;
   std::unordered_map<transport::Endpoint*, int> shard_of_;
   std::unordered_map<uint64_t, PendingRequest> pending_;
   uint64_t next_request_ = 1;
@@ -249,7 +252,7 @@ Result<ReplyMsg> Client::Impl::Call(int shard, const Msg& msg, std::chrono::mill
   if (future.wait_for(timeout) != std::future_status::ready) {
     ctx_->Post([this, request_id] { pending_.erase(request_id->load()); });
     return Status::DeadlineExceeded(std::string(wire::OpcodeName(Msg::kOpcode)) + " to " +
-                                    TaskId{"ps", shard}.ToString() + " got no answer within " +
+                                    shards_[shard].name() + " got no answer within " +
                                     std::to_string(timeout.count()) + " ms");
   }
   return future.get();
@@ -266,6 +269,12 @@ void Client::Impl::OnFrame(const std::shared_ptr<transport::Endpoint>& ep,
   }
   auto it = pending_.find(h->request_id);
   if (it == pending_.end()) {
+    if (h->opcode == wire::Opcode::kPullReply) {
+      // Nobody waits for it any more (the caller gave up): hand the lease back.
+      auto reply = wire::DecodeBody<wire::PullReply>(*h, frame);
+      if (reply.ok()) ep->Send(kProtocolMsg, wire::Encode(wire::Release{reply->lease_id}, 0));
+      return;
+    }
     if (h->opcode == wire::Opcode::kError) {
       auto err = wire::DecodeBody<wire::Error>(*h, frame);
       TLOG_WARN("{}: {}", shards_[sit->second].name(), err.ok() ? err->message : "malformed error");
@@ -327,13 +336,18 @@ Status Client::Impl::Start() {
         if (it != shard_of_.end()) OnShardLost(it->second, why);
       });
 
-  const int n = options_.cluster.num_tasks("ps");
+  // Connections: one per ps task, then the coordinator if it runs separately
+  // (else ps task 0 is the coordinator).
+  const int num_ps = options_.cluster.num_tasks("ps");
+  const bool separate_coordinator = options_.cluster.num_tasks("coordinator") > 0;
+  const int n = num_ps + (separate_coordinator ? 1 : 0);
+  coord_index_ = separate_coordinator ? num_ps : 0;
   shards_.resize(static_cast<size_t>(n));
   start_state_.assign(static_cast<size_t>(n), 0);
   start_error_.assign(static_cast<size_t>(n), "no answer yet");
   for (int i = 0; i < n; ++i) {
-    shards_[i].task = {"ps", i};
-    shards_[i].addr = options_.cluster.tasks("ps")[static_cast<size_t>(i)];
+    shards_[i].task = i < num_ps ? TaskId{"ps", i} : TaskId{"coordinator", 0};
+    shards_[i].addr = options_.cluster.address(shards_[i].task).value();
   }
   const auto start = std::chrono::steady_clock::now();
   const auto deadline = start + options_.startup_timeout;
@@ -368,7 +382,8 @@ Status Client::Impl::Start() {
     }
     start_cv_.wait_until(lock, std::min(deadline, next_report));
   }
-  TLOG_INFO("{} connected to {} ps task(s) over {}", task_.ToString(), n, ctx_->Describe());
+  TLOG_INFO("{} connected to {} ps task(s){} over {}", task_.ToString(), num_ps,
+            separate_coordinator ? " and the coordinator" : "", ctx_->Describe());
   return Status::Ok();
 }
 
@@ -420,8 +435,11 @@ void Client::Impl::Handshake(int shard) {
             if (!c.ok()) return fail(c.status());
             Proof expect = MakeProof(options_.secret, "tessera-shard", hello.client_nonce,
                                      c->server_nonce, hello.task);
-            if (!ProofsEqual(expect, c->server_proof) ||
-                c->shard_index != static_cast<uint32_t>(shard)) {
+            const uint32_t expect_index =
+                shard == coord_index_ && shards_[shard].task.job == "coordinator"
+                    ? wire::kCoordinatorIndex
+                    : static_cast<uint32_t>(shard);
+            if (!ProofsEqual(expect, c->server_proof) || c->shard_index != expect_index) {
               return fail(Status::PermissionDenied(shards_[shard].name() +
                                                    " could not prove it knows the cluster secret "
                                                    "(is it started with the same secret?)"));
@@ -437,16 +455,18 @@ void Client::Impl::Handshake(int shard) {
                   auto w = wire::DecodeBody<wire::Welcome>(h2, f2);
                   if (!w.ok()) return fail(w.status());
                   ShardConn& s = shards_[shard];
-                  auto staging = s.ep->Attach(w->staging_region);
-                  if (!staging.ok()) return fail(staging.status());
-                  if ((options_.chunk_bytes + 63) / 64 * 64 > (*staging)->size()) {
-                    return fail(Status::InvalidArgument(
-                        "chunk_bytes " + std::to_string(options_.chunk_bytes) + " exceeds the " +
-                        std::to_string((*staging)->size()) + "-byte staging slot of " + s.name() +
-                        "; lower chunk_bytes or start the shard with a larger --staging-mib"));
+                  if (s.task.job == "ps") {  // the coordinator has no staging slot
+                    auto staging = s.ep->Attach(w->staging_region);
+                    if (!staging.ok()) return fail(staging.status());
+                    if ((options_.chunk_bytes + 63) / 64 * 64 > (*staging)->size()) {
+                      return fail(Status::InvalidArgument(
+                          "chunk_bytes " + std::to_string(options_.chunk_bytes) + " exceeds the " +
+                          std::to_string((*staging)->size()) + "-byte staging slot of " + s.name() +
+                          "; lower chunk_bytes or start the shard with a larger --staging-mib"));
+                    }
+                    s.alloc.Reset((*staging)->size());
+                    s.staging = std::move(*staging);
                   }
-                  s.alloc.Reset((*staging)->size());
-                  s.staging = std::move(*staging);
                   {
                     std::lock_guard<std::mutex> lock(start_mu_);
                     start_state_[shard] = 1;
@@ -501,7 +521,7 @@ Result<std::vector<Tensor>> Client::Impl::DeclareMany(const std::vector<TensorSp
     }
     declare.tensors.push_back({spec.name, spec.dtype, spec.rule, spec.shape, spec.pinned_shard});
   }
-  auto placed = Call<wire::Declare, wire::DeclareReply>(0, declare, options_.op_timeout);
+  auto placed = Call<wire::Declare, wire::DeclareReply>(coord_index_, declare, options_.op_timeout);
   if (!placed.ok()) return placed.status();
   if (placed->tensors.size() != specs.size())
     return Status::Internal("declare reply does not match the request");
@@ -814,12 +834,12 @@ Status Client::Impl::Initialize() {
   }
   if (!items.empty())
     TESSERA_RETURN_IF_ERROR(Push(items, wire::kFlagInit).Wait().WithContext("initialising"));
-  auto ack = Call<wire::InitDone, wire::Ack>(0, wire::InitDone{}, options_.op_timeout);
+  auto ack = Call<wire::InitDone, wire::Ack>(coord_index_, wire::InitDone{}, options_.op_timeout);
   return ack.ok() ? Status::Ok() : ack.status();
 }
 
 Status Client::Impl::WaitForInit(std::chrono::milliseconds timeout) {
-  auto ack = Call<wire::WaitInit, wire::Ack>(0, wire::WaitInit{}, timeout);
+  auto ack = Call<wire::WaitInit, wire::Ack>(coord_index_, wire::WaitInit{}, timeout);
   if (ack.ok()) return Status::Ok();
   if (ack.status().code() == StatusCode::kDeadlineExceeded) {
     return Status::DeadlineExceeded("the chief (" + options_.cluster.chief().ToString() +

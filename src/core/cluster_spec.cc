@@ -77,8 +77,8 @@ Result<TaskAddress> TaskAddress::Parse(const std::string& host_port) {
 Status ClusterSpec::AddJob(const std::string& job, std::vector<TaskAddress> tasks) {
   if (job.empty()) return Status::InvalidArgument("cluster spec: empty job name");
   if (jobs_.count(job)) return Status::AlreadyExists("cluster spec: job '" + job + "' given twice");
-  if (job == "chief" && tasks.size() > 1) {
-    return Status::InvalidArgument("cluster spec: at most one chief task (got " +
+  if ((job == "chief" || job == "coordinator") && tasks.size() > 1) {
+    return Status::InvalidArgument("cluster spec: at most one " + job + " task (got " +
                                    std::to_string(tasks.size()) + ")");
   }
   jobs_[job] = std::move(tasks);

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <future>
 
 #include "core/log.h"
@@ -42,24 +43,36 @@ std::string FormatValues(const Param& p) {
 
 }  // namespace
 
+std::chrono::milliseconds Shard::LeaseCheckInterval() const {
+  return std::clamp(options_.lease_timeout / 4, std::chrono::milliseconds(10),
+                    std::chrono::milliseconds(1000));
+}
+
 Shard::~Shard() { Stop(); }
 
 Status Shard::Start() {
   TESSERA_RETURN_IF_ERROR(options_.cluster.Validate());
-  auto addr = options_.cluster.address({"ps", options_.task_index});
+  if (options_.job != "ps" && options_.job != "coordinator") {
+    return Status::InvalidArgument("a server runs a ps or coordinator task, not '" + options_.job +
+                                   "'");
+  }
+  const TaskId self{options_.job, options_.task_index};
+  auto addr = options_.cluster.address(self);
   if (!addr.ok()) return addr.status();
   if (options_.secret.empty()) return Status::InvalidArgument("the shard needs a cluster secret");
 
   transport::ContextOptions topts;
   topts.backend = options_.transport;
-  topts.name = "ps" + std::to_string(options_.task_index);
+  topts.name = options_.job + std::to_string(options_.task_index);
   topts.busy_poll = options_.busy_poll;
   auto ctx = transport::Context::Open(topts);
   if (!ctx.ok()) return ctx.status();
   ctx_ = std::move(*ctx);
   table_ = std::make_unique<ParamTable>(ctx_.get(), options_.arena_bytes);
-  if (options_.task_index == 0)
+  const bool separate_coordinator = options_.cluster.num_tasks("coordinator") > 0;
+  if (is_coordinator_only() || (!separate_coordinator && options_.task_index == 0)) {
     coord_ = std::make_unique<coord::Coordinator>(options_.cluster.num_tasks("ps"));
+  }
 
   ctx_->SetHandler(kProtocolMsg, [this](const EndpointPtr& ep, std::span<const uint8_t> frame) {
     OnMessage(ep, frame);
@@ -73,11 +86,12 @@ Status Shard::Start() {
     peers_[ep.get()] = std::move(peer);
   });
   if (!listener.ok()) {
-    return listener.status().WithContext("/job:ps/task:" + std::to_string(options_.task_index));
+    return listener.status().WithContext(self.ToString());
   }
   listener_ = std::move(*listener);
-  TLOG_INFO("ps task {} serving on {}:{} over {}{}", options_.task_index, host, listener_->port(),
-            ctx_->Describe(), coord_ ? " (coordinator)" : "");
+  ctx_->PostAfter(LeaseCheckInterval(), [this] { RevokeExpiredLeases(); });
+  TLOG_INFO("{} serving on {}:{} over {}{}", self.ToString(), host, listener_->port(),
+            ctx_->Describe(), coord_ && !is_coordinator_only() ? " (and the coordinator)" : "");
   return Status::Ok();
 }
 
@@ -86,6 +100,7 @@ void Shard::Stop() {
   listener_.reset();
   std::promise<void> done;
   ctx_->Post([this, &done] {
+    stopping_ = true;
     for (auto& [raw, peer] : peers_) peer->ep->Close();
     peers_.clear();
     leases_.clear();
@@ -105,6 +120,7 @@ ServerStats Shard::stats() const {
   s.pushes_applied = pushes_applied_;
   s.pulls_served = pulls_served_;
   s.connections_refused = refused_;
+  s.leases_revoked = leases_revoked_;
   return s;
 }
 
@@ -114,8 +130,8 @@ void Shard::Reply(Peer& peer, uint64_t request_id, const Msg& msg) {
 }
 
 void Shard::SendError(Peer& peer, uint64_t request_id, const Status& st) {
-  wire::Error err{st.code(),
-                  "ps task " + std::to_string(options_.task_index) + ": " + st.message()};
+  wire::Error err{st.code(), options_.job + " task " + std::to_string(options_.task_index) + ": " +
+                                 st.message()};
   Reply(peer, request_id, err);
 }
 
@@ -136,12 +152,9 @@ void Shard::OnDisconnect(const EndpointPtr& ep, const Status& why) {
   Peer* peer = it->second.get();
   if (peer->authenticated) TLOG_INFO("{} disconnected: {}", peer->hello.task, why.message());
   for (auto lit = leases_.begin(); lit != leases_.end();) {
-    if (lit->second.owner == ep.get()) {
-      for (uint32_t key : lit->second.keys) table_->Find(key)->readers--;
-      lit = leases_.erase(lit);
-    } else {
-      ++lit;
-    }
+    auto next = std::next(lit);
+    if (lit->second.owner == ep.get()) EndLease(lit);
+    lit = next;
   }
   std::erase_if(blocked_pushes_, [&](const PendingPush& p) { return p.peer == peer; });
   std::erase_if(waiting_pulls_, [&](const PendingPull& p) { return p.peer == peer; });
@@ -174,6 +187,14 @@ void Shard::OnMessage(const EndpointPtr& ep, std::span<const uint8_t> frame) {
   // A malformed message closes the connection; a well-formed request that
   // cannot be served gets an error reply.
   auto bad = [&](const Status& st) { Drop(peer, st, h->request_id); };
+  const bool data_op = h->opcode == wire::Opcode::kCreate || h->opcode == wire::Opcode::kPush ||
+                       h->opcode == wire::Opcode::kPull || h->opcode == wire::Opcode::kRelease;
+  if (data_op && is_coordinator_only()) {
+    return SendError(
+        peer, h->request_id,
+        Status::FailedPrecondition(std::string(wire::OpcodeName(h->opcode)) +
+                                   " sent to the coordinator, which holds no tensors"));
+  }
   switch (h->opcode) {
     case wire::Opcode::kDeclare: {
       auto m = wire::DecodeBody<wire::Declare>(*h, frame);
@@ -252,7 +273,8 @@ Status Shard::OnHello(Peer& peer, const wire::Header& h, std::span<const uint8_t
   c.server_nonce = peer.server_nonce;
   c.server_proof = MakeProof(options_.secret, "tessera-shard", peer.hello.client_nonce,
                              peer.server_nonce, peer.hello.task);
-  c.shard_index = static_cast<uint32_t>(options_.task_index);
+  c.shard_index =
+      is_coordinator_only() ? wire::kCoordinatorIndex : static_cast<uint32_t>(options_.task_index);
   Reply(peer, h.request_id, c);
   return Status::Ok();
 }
@@ -266,13 +288,17 @@ Status Shard::OnAuth(Peer& peer, const wire::Header& h, std::span<const uint8_t>
     return Status::PermissionDenied(peer.hello.task + " at " + peer.ep->peer() +
                                     " does not know the cluster secret");
   }
-  auto staging = ctx_->Allocate(options_.staging_bytes_per_worker, transport::MemoryKind::kHost,
-                                transport::RemoteAccess::kWrite);
-  if (!staging.ok()) return staging.status().WithContext("staging slot for " + peer.hello.task);
-  peer.staging = std::move(*staging);
+  wire::Welcome welcome;
+  if (!is_coordinator_only()) {
+    auto staging = ctx_->Allocate(options_.staging_bytes_per_worker, transport::MemoryKind::kHost,
+                                  transport::RemoteAccess::kWrite);
+    if (!staging.ok()) return staging.status().WithContext("staging slot for " + peer.hello.task);
+    peer.staging = std::move(*staging);
+    welcome.staging_region = peer.staging->Describe();
+  }
   peer.authenticated = true;
   TLOG_INFO("{} connected from {}", peer.hello.task, peer.ep->peer());
-  Reply(peer, h.request_id, wire::Welcome{peer.staging->Describe()});
+  Reply(peer, h.request_id, welcome);
   return Status::Ok();
 }
 
@@ -378,7 +404,10 @@ bool Shard::TryGrantPull(PendingPull& pull) {
   }
   wire::PullReply reply;
   reply.lease_id = next_lease_++;
-  Lease lease{pull.peer->ep.get(), {}};
+  Lease lease{pull.peer->ep.get(),
+              pull.peer->hello.task,
+              {},
+              std::chrono::steady_clock::now() + options_.lease_timeout};
   for (const auto& e : pull.msg.entries) {
     Param* p = table_->Find(e.key_id);
     p->readers++;
@@ -397,9 +426,32 @@ void Shard::OnRelease(Peer& peer, const wire::Release& msg) {
     TLOG_WARN("{} released lease {} it does not hold", peer.hello.task, msg.lease_id);
     return;
   }
+  EndLease(it);
+  RetryWaiting();
+}
+
+void Shard::EndLease(std::unordered_map<uint64_t, Lease>::iterator it) {
   for (uint32_t key : it->second.keys) table_->Find(key)->readers--;
   leases_.erase(it);
-  RetryWaiting();
+}
+
+void Shard::RevokeExpiredLeases() {
+  if (stopping_) return;
+  const auto now = std::chrono::steady_clock::now();
+  bool revoked = false;
+  for (auto it = leases_.begin(); it != leases_.end();) {
+    auto next = std::next(it);
+    if (it->second.expires <= now) {
+      TLOG_WARN("{} held pull lease {} for longer than {} ms; revoked so updates can go on",
+                it->second.task, it->first, options_.lease_timeout.count());
+      leases_revoked_++;
+      EndLease(it);
+      revoked = true;
+    }
+    it = next;
+  }
+  if (revoked) RetryWaiting();
+  ctx_->PostAfter(LeaseCheckInterval(), [this] { RevokeExpiredLeases(); });
 }
 
 void Shard::RetryWaiting() {

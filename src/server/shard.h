@@ -26,6 +26,7 @@ class Shard {
   void Stop();
   uint16_t port() const { return listener_ ? listener_->port() : 0; }
   ServerStats stats() const;
+  bool is_coordinator_only() const { return options_.job == "coordinator"; }
 
  private:
   using EndpointPtr = std::shared_ptr<transport::Endpoint>;
@@ -39,7 +40,9 @@ class Shard {
   };
   struct Lease {
     transport::Endpoint* owner;
+    std::string task;
     std::vector<uint32_t> keys;
+    std::chrono::steady_clock::time_point expires;
   };
   struct PendingPush {
     Peer* peer;
@@ -71,6 +74,9 @@ class Shard {
   bool TryApplyPush(PendingPush& push);
   bool TryGrantPull(PendingPull& pull);
   void RetryWaiting();
+  void EndLease(std::unordered_map<uint64_t, Lease>::iterator it);
+  void RevokeExpiredLeases();
+  std::chrono::milliseconds LeaseCheckInterval() const;
   void LogUpdate(const Param& p, const Peer& from) const;
 
   ServerOptions options_;
@@ -86,8 +92,10 @@ class Shard {
   std::deque<PendingPush> blocked_pushes_;
   std::deque<PendingPull> waiting_pulls_;
   std::vector<std::pair<Peer*, uint64_t>> init_waiters_;
+  bool stopping_ = false;
 
-  std::atomic<uint64_t> pushes_applied_{0}, pulls_served_{0}, refused_{0}, tensors_{0};
+  std::atomic<uint64_t> pushes_applied_{0}, pulls_served_{0}, refused_{0}, tensors_{0},
+      leases_revoked_{0};
 };
 
 }  // namespace tessera::server

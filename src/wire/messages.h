@@ -31,6 +31,9 @@ struct Hello {
   static Result<Hello> DecodeBody(ByteReader& r);
 };
 
+// Challenge::shard_index of a coordinator that is not a shard.
+constexpr uint32_t kCoordinatorIndex = 0xffffffff;
+
 struct Challenge {
   static constexpr Opcode kOpcode = Opcode::kChallenge;
   Nonce server_nonce{};
