@@ -436,6 +436,24 @@ TEST_P(ClusterTest, LostShardFailsCallsNamingIt) {
   EXPECT_TRUE(c.Push({PushItem::Of<float>((*t)[0], v)}).ok());
 }
 
+// More pushes in flight than the staging slot holds: they queue for space and
+// every one is applied exactly once.
+TEST_P(ClusterTest, ConcurrentPushesQueueForStagingSpace) {
+  StartCluster(1, 1);  // 16 MiB slots
+  Client& c = Connect(0);
+  const size_t n = (3u << 20) / 4;  // 3 MiB: at most 5 fit at once
+  auto w = c.Declare({"w", DType::kF32, {static_cast<int64_t>(n)}, UpdateRule::kAdd, {}, -1});
+  ASSERT_TRUE(w.ok());
+  ASSERT_TRUE(c.Initialize().ok());
+  std::vector<float> ones(n, 1.0f);
+  std::vector<Future> futures;
+  for (int i = 0; i < 16; ++i) futures.push_back(c.PushAsync({PushItem::Of<float>(*w, ones)}));
+  for (auto& f : futures) ASSERT_TRUE(f.Wait().ok());
+  std::vector<float> got(n);
+  ASSERT_TRUE(c.Pull({PullItem::Of<float>(*w, got, 17)}).ok());
+  EXPECT_TRUE(std::all_of(got.begin(), got.end(), [](float x) { return x == 16.0f; }));
+}
+
 TEST_P(ClusterTest, SeparateCoordinatorTask) {
   ASSERT_TRUE(spec_.AddJob("coordinator", {{"127.0.0.1", testing::UnusedPort()}}).ok());
   StartCluster(2, 2);
