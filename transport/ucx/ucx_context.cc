@@ -702,19 +702,20 @@ Result<std::unique_ptr<RemoteRegion>> UcxEndpoint::Attach(std::span<const uint8_
 
 void UcxEndpoint::Put(const void* local, size_t len, const RemoteRegion& remote,
                       uint64_t remote_addr, Completion done) {
-  if (ctx_->InProgressThread()) return PutNow(local, len, remote, remote_addr, std::move(done));
-  ctx_->Post([self = shared_from_this(), local, len, &remote, remote_addr,
-              done = std::move(done)]() mutable {
-    self->PutNow(local, len, remote, remote_addr, std::move(done));
-  });
+  Rma(Op::kPut, const_cast<void*>(local), len, remote, remote_addr, std::move(done));
 }
 
 void UcxEndpoint::Get(void* local, size_t len, const RemoteRegion& remote, uint64_t remote_addr,
                       Completion done) {
-  if (ctx_->InProgressThread()) return GetNow(local, len, remote, remote_addr, std::move(done));
-  ctx_->Post([self = shared_from_this(), local, len, &remote, remote_addr,
+  Rma(Op::kGet, local, len, remote, remote_addr, std::move(done));
+}
+
+void UcxEndpoint::Rma(Op op, void* local, size_t len, const RemoteRegion& remote,
+                      uint64_t remote_addr, Completion done) {
+  if (ctx_->InProgressThread()) return RmaNow(op, local, len, remote, remote_addr, std::move(done));
+  ctx_->Post([self = shared_from_this(), op, local, len, &remote, remote_addr,
               done = std::move(done)]() mutable {
-    self->GetNow(local, len, remote, remote_addr, std::move(done));
+    self->RmaNow(op, local, len, remote, remote_addr, std::move(done));
   });
 }
 
@@ -733,38 +734,23 @@ Status CheckRma(const UcxEndpoint* ep, const RemoteRegion& remote, uint64_t addr
 }
 }  // namespace
 
-void UcxEndpoint::PutNow(const void* local, size_t len, const RemoteRegion& remote,
+void UcxEndpoint::RmaNow(Op op, void* local, size_t len, const RemoteRegion& remote,
                          uint64_t remote_addr, Completion done) {
   if (ep_ == nullptr) return done(DeadStatus());
   Status st = CheckRma(this, remote, remote_addr, len, peer_);
   if (!st.ok()) return done(st);
-  ctx_->counters_.puts++;
-  ctx_->counters_.put_bytes += len;
+  auto& counters = ctx_->counters_;
+  (op == Op::kPut ? counters.puts : counters.gets)++;
+  (op == Op::kPut ? counters.put_bytes : counters.get_bytes) += len;
   auto* req = new RmaRequest{std::move(done)};
   ucp_request_param_t param{};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   param.cb.send = &CompleteRma;
   param.user_data = req;
-  ucs_status_ptr_t sp = ucp_put_nbx(ep_, local, len, remote_addr,
-                                    static_cast<const UcxRemoteRegion&>(remote).rkey(), &param);
-  FinishImmediate(sp, req, "put");
-}
-
-void UcxEndpoint::GetNow(void* local, size_t len, const RemoteRegion& remote, uint64_t remote_addr,
-                         Completion done) {
-  if (ep_ == nullptr) return done(DeadStatus());
-  Status st = CheckRma(this, remote, remote_addr, len, peer_);
-  if (!st.ok()) return done(st);
-  ctx_->counters_.gets++;
-  ctx_->counters_.get_bytes += len;
-  auto* req = new RmaRequest{std::move(done)};
-  ucp_request_param_t param{};
-  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-  param.cb.send = &CompleteRma;
-  param.user_data = req;
-  ucs_status_ptr_t sp = ucp_get_nbx(ep_, local, len, remote_addr,
-                                    static_cast<const UcxRemoteRegion&>(remote).rkey(), &param);
-  FinishImmediate(sp, req, "get");
+  ucp_rkey_h rkey = static_cast<const UcxRemoteRegion&>(remote).rkey();
+  ucs_status_ptr_t sp = op == Op::kPut ? ucp_put_nbx(ep_, local, len, remote_addr, rkey, &param)
+                                       : ucp_get_nbx(ep_, local, len, remote_addr, rkey, &param);
+  FinishImmediate(sp, req, op == Op::kPut ? "put" : "get");
 }
 
 void UcxEndpoint::Flush(Completion done) {

@@ -43,9 +43,10 @@ class UcxEndpoint final : public Endpoint, public std::enable_shared_from_this<U
  private:
   friend class UcxContext;
   void SendNow(uint16_t msg_id, std::vector<uint8_t> bytes, Completion done);
-  void PutNow(const void* local, size_t len, const RemoteRegion& remote, uint64_t remote_addr,
-              Completion done);
-  void GetNow(void* local, size_t len, const RemoteRegion& remote, uint64_t remote_addr,
+  enum class Op { kPut, kGet };
+  void Rma(Op op, void* local, size_t len, const RemoteRegion& remote, uint64_t remote_addr,
+           Completion done);
+  void RmaNow(Op op, void* local, size_t len, const RemoteRegion& remote, uint64_t remote_addr,
               Completion done);
   void FlushNow(Completion done);
   Status DeadStatus() const;
