@@ -11,8 +11,37 @@
 
 namespace tessera::kernels {
 
-// dst = rule(dst, src) over n elements of dtype. dst and src do not overlap.
+// dst = rule(dst, src) over n elements of dtype, for assign and add. dst and
+// src do not overlap.
 Status ApplyUpdateCpu(UpdateRule rule, DType dtype, void* dst, const void* src, size_t n);
+
+// Optimizer state of one chunk, beside its parameter on the shard. Moments
+// are kept in the compute type: f64 for f64 parameters, f32 otherwise.
+struct RuleState {
+  void* slot0 = nullptr;    // momentum buffer, Adam's first moment, Adagrad's sum
+  void* slot1 = nullptr;    // Adam's second moment
+  float* master = nullptr;  // the f32 master copy of an f16/bf16 parameter
+};
+
+// How many moment slots a rule keeps (0, 1 or 2).
+int StateSlots(UpdateRule rule);
+// Bytes of one element of state for a parameter of this dtype.
+size_t StateElementSize(DType dtype);
+// f16/bf16 parameters under an optimizer keep an f32 master copy.
+bool NeedsMaster(DType dtype, UpdateRule rule);
+// Checks that the rule can apply to the dtype (optimizers need floats).
+Status CheckRule(UpdateRule rule, DType dtype);
+
+// Sets state for a freshly assigned parameter: zero moments, Adagrad's sum at
+// initial_accumulator, the master copy from the parameter's value.
+void ResetRuleState(UpdateRule rule, const Hyperparams& h, DType dtype, const void* param,
+                    size_t n, const RuleState& state);
+
+// One optimizer step: param and state updated in place from the gradient
+// (same dtype as the parameter). `step` counts this chunk's updates from 1
+// (Adam's bias correction).
+Status ApplyOptimizerCpu(UpdateRule rule, const Hyperparams& h, DType dtype, void* param,
+                         const void* grad, size_t n, const RuleState& state, uint64_t step);
 
 // Half-precision helpers (round to nearest even), shared with tests.
 float HalfToFloat(uint16_t h);

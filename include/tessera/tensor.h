@@ -36,13 +36,38 @@ Result<uint64_t> NumElements(const Shape& shape);
 std::string DescribeTensor(DType dtype, const Shape& shape);
 
 // What a shard does with the bytes a worker pushes. Wire values are stable.
+// The optimizers take the pushed bytes as a gradient and follow PyTorch's
+// definitions (torch.optim.SGD, Adam, AdamW, Adagrad).
 enum class UpdateRule : uint8_t {
-  kAssign = 1,  // tf.Variable.assign: value = pushed
-  kAdd = 2,     // tf.Variable.assign_add: value += pushed
+  kAssign = 1,    // tf.Variable.assign: value = pushed
+  kAdd = 2,       // tf.Variable.assign_add: value += pushed
+  kSgd = 3,       // p -= lr * (g + wd * p)
+  kMomentum = 4,  // b = mu * b + (g + wd * p); p -= lr * b   (Nesterov: lr * (g' + mu * b))
+  kAdam = 5,      // bias-corrected moments; weight decay added to the gradient
+  kAdamW = 6,     // Adam with decoupled weight decay: p *= 1 - lr * wd first
+  kAdagrad = 7,   // a += g'^2; p -= lr * g' / (sqrt(a) + eps)
 };
 
 const char* UpdateRuleName(UpdateRule rule);
 Result<UpdateRule> ParseUpdateRule(std::string_view name);
 bool IsValidUpdateRule(uint8_t raw);
+// True for the rules that keep optimizer state and need a floating dtype.
+bool IsOptimizer(UpdateRule rule);
+
+// Hyper-parameters of the optimizer rules (assign and add ignore them).
+// Defaults are PyTorch's, except the learning rate.
+struct Hyperparams {
+  float learning_rate = 0.01f;
+  float weight_decay = 0.0f;
+  float momentum = 0.9f;  // kMomentum
+  bool nesterov = false;  // kMomentum
+  float beta1 = 0.9f;     // kAdam, kAdamW
+  float beta2 = 0.999f;   // kAdam, kAdamW
+  float epsilon = 1e-8f;  // kAdam, kAdamW (1e-10 is PyTorch's Adagrad default; set it)
+  float initial_accumulator = 0.0f;  // kAdagrad (TensorFlow used 0.1)
+
+  // An error naming the bad field, or OK.
+  Status Validate() const;
+};
 
 }  // namespace tessera

@@ -1,5 +1,6 @@
 #include "tessera/tensor.h"
 
+#include <cmath>
 #include <limits>
 
 namespace tessera {
@@ -77,17 +78,48 @@ const char* UpdateRuleName(UpdateRule rule) {
       return "assign";
     case UpdateRule::kAdd:
       return "add";
+    case UpdateRule::kSgd:
+      return "sgd";
+    case UpdateRule::kMomentum:
+      return "momentum";
+    case UpdateRule::kAdam:
+      return "adam";
+    case UpdateRule::kAdamW:
+      return "adamw";
+    case UpdateRule::kAdagrad:
+      return "adagrad";
   }
   return "invalid";
 }
 
-bool IsValidUpdateRule(uint8_t raw) { return raw >= 1 && raw <= 2; }
+bool IsValidUpdateRule(uint8_t raw) { return raw >= 1 && raw <= 7; }
+
+bool IsOptimizer(UpdateRule rule) { return rule != UpdateRule::kAssign && rule != UpdateRule::kAdd; }
 
 Result<UpdateRule> ParseUpdateRule(std::string_view name) {
-  if (name == "assign") return UpdateRule::kAssign;
-  if (name == "add") return UpdateRule::kAdd;
+  for (uint8_t raw = 1; raw <= 7; ++raw) {
+    auto rule = static_cast<UpdateRule>(raw);
+    if (name == UpdateRuleName(rule)) return rule;
+  }
   return Status::InvalidArgument("unknown update rule '" + std::string(name) +
-                                 "' (expected assign or add)");
+                                 "' (expected assign, add, sgd, momentum, adam, adamw or adagrad)");
+}
+
+Status Hyperparams::Validate() const {
+  auto bad = [](const char* field, float value, const char* want) {
+    return Status::InvalidArgument(std::string("hyper-parameter ") + field + " = " +
+                                   std::to_string(value) + " (must be " + want + ")");
+  };
+  if (!(learning_rate >= 0.0f) || std::isinf(learning_rate)) return bad("learning_rate", learning_rate, "finite and >= 0");
+  if (!(weight_decay >= 0.0f) || std::isinf(weight_decay)) return bad("weight_decay", weight_decay, "finite and >= 0");
+  if (!(momentum >= 0.0f && momentum < 1.0f)) return bad("momentum", momentum, "in [0, 1)");
+  if (!(beta1 >= 0.0f && beta1 < 1.0f)) return bad("beta1", beta1, "in [0, 1)");
+  if (!(beta2 >= 0.0f && beta2 < 1.0f)) return bad("beta2", beta2, "in [0, 1)");
+  if (!(epsilon > 0.0f) || std::isinf(epsilon)) return bad("epsilon", epsilon, "finite and > 0");
+  if (!(initial_accumulator >= 0.0f) || std::isinf(initial_accumulator)) {
+    return bad("initial_accumulator", initial_accumulator, "finite and >= 0");
+  }
+  return Status::Ok();
 }
 
 }  // namespace tessera

@@ -1,0 +1,205 @@
+// The optimizer rules on the CPU. Each rule is one loop over plain arrays of
+// the compute type (f32, or f64 for f64 parameters) that the compiler
+// vectorises; f16/bf16 parameters are updated through their f32 master copy,
+// a block at a time.
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
+
+#include "kernels/update.h"
+
+namespace tessera::kernels {
+namespace {
+
+template <typename T>
+struct Params {
+  T lr, wd, mu, b1, b2, eps, bc1, bc2;
+  bool nesterov;
+};
+
+template <typename T>
+Params<T> Prepare(const Hyperparams& h, uint64_t step) {
+  Params<T> p;
+  p.lr = static_cast<T>(h.learning_rate);
+  p.wd = static_cast<T>(h.weight_decay);
+  p.mu = static_cast<T>(h.momentum);
+  p.b1 = static_cast<T>(h.beta1);
+  p.b2 = static_cast<T>(h.beta2);
+  p.eps = static_cast<T>(h.epsilon);
+  const double t = static_cast<double>(step);
+  p.bc1 = static_cast<T>(1.0 - std::pow(static_cast<double>(h.beta1), t));
+  p.bc2 = static_cast<T>(1.0 - std::pow(static_cast<double>(h.beta2), t));
+  p.nesterov = h.nesterov;
+  return p;
+}
+
+template <typename T>
+void Sgd(T* __restrict p, const T* __restrict g, size_t n, const Params<T>& k) {
+  for (size_t i = 0; i < n; ++i) p[i] -= k.lr * (g[i] + k.wd * p[i]);
+}
+
+template <typename T>
+void Momentum(T* __restrict p, const T* __restrict g, T* __restrict b, size_t n,
+              const Params<T>& k) {
+  if (k.nesterov) {
+    for (size_t i = 0; i < n; ++i) {
+      T gi = g[i] + k.wd * p[i];
+      b[i] = k.mu * b[i] + gi;
+      p[i] -= k.lr * (gi + k.mu * b[i]);
+    }
+  } else {
+    for (size_t i = 0; i < n; ++i) {
+      b[i] = k.mu * b[i] + (g[i] + k.wd * p[i]);
+      p[i] -= k.lr * b[i];
+    }
+  }
+}
+
+// decoupled: AdamW (p *= 1 - lr * wd, gradient untouched); else L2 in the gradient.
+template <typename T, bool kDecoupled>
+void Adam(T* __restrict p, const T* __restrict g, T* __restrict m, T* __restrict v, size_t n,
+          const Params<T>& k) {
+  const T step_size = k.lr / k.bc1;
+  const T inv_sqrt_bc2 = T(1) / std::sqrt(k.bc2);
+  const T decay = T(1) - k.lr * k.wd;
+  for (size_t i = 0; i < n; ++i) {
+    T gi = kDecoupled ? g[i] : g[i] + k.wd * p[i];
+    if (kDecoupled) p[i] *= decay;
+    m[i] = k.b1 * m[i] + (T(1) - k.b1) * gi;
+    v[i] = k.b2 * v[i] + (T(1) - k.b2) * gi * gi;
+    p[i] -= step_size * m[i] / (std::sqrt(v[i]) * inv_sqrt_bc2 + k.eps);
+  }
+}
+
+template <typename T>
+void Adagrad(T* __restrict p, const T* __restrict g, T* __restrict a, size_t n, const Params<T>& k) {
+  for (size_t i = 0; i < n; ++i) {
+    T gi = g[i] + k.wd * p[i];
+    a[i] += gi * gi;
+    p[i] -= k.lr * gi / (std::sqrt(a[i]) + k.eps);
+  }
+}
+
+template <typename T>
+void Step(UpdateRule rule, T* p, const T* g, T* s0, T* s1, size_t n, const Params<T>& k) {
+  switch (rule) {
+    case UpdateRule::kSgd:
+      return Sgd(p, g, n, k);
+    case UpdateRule::kMomentum:
+      return Momentum(p, g, s0, n, k);
+    case UpdateRule::kAdam:
+      return Adam<T, false>(p, g, s0, s1, n, k);
+    case UpdateRule::kAdamW:
+      return Adam<T, true>(p, g, s0, s1, n, k);
+    case UpdateRule::kAdagrad:
+      return Adagrad(p, g, s0, n, k);
+    case UpdateRule::kAssign:
+    case UpdateRule::kAdd:
+      return;
+  }
+}
+
+float ToFloat(DType dtype, uint16_t x) {
+  return dtype == DType::kF16 ? HalfToFloat(x) : BFloat16ToFloat(x);
+}
+uint16_t FromFloat(DType dtype, float x) {
+  return dtype == DType::kF16 ? FloatToHalf(x) : FloatToBFloat16(x);
+}
+
+}  // namespace
+
+int StateSlots(UpdateRule rule) {
+  switch (rule) {
+    case UpdateRule::kMomentum:
+    case UpdateRule::kAdagrad:
+      return 1;
+    case UpdateRule::kAdam:
+    case UpdateRule::kAdamW:
+      return 2;
+    default:
+      return 0;
+  }
+}
+
+size_t StateElementSize(DType dtype) { return dtype == DType::kF64 ? 8 : 4; }
+
+bool NeedsMaster(DType dtype, UpdateRule rule) {
+  return IsOptimizer(rule) && (dtype == DType::kF16 || dtype == DType::kBF16);
+}
+
+Status CheckRule(UpdateRule rule, DType dtype) {
+  if (IsOptimizer(rule) && (dtype == DType::kI32 || dtype == DType::kI64)) {
+    return Status::InvalidArgument(std::string("rule ") + UpdateRuleName(rule) +
+                                   " needs a floating dtype, not " + DTypeName(dtype));
+  }
+  return Status::Ok();
+}
+
+void ResetRuleState(UpdateRule rule, const Hyperparams& h, DType dtype, const void* param,
+                    size_t n, const RuleState& state) {
+  const size_t bytes = n * StateElementSize(dtype);
+  if (state.slot0) std::memset(state.slot0, 0, bytes);
+  if (state.slot1) std::memset(state.slot1, 0, bytes);
+  if (rule == UpdateRule::kAdagrad && state.slot0) {
+    if (dtype == DType::kF64) {
+      std::fill_n(static_cast<double*>(state.slot0), n, static_cast<double>(h.initial_accumulator));
+    } else {
+      std::fill_n(static_cast<float*>(state.slot0), n, h.initial_accumulator);
+    }
+  }
+  if (state.master) {
+    const auto* p = static_cast<const uint16_t*>(param);
+    for (size_t i = 0; i < n; ++i) state.master[i] = ToFloat(dtype, p[i]);
+  }
+}
+
+Status ApplyOptimizerCpu(UpdateRule rule, const Hyperparams& h, DType dtype, void* param,
+                         const void* grad, size_t n, const RuleState& state, uint64_t step) {
+  TESSERA_RETURN_IF_ERROR(CheckRule(rule, dtype));
+  if (!IsOptimizer(rule)) return Status::InvalidArgument("not an optimizer rule");
+  if (step == 0) return Status::InvalidArgument("optimizer steps count from 1");
+  const int slots = StateSlots(rule);
+  if ((slots >= 1 && !state.slot0) || (slots >= 2 && !state.slot1)) {
+    return Status::Internal(std::string("rule ") + UpdateRuleName(rule) + " has no state buffers");
+  }
+  switch (dtype) {
+    case DType::kF64: {
+      auto k = Prepare<double>(h, step);
+      Step(rule, static_cast<double*>(param), static_cast<const double*>(grad),
+           static_cast<double*>(state.slot0), static_cast<double*>(state.slot1), n, k);
+      return Status::Ok();
+    }
+    case DType::kF32: {
+      auto k = Prepare<float>(h, step);
+      Step(rule, static_cast<float*>(param), static_cast<const float*>(grad),
+           static_cast<float*>(state.slot0), static_cast<float*>(state.slot1), n, k);
+      return Status::Ok();
+    }
+    case DType::kF16:
+    case DType::kBF16: {
+      if (!state.master) return Status::Internal("f16/bf16 parameter without its master copy");
+      auto k = Prepare<float>(h, step);
+      auto* p = static_cast<uint16_t*>(param);
+      const auto* g = static_cast<const uint16_t*>(grad);
+      auto* s0 = static_cast<float*>(state.slot0);
+      auto* s1 = static_cast<float*>(state.slot1);
+      constexpr size_t kBlock = 2048;
+      std::array<float, kBlock> g32;
+      for (size_t off = 0; off < n; off += kBlock) {
+        const size_t len = std::min(kBlock, n - off);
+        for (size_t i = 0; i < len; ++i) g32[i] = ToFloat(dtype, g[off + i]);
+        Step(rule, state.master + off, g32.data(), s0 ? s0 + off : nullptr,
+             s1 ? s1 + off : nullptr, len, k);
+        for (size_t i = 0; i < len; ++i) p[off + i] = FromFloat(dtype, state.master[off + i]);
+      }
+      return Status::Ok();
+    }
+    case DType::kI32:
+    case DType::kI64:
+      break;
+  }
+  return Status::InvalidArgument("unsupported dtype");
+}
+
+}  // namespace tessera::kernels
