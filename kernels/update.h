@@ -34,8 +34,8 @@ Status CheckRule(UpdateRule rule, DType dtype);
 
 // Sets state for a freshly assigned parameter: zero moments, Adagrad's sum at
 // initial_accumulator, the master copy from the parameter's value.
-void ResetRuleState(UpdateRule rule, const Hyperparams& h, DType dtype, const void* param,
-                    size_t n, const RuleState& state);
+void ResetRuleState(UpdateRule rule, const Hyperparams& h, DType dtype, const void* param, size_t n,
+                    const RuleState& state);
 
 // One optimizer step: param and state updated in place from the gradient
 // (same dtype as the parameter). `step` counts this chunk's updates from 1

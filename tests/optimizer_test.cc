@@ -16,8 +16,8 @@ struct RefState {
 };
 
 // The textbook definitions, one element at a time (PyTorch's semantics).
-void ReferenceStep(UpdateRule rule, const Hyperparams& h, RefState& st, const std::vector<double>& g,
-                   uint64_t t) {
+void ReferenceStep(UpdateRule rule, const Hyperparams& h, RefState& st,
+                   const std::vector<double>& g, uint64_t t) {
   const double lr = h.learning_rate, wd = h.weight_decay, mu = h.momentum, b1 = h.beta1,
                b2 = h.beta2, eps = h.epsilon;
   for (size_t i = 0; i < st.p.size(); ++i) {
@@ -69,20 +69,32 @@ class OptimizerTest : public ::testing::TestWithParam<Case> {};
 
 double Read(DType dt, const std::vector<uint8_t>& buf, size_t i) {
   switch (dt) {
-    case DType::kF64: return reinterpret_cast<const double*>(buf.data())[i];
-    case DType::kF32: return reinterpret_cast<const float*>(buf.data())[i];
-    case DType::kF16: return HalfToFloat(reinterpret_cast<const uint16_t*>(buf.data())[i]);
-    default: return BFloat16ToFloat(reinterpret_cast<const uint16_t*>(buf.data())[i]);
+    case DType::kF64:
+      return reinterpret_cast<const double*>(buf.data())[i];
+    case DType::kF32:
+      return reinterpret_cast<const float*>(buf.data())[i];
+    case DType::kF16:
+      return HalfToFloat(reinterpret_cast<const uint16_t*>(buf.data())[i]);
+    default:
+      return BFloat16ToFloat(reinterpret_cast<const uint16_t*>(buf.data())[i]);
   }
 }
 
 // Stores x rounded to dt; returns the rounded value.
 double Write(DType dt, std::vector<uint8_t>& buf, size_t i, double x) {
   switch (dt) {
-    case DType::kF64: reinterpret_cast<double*>(buf.data())[i] = x; break;
-    case DType::kF32: reinterpret_cast<float*>(buf.data())[i] = static_cast<float>(x); break;
-    case DType::kF16: reinterpret_cast<uint16_t*>(buf.data())[i] = FloatToHalf(static_cast<float>(x)); break;
-    default: reinterpret_cast<uint16_t*>(buf.data())[i] = FloatToBFloat16(static_cast<float>(x)); break;
+    case DType::kF64:
+      reinterpret_cast<double*>(buf.data())[i] = x;
+      break;
+    case DType::kF32:
+      reinterpret_cast<float*>(buf.data())[i] = static_cast<float>(x);
+      break;
+    case DType::kF16:
+      reinterpret_cast<uint16_t*>(buf.data())[i] = FloatToHalf(static_cast<float>(x));
+      break;
+    default:
+      reinterpret_cast<uint16_t*>(buf.data())[i] = FloatToBFloat16(static_cast<float>(x));
+      break;
   }
   return Read(dt, buf, i);
 }

@@ -2,6 +2,8 @@
 // of bounds, and never trust a length. Run under ASan in the sanitizer build.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstring>
 #include <functional>
 #include <random>
 
@@ -54,6 +56,7 @@ std::vector<Sample> Samples() {
       Make("pull", pull),
       Make("pull_reply", PullReply{5, {2, 3}}),
       Make("release", Release{5}),
+      Make("set_hyper", SetHyper{{1, 2}, Hyperparams{}}),
       Make("init_done", InitDone{}),
       Make("error", Error{StatusCode::kNotFound, "no such tensor"}),
   };
@@ -122,6 +125,20 @@ Status DecodeRaw(const std::function<void(ByteWriter&)>& body) {
   return Decode<Msg>(f).status();
 }
 
+void HyperBody(ByteWriter& w, std::vector<float> values = {}, uint8_t flags = 0) {
+  const Hyperparams d;
+  if (values.empty()) {
+    values = {d.learning_rate, d.weight_decay, d.momentum,           d.beta1,
+              d.beta2,         d.epsilon,      d.initial_accumulator};
+  }
+  for (float f : values) {
+    uint32_t bits;
+    std::memcpy(&bits, &f, 4);
+    w.Put(bits);
+  }
+  w.Put(flags);
+}
+
 void TensorBody(ByteWriter& w, const std::string& name, uint8_t dtype, uint8_t rule,
                 std::vector<int64_t> dims, size_t claimed_ndims = SIZE_MAX) {
   w.PutString(name);
@@ -130,6 +147,7 @@ void TensorBody(ByteWriter& w, const std::string& name, uint8_t dtype, uint8_t r
   w.Put(static_cast<uint8_t>(claimed_ndims == SIZE_MAX ? dims.size() : claimed_ndims));
   for (auto d : dims) w.Put(d);
   w.Put(int32_t{-1});
+  HyperBody(w);
 }
 
 TEST(Wire, DeclareFieldsValidated) {
@@ -151,7 +169,7 @@ TEST(Wire, DeclareFieldsValidated) {
   std::vector<Case> cases = {
       {"dtype 0", [](ByteWriter& w) { TensorBody(w, "w", 0, 2, {2}); }, "dtype"},
       {"dtype 99", [](ByteWriter& w) { TensorBody(w, "w", 99, 2, {2}); }, "dtype"},
-      {"rule 7", [](ByteWriter& w) { TensorBody(w, "w", 1, 7, {2}); }, "rule"},
+      {"rule 9", [](ByteWriter& w) { TensorBody(w, "w", 1, 9, {2}); }, "rule"},
       {"9 dims",
        [](ByteWriter& w) {
          TensorBody(w, "w", 1, 2, {1, 1, 1, 1, 1, 1, 1, 1, 1});
@@ -164,11 +182,11 @@ TEST(Wire, DeclareFieldsValidated) {
        },
        "64 bits"},
       {"empty name", [](ByteWriter& w) { TensorBody(w, "", 1, 2, {2}); }, "empty"},
-      {"ndims beyond body", [](ByteWriter& w) { TensorBody(w, "w", 1, 2, {2}, 4); }, "truncated"},
+      {"ndims beyond body", [](ByteWriter& w) { TensorBody(w, "w", 1, 2, {2}, 8); }, "truncated"},
       {"name length lies",
        [](ByteWriter& w) {
          w.Put(uint32_t{5000});
-         for (int i = 0; i < 20; ++i) w.Put(uint8_t{'w'});
+         for (int i = 0; i < 64; ++i) w.Put(uint8_t{'w'});
        },
        "name"},
   };
@@ -182,6 +200,47 @@ TEST(Wire, DeclareFieldsValidated) {
   EXPECT_FALSE(st.ok());
   EXPECT_FALSE(declare_with([](ByteWriter& w) { TensorBody(w, "w", 1, 2, {2}); }, 1, 3).ok())
       << "chunk_bytes 3";
+}
+
+TEST(Wire, HyperparamsValidated) {
+  auto declare = [](uint8_t dtype, uint8_t rule, std::vector<float> hyper, uint8_t flags = 0) {
+    return DecodeRaw<Declare>([&](ByteWriter& w) {
+      w.Put(uint64_t{4096});
+      w.Put(uint8_t{1});
+      w.Put(uint32_t{1});
+      w.PutString("w");
+      w.Put(dtype);
+      w.Put(rule);
+      w.Put(uint8_t{1});
+      w.Put(int64_t{4});
+      w.Put(int32_t{-1});
+      HyperBody(w, hyper, flags);
+    });
+  };
+  const std::vector<float> ok = {0.1f, 0.0f, 0.9f, 0.9f, 0.999f, 1e-8f, 0.0f};
+  EXPECT_TRUE(declare(1, 5, ok).ok());
+  auto with = [&](size_t i, float v) {
+    auto h = ok;
+    h[i] = v;
+    return h;
+  };
+  struct Case {
+    const char* what;
+    Status st;
+    const char* needle;
+  };
+  for (const auto& c : std::vector<Case>{
+           {"nan learning rate", declare(1, 5, with(0, std::nanf(""))), "learning_rate"},
+           {"negative weight decay", declare(1, 5, with(1, -1.0f)), "weight_decay"},
+           {"beta2 of 1", declare(1, 5, with(4, 1.0f)), "beta2"},
+           {"zero epsilon", declare(1, 5, with(5, 0.0f)), "epsilon"},
+           {"unknown flag", declare(1, 5, ok, 2), "flags"},
+           {"adam on i32", declare(5, 5, ok), "floating"},
+       }) {
+    EXPECT_FALSE(c.st.ok()) << c.what;
+    EXPECT_NE(c.st.message().find(c.needle), std::string::npos)
+        << c.what << ": " << c.st.ToString();
+  }
 }
 
 TEST(Wire, CreateChunkMustFitShape) {
@@ -229,7 +288,7 @@ TEST(Wire, RandomGarbageNeverCrashes) {
     EXPECT_FALSE(s.decode(garbage).ok()) << s.name << " accepted pure garbage";
   }
   // Flipped nonce or value bytes stay valid frames; most mutations must not.
-  EXPECT_LT(accepted, 15 * 2000 / 2);
+  EXPECT_LT(accepted, 16 * 2000 / 2);
 }
 
 }  // namespace

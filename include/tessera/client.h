@@ -37,6 +37,8 @@ struct TensorSpec {
   std::vector<uint8_t> initial;
   // Place every chunk on this ps task instead of by the placement policy.
   int pinned_shard = -1;
+  // For the optimizer rules (sgd, momentum, adam, adamw, adagrad).
+  Hyperparams hyper = {};
 };
 
 // A declared tensor: cheap to copy, valid for the life of its Client.
@@ -174,6 +176,10 @@ class Client {
   Status Push(const std::vector<PushItem>& items) { return PushAsync(items).Wait(); }
   Status Pull(const std::vector<PullItem>& items) { return PullAsync(items).Wait(); }
   Status PushPull(const std::vector<PushPullItem>& items) { return PushPullAsync(items).Wait(); }
+
+  // Chief only: new hyper-parameters for a tensor's optimizer from its next
+  // update on (a learning-rate schedule).
+  Status SetHyperparams(Tensor t, const Hyperparams& hyper);
 
   ClientCounters counters() const;
   int num_shards() const;

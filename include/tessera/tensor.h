@@ -59,11 +59,11 @@ bool IsOptimizer(UpdateRule rule);
 struct Hyperparams {
   float learning_rate = 0.01f;
   float weight_decay = 0.0f;
-  float momentum = 0.9f;  // kMomentum
-  bool nesterov = false;  // kMomentum
-  float beta1 = 0.9f;     // kAdam, kAdamW
-  float beta2 = 0.999f;   // kAdam, kAdamW
-  float epsilon = 1e-8f;  // kAdam, kAdamW (1e-10 is PyTorch's Adagrad default; set it)
+  float momentum = 0.9f;             // kMomentum
+  bool nesterov = false;             // kMomentum
+  float beta1 = 0.9f;                // kAdam, kAdamW
+  float beta2 = 0.999f;              // kAdam, kAdamW
+  float epsilon = 1e-8f;             // kAdam, kAdamW (1e-10 is PyTorch's Adagrad default; set it)
   float initial_accumulator = 0.0f;  // kAdagrad (TensorFlow used 0.1)
 
   // An error naming the bad field, or OK.

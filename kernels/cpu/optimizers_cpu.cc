@@ -73,7 +73,8 @@ void Adam(T* __restrict p, const T* __restrict g, T* __restrict m, T* __restrict
 }
 
 template <typename T>
-void Adagrad(T* __restrict p, const T* __restrict g, T* __restrict a, size_t n, const Params<T>& k) {
+void Adagrad(T* __restrict p, const T* __restrict g, T* __restrict a, size_t n,
+             const Params<T>& k) {
   for (size_t i = 0; i < n; ++i) {
     T gi = g[i] + k.wd * p[i];
     a[i] += gi * gi;
@@ -136,8 +137,8 @@ Status CheckRule(UpdateRule rule, DType dtype) {
   return Status::Ok();
 }
 
-void ResetRuleState(UpdateRule rule, const Hyperparams& h, DType dtype, const void* param,
-                    size_t n, const RuleState& state) {
+void ResetRuleState(UpdateRule rule, const Hyperparams& h, DType dtype, const void* param, size_t n,
+                    const RuleState& state) {
   const size_t bytes = n * StateElementSize(dtype);
   if (state.slot0) std::memset(state.slot0, 0, bytes);
   if (state.slot1) std::memset(state.slot1, 0, bytes);
@@ -189,8 +190,8 @@ Status ApplyOptimizerCpu(UpdateRule rule, const Hyperparams& h, DType dtype, voi
       for (size_t off = 0; off < n; off += kBlock) {
         const size_t len = std::min(kBlock, n - off);
         for (size_t i = 0; i < len; ++i) g32[i] = ToFloat(dtype, g[off + i]);
-        Step(rule, state.master + off, g32.data(), s0 ? s0 + off : nullptr,
-             s1 ? s1 + off : nullptr, len, k);
+        Step(rule, state.master + off, g32.data(), s0 ? s0 + off : nullptr, s1 ? s1 + off : nullptr,
+             len, k);
         for (size_t i = 0; i < len; ++i) p[off + i] = FromFloat(dtype, state.master[off + i]);
       }
       return Status::Ok();

@@ -106,6 +106,7 @@ class Client::Impl {
   Result<std::vector<Tensor>> DeclareMany(const std::vector<TensorSpec>& specs);
   Status Initialize();
   Status WaitForInit(std::chrono::milliseconds timeout);
+  Status SetHyperparams(Tensor t, const Hyperparams& hyper);
   Future Push(const std::vector<PushItem>& items, uint32_t flags);
   Future Pull(const std::vector<PullItem>& items);
   Future PushPull(const std::vector<PushPullItem>& items);
@@ -173,7 +174,8 @@ class Client::Impl {
   void PushToShard(int shard, std::vector<ChunkIo> ios, uint32_t flags,
                    std::function<void(Status, std::vector<uint64_t>)> done);
   void PullFromShard(int shard, std::vector<ChunkIo> ios, const std::function<void(Status)>& done);
-  Result<const TensorEntry*> Lookup(Tensor t, size_t bytes, std::optional<DType> dtype) const;
+  Result<const TensorEntry*> Lookup(Tensor t, size_t bytes, std::optional<DType> dtype,
+                                    bool check_bytes = true) const;
   std::shared_ptr<Future::State> NewOp() const {
     auto st = std::make_shared<Future::State>();
     st->timeout = options_.op_timeout;
@@ -477,7 +479,8 @@ void Client::Impl::Handshake(int shard) {
 }
 
 Result<const Client::Impl::TensorEntry*> Client::Impl::Lookup(Tensor t, size_t bytes,
-                                                              std::optional<DType> dtype) const {
+                                                              std::optional<DType> dtype,
+                                                              bool check_bytes) const {
   std::lock_guard<std::mutex> lock(tensors_mu_);
   if (t.index >= tensors_.size()) {
     return Status::InvalidArgument("tensor handle " + std::to_string(t.index) +
@@ -489,7 +492,7 @@ Result<const Client::Impl::TensorEntry*> Client::Impl::Lookup(Tensor t, size_t b
                                    DescribeTensor(e->spec.dtype, e->spec.shape) + ", not " +
                                    DTypeName(*dtype));
   }
-  if (bytes != e->bytes) {
+  if (check_bytes && bytes != e->bytes) {
     return Status::InvalidArgument(
         "tensor '" + e->spec.name + "' is " + DescribeTensor(e->spec.dtype, e->spec.shape) + " = " +
         std::to_string(e->bytes) + " bytes, but the buffer has " + std::to_string(bytes));
@@ -519,7 +522,9 @@ Result<std::vector<Tensor>> Client::Impl::DeclareMany(const std::vector<TensorSp
           "tensor '" + spec.name + "': initial value has " + std::to_string(spec.initial.size()) +
           " bytes, " + DescribeTensor(spec.dtype, spec.shape) + " needs " + std::to_string(bytes));
     }
-    declare.tensors.push_back({spec.name, spec.dtype, spec.rule, spec.shape, spec.pinned_shard});
+    TESSERA_RETURN_IF_ERROR(spec.hyper.Validate().WithContext("tensor '" + spec.name + "'"));
+    declare.tensors.push_back(
+        {spec.name, spec.dtype, spec.rule, spec.shape, spec.pinned_shard, spec.hyper});
   }
   auto placed = Call<wire::Declare, wire::DeclareReply>(coord_index_, declare, options_.op_timeout);
   if (!placed.ok()) return placed.status();
@@ -838,6 +843,27 @@ Status Client::Impl::Initialize() {
   return ack.ok() ? Status::Ok() : ack.status();
 }
 
+Status Client::Impl::SetHyperparams(Tensor t, const Hyperparams& hyper) {
+  if (worker_rank_ != 0) {
+    return Status::FailedPrecondition(task_.ToString() + " is not the chief; only " +
+                                      options_.cluster.chief().ToString() +
+                                      " changes hyper-parameters");
+  }
+  TESSERA_RETURN_IF_ERROR(hyper.Validate());
+  auto entry = Lookup(t, 0, std::nullopt, /*check_bytes=*/false);
+  if (!entry.ok()) return entry.status();
+  std::vector<wire::SetHyper> by_shard(shards_.size());
+  for (const auto& c : (*entry)->chunks) by_shard[c.shard].key_ids.push_back(c.key_id);
+  for (size_t s = 0; s < by_shard.size(); ++s) {
+    if (by_shard[s].key_ids.empty()) continue;
+    by_shard[s].hyper = hyper;
+    auto ack =
+        Call<wire::SetHyper, wire::Ack>(static_cast<int>(s), by_shard[s], options_.op_timeout);
+    if (!ack.ok()) return ack.status();
+  }
+  return Status::Ok();
+}
+
 Status Client::Impl::WaitForInit(std::chrono::milliseconds timeout) {
   auto ack = Call<wire::WaitInit, wire::Ack>(coord_index_, wire::WaitInit{}, timeout);
   if (ack.ok()) return Status::Ok();
@@ -890,6 +916,9 @@ TensorInfo Client::info(Tensor t) const {
 
 bool Client::is_chief() const { return impl_->worker_rank_ == 0; }
 Status Client::Initialize() { return impl_->Initialize(); }
+Status Client::SetHyperparams(Tensor t, const Hyperparams& hyper) {
+  return impl_->SetHyperparams(t, hyper);
+}
 Status Client::WaitForInit(std::chrono::milliseconds timeout) {
   return impl_->WaitForInit(timeout);
 }

@@ -94,7 +94,9 @@ const char* UpdateRuleName(UpdateRule rule) {
 
 bool IsValidUpdateRule(uint8_t raw) { return raw >= 1 && raw <= 7; }
 
-bool IsOptimizer(UpdateRule rule) { return rule != UpdateRule::kAssign && rule != UpdateRule::kAdd; }
+bool IsOptimizer(UpdateRule rule) {
+  return rule != UpdateRule::kAssign && rule != UpdateRule::kAdd;
+}
 
 Result<UpdateRule> ParseUpdateRule(std::string_view name) {
   for (uint8_t raw = 1; raw <= 7; ++raw) {
@@ -110,8 +112,10 @@ Status Hyperparams::Validate() const {
     return Status::InvalidArgument(std::string("hyper-parameter ") + field + " = " +
                                    std::to_string(value) + " (must be " + want + ")");
   };
-  if (!(learning_rate >= 0.0f) || std::isinf(learning_rate)) return bad("learning_rate", learning_rate, "finite and >= 0");
-  if (!(weight_decay >= 0.0f) || std::isinf(weight_decay)) return bad("weight_decay", weight_decay, "finite and >= 0");
+  if (!(learning_rate >= 0.0f) || std::isinf(learning_rate))
+    return bad("learning_rate", learning_rate, "finite and >= 0");
+  if (!(weight_decay >= 0.0f) || std::isinf(weight_decay))
+    return bad("weight_decay", weight_decay, "finite and >= 0");
   if (!(momentum >= 0.0f && momentum < 1.0f)) return bad("momentum", momentum, "in [0, 1)");
   if (!(beta1 >= 0.0f && beta1 < 1.0f)) return bad("beta1", beta1, "in [0, 1)");
   if (!(beta2 >= 0.0f && beta2 < 1.0f)) return bad("beta2", beta2, "in [0, 1)");

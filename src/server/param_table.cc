@@ -64,6 +64,12 @@ Result<Param*> ParamTable::Create(const wire::CreateEntry& entry) {
   p->bytes = bytes;
   p->data = static_cast<uint8_t*>(arenas_[place->first].region->data()) + place->second;
   std::fill(p->data, p->data + bytes, uint8_t{0});
+  p->hyper = t.hyper;
+  const size_t state_bytes = entry.elem_count * kernels::StateElementSize(t.dtype);
+  const int slots = kernels::StateSlots(t.rule);
+  if (slots >= 1) p->state0.assign(state_bytes, 0);
+  if (slots >= 2) p->state1.assign(state_bytes, 0);
+  if (kernels::NeedsMaster(t.dtype, t.rule)) p->master.assign(entry.elem_count, 0.0f);
   by_name_[key] = p->key_id;
   params_.push_back(std::move(p));
   return params_.back().get();

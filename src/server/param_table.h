@@ -10,6 +10,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "kernels/update.h"
 #include "transport/transport.h"
 #include "wire/messages.h"
 
@@ -23,6 +24,16 @@ struct Param {
   uint64_t arena_offset = 0;
   uint64_t bytes = 0;
   uint8_t* data = nullptr;
+
+  // Optimizer state, never remotely accessible (see kernels::RuleState).
+  Hyperparams hyper;
+  std::vector<uint8_t> state0, state1;
+  std::vector<float> master;
+  uint64_t updates = 0;  // optimizer steps applied since init (Adam's t)
+  kernels::RuleState rule_state() {
+    return {state0.empty() ? nullptr : state0.data(), state1.empty() ? nullptr : state1.data(),
+            master.empty() ? nullptr : master.data()};
+  }
 
   uint64_t version = 0;  // bumped by every applied update; 1 after init
   bool initialized = false;

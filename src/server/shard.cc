@@ -188,7 +188,8 @@ void Shard::OnMessage(const EndpointPtr& ep, std::span<const uint8_t> frame) {
   // cannot be served gets an error reply.
   auto bad = [&](const Status& st) { Drop(peer, st, h->request_id); };
   const bool data_op = h->opcode == wire::Opcode::kCreate || h->opcode == wire::Opcode::kPush ||
-                       h->opcode == wire::Opcode::kPull || h->opcode == wire::Opcode::kRelease;
+                       h->opcode == wire::Opcode::kPull || h->opcode == wire::Opcode::kRelease ||
+                       h->opcode == wire::Opcode::kSetHyper;
   if (data_op && is_coordinator_only()) {
     return SendError(
         peer, h->request_id,
@@ -222,6 +223,11 @@ void Shard::OnMessage(const EndpointPtr& ep, std::span<const uint8_t> frame) {
       auto m = wire::DecodeBody<wire::Pull>(*h, frame);
       if (!m.ok()) return bad(m.status());
       return OnPull(peer, h->request_id, std::move(*m));
+    }
+    case wire::Opcode::kSetHyper: {
+      auto m = wire::DecodeBody<wire::SetHyper>(*h, frame);
+      if (!m.ok()) return bad(m.status());
+      return OnSetHyper(peer, h->request_id, *m);
     }
     case wire::Opcode::kRelease: {
       auto m = wire::DecodeBody<wire::Release>(*h, frame);
@@ -363,9 +369,22 @@ bool Shard::TryApplyPush(PendingPush& push) {
   wire::PushReply reply;
   for (const auto& e : push.msg.entries) {
     Param* p = table_->Find(e.key_id);
-    UpdateRule rule = init ? UpdateRule::kAssign : p->entry.tensor.rule;
-    Status st = kernels::ApplyUpdateCpu(rule, p->entry.tensor.dtype, p->data,
-                                        staging + e.staging_offset, p->entry.elem_count);
+    const auto& t = p->entry.tensor;
+    const uint8_t* grad = staging + e.staging_offset;
+    Status st;
+    if (init) {
+      // Initial value (or a restore): the optimizer starts afresh from it.
+      st =
+          kernels::ApplyUpdateCpu(UpdateRule::kAssign, t.dtype, p->data, grad, p->entry.elem_count);
+      kernels::ResetRuleState(t.rule, p->hyper, t.dtype, p->data, p->entry.elem_count,
+                              p->rule_state());
+      p->updates = 0;
+    } else if (IsOptimizer(t.rule)) {
+      st = kernels::ApplyOptimizerCpu(t.rule, p->hyper, t.dtype, p->data, grad, p->entry.elem_count,
+                                      p->rule_state(), ++p->updates);
+    } else {
+      st = kernels::ApplyUpdateCpu(t.rule, t.dtype, p->data, grad, p->entry.elem_count);
+    }
     if (!st.ok()) {
       SendError(*push.peer, push.request_id, st.WithContext("tensor '" + p->display_name + "'"));
       return true;
@@ -418,6 +437,26 @@ bool Shard::TryGrantPull(PendingPull& pull) {
   pulls_served_++;
   Reply(*pull.peer, pull.request_id, reply);
   return true;
+}
+
+void Shard::OnSetHyper(Peer& peer, uint64_t request_id, const wire::SetHyper& msg) {
+  if (peer.hello.worker_rank != 0) {
+    return SendError(peer, request_id,
+                     Status::PermissionDenied(peer.hello.task + " is not the chief"));
+  }
+  for (uint32_t key : msg.key_ids) {
+    if (table_->Find(key) == nullptr) {
+      return SendError(peer, request_id,
+                       Status::NotFound("set-hyper for unknown key id " + std::to_string(key)));
+    }
+  }
+  for (uint32_t key : msg.key_ids) {
+    Param* p = table_->Find(key);
+    p->hyper = msg.hyper;
+    TLOG_INFO("{}: learning rate {} from update {} on", p->display_name, msg.hyper.learning_rate,
+              p->updates + 1);
+  }
+  Reply(peer, request_id, wire::Ack{});
 }
 
 void Shard::OnRelease(Peer& peer, const wire::Release& msg) {

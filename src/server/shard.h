@@ -69,6 +69,7 @@ class Shard {
   void OnPush(Peer& peer, uint64_t request_id, uint32_t flags, wire::Push msg);
   void OnPull(Peer& peer, uint64_t request_id, wire::Pull msg);
   void OnRelease(Peer& peer, const wire::Release& msg);
+  void OnSetHyper(Peer& peer, uint64_t request_id, const wire::SetHyper& msg);
 
   Status ValidatePush(const Peer& peer, uint32_t flags, const wire::Push& msg);
   bool TryApplyPush(PendingPush& push);

@@ -42,6 +42,8 @@ const char* OpcodeName(Opcode op) {
       return "ack";
     case Opcode::kError:
       return "error";
+    case Opcode::kSetHyper:
+      return "set-hyper";
   }
   return "unknown";
 }

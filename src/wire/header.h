@@ -37,8 +37,9 @@ enum class Opcode : uint16_t {
   kWaitInit = 15,
   kAck = 16,
   kError = 17,
+  kSetHyper = 18,
 };
-constexpr uint16_t kMaxOpcode = 17;
+constexpr uint16_t kMaxOpcode = 18;
 const char* OpcodeName(Opcode op);
 
 // Header flags.

@@ -1,5 +1,7 @@
 #include "wire/messages.h"
 
+#include <cstring>
+
 namespace tessera::wire {
 namespace {
 
@@ -22,6 +24,43 @@ bool GetArray(ByteReader& r, std::array<uint8_t, N>* out) {
   return true;
 }
 
+void PutFloat(ByteWriter& w, float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  w.Put(bits);
+}
+
+bool GetFloat(ByteReader& r, float* f) {
+  uint32_t bits = 0;
+  if (!r.Get(&bits)) return false;
+  std::memcpy(f, &bits, 4);
+  return true;
+}
+
+constexpr size_t kHyperBytes = 7 * 4 + 1;
+
+void PutHyper(ByteWriter& w, const Hyperparams& h) {
+  for (float f : {h.learning_rate, h.weight_decay, h.momentum, h.beta1, h.beta2, h.epsilon,
+                  h.initial_accumulator}) {
+    PutFloat(w, f);
+  }
+  w.Put(static_cast<uint8_t>(h.nesterov ? 1 : 0));
+}
+
+Result<Hyperparams> GetHyper(ByteReader& r) {
+  Hyperparams h;
+  uint8_t flags = 0;
+  for (float* f : {&h.learning_rate, &h.weight_decay, &h.momentum, &h.beta1, &h.beta2, &h.epsilon,
+                   &h.initial_accumulator}) {
+    if (!GetFloat(r, f)) return Truncated("hyper-parameters");
+  }
+  if (!r.Get(&flags)) return Truncated("hyper-parameter flags");
+  if (flags > 1) return Status::InvalidArgument("unknown hyper-parameter flags");
+  h.nesterov = flags == 1;
+  TESSERA_RETURN_IF_ERROR(h.Validate());
+  return h;
+}
+
 void PutTensorDecl(ByteWriter& w, const TensorDecl& t) {
   w.PutString(t.name);
   w.Put(static_cast<uint8_t>(t.dtype));
@@ -29,9 +68,10 @@ void PutTensorDecl(ByteWriter& w, const TensorDecl& t) {
   w.Put(static_cast<uint8_t>(t.shape.size()));
   for (int64_t d : t.shape) w.Put(d);
   w.Put(t.pinned_shard);
+  PutHyper(w, t.hyper);
 }
 
-constexpr size_t kMinTensorDeclBytes = 4 + 1 + 1 + 1 + 4;
+constexpr size_t kMinTensorDeclBytes = 4 + 1 + 1 + 1 + 4 + kHyperBytes;
 
 Result<TensorDecl> GetTensorDecl(ByteReader& r) {
   TensorDecl t;
@@ -65,6 +105,13 @@ Result<TensorDecl> GetTensorDecl(ByteReader& r) {
   if (*n > (uint64_t{1} << 40))
     return Status::InvalidArgument("tensor '" + t.name + "' is too large");
   if (!r.Get(&t.pinned_shard)) return Truncated("pinned_shard");
+  auto hyper = GetHyper(r);
+  if (!hyper.ok()) return hyper.status().WithContext("tensor '" + t.name + "'");
+  t.hyper = *hyper;
+  if (IsOptimizer(t.rule) && (t.dtype == DType::kI32 || t.dtype == DType::kI64)) {
+    return Status::InvalidArgument("tensor '" + t.name + "': rule " + UpdateRuleName(t.rule) +
+                                   " needs a floating dtype, not " + DTypeName(t.dtype));
+  }
   return t;
 }
 
@@ -317,6 +364,26 @@ void Release::EncodeBody(ByteWriter& w) const { w.Put(lease_id); }
 Result<Release> Release::DecodeBody(ByteReader& r) {
   Release m;
   if (!r.Get(&m.lease_id)) return Truncated("lease_id");
+  return m;
+}
+
+void SetHyper::EncodeBody(ByteWriter& w) const {
+  w.Put(static_cast<uint32_t>(key_ids.size()));
+  for (uint32_t k : key_ids) w.Put(k);
+  PutHyper(w, hyper);
+}
+Result<SetHyper> SetHyper::DecodeBody(ByteReader& r) {
+  SetHyper m;
+  uint32_t count = 0;
+  if (!GetCount(r, 4, &count)) return Truncated("key count");
+  if (count == 0) return Status::InvalidArgument("set-hyper for no tensors");
+  m.key_ids.resize(count);
+  for (auto& k : m.key_ids) {
+    if (!r.Get(&k)) return Truncated("key id");
+  }
+  auto h = GetHyper(r);
+  if (!h.ok()) return h.status();
+  m.hyper = *h;
   return m;
 }
 

@@ -63,6 +63,7 @@ struct TensorDecl {
   UpdateRule rule = UpdateRule::kAssign;
   Shape shape;
   int32_t pinned_shard = -1;
+  Hyperparams hyper;
 };
 
 // To the coordinator: where do these tensors live?
@@ -190,6 +191,15 @@ struct Ack {
   static constexpr Opcode kOpcode = Opcode::kAck;
   void EncodeBody(ByteWriter&) const {}
   static Result<Ack> DecodeBody(ByteReader&) { return Ack{}; }
+};
+
+// The chief changes optimizer hyper-parameters (a learning-rate schedule).
+struct SetHyper {
+  static constexpr Opcode kOpcode = Opcode::kSetHyper;
+  std::vector<uint32_t> key_ids;
+  Hyperparams hyper;
+  void EncodeBody(ByteWriter& w) const;
+  static Result<SetHyper> DecodeBody(ByteReader& r);
 };
 
 struct Error {
