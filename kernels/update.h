@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "tessera/status.h"
 #include "tessera/tensor.h"
@@ -14,6 +15,17 @@ namespace tessera::kernels {
 // dst = rule(dst, src) over n elements of dtype, for assign and add. dst and
 // src do not overlap.
 Status ApplyUpdateCpu(UpdateRule rule, DType dtype, void* dst, const void* src, size_t n);
+
+// Sync-step aggregation. The running sum is kept in f32 for f16/bf16
+// gradients (so that adding many replicas does not round each time), else in
+// the gradient's own dtype.
+size_t AccumulatorElementSize(DType dtype);
+// acc (+)= grad; `first` overwrites instead of adding.
+void Accumulate(DType dtype, void* acc, const void* grad, size_t n, bool first);
+// Scales the sum (averaging) and returns it as a gradient of `dtype`: acc
+// itself, or for f16/bf16 `out` (resized) holding the rounded values.
+const void* FinishAccumulation(DType dtype, void* acc, size_t n, double scale,
+                               std::vector<uint8_t>* out);
 
 // Optimizer state of one chunk, beside its parameter on the shard. Moments
 // are kept in the compute type: f64 for f64 parameters, f32 otherwise.

@@ -522,6 +522,128 @@ TEST_P(ClusterTest, AdamOnBf16KeepsAnF32Master) {
   EXPECT_NE(bad.status().message().find("floating"), std::string::npos) << bad.status().ToString();
 }
 
+// SyncReplicasOptimizer semantics: N synchronous steps of 3 workers give
+// exactly the reference computed from the same gradients (averaged, SGD, f64),
+// whatever order the pushes arrive in.
+TEST_P(ClusterTest, SyncStepsMatchReferenceExactly) {
+  StartCluster(2, 3);
+  const size_t n = 200000;  // chunked over both shards
+  TensorSpec spec{"w", DType::kF64, {static_cast<int64_t>(n)}, UpdateRule::kSgd, {}, -1};
+  spec.hyper.learning_rate = 0.25f;
+  spec.mode = ConsistencyMode::Sync(3, 3, /*average=*/true);
+  std::vector<double> ref(n, 1.0);
+  spec.initial.resize(n * 8);
+  std::memcpy(spec.initial.data(), ref.data(), n * 8);
+  std::vector<Client*> workers;
+  std::vector<Tensor> handles;
+  for (int w = 0; w < 3; ++w) {
+    workers.push_back(&Connect(w));
+    auto t = workers.back()->Declare(spec);
+    ASSERT_TRUE(t.ok()) << t.status().ToString();
+    handles.push_back(*t);
+  }
+  ASSERT_TRUE(workers[0]->Initialize().ok());
+  // Integer-valued gradients: their sum is exact in any order.
+  auto gradient = [](int w, int t, size_t i) {
+    return static_cast<double>((i + 7 * w + 3 * t) % 11) - 5;
+  };
+  const int steps = 5;
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int w = 0; w < 3; ++w) {
+    threads.emplace_back([&, w] {
+      if (w > 0 && !workers[w]->WaitForInit(10s).ok()) failures++;
+      std::vector<double> g(n), got(n);
+      for (int t = 0; t < steps; ++t) {
+        for (size_t i = 0; i < n; ++i) g[i] = gradient(w, t, i);
+        if (!workers[w]->Push({PushItem::Of<double>(handles[w], g)}, t).ok()) failures++;
+        // Step t+1's weights: everyone's step t applied.
+        if (!workers[w]->Pull({PullItem::AfterStep<double>(handles[w], got, t + 1)}).ok())
+          failures++;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  ASSERT_EQ(failures, 0);
+  const double lr = static_cast<double>(0.25f);
+  for (int t = 0; t < steps; ++t) {
+    for (size_t i = 0; i < n; ++i) {
+      double sum = 0;
+      for (int w = 0; w < 3; ++w) sum += gradient(w, t, i);
+      ref[i] -= lr * (sum * (1.0 / 3));
+    }
+  }
+  std::vector<double> got(n);
+  ASSERT_TRUE(workers[0]->Pull({PullItem::AfterStep<double>(handles[0], got, steps)}).ok());
+  EXPECT_TRUE(got == ref) << "element 0: " << got[0] << " vs " << ref[0];
+  uint64_t applied = 0;
+  for (auto& srv : servers_) applied += srv->stats().sync_steps_applied;
+  EXPECT_EQ(applied, steps * 2u) << "one step per chunk per shard";
+}
+
+// replicas_to_aggregate = 2 of 3: a third push for an applied step is a
+// backup or stale push and is dropped and counted; a second push of the same
+// step by one worker is dropped as a duplicate; a pull for step t+1 waits.
+TEST_P(ClusterTest, SyncDropsStaleBackupAndDuplicatePushes) {
+  StartCluster(1, 3);
+  TensorSpec spec{"w", DType::kF32, {4}, UpdateRule::kAdd, {}, -1};
+  spec.mode = ConsistencyMode::Sync(2, 3, /*average=*/false);
+  std::vector<Client*> c;
+  std::vector<Tensor> t;
+  for (int w = 0; w < 3; ++w) {
+    c.push_back(&Connect(w));
+    t.push_back(c.back()->Declare(spec).value());
+  }
+  ASSERT_TRUE(c[0]->Initialize().ok());
+  std::vector<float> one(4, 1.0f), got(4);
+  auto waiting = c[2]->PullAsync({PullItem::AfterStep<float>(t[2], got, 1)});
+  ASSERT_TRUE(c[0]->Push({PushItem::Of<float>(t[0], one)}, 0).ok());
+  ASSERT_TRUE(c[0]->Push({PushItem::Of<float>(t[0], one)}, 0).ok());  // duplicate
+  EXPECT_EQ(c[0]->counters().chunks_dropped_duplicate, 1u);
+  std::this_thread::sleep_for(100ms);
+  EXPECT_FALSE(waiting.ready()) << "step 0 has 1 of 2 replicas";
+  ASSERT_TRUE(c[1]->Push({PushItem::Of<float>(t[1], one)}, 0).ok());
+  ASSERT_TRUE(waiting.Wait().ok());
+  EXPECT_EQ(got, std::vector<float>(4, 2.0f));
+  ASSERT_TRUE(c[2]->Push({PushItem::Of<float>(t[2], one)}, 0).ok());  // backup: too late
+  EXPECT_EQ(c[2]->counters().chunks_dropped_stale, 1u);
+  auto stats = servers_[0]->stats();
+  EXPECT_EQ(stats.stale_pushes_dropped, 1u);
+  EXPECT_EQ(stats.duplicate_pushes_dropped, 1u);
+  EXPECT_EQ(stats.sync_steps_applied, 1u);
+  // Step 1 goes on without the backup's stale contribution.
+  ASSERT_TRUE(c[2]->Push({PushItem::Of<float>(t[2], one)}, 1).ok());
+  ASSERT_TRUE(c[1]->Push({PushItem::Of<float>(t[1], one)}, 1).ok());
+  ASSERT_TRUE(c[0]->Pull({PullItem::AfterStep<float>(t[0], got, 2)}).ok());
+  EXPECT_EQ(got, std::vector<float>(4, 4.0f));
+}
+
+// Stale-synchronous: a worker at step t may read weights only once every
+// worker pushed step t - s.
+TEST_P(ClusterTest, BoundedStalenessWaitsForTheSlowestWorker) {
+  StartCluster(1, 2);
+  TensorSpec spec{"w", DType::kF32, {2}, UpdateRule::kAdd, {}, -1};
+  spec.mode = ConsistencyMode::Bounded(1);
+  Client& fast = Connect(0);
+  Client& slow = Connect(1);
+  auto tf = fast.Declare(spec).value();
+  auto ts = slow.Declare(spec).value();
+  ASSERT_TRUE(fast.Initialize().ok());
+  std::vector<float> one(2, 1.0f), got(2);
+  for (uint64_t step = 0; step < 3; ++step)
+    ASSERT_TRUE(fast.Push({PushItem::Of<float>(tf, one)}, step).ok());
+  // fast is at step 3 with s = 1: it needs every worker past step 1 (2 steps pushed).
+  auto pull = fast.PullAsync({PullItem::AfterStep<float>(tf, got, 3 - 1)});
+  std::this_thread::sleep_for(100ms);
+  EXPECT_FALSE(pull.ready());
+  ASSERT_TRUE(slow.Push({PushItem::Of<float>(ts, one)}, 0).ok());
+  std::this_thread::sleep_for(100ms);
+  EXPECT_FALSE(pull.ready()) << "slow has pushed 1 step, 2 are needed";
+  ASSERT_TRUE(slow.Push({PushItem::Of<float>(ts, one)}, 1).ok());
+  ASSERT_TRUE(pull.Wait().ok());
+  EXPECT_EQ(got, std::vector<float>(2, 5.0f));
+}
+
 TEST_P(ClusterTest, SeparateCoordinatorTask) {
   ASSERT_TRUE(spec_.AddJob("coordinator", {{"127.0.0.1", testing::UnusedPort()}}).ok());
   StartCluster(2, 2);

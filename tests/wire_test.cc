@@ -40,7 +40,7 @@ std::vector<Sample> Samples() {
   Create create{
       {{Decl("w", DType::kF32, {3, 4}), 0, 2, 0, 6}, {Decl("w", DType::kF32, {3, 4}), 1, 2, 6, 6}}};
   CreateReply create_reply{{{0, 0, 64, 24, 1}}, {{0, {1, 2, 3, 4}}}};
-  Push push{{{0, 0, 24}, {1, 64, 24}}};
+  Push push{7, {{0, 0, 24}, {1, 64, 24}}};
   Pull pull{{{0, 2}, {1, 2}}};
   return {
       Make("hello", hello),
@@ -52,7 +52,7 @@ std::vector<Sample> Samples() {
       Make("create", create),
       Make("create_reply", create_reply),
       Make("push", push, kFlagInit),
-      Make("push_reply", PushReply{{1, 2}}),
+      Make("push_reply", PushReply{{1, 2}, {0, 1}}),
       Make("pull", pull),
       Make("pull_reply", PullReply{5, {2, 3}}),
       Make("release", Release{5}),
@@ -139,6 +139,15 @@ void HyperBody(ByteWriter& w, std::vector<float> values = {}, uint8_t flags = 0)
   w.Put(flags);
 }
 
+void ModeBody(ByteWriter& w, uint8_t kind = 1, uint32_t r2a = 0, uint32_t total = 0,
+              uint8_t average = 1) {
+  w.Put(kind);
+  w.Put(r2a);
+  w.Put(total);
+  w.Put(average);
+  w.Put(uint32_t{0});
+}
+
 void TensorBody(ByteWriter& w, const std::string& name, uint8_t dtype, uint8_t rule,
                 std::vector<int64_t> dims, size_t claimed_ndims = SIZE_MAX) {
   w.PutString(name);
@@ -148,6 +157,7 @@ void TensorBody(ByteWriter& w, const std::string& name, uint8_t dtype, uint8_t r
   for (auto d : dims) w.Put(d);
   w.Put(int32_t{-1});
   HyperBody(w);
+  ModeBody(w);
 }
 
 TEST(Wire, DeclareFieldsValidated) {
@@ -215,6 +225,7 @@ TEST(Wire, HyperparamsValidated) {
       w.Put(int64_t{4});
       w.Put(int32_t{-1});
       HyperBody(w, hyper, flags);
+      ModeBody(w);
     });
   };
   const std::vector<float> ok = {0.1f, 0.0f, 0.9f, 0.9f, 0.999f, 1e-8f, 0.0f};
@@ -243,6 +254,43 @@ TEST(Wire, HyperparamsValidated) {
   }
 }
 
+TEST(Wire, ConsistencyModesValidated) {
+  auto declare = [](uint8_t dtype, uint8_t kind, uint32_t r2a, uint32_t total, uint8_t average) {
+    return DecodeRaw<Declare>([&](ByteWriter& w) {
+      w.Put(uint64_t{4096});
+      w.Put(uint8_t{1});
+      w.Put(uint32_t{1});
+      w.PutString("w");
+      w.Put(dtype);
+      w.Put(uint8_t{2});
+      w.Put(uint8_t{1});
+      w.Put(int64_t{4});
+      w.Put(int32_t{-1});
+      HyperBody(w);
+      ModeBody(w, kind, r2a, total, average);
+    });
+  };
+  EXPECT_TRUE(declare(1, 2, 2, 3, 1).ok());
+  EXPECT_TRUE(declare(5, 2, 2, 3, 0).ok()) << "summing i32 is fine";
+  struct Case {
+    const char* what;
+    Status st;
+    const char* needle;
+  };
+  for (const auto& c : std::vector<Case>{
+           {"unknown mode", declare(1, 9, 1, 1, 1), "consistency"},
+           {"sync without replicas", declare(1, 2, 0, 3, 1), "replicas_to_aggregate"},
+           {"more to aggregate than replicas", declare(1, 2, 4, 3, 1), "exceeds"},
+           {"averaging ints", declare(5, 2, 2, 3, 1), "averaging"},
+           {"bad average flag", declare(1, 2, 2, 3, 7), "average"},
+           {"bounded without replicas", declare(1, 3, 0, 0, 0), "bounded"},
+       }) {
+    EXPECT_FALSE(c.st.ok()) << c.what;
+    EXPECT_NE(c.st.message().find(c.needle), std::string::npos)
+        << c.what << ": " << c.st.ToString();
+  }
+}
+
 TEST(Wire, CreateChunkMustFitShape) {
   auto create = [](uint32_t index, uint32_t count, uint64_t offset, uint64_t elems) {
     return DecodeRaw<Create>([&](ByteWriter& w) {
@@ -263,7 +311,10 @@ TEST(Wire, CreateChunkMustFitShape) {
 }
 
 TEST(Wire, EmptyPushAndPullRejected) {
-  EXPECT_FALSE(DecodeRaw<Push>([](ByteWriter& w) { w.Put(uint32_t{0}); }).ok());
+  EXPECT_FALSE(DecodeRaw<Push>([](ByteWriter& w) {
+                 w.Put(uint64_t{0});
+                 w.Put(uint32_t{0});
+               }).ok());
   EXPECT_FALSE(DecodeRaw<Pull>([](ByteWriter& w) { w.Put(uint32_t{0}); }).ok());
   EXPECT_FALSE(DecodeRaw<Error>([](ByteWriter& w) {
                  w.Put(uint8_t{200});

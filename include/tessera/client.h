@@ -39,6 +39,9 @@ struct TensorSpec {
   int pinned_shard = -1;
   // For the optimizer rules (sgd, momentum, adam, adamw, adagrad).
   Hyperparams hyper = {};
+  // async (default), sync(replicas_to_aggregate, total_num_replicas) or
+  // bounded(s); zeros are filled from the cluster's worker count.
+  ConsistencyMode mode = {};
 };
 
 // A declared tensor: cheap to copy, valid for the life of its Client.
@@ -96,10 +99,18 @@ struct PullItem {
   // applied update adds 1).
   uint64_t min_version = 1;
   std::optional<DType> dtype;
+  // Sync tensors: wait until this many steps were applied (after pushing
+  // step t, pull with t + 1). Bounded tensors: until every worker pushed this
+  // many steps (a worker at step t pulls with t - s).
+  uint64_t min_step = 0;
 
   template <typename T>
   static PullItem Of(Tensor t, std::span<T> values, uint64_t min_version = 1) {
     return {t, values.data(), values.size_bytes(), min_version, DTypeOf<T>()};
+  }
+  template <typename T>
+  static PullItem AfterStep(Tensor t, std::span<T> values, uint64_t min_step) {
+    return {t, values.data(), values.size_bytes(), 1, DTypeOf<T>(), min_step};
   }
 };
 
@@ -150,6 +161,9 @@ struct ClientCounters {
   uint64_t messages_sent = 0, message_bytes_sent = 0;
   uint64_t messages_received = 0, message_bytes_received = 0;
   uint64_t puts = 0, put_bytes = 0, gets = 0, get_bytes = 0;
+  // Sync tensors: pushed chunks the shards dropped (their step was applied
+  // already, or this worker had pushed that step).
+  uint64_t chunks_dropped_stale = 0, chunks_dropped_duplicate = 0;
 };
 
 class Client {
@@ -170,6 +184,12 @@ class Client {
   Status WaitForInit(std::chrono::milliseconds timeout = std::chrono::milliseconds{60'000});
 
   Future PushAsync(const std::vector<PushItem>& items);
+  // A push tagged with the worker's step (sync and bounded tensors; steps
+  // count from 0).
+  Future PushAsync(const std::vector<PushItem>& items, uint64_t step);
+  Status Push(const std::vector<PushItem>& items, uint64_t step) {
+    return PushAsync(items, step).Wait();
+  }
   Future PullAsync(const std::vector<PullItem>& items);
   // Pushes, then pulls each tensor's value with this push applied.
   Future PushPullAsync(const std::vector<PushPullItem>& items);

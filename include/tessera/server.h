@@ -40,8 +40,11 @@ struct ServerStats {
   uint64_t tensors = 0;  // chunks held
   uint64_t pushes_applied = 0;
   uint64_t pulls_served = 0;
-  uint64_t connections_refused = 0;  // failed authentication or malformed messages
-  uint64_t leases_revoked = 0;       // pull leases not released within lease_timeout
+  uint64_t connections_refused = 0;       // failed authentication or malformed messages
+  uint64_t leases_revoked = 0;            // pull leases not released within lease_timeout
+  uint64_t sync_steps_applied = 0;        // sync chunks' steps applied
+  uint64_t stale_pushes_dropped = 0;      // sync: pushed chunks for an applied step
+  uint64_t duplicate_pushes_dropped = 0;  // sync: a worker's second push of a step
 };
 
 class Server {

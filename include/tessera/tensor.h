@@ -70,4 +70,38 @@ struct Hyperparams {
   Status Validate() const;
 };
 
+// How pushes from several workers combine (per tensor).
+enum class Consistency : uint8_t {
+  // Every push applies on arrival (TensorFlow's default).
+  kAsync = 1,
+  // SyncReplicasOptimizer: a push is tagged with its step; step t applies
+  // once replicas_to_aggregate workers pushed for it (summed or averaged);
+  // pushes for an already applied step (stale, or backup workers) are
+  // dropped and counted.
+  kSync = 2,
+  // Stale-synchronous: pushes apply on arrival, but a pull may ask that every
+  // worker has pushed at least a given number of steps (t - s).
+  kBounded = 3,
+};
+
+struct ConsistencyMode {
+  Consistency kind = Consistency::kAsync;
+  uint32_t replicas_to_aggregate = 0;  // sync; 0 means total_num_replicas
+  uint32_t total_num_replicas = 0;     // sync/bounded; 0 means every worker of the cluster
+  bool average = true;                 // sync: average the aggregated gradients (as TF) or sum
+  uint32_t staleness = 0;              // bounded: s, for the caller's min_step = t - s
+
+  static ConsistencyMode Async() { return {}; }
+  static ConsistencyMode Sync(uint32_t replicas_to_aggregate, uint32_t total_num_replicas,
+                              bool average = true) {
+    return {Consistency::kSync, replicas_to_aggregate, total_num_replicas, average, 0};
+  }
+  static ConsistencyMode Bounded(uint32_t staleness, uint32_t total_num_replicas = 0) {
+    return {Consistency::kBounded, 0, total_num_replicas, false, staleness};
+  }
+  Status Validate() const;
+};
+
+const char* ConsistencyName(Consistency kind);
+
 }  // namespace tessera

@@ -117,4 +117,51 @@ Status ApplyUpdateCpu(UpdateRule rule, DType dtype, void* dst, const void* src, 
   return Status::Ok();
 }
 
+size_t AccumulatorElementSize(DType dtype) {
+  return dtype == DType::kF16 || dtype == DType::kBF16 ? 4 : DTypeSize(dtype);
+}
+
+void Accumulate(DType dtype, void* acc, const void* grad, size_t n, bool first) {
+  if (dtype == DType::kF16 || dtype == DType::kBF16) {
+    auto* a = static_cast<float*>(acc);
+    const auto* g = static_cast<const uint16_t*>(grad);
+    auto to_float = dtype == DType::kF16 ? HalfToFloat : BFloat16ToFloat;
+    for (size_t i = 0; i < n; ++i) a[i] = (first ? 0.0f : a[i]) + to_float(g[i]);
+    return;
+  }
+  (void)ApplyUpdateCpu(first ? UpdateRule::kAssign : UpdateRule::kAdd, dtype, acc, grad, n);
+}
+
+namespace {
+template <typename T>
+void Scale(T* x, size_t n, T s) {
+  for (size_t i = 0; i < n; ++i) x[i] *= s;
+}
+}  // namespace
+
+const void* FinishAccumulation(DType dtype, void* acc, size_t n, double scale,
+                               std::vector<uint8_t>* out) {
+  switch (dtype) {
+    case DType::kF64:
+      if (scale != 1.0) Scale(static_cast<double*>(acc), n, scale);
+      return acc;
+    case DType::kF32:
+      if (scale != 1.0) Scale(static_cast<float*>(acc), n, static_cast<float>(scale));
+      return acc;
+    case DType::kF16:
+    case DType::kBF16: {
+      auto* a = static_cast<float*>(acc);
+      out->resize(n * 2);
+      auto* o = reinterpret_cast<uint16_t*>(out->data());
+      auto from_float = dtype == DType::kF16 ? FloatToHalf : FloatToBFloat16;
+      for (size_t i = 0; i < n; ++i) o[i] = from_float(a[i] * static_cast<float>(scale));
+      return out->data();
+    }
+    case DType::kI32:
+    case DType::kI64:
+      return acc;  // integers are summed, never averaged (the decoder refuses it)
+  }
+  return acc;
+}
+
 }  // namespace tessera::kernels

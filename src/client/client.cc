@@ -107,7 +107,7 @@ class Client::Impl {
   Status Initialize();
   Status WaitForInit(std::chrono::milliseconds timeout);
   Status SetHyperparams(Tensor t, const Hyperparams& hyper);
-  Future Push(const std::vector<PushItem>& items, uint32_t flags);
+  Future Push(const std::vector<PushItem>& items, uint32_t flags, uint64_t step);
   Future Pull(const std::vector<PullItem>& items);
   Future PushPull(const std::vector<PushPullItem>& items);
 
@@ -127,6 +127,8 @@ class Client::Impl {
   TaskId task_;
   int worker_rank_ = 0;
   std::unique_ptr<transport::Context> ctx_;
+
+  std::atomic<uint64_t> dropped_stale_{0}, dropped_duplicate_{0};  // sync push outcomes
 
   mutable std::mutex tensors_mu_;
   std::deque<TensorEntry>
@@ -170,8 +172,9 @@ class Client::Impl {
     const Chunk* chunk;
     uint8_t* local;  // source (push) or destination (pull)
     uint64_t min_version = 0;
+    uint64_t min_step = 0;
   };
-  void PushToShard(int shard, std::vector<ChunkIo> ios, uint32_t flags,
+  void PushToShard(int shard, std::vector<ChunkIo> ios, uint32_t flags, uint64_t step,
                    std::function<void(Status, std::vector<uint64_t>)> done);
   void PullFromShard(int shard, std::vector<ChunkIo> ios, const std::function<void(Status)>& done);
   Result<const TensorEntry*> Lookup(Tensor t, size_t bytes, std::optional<DType> dtype,
@@ -523,8 +526,24 @@ Result<std::vector<Tensor>> Client::Impl::DeclareMany(const std::vector<TensorSp
           " bytes, " + DescribeTensor(spec.dtype, spec.shape) + " needs " + std::to_string(bytes));
     }
     TESSERA_RETURN_IF_ERROR(spec.hyper.Validate().WithContext("tensor '" + spec.name + "'"));
+    ConsistencyMode mode = spec.mode;
+    if (mode.kind != Consistency::kAsync) {
+      if (mode.total_num_replicas == 0) {
+        mode.total_num_replicas = static_cast<uint32_t>(options_.cluster.num_workers());
+      }
+      if (mode.kind == Consistency::kSync && mode.replicas_to_aggregate == 0) {
+        mode.replicas_to_aggregate = mode.total_num_replicas;
+      }
+      if (mode.total_num_replicas > static_cast<uint32_t>(options_.cluster.num_workers())) {
+        return Status::InvalidArgument("tensor '" + spec.name + "': total_num_replicas " +
+                                       std::to_string(mode.total_num_replicas) +
+                                       " exceeds the cluster's " +
+                                       std::to_string(options_.cluster.num_workers()) + " workers");
+      }
+    }
+    TESSERA_RETURN_IF_ERROR(mode.Validate().WithContext("tensor '" + spec.name + "'"));
     declare.tensors.push_back(
-        {spec.name, spec.dtype, spec.rule, spec.shape, spec.pinned_shard, spec.hyper});
+        {spec.name, spec.dtype, spec.rule, spec.shape, spec.pinned_shard, spec.hyper, mode});
   }
   auto placed = Call<wire::Declare, wire::DeclareReply>(coord_index_, declare, options_.op_timeout);
   if (!placed.ok()) return placed.status();
@@ -603,7 +622,7 @@ Result<std::vector<Tensor>> Client::Impl::DeclareMany(const std::vector<TensorSp
   return out;
 }
 
-void Client::Impl::PushToShard(int shard, std::vector<ChunkIo> ios, uint32_t flags,
+void Client::Impl::PushToShard(int shard, std::vector<ChunkIo> ios, uint32_t flags, uint64_t step,
                                std::function<void(Status, std::vector<uint64_t>)> done) {
   ShardConn& s = shards_[shard];
   if (!s.dead.ok()) return done(s.dead, {});
@@ -624,12 +643,12 @@ void Client::Impl::PushToShard(int shard, std::vector<ChunkIo> ios, uint32_t fla
       if (rest.empty()) used += b;
     }
     auto versions = std::make_shared<std::vector<uint64_t>>();
-    PushToShard(shard, std::move(first), flags,
-                [this, shard, rest = std::move(rest), flags, versions, done](
+    PushToShard(shard, std::move(first), flags, step,
+                [this, shard, rest = std::move(rest), flags, step, versions, done](
                     const Status& st, const std::vector<uint64_t>& v) mutable {
                   if (!st.ok()) return done(st, {});
                   versions->insert(versions->end(), v.begin(), v.end());
-                  PushToShard(shard, std::move(rest), flags,
+                  PushToShard(shard, std::move(rest), flags, step,
                               [versions, done](const Status& st2, std::vector<uint64_t> v2) {
                                 versions->insert(versions->end(), v2.begin(), v2.end());
                                 done(st2, std::move(*versions));
@@ -640,12 +659,14 @@ void Client::Impl::PushToShard(int shard, std::vector<ChunkIo> ios, uint32_t fla
   auto offset = s.alloc.Allocate(total);
   if (!offset) {
     // Wait for earlier pushes to this shard to free their staging space.
-    s.waiting_for_staging.push_back([this, shard, ios = std::move(ios), flags, done]() mutable {
-      PushToShard(shard, std::move(ios), flags, std::move(done));
-    });
+    s.waiting_for_staging.push_back(
+        [this, shard, ios = std::move(ios), flags, step, done]() mutable {
+          PushToShard(shard, std::move(ios), flags, step, std::move(done));
+        });
     return;
   }
   wire::Push msg;
+  msg.step = step;
   struct Progress {
     int outstanding;
     Status status;
@@ -668,37 +689,41 @@ void Client::Impl::PushToShard(int shard, std::vector<ChunkIo> ios, uint32_t fla
       release();
       return done(progress->status, {});
     }
-    Request(
-        shard, m, flags,
-        [release, done](const Status& st, const wire::Header& h, std::span<const uint8_t> frame) {
-          release();
-          if (!st.ok()) return done(st, {});
-          auto reply = wire::DecodeBody<wire::PushReply>(h, frame);
-          if (!reply.ok()) return done(reply.status(), {});
-          done(Status::Ok(), std::move(reply->versions));
-        });
+    Request(shard, m, flags,
+            [this, release, done](const Status& st, const wire::Header& h,
+                                  std::span<const uint8_t> frame) {
+              release();
+              if (!st.ok()) return done(st, {});
+              auto reply = wire::DecodeBody<wire::PushReply>(h, frame);
+              if (!reply.ok()) return done(reply.status(), {});
+              for (uint8_t o : reply->outcomes) {
+                if (o == static_cast<uint8_t>(wire::PushOutcome::kStale)) dropped_stale_++;
+                if (o == static_cast<uint8_t>(wire::PushOutcome::kDuplicate)) dropped_duplicate_++;
+              }
+              done(Status::Ok(), std::move(reply->versions));
+            });
   };
   for (const auto& io : ios) {
     msg.entries.push_back({io.chunk->key_id, rel, io.chunk->bytes});
     rel += (io.chunk->bytes + 63) / 64 * 64;
   }
-  auto step = [progress, after_puts, msg](const Status& st) {
+  auto one_done = [progress, after_puts, msg](const Status& st) {
     if (!st.ok() && progress->status.ok()) progress->status = st;
     if (--progress->outstanding == 0) after_puts(msg);
   };
   for (size_t i = 0; i < ios.size(); ++i) {
     const auto& e = msg.entries[i];
-    s.ep->Put(ios[i].local, e.byte_length, *s.staging, base + e.staging_offset, step);
+    s.ep->Put(ios[i].local, e.byte_length, *s.staging, base + e.staging_offset, one_done);
   }
   // The shard reads the slot once the push-done arrives: make the puts
   // complete at the shard first.
-  s.ep->Flush(step);
+  s.ep->Flush(one_done);
 }
 
 void Client::Impl::PullFromShard(int shard, std::vector<ChunkIo> ios,
                                  const std::function<void(Status)>& done) {
   wire::Pull msg;
-  for (const auto& io : ios) msg.entries.push_back({io.chunk->key_id, io.min_version});
+  for (const auto& io : ios) msg.entries.push_back({io.chunk->key_id, io.min_version, io.min_step});
   Request(shard, msg, 0,
           [this, shard, ios = std::move(ios), done](const Status& st, const wire::Header& h,
                                                     std::span<const uint8_t> frame) {
@@ -735,7 +760,7 @@ void Client::Impl::PullFromShard(int shard, std::vector<ChunkIo> ios,
           });
 }
 
-Future Client::Impl::Push(const std::vector<PushItem>& items, uint32_t flags) {
+Future Client::Impl::Push(const std::vector<PushItem>& items, uint32_t flags, uint64_t step) {
   std::vector<std::vector<ChunkIo>> by_shard(shards_.size());
   for (const auto& item : items) {
     auto e = Lookup(item.tensor, item.bytes, item.dtype);
@@ -747,11 +772,11 @@ Future Client::Impl::Push(const std::vector<PushItem>& items, uint32_t flags) {
   }
   auto op = NewOp();
   op->Add(1);  // held until every part is issued
-  ctx_->Post([this, op, flags, by_shard = std::move(by_shard)]() mutable {
+  ctx_->Post([this, op, flags, step, by_shard = std::move(by_shard)]() mutable {
     for (size_t s = 0; s < by_shard.size(); ++s) {
       if (by_shard[s].empty()) continue;
       op->Add(1);
-      PushToShard(static_cast<int>(s), std::move(by_shard[s]), flags,
+      PushToShard(static_cast<int>(s), std::move(by_shard[s]), flags, step,
                   [op](const Status& st, const std::vector<uint64_t>&) { op->Finish(st); });
     }
     op->Finish(Status::Ok());
@@ -766,7 +791,7 @@ Future Client::Impl::Pull(const std::vector<PullItem>& items) {
     if (!e.ok()) return FailedFuture(e.status().WithContext("pull"));
     for (const auto& c : (*e)->chunks) {
       by_shard[c.shard].push_back(
-          {&c, static_cast<uint8_t*>(item.data) + c.byte_offset, item.min_version});
+          {&c, static_cast<uint8_t*>(item.data) + c.byte_offset, item.min_version, item.min_step});
     }
   }
   auto op = NewOp();
@@ -800,7 +825,7 @@ Future Client::Impl::PushPull(const std::vector<PushPullItem>& items) {
     for (size_t s = 0; s < push.size(); ++s) {
       if (push[s].empty()) continue;
       op->Add(1);
-      PushToShard(static_cast<int>(s), std::move(push[s]), 0,
+      PushToShard(static_cast<int>(s), std::move(push[s]), 0, 0,
                   [this, op, s, ios = std::move(pull[s])](const Status& st,
                                                           std::vector<uint64_t> versions) mutable {
                     if (!st.ok()) return op->Finish(st);
@@ -838,7 +863,7 @@ Status Client::Impl::Initialize() {
     }
   }
   if (!items.empty())
-    TESSERA_RETURN_IF_ERROR(Push(items, wire::kFlagInit).Wait().WithContext("initialising"));
+    TESSERA_RETURN_IF_ERROR(Push(items, wire::kFlagInit, 0).Wait().WithContext("initialising"));
   auto ack = Call<wire::InitDone, wire::Ack>(coord_index_, wire::InitDone{}, options_.op_timeout);
   return ack.ok() ? Status::Ok() : ack.status();
 }
@@ -922,7 +947,10 @@ Status Client::SetHyperparams(Tensor t, const Hyperparams& hyper) {
 Status Client::WaitForInit(std::chrono::milliseconds timeout) {
   return impl_->WaitForInit(timeout);
 }
-Future Client::PushAsync(const std::vector<PushItem>& items) { return impl_->Push(items, 0); }
+Future Client::PushAsync(const std::vector<PushItem>& items) { return impl_->Push(items, 0, 0); }
+Future Client::PushAsync(const std::vector<PushItem>& items, uint64_t step) {
+  return impl_->Push(items, 0, step);
+}
 Future Client::PullAsync(const std::vector<PullItem>& items) { return impl_->Pull(items); }
 Future Client::PushPullAsync(const std::vector<PushPullItem>& items) {
   return impl_->PushPull(items);
@@ -931,14 +959,18 @@ int Client::num_shards() const { return impl_->options_.cluster.num_tasks("ps");
 
 ClientCounters Client::counters() const {
   auto c = impl_->ctx_->counters();
-  return {c.messages_sent,
-          c.message_bytes_sent,
-          c.messages_received,
-          c.message_bytes_received,
-          c.puts,
-          c.put_bytes,
-          c.gets,
-          c.get_bytes};
+  ClientCounters out;
+  out.messages_sent = c.messages_sent;
+  out.message_bytes_sent = c.message_bytes_sent;
+  out.messages_received = c.messages_received;
+  out.message_bytes_received = c.message_bytes_received;
+  out.puts = c.puts;
+  out.put_bytes = c.put_bytes;
+  out.gets = c.gets;
+  out.get_bytes = c.get_bytes;
+  out.chunks_dropped_stale = impl_->dropped_stale_;
+  out.chunks_dropped_duplicate = impl_->dropped_duplicate_;
+  return out;
 }
 
 }  // namespace tessera

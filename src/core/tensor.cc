@@ -126,4 +126,38 @@ Status Hyperparams::Validate() const {
   return Status::Ok();
 }
 
+const char* ConsistencyName(Consistency kind) {
+  switch (kind) {
+    case Consistency::kAsync:
+      return "async";
+    case Consistency::kSync:
+      return "sync";
+    case Consistency::kBounded:
+      return "bounded";
+  }
+  return "invalid";
+}
+
+Status ConsistencyMode::Validate() const {
+  if (kind != Consistency::kAsync && kind != Consistency::kSync && kind != Consistency::kBounded) {
+    return Status::InvalidArgument("invalid consistency mode " +
+                                   std::to_string(static_cast<int>(kind)));
+  }
+  if (kind == Consistency::kSync) {
+    if (total_num_replicas == 0 || replicas_to_aggregate == 0) {
+      return Status::InvalidArgument(
+          "sync mode needs replicas_to_aggregate and total_num_replicas");
+    }
+    if (replicas_to_aggregate > total_num_replicas) {
+      return Status::InvalidArgument(
+          "sync mode: replicas_to_aggregate (" + std::to_string(replicas_to_aggregate) +
+          ") exceeds total_num_replicas (" + std::to_string(total_num_replicas) + ")");
+    }
+  }
+  if (kind == Consistency::kBounded && total_num_replicas == 0) {
+    return Status::InvalidArgument("bounded mode needs total_num_replicas");
+  }
+  return Status::Ok();
+}
+
 }  // namespace tessera

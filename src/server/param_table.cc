@@ -70,6 +70,11 @@ Result<Param*> ParamTable::Create(const wire::CreateEntry& entry) {
   if (slots >= 1) p->state0.assign(state_bytes, 0);
   if (slots >= 2) p->state1.assign(state_bytes, 0);
   if (kernels::NeedsMaster(t.dtype, t.rule)) p->master.assign(entry.elem_count, 0.0f);
+  if (t.mode.kind == Consistency::kSync) {
+    p->agg.assign(entry.elem_count * kernels::AccumulatorElementSize(t.dtype), 0);
+    p->contributed.assign(static_cast<size_t>(num_workers_), false);
+  }
+  if (t.mode.kind == Consistency::kBounded) p->pushed_steps.assign(t.mode.total_num_replicas, 0);
   by_name_[key] = p->key_id;
   params_.push_back(std::move(p));
   return params_.back().get();

@@ -3,6 +3,7 @@
 // remotely writable).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -35,6 +36,34 @@ struct Param {
             master.empty() ? nullptr : master.data()};
   }
 
+  // Sync: the step being aggregated (= steps applied) and its running sum
+  // (f32 for f16/bf16 parameters, else the parameter's dtype).
+  uint64_t step = 0;
+  std::vector<uint8_t> agg;
+  std::vector<uint8_t> agg_out;  // the sum in the parameter's dtype, for halves
+  uint32_t agg_count = 0;
+  std::vector<bool> contributed;  // by worker rank, this step
+  // Bounded: steps each worker rank has pushed.
+  std::vector<uint64_t> pushed_steps;
+
+  void ResetAggregation() {
+    agg_count = 0;
+    std::fill(contributed.begin(), contributed.end(), false);
+  }
+  // Sync: steps applied; bounded: steps every worker pushed; async: updates.
+  uint64_t StepReached() const {
+    switch (entry.tensor.mode.kind) {
+      case Consistency::kSync:
+        return step;
+      case Consistency::kBounded:
+        return pushed_steps.empty() ? 0
+                                    : *std::min_element(pushed_steps.begin(), pushed_steps.end());
+      case Consistency::kAsync:
+        break;
+    }
+    return version > 0 ? version - 1 : 0;
+  }
+
   uint64_t version = 0;  // bumped by every applied update; 1 after init
   bool initialized = false;
   uint32_t readers = 0;         // pull leases that may be reading the bytes now
@@ -43,7 +72,8 @@ struct Param {
 
 class ParamTable {
  public:
-  ParamTable(transport::Context* ctx, size_t arena_bytes) : ctx_(ctx), arena_bytes_(arena_bytes) {}
+  ParamTable(transport::Context* ctx, size_t arena_bytes, int num_workers)
+      : ctx_(ctx), arena_bytes_(arena_bytes), num_workers_(num_workers) {}
 
   // Creates the chunk, or returns the existing one if it matches; a mismatch
   // is an error naming both declarations.
@@ -67,6 +97,7 @@ class ParamTable {
 
   transport::Context* ctx_;
   size_t arena_bytes_;
+  int num_workers_;
   std::vector<Arena> arenas_;
   std::vector<std::unique_ptr<Param>> params_;                    // index = key_id
   std::map<std::pair<std::string, uint32_t>, uint32_t> by_name_;  // (name, chunk) -> key_id

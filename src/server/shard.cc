@@ -68,7 +68,8 @@ Status Shard::Start() {
   auto ctx = transport::Context::Open(topts);
   if (!ctx.ok()) return ctx.status();
   ctx_ = std::move(*ctx);
-  table_ = std::make_unique<ParamTable>(ctx_.get(), options_.arena_bytes);
+  table_ = std::make_unique<ParamTable>(ctx_.get(), options_.arena_bytes,
+                                        options_.cluster.num_workers());
   const bool separate_coordinator = options_.cluster.num_tasks("coordinator") > 0;
   if (is_coordinator_only() || (!separate_coordinator && options_.task_index == 0)) {
     coord_ = std::make_unique<coord::Coordinator>(options_.cluster.num_tasks("ps"));
@@ -121,6 +122,9 @@ ServerStats Shard::stats() const {
   s.pulls_served = pulls_served_;
   s.connections_refused = refused_;
   s.leases_revoked = leases_revoked_;
+  s.sync_steps_applied = steps_applied_;
+  s.stale_pushes_dropped = stale_dropped_;
+  s.duplicate_pushes_dropped = duplicate_dropped_;
   return s;
 }
 
@@ -353,24 +357,37 @@ void Shard::OnPush(Peer& peer, uint64_t request_id, uint32_t flags, wire::Push m
   if (!st.ok()) return SendError(peer, request_id, st);
   PendingPush push{&peer, request_id, flags, std::move(msg)};
   if (!TryApplyPush(push)) {
-    for (const auto& e : push.msg.entries) table_->Find(e.key_id)->writer_waiting = true;
     blocked_pushes_.push_back(std::move(push));
+    MarkWaitingWriters();
     return;
   }
   RetryWaiting();
 }
 
+bool Shard::NeedsNoLease(const Param& p, uint32_t flags) {
+  // A sync push only adds to the step's sum; the parameter changes when the
+  // step applies (ApplyAggregated), which waits for readers itself.
+  return !(flags & wire::kFlagInit) && p.entry.tensor.mode.kind == Consistency::kSync;
+}
+
 bool Shard::TryApplyPush(PendingPush& push) {
   for (const auto& e : push.msg.entries) {
-    if (table_->Find(e.key_id)->readers > 0) return false;
+    const Param* p = table_->Find(e.key_id);
+    if (NeedsNoLease(*p, push.flags)) {
+      if (push.msg.step > p->step) return false;  // ahead of the cluster: wait for the step
+    } else if (p->readers > 0) {
+      return false;
+    }
   }
   const bool init = push.flags & wire::kFlagInit;
+  const uint32_t rank = push.peer->hello.worker_rank;
   const auto* staging = static_cast<const uint8_t*>(push.peer->staging->data());
   wire::PushReply reply;
   for (const auto& e : push.msg.entries) {
     Param* p = table_->Find(e.key_id);
     const auto& t = p->entry.tensor;
     const uint8_t* grad = staging + e.staging_offset;
+    auto outcome = wire::PushOutcome::kApplied;
     Status st;
     if (init) {
       // Initial value (or a restore): the optimizer starts afresh from it.
@@ -379,30 +396,90 @@ bool Shard::TryApplyPush(PendingPush& push) {
       kernels::ResetRuleState(t.rule, p->hyper, t.dtype, p->data, p->entry.elem_count,
                               p->rule_state());
       p->updates = 0;
-    } else if (IsOptimizer(t.rule)) {
-      st = kernels::ApplyOptimizerCpu(t.rule, p->hyper, t.dtype, p->data, grad, p->entry.elem_count,
-                                      p->rule_state(), ++p->updates);
+      p->ResetAggregation();
+      p->version++;
+      p->initialized = true;
+    } else if (t.mode.kind == Consistency::kSync) {
+      if (push.msg.step < p->step || p->agg_count >= t.mode.replicas_to_aggregate) {
+        // Its step was applied, or has its replicas and waits to apply: a
+        // late worker or a backup worker. TensorFlow drops these too.
+        outcome = wire::PushOutcome::kStale;
+        stale_dropped_++;
+      } else if (p->contributed[rank]) {
+        outcome = wire::PushOutcome::kDuplicate;
+        duplicate_dropped_++;
+      } else {
+        kernels::Accumulate(t.dtype, p->agg.data(), grad, p->entry.elem_count, p->agg_count == 0);
+        p->contributed[rank] = true;
+        if (++p->agg_count == t.mode.replicas_to_aggregate) pending_steps_.push_back(p->key_id);
+      }
     } else {
-      st = kernels::ApplyUpdateCpu(t.rule, t.dtype, p->data, grad, p->entry.elem_count);
+      st = ApplyGradient(*p, grad);
+      if (t.mode.kind == Consistency::kBounded && rank < p->pushed_steps.size()) {
+        p->pushed_steps[rank] = std::max(p->pushed_steps[rank], push.msg.step + 1);
+      }
     }
     if (!st.ok()) {
       SendError(*push.peer, push.request_id, st.WithContext("tensor '" + p->display_name + "'"));
       return true;
     }
-    p->version++;
-    p->initialized = true;
     p->writer_waiting = false;
     reply.versions.push_back(p->version);
-    if (options_.log_updates && p->entry.elem_count <= 8) LogUpdate(*p, *push.peer);
+    reply.outcomes.push_back(static_cast<uint8_t>(outcome));
+    if (options_.log_updates && p->entry.elem_count <= 8 &&
+        outcome == wire::PushOutcome::kApplied && t.mode.kind != Consistency::kSync) {
+      LogUpdate(*p, push.peer->hello.task);
+    }
   }
   pushes_applied_++;
   Reply(*push.peer, push.request_id, reply);
   return true;
 }
 
-void Shard::LogUpdate(const Param& p, const Peer& from) const {
+Status Shard::ApplyGradient(Param& p, const void* grad) {
+  const auto& t = p.entry.tensor;
+  Status st = IsOptimizer(t.rule)
+                  ? kernels::ApplyOptimizerCpu(t.rule, p.hyper, t.dtype, p.data, grad,
+                                               p.entry.elem_count, p.rule_state(), ++p.updates)
+                  : kernels::ApplyUpdateCpu(t.rule, t.dtype, p.data, grad, p.entry.elem_count);
+  if (st.ok()) p.version++;
+  return st;
+}
+
+bool Shard::TryApplyStep(Param& p) {
+  if (p.readers > 0) return false;
+  const auto& mode = p.entry.tensor.mode;
+  const double scale = mode.average ? 1.0 / mode.replicas_to_aggregate : 1.0;
+  const void* grad = kernels::FinishAccumulation(p.entry.tensor.dtype, p.agg.data(),
+                                                 p.entry.elem_count, scale, &p.agg_out);
+  Status st = ApplyGradient(p, grad);
+  if (!st.ok()) TLOG_ERROR("{}: step {} not applied: {}", p.display_name, p.step, st.ToString());
+  p.step++;
+  steps_applied_++;
+  p.ResetAggregation();
+  p.writer_waiting = false;
+  if (options_.log_updates && p.entry.elem_count <= 8) {
+    LogUpdate(p, "step " + std::to_string(p.step - 1) + " of " +
+                     std::to_string(mode.replicas_to_aggregate) + " workers");
+  }
+  return true;
+}
+
+void Shard::MarkWaitingWriters() {
+  // Writers have priority: a tensor with an update waiting for its readers
+  // takes no new readers.
+  for (const auto& push : blocked_pushes_) {
+    for (const auto& e : push.msg.entries) {
+      Param* p = table_->Find(e.key_id);
+      if (!NeedsNoLease(*p, push.flags)) p->writer_waiting = true;
+    }
+  }
+  for (uint32_t key : pending_steps_) table_->Find(key)->writer_waiting = true;
+}
+
+void Shard::LogUpdate(const Param& p, const std::string& by) const {
   TLOG_INFO("{} = {}  (version {}, {} by {})", p.display_name, FormatValues(p), p.version,
-            p.version == 1 ? "initialised" : UpdateRuleName(p.entry.tensor.rule), from.hello.task);
+            p.version == 1 ? "initialised" : UpdateRuleName(p.entry.tensor.rule), by);
 }
 
 void Shard::OnPull(Peer& peer, uint64_t request_id, wire::Pull msg) {
@@ -419,7 +496,10 @@ void Shard::OnPull(Peer& peer, uint64_t request_id, wire::Pull msg) {
 bool Shard::TryGrantPull(PendingPull& pull) {
   for (const auto& e : pull.msg.entries) {
     const Param* p = table_->Find(e.key_id);
-    if (!p->initialized || p->version < e.min_version || p->writer_waiting) return false;
+    if (!p->initialized || p->version < e.min_version || p->StepReached() < e.min_step ||
+        p->writer_waiting) {
+      return false;
+    }
   }
   wire::PullReply reply;
   reply.lease_id = next_lease_++;
@@ -494,13 +574,24 @@ void Shard::RevokeExpiredLeases() {
 }
 
 void Shard::RetryWaiting() {
-  // Updates first (writers have priority), then the pulls they unblock.
-  for (auto it = blocked_pushes_.begin(); it != blocked_pushes_.end();) {
-    it = TryApplyPush(*it) ? blocked_pushes_.erase(it) : std::next(it);
+  // Updates first (writers have priority), then the pulls they unblock. An
+  // applied sync step can unblock pushes for the next step, which can
+  // complete that one: repeat until nothing moves.
+  bool moved = true;
+  while (moved) {
+    moved = false;
+    for (auto it = pending_steps_.begin(); it != pending_steps_.end();) {
+      bool applied = TryApplyStep(*table_->Find(*it));
+      moved |= applied;
+      it = applied ? pending_steps_.erase(it) : std::next(it);
+    }
+    for (auto it = blocked_pushes_.begin(); it != blocked_pushes_.end();) {
+      bool applied = TryApplyPush(*it);
+      moved |= applied;
+      it = applied ? blocked_pushes_.erase(it) : std::next(it);
+    }
   }
-  for (const auto& push : blocked_pushes_) {
-    for (const auto& e : push.msg.entries) table_->Find(e.key_id)->writer_waiting = true;
-  }
+  MarkWaitingWriters();
   for (auto it = waiting_pulls_.begin(); it != waiting_pulls_.end();) {
     it = TryGrantPull(*it) ? waiting_pulls_.erase(it) : std::next(it);
   }

@@ -73,12 +73,16 @@ class Shard {
 
   Status ValidatePush(const Peer& peer, uint32_t flags, const wire::Push& msg);
   bool TryApplyPush(PendingPush& push);
+  static bool NeedsNoLease(const Param& p, uint32_t flags);
+  Status ApplyGradient(Param& p, const void* grad);
+  bool TryApplyStep(Param& p);
+  void MarkWaitingWriters();
   bool TryGrantPull(PendingPull& pull);
   void RetryWaiting();
   void EndLease(std::unordered_map<uint64_t, Lease>::iterator it);
   void RevokeExpiredLeases();
   std::chrono::milliseconds LeaseCheckInterval() const;
-  void LogUpdate(const Param& p, const Peer& from) const;
+  void LogUpdate(const Param& p, const std::string& by) const;
 
   ServerOptions options_;
   std::unique_ptr<transport::Context> ctx_;
@@ -92,11 +96,12 @@ class Shard {
   uint64_t next_lease_ = 1;
   std::deque<PendingPush> blocked_pushes_;
   std::deque<PendingPull> waiting_pulls_;
+  std::deque<uint32_t> pending_steps_;  // sync chunks whose step is complete, waiting for readers
   std::vector<std::pair<Peer*, uint64_t>> init_waiters_;
   bool stopping_ = false;
 
   std::atomic<uint64_t> pushes_applied_{0}, pulls_served_{0}, refused_{0}, tensors_{0},
-      leases_revoked_{0};
+      leases_revoked_{0}, steps_applied_{0}, stale_dropped_{0}, duplicate_dropped_{0};
 };
 
 }  // namespace tessera::server

@@ -69,9 +69,15 @@ void PutTensorDecl(ByteWriter& w, const TensorDecl& t) {
   for (int64_t d : t.shape) w.Put(d);
   w.Put(t.pinned_shard);
   PutHyper(w, t.hyper);
+  w.Put(static_cast<uint8_t>(t.mode.kind));
+  w.Put(t.mode.replicas_to_aggregate);
+  w.Put(t.mode.total_num_replicas);
+  w.Put(static_cast<uint8_t>(t.mode.average ? 1 : 0));
+  w.Put(t.mode.staleness);
 }
 
-constexpr size_t kMinTensorDeclBytes = 4 + 1 + 1 + 1 + 4 + kHyperBytes;
+constexpr size_t kModeBytes = 1 + 4 + 4 + 1 + 4;
+constexpr size_t kMinTensorDeclBytes = 4 + 1 + 1 + 1 + 4 + kHyperBytes + kModeBytes;
 
 Result<TensorDecl> GetTensorDecl(ByteReader& r) {
   TensorDecl t;
@@ -108,6 +114,20 @@ Result<TensorDecl> GetTensorDecl(ByteReader& r) {
   auto hyper = GetHyper(r);
   if (!hyper.ok()) return hyper.status().WithContext("tensor '" + t.name + "'");
   t.hyper = *hyper;
+  uint8_t kind = 0, average = 0;
+  if (!r.Get(&kind) || !r.Get(&t.mode.replicas_to_aggregate) ||
+      !r.Get(&t.mode.total_num_replicas) || !r.Get(&average) || !r.Get(&t.mode.staleness)) {
+    return Truncated("consistency mode");
+  }
+  if (average > 1) return Status::InvalidArgument("tensor '" + t.name + "': bad average flag");
+  t.mode.kind = static_cast<Consistency>(kind);
+  t.mode.average = average == 1;
+  TESSERA_RETURN_IF_ERROR(t.mode.Validate().WithContext("tensor '" + t.name + "'"));
+  if (t.mode.kind == Consistency::kSync && t.mode.average &&
+      (t.dtype == DType::kI32 || t.dtype == DType::kI64)) {
+    return Status::InvalidArgument("tensor '" + t.name +
+                                   "': averaging needs a floating dtype; sum instead");
+  }
   if (IsOptimizer(t.rule) && (t.dtype == DType::kI32 || t.dtype == DType::kI64)) {
     return Status::InvalidArgument("tensor '" + t.name + "': rule " + UpdateRuleName(t.rule) +
                                    " needs a floating dtype, not " + DTypeName(t.dtype));
@@ -287,6 +307,7 @@ Result<CreateReply> CreateReply::DecodeBody(ByteReader& r) {
 }
 
 void Push::EncodeBody(ByteWriter& w) const {
+  w.Put(step);
   w.Put(static_cast<uint32_t>(entries.size()));
   for (const auto& e : entries) {
     w.Put(e.key_id);
@@ -297,6 +318,7 @@ void Push::EncodeBody(ByteWriter& w) const {
 Result<Push> Push::DecodeBody(ByteReader& r) {
   Push m;
   uint32_t count = 0;
+  if (!r.Get(&m.step)) return Truncated("step");
   if (!GetCount(r, 20, &count)) return Truncated("entry count");
   if (count == 0) return Status::InvalidArgument("push of no tensors");
   m.entries.resize(count);
@@ -323,10 +345,21 @@ bool GetVersions(ByteReader& r, std::vector<uint64_t>* v) {
 }
 }  // namespace
 
-void PushReply::EncodeBody(ByteWriter& w) const { PutVersions(w, versions); }
+void PushReply::EncodeBody(ByteWriter& w) const {
+  PutVersions(w, versions);
+  w.PutBytes(outcomes);
+}
 Result<PushReply> PushReply::DecodeBody(ByteReader& r) {
   PushReply m;
   if (!GetVersions(r, &m.versions)) return Truncated("versions");
+  std::span<const uint8_t> outcomes;
+  if (!r.GetBytes(m.versions.size(), &outcomes)) return Truncated("outcomes");
+  for (uint8_t o : outcomes) {
+    if (o > static_cast<uint8_t>(PushOutcome::kDuplicate)) {
+      return Status::InvalidArgument("unknown push outcome " + std::to_string(o));
+    }
+  }
+  m.outcomes.assign(outcomes.begin(), outcomes.end());
   return m;
 }
 
@@ -335,16 +368,19 @@ void Pull::EncodeBody(ByteWriter& w) const {
   for (const auto& e : entries) {
     w.Put(e.key_id);
     w.Put(e.min_version);
+    w.Put(e.min_step);
   }
 }
 Result<Pull> Pull::DecodeBody(ByteReader& r) {
   Pull m;
   uint32_t count = 0;
-  if (!GetCount(r, 12, &count)) return Truncated("entry count");
+  if (!GetCount(r, 20, &count)) return Truncated("entry count");
   if (count == 0) return Status::InvalidArgument("pull of no tensors");
   m.entries.resize(count);
   for (auto& e : m.entries) {
-    if (!r.Get(&e.key_id) || !r.Get(&e.min_version)) return Truncated("entry");
+    if (!r.Get(&e.key_id) || !r.Get(&e.min_version) || !r.Get(&e.min_step)) {
+      return Truncated("entry");
+    }
   }
   return m;
 }

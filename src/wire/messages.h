@@ -64,6 +64,7 @@ struct TensorDecl {
   Shape shape;
   int32_t pinned_shard = -1;
   Hyperparams hyper;
+  ConsistencyMode mode;  // with its zeros filled in by the declaring client
 };
 
 // To the coordinator: where do these tensors live?
@@ -135,14 +136,23 @@ struct PushEntry {
 // "push-done": the bytes are in the sender's staging slot; apply them.
 struct Push {
   static constexpr Opcode kOpcode = Opcode::kPush;
+  uint64_t step = 0;  // the worker's step (sync and bounded tensors)
   std::vector<PushEntry> entries;
   void EncodeBody(ByteWriter& w) const;
   static Result<Push> DecodeBody(ByteReader& r);
 };
 
+// What became of one pushed chunk.
+enum class PushOutcome : uint8_t {
+  kApplied = 0,    // applied, or counted towards its sync step
+  kStale = 1,      // sync: its step was already applied; dropped
+  kDuplicate = 2,  // sync: this worker already pushed this step; dropped
+};
+
 struct PushReply {
   static constexpr Opcode kOpcode = Opcode::kPushReply;
   std::vector<uint64_t> versions;  // each key's version after this push
+  std::vector<uint8_t> outcomes;   // a PushOutcome per key
   void EncodeBody(ByteWriter& w) const;
   static Result<PushReply> DecodeBody(ByteReader& r);
 };
@@ -150,6 +160,7 @@ struct PushReply {
 struct PullEntry {
   uint32_t key_id = 0;
   uint64_t min_version = 0;
+  uint64_t min_step = 0;  // sync: applied steps; bounded: steps every worker pushed
 };
 
 struct Pull {
