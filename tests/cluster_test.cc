@@ -124,6 +124,20 @@ class ClusterTest : public ::testing::TestWithParam<const char*> {
     return *clients_.back();
   }
 
+  // The global step is reported to the coordinator after each push returns:
+  // poll briefly for it to reach `want`.
+  static uint64_t EventualGlobalStep(Client& c, uint64_t want) {
+    uint64_t got = 0;
+    for (int i = 0; i < 100; ++i) {
+      auto r = c.GlobalStep();
+      if (!r.ok()) return UINT64_MAX;
+      got = *r;
+      if (got >= want) break;
+      std::this_thread::sleep_for(20ms);
+    }
+    return got;
+  }
+
   static TensorSpec F32(std::string name, int64_t n, UpdateRule rule = UpdateRule::kAdd) {
     return {std::move(name), DType::kF32, {n}, rule, {}, -1};
   }
@@ -579,6 +593,21 @@ TEST_P(ClusterTest, SyncStepsMatchReferenceExactly) {
   uint64_t applied = 0;
   for (auto& srv : servers_) applied += srv->stats().sync_steps_applied;
   EXPECT_EQ(applied, steps * 2u) << "one step per chunk per shard";
+  EXPECT_EQ(EventualGlobalStep(*workers[2], steps), static_cast<uint64_t>(steps));
+}
+
+TEST_P(ClusterTest, GlobalStepCountsAsyncPushes) {
+  StartCluster(1, 2);
+  Client& a = Connect(0);
+  Client& b = Connect(1);
+  auto wa = a.Declare(F32("w", 2)).value();
+  auto wb = b.Declare(F32("w", 2)).value();
+  ASSERT_TRUE(a.Initialize().ok());
+  EXPECT_EQ(a.GlobalStep().value(), 0u) << "initialising is not a step";
+  std::vector<float> v(2, 1.0f);
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(a.Push({PushItem::Of<float>(wa, v)}).ok());
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(b.Push({PushItem::Of<float>(wb, v)}).ok());
+  EXPECT_EQ(EventualGlobalStep(b, 5), 5u);
 }
 
 // replicas_to_aggregate = 2 of 3: a third push for an applied step is a

@@ -201,6 +201,10 @@ class Client {
   // update on (a learning-rate schedule).
   Status SetHyperparams(Tensor t, const Hyperparams& hyper);
 
+  // The coordinator's global step (TensorFlow's global_step): sync steps
+  // completed by replicas_to_aggregate workers, or pushes in async mode.
+  Result<uint64_t> GlobalStep();
+
   ClientCounters counters() const;
   int num_shards() const;
 

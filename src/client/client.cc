@@ -107,6 +107,7 @@ class Client::Impl {
   Status Initialize();
   Status WaitForInit(std::chrono::milliseconds timeout);
   Status SetHyperparams(Tensor t, const Hyperparams& hyper);
+  Result<uint64_t> GlobalStep();
   Future Push(const std::vector<PushItem>& items, uint32_t flags, uint64_t step);
   Future Pull(const std::vector<PullItem>& items);
   Future PushPull(const std::vector<PushPullItem>& items);
@@ -772,6 +773,25 @@ Future Client::Impl::Push(const std::vector<PushItem>& items, uint32_t flags, ui
   }
   auto op = NewOp();
   op->Add(1);  // held until every part is issued
+  if (!(flags & wire::kFlagInit) && !items.empty()) {
+    // Tell the coordinator once the push is accepted: it keeps the global step.
+    bool sync = false;
+    {
+      std::lock_guard<std::mutex> lock(tensors_mu_);
+      for (const auto& item : items) {
+        sync |= tensors_[item.tensor.index].spec.mode.kind == Consistency::kSync;
+      }
+    }
+    Future(op).Then([this, step, sync](const Status& st) {
+      if (!st.ok()) return;
+      ctx_->Post([this, step, sync] {
+        ShardConn& coord = shards_[coord_index_];
+        if (coord.dead.ok() && coord.ep) {
+          coord.ep->Send(kProtocolMsg, wire::Encode(wire::StepDone{step, sync}, 0));
+        }
+      });
+    });
+  }
   ctx_->Post([this, op, flags, step, by_shard = std::move(by_shard)]() mutable {
     for (size_t s = 0; s < by_shard.size(); ++s) {
       if (by_shard[s].empty()) continue;
@@ -889,6 +909,13 @@ Status Client::Impl::SetHyperparams(Tensor t, const Hyperparams& hyper) {
   return Status::Ok();
 }
 
+Result<uint64_t> Client::Impl::GlobalStep() {
+  auto reply =
+      Call<wire::GetStep, wire::StepReply>(coord_index_, wire::GetStep{}, options_.op_timeout);
+  if (!reply.ok()) return reply.status();
+  return reply->global_step;
+}
+
 Status Client::Impl::WaitForInit(std::chrono::milliseconds timeout) {
   auto ack = Call<wire::WaitInit, wire::Ack>(coord_index_, wire::WaitInit{}, timeout);
   if (ack.ok()) return Status::Ok();
@@ -941,6 +968,7 @@ TensorInfo Client::info(Tensor t) const {
 
 bool Client::is_chief() const { return impl_->worker_rank_ == 0; }
 Status Client::Initialize() { return impl_->Initialize(); }
+Result<uint64_t> Client::GlobalStep() { return impl_->GlobalStep(); }
 Status Client::SetHyperparams(Tensor t, const Hyperparams& hyper) {
   return impl_->SetHyperparams(t, hyper);
 }

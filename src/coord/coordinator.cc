@@ -28,6 +28,11 @@ Result<wire::DeclareReply> Coordinator::Declare(const wire::Declare& msg, const 
                                    " declares it as " + Describe(t));
     }
   }
+  for (const auto& t : msg.tensors) {
+    if (t.mode.kind == Consistency::kSync && replicas_to_aggregate_ == 0) {
+      replicas_to_aggregate_ = t.mode.replicas_to_aggregate;
+    }
+  }
   if (!placer_)
     placer_ = std::make_unique<Placer>(static_cast<PlacementPolicy>(msg.placement), num_shards_);
 
@@ -50,6 +55,20 @@ Result<wire::DeclareReply> Coordinator::Declare(const wire::Declare& msg, const 
     reply.tensors.push_back(it->second.chunks);
   }
   return reply;
+}
+
+void Coordinator::OnStepDone(uint32_t worker_rank, uint64_t step, bool sync) {
+  if (!sync || replicas_to_aggregate_ == 0) {
+    global_step_++;
+    return;
+  }
+  if (step < global_step_) return;  // a late worker: that step is counted already
+  auto& done = step_reports_[step];
+  done.insert(worker_rank);
+  if (done.size() >= replicas_to_aggregate_) {
+    global_step_ = step + 1;
+    step_reports_.erase(step_reports_.begin(), step_reports_.upper_bound(step));
+  }
 }
 
 }  // namespace tessera::coord

@@ -6,6 +6,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,12 @@ class Coordinator {
   // declaring task in errors. All-or-nothing.
   Result<wire::DeclareReply> Declare(const wire::Declare& msg, const std::string& who);
 
+  // The global step (TensorFlow's global_step): sync steps count once
+  // replicas_to_aggregate workers (of the first sync tensor declared) have
+  // finished them; async pushes count one each.
+  void OnStepDone(uint32_t worker_rank, uint64_t step, bool sync);
+  uint64_t global_step() const { return global_step_; }
+
   void MarkInitialized() { initialized_ = true; }
   bool initialized() const { return initialized_; }
 
@@ -37,6 +44,9 @@ class Coordinator {
   std::unique_ptr<Placer> placer_;  // made on the first declare (its policy wins)
   std::map<std::string, Placed> tensors_;
   bool initialized_ = false;
+  uint64_t global_step_ = 0;
+  uint32_t replicas_to_aggregate_ = 0;                   // from the first sync tensor
+  std::map<uint64_t, std::set<uint32_t>> step_reports_;  // step -> workers done
 };
 
 }  // namespace tessera::coord

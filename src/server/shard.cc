@@ -238,6 +238,21 @@ void Shard::OnMessage(const EndpointPtr& ep, std::span<const uint8_t> frame) {
       if (!m.ok()) return bad(m.status());
       return OnRelease(peer, *m);
     }
+    case wire::Opcode::kStepDone:
+    case wire::Opcode::kGetStep: {
+      if (!coord_) {
+        return SendError(
+            peer, h->request_id,
+            Status::FailedPrecondition("global step asked of a shard that is not the coordinator"));
+      }
+      if (h->opcode == wire::Opcode::kGetStep) {
+        return Reply(peer, h->request_id, wire::StepReply{coord_->global_step()});
+      }
+      auto m = wire::DecodeBody<wire::StepDone>(*h, frame);
+      if (!m.ok()) return bad(m.status());
+      coord_->OnStepDone(peer.hello.worker_rank, m->step, m->sync);
+      return;
+    }
     case wire::Opcode::kInitDone:
     case wire::Opcode::kWaitInit: {
       if (!coord_) {

@@ -44,6 +44,12 @@ const char* OpcodeName(Opcode op) {
       return "error";
     case Opcode::kSetHyper:
       return "set-hyper";
+    case Opcode::kStepDone:
+      return "step-done";
+    case Opcode::kGetStep:
+      return "get-step";
+    case Opcode::kStepReply:
+      return "step-reply";
   }
   return "unknown";
 }

@@ -38,8 +38,11 @@ enum class Opcode : uint16_t {
   kAck = 16,
   kError = 17,
   kSetHyper = 18,
+  kStepDone = 19,
+  kGetStep = 20,
+  kStepReply = 21,
 };
-constexpr uint16_t kMaxOpcode = 18;
+constexpr uint16_t kMaxOpcode = 21;
 const char* OpcodeName(Opcode op);
 
 // Header flags.

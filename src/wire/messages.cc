@@ -423,6 +423,26 @@ Result<SetHyper> SetHyper::DecodeBody(ByteReader& r) {
   return m;
 }
 
+void StepDone::EncodeBody(ByteWriter& w) const {
+  w.Put(step);
+  w.Put(static_cast<uint8_t>(sync ? 1 : 0));
+}
+Result<StepDone> StepDone::DecodeBody(ByteReader& r) {
+  StepDone m;
+  uint8_t sync = 0;
+  if (!r.Get(&m.step) || !r.Get(&sync)) return Truncated("step");
+  if (sync > 1) return Status::InvalidArgument("bad sync flag");
+  m.sync = sync == 1;
+  return m;
+}
+
+void StepReply::EncodeBody(ByteWriter& w) const { w.Put(global_step); }
+Result<StepReply> StepReply::DecodeBody(ByteReader& r) {
+  StepReply m;
+  if (!r.Get(&m.global_step)) return Truncated("global_step");
+  return m;
+}
+
 void Error::EncodeBody(ByteWriter& w) const {
   w.Put(static_cast<uint8_t>(code));
   w.PutString(message);

@@ -213,6 +213,30 @@ struct SetHyper {
   static Result<SetHyper> DecodeBody(ByteReader& r);
 };
 
+// To the coordinator, after a worker's push was accepted: advances the global
+// step (sync: once replicas_to_aggregate workers finished a step; async: by
+// one per push). No reply.
+struct StepDone {
+  static constexpr Opcode kOpcode = Opcode::kStepDone;
+  uint64_t step = 0;
+  bool sync = false;
+  void EncodeBody(ByteWriter& w) const;
+  static Result<StepDone> DecodeBody(ByteReader& r);
+};
+
+struct GetStep {
+  static constexpr Opcode kOpcode = Opcode::kGetStep;
+  void EncodeBody(ByteWriter&) const {}
+  static Result<GetStep> DecodeBody(ByteReader&) { return GetStep{}; }
+};
+
+struct StepReply {
+  static constexpr Opcode kOpcode = Opcode::kStepReply;
+  uint64_t global_step = 0;
+  void EncodeBody(ByteWriter& w) const;
+  static Result<StepReply> DecodeBody(ByteReader& r);
+};
+
 struct Error {
   static constexpr Opcode kOpcode = Opcode::kError;
   StatusCode code = StatusCode::kInternal;
