@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # One entry point for a fresh Debian 12 machine (run as root):
 #   tools/dev.sh demo   install what is missing, build, run `tessera demo`
-#   tools/dev.sh test   install what is missing, build, run every test suite
-#                       (the release-ish build, then again under ASan/UBSan)
+#   tools/dev.sh test   install what is missing (Debian packages, and a .venv
+#                       from PyPI for the Python interop tests), build, run
+#                       every test suite: the optimised build, then again
+#                       under ASan/UBSan
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -13,7 +15,11 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libibverbs-dev librdmacm-dev
   iproute2 procps
+  python3 python3-venv
 )
+
+# Python tooling for the interoperability tests, in the project's own venv.
+PY_PACKAGES=("safetensors>=0.4,<1" "numpy>=1.26,<3" "pytest>=7")
 
 install_missing() {
   local missing=()
@@ -26,6 +32,14 @@ install_missing() {
     [ "$(id -u)" -eq 0 ] || sudo=sudo
     $sudo apt-get update -q
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
+  fi
+}
+
+python_env() {
+  if ! .venv/bin/python -c "import safetensors, numpy, pytest" 2>/dev/null; then
+    echo "== creating .venv: ${PY_PACKAGES[*]}"
+    python3 -m venv .venv
+    .venv/bin/pip install -q --disable-pip-version-check "${PY_PACKAGES[@]}"
   fi
 }
 
@@ -58,6 +72,7 @@ case "${1:-}" in
     ;;
   test)
     install_missing
+    python_env
     build build
     run_suite build
     build build-asan -Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debug

@@ -8,6 +8,7 @@
 #include "tessera/server.h"
 #include "tessera_config.h"
 #include "tools/bench.h"
+#include "tools/ckpt_cmd.h"
 #include "tools/cluster_flags.h"
 #include "tools/demo.h"
 #include "tools/launch.h"
@@ -117,7 +118,11 @@ int main(int argc, char** argv) try {
                       "do not pin the shard and the worker to cores 0 and 1");
   bench_cmd->add_option("--json", bench.json_path, "write the results as JSON");
 
+  tools::CkptOptions ckpt_opts;
+  auto run_ckpt = tools::AddCkptCommand(&app, &ckpt_opts);
+
   CLI11_PARSE(app, argc, argv);
+  if (app.got_subcommand("ckpt")) return run_ckpt();
   if (app.got_subcommand(bench_cmd)) {
     InitLogging("bench");
     return tools::RunBench(bench);

@@ -1,0 +1,99 @@
+"""Tessera's checkpoint files and the `safetensors` package agree byte for byte,
+in both directions (files written by `tessera ckpt write-sample`, files written
+by the package and read by `tessera ckpt inspect --json`)."""
+import hashlib
+import json
+import os
+import subprocess
+
+import numpy as np
+import pytest
+import safetensors
+from safetensors import safe_open
+from safetensors.numpy import save_file
+
+TESSERA = os.environ["TESSERA_BIN"]
+DTYPES = {"f32": np.float32, "f64": np.float64, "f16": np.float16, "i32": np.int32, "i64": np.int64}
+
+
+def bf16_bits(x: np.ndarray) -> np.ndarray:
+    """float32 -> bfloat16 bit patterns, rounding to nearest even (no NaNs here)."""
+    u = x.astype(np.float32).view(np.uint32)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def expected_sample(k: int, name: str) -> bytes:
+    """What `tessera ckpt write-sample` stores: value i of tensor k is ((i*7+k) % 251 - 125), /4 for floats."""
+    v = (np.arange(30) * 7 + k) % 251 - 125
+    if name == "bf16":
+        return bf16_bits(v / 4.0).reshape(6, 5).tobytes()
+    dt = DTYPES[name]
+    vals = v if np.issubdtype(dt, np.integer) else v / 4.0
+    return vals.astype(dt).reshape(6, 5).tobytes()
+
+
+def test_package_reads_tessera_file(tmp_path):
+    path = tmp_path / "tessera.safetensors"
+    subprocess.run([TESSERA, "ckpt", "write-sample", str(path)], check=True)
+    raw = path.read_bytes()
+    tensors = dict(safetensors.deserialize(raw))
+    names = ["f32", "f64", "f16", "bf16", "i32", "i64"]
+    assert sorted(tensors) == sorted("layer." + n for n in names)
+    for k, name in enumerate(names):
+        t = tensors["layer." + name]
+        assert t["dtype"].upper() in (name.upper(), {"f16": "F16", "bf16": "BF16"}.get(name, ""))
+        assert list(t["shape"]) == [6, 5]
+        assert bytes(t["data"]) == expected_sample(k, name), name
+    with safe_open(str(path), framework="numpy") as f:
+        assert f.metadata() == {"writer": "tessera", "step": "7"}
+        for k, name in enumerate(names):
+            if name == "bf16":
+                continue  # numpy has no bfloat16; compared as bytes above
+            np.testing.assert_array_equal(
+                f.get_tensor("layer." + name),
+                np.frombuffer(expected_sample(k, name), dtype=DTYPES[name]).reshape(6, 5))
+
+
+def test_tessera_reads_package_file(tmp_path):
+    rng = np.random.default_rng(3)
+    arrays = {
+        "encoder.w": rng.standard_normal((17, 9)).astype(np.float32),
+        "encoder.b": rng.standard_normal(9),
+        "half": rng.standard_normal((4, 4)).astype(np.float16),
+        "ids": rng.integers(-1000, 1000, size=(3, 3, 3), dtype=np.int64),
+        "count": np.array(12345, dtype=np.int32),
+    }
+    path = tmp_path / "package.safetensors"
+    save_file(arrays, str(path), metadata={"step": "11", "writer": "safetensors"})
+    bits = np.ascontiguousarray(bf16_bits(rng.standard_normal(10).astype(np.float32)))
+    bf16 = bits.tobytes()
+    path_bf16 = tmp_path / "bf16.safetensors"
+    if hasattr(safetensors, "TensorSpec"):  # safetensors >= 0.8 takes specs of raw buffers
+        spec = {"x": safetensors.TensorSpec(dtype="bfloat16", shape=[10], data_ptr=bits.ctypes.data,
+                                            data_len=bits.nbytes)}
+    else:
+        spec = {"x": {"dtype": "bfloat16", "shape": [10], "data": bf16}}
+    safetensors.serialize_file(spec, str(path_bf16))
+
+    out = subprocess.run([TESSERA, "ckpt", "inspect", "--json", str(path), str(path_bf16)],
+                         check=True, capture_output=True, text=True).stdout
+    files = json.loads(out)
+    seen = {t["name"]: t for f in files for t in f["tensors"]}
+    assert files[0]["metadata"] == {"step": "11", "writer": "safetensors"}
+    for name, a in arrays.items():
+        t = seen[name]
+        assert t["shape"] == list(a.shape)
+        assert t["sha256"] == hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest(), name
+    assert seen["x"]["dtype"] == "BF16"
+    assert seen["x"]["sha256"] == hashlib.sha256(bf16).hexdigest()
+    subprocess.run([TESSERA, "ckpt", "verify", str(tmp_path)], check=True)
+
+
+def test_truncated_package_file_is_refused(tmp_path):
+    path = tmp_path / "cut.safetensors"
+    save_file({"w": np.ones((100,), dtype=np.float32)}, str(path))
+    data = path.read_bytes()
+    path.write_bytes(data[:-10])
+    r = subprocess.run([TESSERA, "ckpt", "verify", str(path)], capture_output=True, text=True)
+    assert r.returncode == 1
+    assert "BROKEN" in r.stdout and "truncated" in r.stdout

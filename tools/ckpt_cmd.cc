@@ -1,0 +1,209 @@
+#include "tools/ckpt_cmd.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+
+#include <nlohmann/json.hpp>
+
+#include "ckpt/safetensors.h"
+#include "kernels/update.h"
+
+namespace tessera::tools {
+namespace {
+
+namespace fs = std::filesystem;
+
+// The files a path names: itself, or the .safetensors files in a directory.
+std::vector<std::string> Files(const std::string& path) {
+  std::vector<std::string> out;
+  if (fs::is_directory(path)) {
+    for (const auto& e : fs::directory_iterator(path)) {
+      if (e.path().extension() == ".safetensors") out.push_back(e.path().string());
+    }
+    std::sort(out.begin(), out.end());
+  } else {
+    out.push_back(path);
+  }
+  return out;
+}
+
+std::string ShapeText(const Shape& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? "," : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+int Inspect(const CkptOptions& o) {
+  int rc = 0;
+  nlohmann::json all = nlohmann::json::array();
+  for (const auto& path : o.paths) {
+    for (const auto& file_path : Files(path)) {
+      auto file = ckpt::SafetensorsFile::Read(file_path);
+      if (!file.ok()) {
+        fprintf(stderr, "%s\n", file.status().ToString().c_str());
+        rc = 1;
+        continue;
+      }
+      nlohmann::json jf = {{"file", file_path},
+                           {"metadata", file->metadata()},
+                           {"tensors", nlohmann::json::array()}};
+      if (!o.json) {
+        printf("%s\n", file_path.c_str());
+        for (const auto& [k, v] : file->metadata())
+          printf("  metadata %s = %s\n", k.c_str(), v.c_str());
+      }
+      for (const auto& t : file->tensors()) {
+        std::string sha = ckpt::Sha256Hex(file->Bytes(t));
+        jf["tensors"].push_back({{"name", t.name},
+                                 {"dtype", ckpt::SafetensorsDType(t.dtype)},
+                                 {"shape", t.shape},
+                                 {"bytes", t.end - t.begin},
+                                 {"sha256", sha}});
+        if (!o.json) {
+          printf("  %-40s %-5s %-20s %12llu bytes  sha256 %.16s\n", t.name.c_str(),
+                 ckpt::SafetensorsDType(t.dtype), ShapeText(t.shape).c_str(),
+                 static_cast<unsigned long long>(t.end - t.begin), sha.c_str());
+        }
+      }
+      all.push_back(jf);
+    }
+  }
+  if (o.json) printf("%s\n", all.dump(2).c_str());
+  return rc;
+}
+
+int Verify(const CkptOptions& o) {
+  int bad = 0, good = 0;
+  for (const auto& path : o.paths) {
+    auto files = Files(path);
+    if (files.empty()) {
+      fprintf(stderr, "%s: no .safetensors files\n", path.c_str());
+      bad++;
+    }
+    for (const auto& file_path : files) {
+      auto file = ckpt::SafetensorsFile::Read(file_path);
+      if (file.ok()) {
+        printf("ok      %s (%zu tensors)\n", file_path.c_str(), file->tensors().size());
+        good++;
+      } else {
+        printf("BROKEN  %s\n", file.status().ToString().c_str());
+        bad++;
+      }
+    }
+  }
+  printf("%d ok, %d broken\n", good, bad);
+  return bad ? 1 : 0;
+}
+
+int List(const CkptOptions& o) {
+  int rc = 0;
+  for (const auto& path : o.paths) {
+    for (const auto& file_path : Files(path)) {
+      auto file = ckpt::SafetensorsFile::Read(file_path);
+      if (!file.ok()) {
+        printf("%-50s BROKEN: %s\n", file_path.c_str(), file.status().message().c_str());
+        rc = 1;
+        continue;
+      }
+      uint64_t bytes = 0;
+      for (const auto& t : file->tensors()) bytes += t.end - t.begin;
+      auto step = file->metadata().find("step");
+      printf("%-50s %5zu tensors %12llu bytes%s\n", file_path.c_str(), file->tensors().size(),
+             static_cast<unsigned long long>(bytes),
+             step == file->metadata().end() ? "" : ("  step " + step->second).c_str());
+    }
+  }
+  return rc;
+}
+
+// Deterministic tensors of every dtype, for the interoperability test: value
+// i of tensor k is (i * 7 + k) % 251 - 125, stored in the tensor's dtype.
+int WriteSample(const CkptOptions& o) {
+  if (o.paths.size() != 1) {
+    fprintf(stderr, "write-sample takes one file\n");
+    return 2;
+  }
+  const std::vector<std::pair<std::string, DType>> spec = {
+      {"f32", DType::kF32},   {"f64", DType::kF64}, {"f16", DType::kF16},
+      {"bf16", DType::kBF16}, {"i32", DType::kI32}, {"i64", DType::kI64}};
+  std::vector<std::vector<uint8_t>> data(spec.size());
+  std::vector<ckpt::TensorToWrite> tensors;
+  for (size_t k = 0; k < spec.size(); ++k) {
+    const DType dt = spec[k].second;
+    const size_t n = 6 * 5;
+    data[k].resize(n * DTypeSize(dt));
+    for (size_t i = 0; i < n; ++i) {
+      const int v = static_cast<int>((i * 7 + k) % 251) - 125;
+      uint8_t* p = data[k].data() + i * DTypeSize(dt);
+      switch (dt) {
+        case DType::kF32: {
+          float x = static_cast<float>(v) / 4;
+          std::memcpy(p, &x, 4);
+          break;
+        }
+        case DType::kF64: {
+          double x = v / 4.0;
+          std::memcpy(p, &x, 8);
+          break;
+        }
+        case DType::kF16: {
+          uint16_t x = kernels::FloatToHalf(static_cast<float>(v) / 4);
+          std::memcpy(p, &x, 2);
+          break;
+        }
+        case DType::kBF16: {
+          uint16_t x = kernels::FloatToBFloat16(static_cast<float>(v) / 4);
+          std::memcpy(p, &x, 2);
+          break;
+        }
+        case DType::kI32: {
+          int32_t x = v;
+          std::memcpy(p, &x, 4);
+          break;
+        }
+        case DType::kI64: {
+          int64_t x = v;
+          std::memcpy(p, &x, 8);
+          break;
+        }
+      }
+    }
+    tensors.push_back({"layer." + spec[k].first, dt, {6, 5}, data[k]});
+  }
+  Status st = ckpt::WriteSafetensors(o.paths[0], tensors, {{"writer", "tessera"}, {"step", "7"}});
+  if (!st.ok()) {
+    fprintf(stderr, "%s\n", st.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+
+std::function<int()> AddCkptCommand(CLI::App* app, CkptOptions* options) {
+  auto* ckpt =
+      app->add_subcommand("ckpt", "list, inspect and verify checkpoint files (safetensors)");
+  ckpt->require_subcommand(1);
+  auto* ls = ckpt->add_subcommand("ls", "list the checkpoint files in directories");
+  auto* inspect = ckpt->add_subcommand("inspect", "print each tensor: name, dtype, shape, sha256");
+  auto* verify =
+      ckpt->add_subcommand("verify", "check that files are complete and their headers true");
+  auto* sample = ckpt->add_subcommand("write-sample", "write a file of known tensors (tests)");
+  sample->group("");
+  for (auto* sub : {ls, inspect, verify, sample}) {
+    sub->add_option("paths", options->paths, "files or directories")->required();
+  }
+  inspect->add_flag("--json", options->json, "machine-readable output");
+  return [=]() {
+    if (ls->parsed()) return List(*options);
+    if (inspect->parsed()) return Inspect(*options);
+    if (verify->parsed()) return Verify(*options);
+    if (sample->parsed()) return WriteSample(*options);
+    return 2;
+  };
+}
+
+}  // namespace tessera::tools
