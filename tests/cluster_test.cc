@@ -173,6 +173,28 @@ TEST_P(ClusterTest, ChiefInitialisesOthersWaitAndSeeIt) {
   EXPECT_EQ(got, init);
 }
 
+TEST_P(ClusterTest, ChiefUsesNamedInitializers) {
+  StartCluster(1, 2);
+  Client& chief = Connect(0);
+  Client& other = Connect(1);
+  TensorSpec spec{"kernel", DType::kF32, {64, 32}, UpdateRule::kSgd, {}, -1};
+  spec.initializer = Initializer::GlorotUniform(/*seed=*/9);
+  auto k0 = chief.Declare(spec);
+  spec.initializer = {};  // only the chief's initializer matters
+  auto k1 = other.Declare(spec);
+  ASSERT_TRUE(k0.ok() && k1.ok());
+  ASSERT_TRUE(chief.Initialize().ok());
+  ASSERT_TRUE(other.WaitForInit(5s).ok());
+  std::vector<float> got(64 * 32);
+  ASSERT_TRUE(other.Pull({PullItem::Of<float>(*k1, got)}).ok());
+  auto expect = InitialValue(Initializer::GlorotUniform(9), "kernel", DType::kF32, {64, 32});
+  ASSERT_TRUE(expect.ok());
+  EXPECT_EQ(std::memcmp(got.data(), expect->data(), expect->size()), 0);
+  auto bad = chief.Declare(
+      {"ids", DType::kI32, {4}, UpdateRule::kAssign, {}, -1, {}, {}, Initializer::Normal(0, 1)});
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+}
+
 TEST_P(ClusterTest, WaitForInitTimesOutNamingTheChief) {
   StartCluster(1, 2);
   Client& other = Connect(1);

@@ -28,12 +28,56 @@
 
 namespace tessera {
 
+// How the chief fills a tensor that has no explicit initial value (the
+// tf.keras.initializers of the same names, TensorFlow's default ranges).
+// Random ones are deterministic: the same seed and tensor name give the same
+// values on any run.
+struct Initializer {
+  enum class Kind : uint8_t {
+    kZeros,
+    kConstant,
+    kUniform,
+    kNormal,
+    kTruncatedNormal,  // normal, redrawn beyond 2 standard deviations
+    kGlorotUniform,    // uniform in +-sqrt(6 / (fan_in + fan_out))
+    kGlorotNormal,     // truncated normal, stddev sqrt(2 / (fan_in + fan_out)) / 0.8796
+  };
+  Kind kind = Kind::kZeros;
+  double value = 0.0;                // kConstant
+  double low = -0.05, high = 0.05;   // kUniform
+  double mean = 0.0, stddev = 0.05;  // kNormal, kTruncatedNormal
+  uint64_t seed = 0;
+
+  static Initializer Zeros() { return {}; }
+  static Initializer Constant(double v) { return {Kind::kConstant, v}; }
+  static Initializer Uniform(double lo, double hi, uint64_t seed = 0) {
+    return {Kind::kUniform, 0.0, lo, hi, 0.0, 0.05, seed};
+  }
+  static Initializer Normal(double mean, double stddev, uint64_t seed = 0) {
+    return {Kind::kNormal, 0.0, -0.05, 0.05, mean, stddev, seed};
+  }
+  static Initializer TruncatedNormal(double mean, double stddev, uint64_t seed = 0) {
+    return {Kind::kTruncatedNormal, 0.0, -0.05, 0.05, mean, stddev, seed};
+  }
+  static Initializer GlorotUniform(uint64_t seed = 0) {
+    return {Kind::kGlorotUniform, 0.0, -0.05, 0.05, 0.0, 0.05, seed};
+  }
+  static Initializer GlorotNormal(uint64_t seed = 0) {
+    return {Kind::kGlorotNormal, 0.0, -0.05, 0.05, 0.0, 0.05, seed};
+  }
+};
+
+// The bytes an initializer gives a tensor of this name, dtype and shape.
+Result<std::vector<uint8_t>> InitialValue(const Initializer& init, const std::string& name,
+                                          DType dtype, const Shape& shape);
+
 struct TensorSpec {
   std::string name;
   DType dtype = DType::kF32;
   Shape shape;
   UpdateRule rule = UpdateRule::kAssign;
-  // The value the chief initialises it with (raw bytes); empty means zeros.
+  // The value the chief initialises it with (raw bytes); when empty, the
+  // initializer below makes it.
   std::vector<uint8_t> initial;
   // Place every chunk on this ps task instead of by the placement policy.
   int pinned_shard = -1;
@@ -42,6 +86,7 @@ struct TensorSpec {
   // async (default), sync(replicas_to_aggregate, total_num_replicas) or
   // bounded(s); zeros are filled from the cluster's worker count.
   ConsistencyMode mode = {};
+  Initializer initializer = {};
 };
 
 // A declared tensor: cheap to copy, valid for the life of its Client.

@@ -527,6 +527,11 @@ Result<std::vector<Tensor>> Client::Impl::DeclareMany(const std::vector<TensorSp
           " bytes, " + DescribeTensor(spec.dtype, spec.shape) + " needs " + std::to_string(bytes));
     }
     TESSERA_RETURN_IF_ERROR(spec.hyper.Validate().WithContext("tensor '" + spec.name + "'"));
+    if (spec.initial.empty() && spec.initializer.kind != Initializer::Kind::kZeros) {
+      // Check the initializer fits now, not when the chief initialises.
+      auto probe = InitialValue(spec.initializer, spec.name, spec.dtype, {});
+      if (!probe.ok()) return probe.status();
+    }
     ConsistencyMode mode = spec.mode;
     if (mode.kind != Consistency::kAsync) {
       if (mode.total_num_replicas == 0) {
@@ -868,15 +873,17 @@ Status Client::Impl::Initialize() {
                                       " is); use WaitForInit");
   }
   std::vector<PushItem> items;
-  std::vector<std::vector<uint8_t>> zeros;
+  std::vector<std::vector<uint8_t>> generated;
   {
     std::lock_guard<std::mutex> lock(tensors_mu_);
-    zeros.reserve(tensors_.size());
+    generated.reserve(tensors_.size());
     for (uint32_t i = 0; i < tensors_.size(); ++i) {
       const auto& e = tensors_[i];
       if (e.spec.initial.empty()) {
-        zeros.emplace_back(e.bytes, 0);
-        items.push_back({{i}, zeros.back().data(), e.bytes});
+        auto value = InitialValue(e.spec.initializer, e.spec.name, e.spec.dtype, e.spec.shape);
+        if (!value.ok()) return value.status();
+        generated.push_back(std::move(*value));
+        items.push_back({{i}, generated.back().data(), e.bytes});
       } else {
         items.push_back({{i}, e.spec.initial.data(), e.bytes});
       }
