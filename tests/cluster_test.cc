@@ -9,6 +9,10 @@
 #include <numeric>
 #include <thread>
 
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include "core/secret.h"
 #include "kernels/update.h"
 #include "tessera/client.h"
@@ -719,6 +723,50 @@ TEST_P(ClusterTest, SeparateCoordinatorTask) {
   EXPECT_EQ(got, v);
   clients_.clear();
   (*coordinator)->Stop();
+}
+
+// A shard process killed with SIGKILL: the worker's next call fails within
+// seconds with an error naming the shard, and the other shard keeps serving.
+TEST_P(ClusterTest, KilledShardProcessIsReportedQuickly) {
+  const char* bin = std::getenv("TESSERA_BIN");
+  if (bin == nullptr) GTEST_SKIP() << "TESSERA_BIN is not set (run through meson test)";
+  std::vector<TaskAddress> ps = {{"127.0.0.1", testing::UnusedPort()},
+                                 {"127.0.0.1", testing::UnusedPort()}};
+  ASSERT_TRUE(spec_.AddJob("ps", ps).ok());
+  ASSERT_TRUE(spec_.AddJob("worker", {{"127.0.0.1", testing::UnusedPort()}}).ok());
+  std::vector<pid_t> pids;
+  for (int i = 0; i < 2; ++i) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      setenv("TESSERA_SECRET", secret_.c_str(), 1);
+      setenv("TF_CONFIG", ToTfConfigJson(spec_, {"ps", i}).c_str(), 1);
+      execl(bin, bin, "server", static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    pids.push_back(pid);
+  }
+  auto c = Client::Connect(Options(0));
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  auto t = (*c)->DeclareMany({F32("a", 4), F32("b", 4)});
+  ASSERT_TRUE(t.ok());
+  ASSERT_TRUE((*c)->Initialize().ok());
+  kill(pids[1], SIGKILL);
+  waitpid(pids[1], nullptr, 0);
+  auto start = std::chrono::steady_clock::now();
+  std::vector<float> v(4);
+  Status st;
+  while (std::chrono::steady_clock::now() - start < 10s) {
+    st = (*c)->Push({PushItem::Of<float>((*t)[1], v)});
+    if (!st.ok()) break;
+    std::this_thread::sleep_for(50ms);
+  }
+  EXPECT_FALSE(st.ok()) << "the dead shard was never reported";
+  EXPECT_NE(st.message().find("/job:ps/task:1"), std::string::npos) << st.ToString();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
+  EXPECT_TRUE((*c)->Push({PushItem::Of<float>((*t)[0], v)}).ok()) << "ps 0 still serves";
+  c->reset();
+  kill(pids[0], SIGTERM);
+  waitpid(pids[0], nullptr, 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Ucx, ClusterTest, ::testing::Values("tcp", "posix,sysv,cma,tcp"),
