@@ -55,6 +55,10 @@ void ResetRuleState(UpdateRule rule, const Hyperparams& h, DType dtype, const vo
 Status ApplyOptimizerCpu(UpdateRule rule, const Hyperparams& h, DType dtype, void* param,
                          const void* grad, size_t n, const RuleState& state, uint64_t step);
 
+// Writes `value` as one element of `dtype` at `out` (floats rounded to
+// nearest even, integers to nearest).
+void StoreAs(DType dtype, double value, void* out);
+
 // Half-precision helpers (round to nearest even), shared with tests.
 float HalfToFloat(uint16_t h);
 uint16_t FloatToHalf(float f);

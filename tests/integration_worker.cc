@@ -41,42 +41,7 @@ std::vector<Plan> MakePlan(int count, uint64_t big_bytes) {
 void Fill(DType dt, uint64_t n, const std::function<int(uint64_t)>& value,
           std::vector<uint8_t>* out) {
   out->assign(n * DTypeSize(dt), 0);
-  for (uint64_t j = 0; j < n; ++j) {
-    int v = value(j);
-    uint8_t* p = out->data() + j * DTypeSize(dt);
-    switch (dt) {
-      case DType::kF32: {
-        float x = static_cast<float>(v);
-        std::memcpy(p, &x, 4);
-        break;
-      }
-      case DType::kF64: {
-        double x = v;
-        std::memcpy(p, &x, 8);
-        break;
-      }
-      case DType::kF16: {
-        uint16_t x = kernels::FloatToHalf(static_cast<float>(v));
-        std::memcpy(p, &x, 2);
-        break;
-      }
-      case DType::kBF16: {
-        uint16_t x = kernels::FloatToBFloat16(static_cast<float>(v));
-        std::memcpy(p, &x, 2);
-        break;
-      }
-      case DType::kI32: {
-        int32_t x = v;
-        std::memcpy(p, &x, 4);
-        break;
-      }
-      case DType::kI64: {
-        int64_t x = v;
-        std::memcpy(p, &x, 8);
-        break;
-      }
-    }
-  }
+  for (uint64_t j = 0; j < n; ++j) kernels::StoreAs(dt, value(j), out->data() + j * DTypeSize(dt));
 }
 
 int Delta(uint64_t j, int worker, int round) {

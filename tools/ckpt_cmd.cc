@@ -137,39 +137,8 @@ int WriteSample(const CkptOptions& o) {
     data[k].resize(n * DTypeSize(dt));
     for (size_t i = 0; i < n; ++i) {
       const int v = static_cast<int>((i * 7 + k) % 251) - 125;
-      uint8_t* p = data[k].data() + i * DTypeSize(dt);
-      switch (dt) {
-        case DType::kF32: {
-          float x = static_cast<float>(v) / 4;
-          std::memcpy(p, &x, 4);
-          break;
-        }
-        case DType::kF64: {
-          double x = v / 4.0;
-          std::memcpy(p, &x, 8);
-          break;
-        }
-        case DType::kF16: {
-          uint16_t x = kernels::FloatToHalf(static_cast<float>(v) / 4);
-          std::memcpy(p, &x, 2);
-          break;
-        }
-        case DType::kBF16: {
-          uint16_t x = kernels::FloatToBFloat16(static_cast<float>(v) / 4);
-          std::memcpy(p, &x, 2);
-          break;
-        }
-        case DType::kI32: {
-          int32_t x = v;
-          std::memcpy(p, &x, 4);
-          break;
-        }
-        case DType::kI64: {
-          int64_t x = v;
-          std::memcpy(p, &x, 8);
-          break;
-        }
-      }
+      const bool integer = dt == DType::kI32 || dt == DType::kI64;
+      kernels::StoreAs(dt, integer ? v : v / 4.0, data[k].data() + i * DTypeSize(dt));
     }
     tensors.push_back({"layer." + spec[k].first, dt, {6, 5}, data[k]});
   }

@@ -157,14 +157,15 @@ Result<SafetensorsFile> SafetensorsFile::Read(const std::string& path) {
       }
       continue;
     }
-    auto bad = [&](const std::string& what) { return Bad(path, "tensor '" + name + "': " + what); };
+    const std::string where = path + ": tensor '" + name + "'";
+    auto bad = [&](const std::string& what) { return Status::DataLoss(where + ": " + what); };
     if (!value.is_object() || !value.contains("dtype") || !value.contains("shape") ||
         !value.contains("data_offsets")) {
       return bad("needs dtype, shape and data_offsets");
     }
     if (!value["dtype"].is_string()) return bad("dtype is not a string");
     auto dtype = ParseSafetensorsDType(value["dtype"].get<std::string>());
-    if (!dtype.ok()) return dtype.status().WithContext(path + ": tensor '" + name + "'");
+    if (!dtype.ok()) return dtype.status().WithContext(where);
     TensorEntry t{name, *dtype, {}, 0, 0};
     if (!value["shape"].is_array()) return bad("shape is not a list");
     for (const auto& d : value["shape"]) {

@@ -11,39 +11,6 @@
 namespace tessera {
 namespace {
 
-void Store(DType dtype, double x, uint8_t* p) {
-  switch (dtype) {
-    case DType::kF32: {
-      float f = static_cast<float>(x);
-      std::memcpy(p, &f, 4);
-      break;
-    }
-    case DType::kF64:
-      std::memcpy(p, &x, 8);
-      break;
-    case DType::kF16: {
-      uint16_t h = kernels::FloatToHalf(static_cast<float>(x));
-      std::memcpy(p, &h, 2);
-      break;
-    }
-    case DType::kBF16: {
-      uint16_t b = kernels::FloatToBFloat16(static_cast<float>(x));
-      std::memcpy(p, &b, 2);
-      break;
-    }
-    case DType::kI32: {
-      auto i = static_cast<int32_t>(std::llround(x));
-      std::memcpy(p, &i, 4);
-      break;
-    }
-    case DType::kI64: {
-      auto i = static_cast<int64_t>(std::llround(x));
-      std::memcpy(p, &i, 8);
-      break;
-    }
-  }
-}
-
 // TensorFlow's fan computation: the last two dimensions, times the receptive
 // field for convolution kernels.
 std::pair<double, double> Fans(const Shape& shape) {
@@ -119,7 +86,7 @@ Result<std::vector<uint8_t>> InitialValue(const Initializer& init, const std::st
       break;
     }
   }
-  for (uint64_t i = 0; i < *n; ++i) Store(dtype, draw(), out.data() + i * esize);
+  for (uint64_t i = 0; i < *n; ++i) kernels::StoreAs(dtype, draw(), out.data() + i * esize);
   return out;
 }
 
