@@ -673,6 +673,81 @@ TEST_P(ClusterTest, SyncDropsStaleBackupAndDuplicatePushes) {
   EXPECT_EQ(got, std::vector<float>(4, 4.0f));
 }
 
+// A sync step that lost the worker it needed fails its waiting pulls with an
+// error naming that worker, instead of hanging until a timeout.
+TEST_P(ClusterTest, SyncStepFailsNamingTheMissingWorker) {
+  StartCluster(1, 3);
+  TensorSpec spec{"w", DType::kF32, {4}, UpdateRule::kAdd, {}, -1};
+  spec.mode = ConsistencyMode::Sync(3, 3, /*average=*/false);
+  Client& c0 = Connect(0);
+  Client& c1 = Connect(1);
+  auto c2 = Client::Connect(Options(2));
+  ASSERT_TRUE(c2.ok());
+  auto t0 = c0.Declare(spec).value();
+  auto t1 = c1.Declare(spec).value();
+  ASSERT_TRUE((*c2)->Declare(spec).ok());
+  ASSERT_TRUE(c0.Initialize().ok());
+  std::vector<float> one(4, 1.0f), got(4);
+  ASSERT_TRUE(c0.Push({PushItem::Of<float>(t0, one)}, 0).ok());
+  ASSERT_TRUE(c1.Push({PushItem::Of<float>(t1, one)}, 0).ok());
+  auto waiting = c0.PullAsync({PullItem::AfterStep<float>(t0, got, 1)});
+  c2->reset();  // worker 2 goes away without pushing step 0
+  Status st = waiting.WaitFor(10s);
+  EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.ToString();
+  EXPECT_NE(st.message().find("/job:worker/task:2"), std::string::npos) << st.ToString();
+  // A new pull for that step fails at once.
+  st = c1.Pull({PullItem::AfterStep<float>(t1, got, 1)});
+  EXPECT_NE(st.message().find("/job:worker/task:2"), std::string::npos) << st.ToString();
+}
+
+// With replicas_to_aggregate still reachable, the step completes without the
+// lost worker.
+TEST_P(ClusterTest, SyncStepCompletesWithTheRemainingReplicas) {
+  StartCluster(1, 3);
+  TensorSpec spec{"w", DType::kF32, {4}, UpdateRule::kAdd, {}, -1};
+  spec.mode = ConsistencyMode::Sync(2, 3, /*average=*/false);
+  Client& c0 = Connect(0);
+  Client& c1 = Connect(1);
+  auto c2 = Client::Connect(Options(2));
+  ASSERT_TRUE(c2.ok());
+  auto t0 = c0.Declare(spec).value();
+  auto t1 = c1.Declare(spec).value();
+  ASSERT_TRUE((*c2)->Declare(spec).ok());
+  ASSERT_TRUE(c0.Initialize().ok());
+  c2->reset();
+  std::this_thread::sleep_for(200ms);
+  std::vector<float> one(4, 1.0f), got(4);
+  ASSERT_TRUE(c0.Push({PushItem::Of<float>(t0, one)}, 0).ok());
+  ASSERT_TRUE(c1.Push({PushItem::Of<float>(t1, one)}, 0).ok());
+  ASSERT_TRUE(c0.Pull({PullItem::AfterStep<float>(t0, got, 1)}).ok());
+  EXPECT_EQ(got, std::vector<float>(4, 2.0f));
+}
+
+// A restarted worker rejoins: no re-initialisation, it sees the current values.
+TEST_P(ClusterTest, RestartedWorkerRejoinsWithoutReinitialising) {
+  StartCluster(1, 2);
+  Client& chief = Connect(0);
+  auto w = chief.Declare(F32("w", 2)).value();
+  ASSERT_TRUE(chief.Initialize().ok());
+  std::vector<float> one(2, 1.0f), got(2);
+  {
+    auto worker = Client::Connect(Options(1));
+    ASSERT_TRUE(worker.ok());
+    auto w1 = (*worker)->Declare(F32("w", 2)).value();
+    ASSERT_TRUE((*worker)->WaitForInit(5s).ok());
+    ASSERT_TRUE((*worker)->Push({PushItem::Of<float>(w1, one)}).ok());
+  }
+  auto again = Client::Connect(Options(1));
+  ASSERT_TRUE(again.ok());
+  auto w1 = (*again)->Declare(F32("w", 2)).value();
+  auto start = std::chrono::steady_clock::now();
+  ASSERT_TRUE((*again)->WaitForInit(5s).ok());
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 1s) << "the cluster is initialised already";
+  ASSERT_TRUE((*again)->Pull({PullItem::Of<float>(w1, got)}).ok());
+  EXPECT_EQ(got, one) << "the value after the first incarnation's push, not the initial zeros";
+  ASSERT_TRUE(chief.Push({PushItem::Of<float>(w, one)}).ok());
+}
+
 // Stale-synchronous: a worker at step t may read weights only once every
 // worker pushed step t - s.
 TEST_P(ClusterTest, BoundedStalenessWaitsForTheSlowestWorker) {

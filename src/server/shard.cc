@@ -154,7 +154,11 @@ void Shard::OnDisconnect(const EndpointPtr& ep, const Status& why) {
   auto it = peers_.find(ep.get());
   if (it == peers_.end()) return;
   Peer* peer = it->second.get();
-  if (peer->authenticated) TLOG_INFO("{} disconnected: {}", peer->hello.task, why.message());
+  if (peer->authenticated) {
+    TLOG_INFO("{} disconnected: {}", peer->hello.task, why.message());
+    const uint32_t rank = peer->hello.worker_rank;
+    if (--connected_ranks_[rank] == 0) departed_[rank] = peer->hello.task;
+  }
   for (auto lit = leases_.begin(); lit != leases_.end();) {
     auto next = std::next(lit);
     if (lit->second.owner == ep.get()) EndLease(lit);
@@ -322,6 +326,8 @@ Status Shard::OnAuth(Peer& peer, const wire::Header& h, std::span<const uint8_t>
     welcome.staging_region = peer.staging->Describe();
   }
   peer.authenticated = true;
+  connected_ranks_[peer.hello.worker_rank]++;
+  departed_.erase(peer.hello.worker_rank);  // a restarted worker is back
   TLOG_INFO("{} connected from {}", peer.hello.task, peer.ep->peer());
   Reply(peer, h.request_id, welcome);
   return Status::Ok();
@@ -505,7 +511,38 @@ void Shard::OnPull(Peer& peer, uint64_t request_id, wire::Pull msg) {
     }
   }
   PendingPull pull{&peer, request_id, std::move(msg)};
-  if (!TryGrantPull(pull)) waiting_pulls_.push_back(std::move(pull));
+  if (TryGrantPull(pull)) return;
+  Status st = StepReachable(pull);
+  if (!st.ok()) return SendError(peer, request_id, st);
+  waiting_pulls_.push_back(std::move(pull));
+}
+
+Status Shard::StepReachable(const PendingPull& pull) const {
+  for (const auto& e : pull.msg.entries) {
+    const Param* p = table_->Find(e.key_id);
+    const auto& mode = p->entry.tensor.mode;
+    if (mode.kind != Consistency::kSync || p->StepReached() >= e.min_step) continue;
+    if (p->agg_count >= mode.replicas_to_aggregate) continue;  // complete, waiting for readers
+    // Workers that may still push this step: not yet counted, not gone.
+    uint32_t possible = 0;
+    std::string gone;
+    for (uint32_t rank = 0; rank < mode.total_num_replicas; ++rank) {
+      if (rank < p->contributed.size() && p->contributed[rank]) continue;
+      auto d = departed_.find(rank);
+      if (d == departed_.end()) {
+        possible++;
+      } else {
+        gone += (gone.empty() ? "" : ", ") + d->second;
+      }
+    }
+    const uint32_t needed = mode.replicas_to_aggregate - p->agg_count;
+    if (possible < needed) {
+      return Status::Unavailable("step " + std::to_string(p->step) + " of '" + p->display_name +
+                                 "' cannot complete: it needs " + std::to_string(needed) +
+                                 " more worker(s) and " + gone + " disconnected");
+    }
+  }
+  return Status::Ok();
 }
 
 bool Shard::TryGrantPull(PendingPull& pull) {
@@ -608,7 +645,19 @@ void Shard::RetryWaiting() {
   }
   MarkWaitingWriters();
   for (auto it = waiting_pulls_.begin(); it != waiting_pulls_.end();) {
-    it = TryGrantPull(*it) ? waiting_pulls_.erase(it) : std::next(it);
+    if (TryGrantPull(*it)) {
+      it = waiting_pulls_.erase(it);
+      continue;
+    }
+    // A sync step that lost the workers it needs fails its waiters, naming
+    // who is gone, instead of leaving them to time out.
+    Status st = StepReachable(*it);
+    if (!st.ok()) {
+      SendError(*it->peer, it->request_id, st);
+      it = waiting_pulls_.erase(it);
+      continue;
+    }
+    ++it;
   }
 }
 

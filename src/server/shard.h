@@ -4,6 +4,7 @@
 #pragma once
 
 #include <deque>
+#include <map>
 #include <memory>
 #include <set>
 #include <unordered_map>
@@ -78,6 +79,9 @@ class Shard {
   bool TryApplyStep(Param& p);
   void MarkWaitingWriters();
   bool TryGrantPull(PendingPull& pull);
+  // An error if a pull waits for a sync step that can no longer complete
+  // because the workers it needs disconnected.
+  Status StepReachable(const PendingPull& pull) const;
   void RetryWaiting();
   void EndLease(std::unordered_map<uint64_t, Lease>::iterator it);
   void RevokeExpiredLeases();
@@ -99,6 +103,8 @@ class Shard {
   std::deque<uint32_t> pending_steps_;  // sync chunks whose step is complete, waiting for readers
   std::vector<std::pair<Peer*, uint64_t>> init_waiters_;
   bool stopping_ = false;
+  std::map<uint32_t, int> connected_ranks_;     // authenticated connections per worker rank
+  std::map<uint32_t, std::string> departed_;    // ranks with none left: rank -> task name
 
   std::atomic<uint64_t> pushes_applied_{0}, pulls_served_{0}, refused_{0}, tensors_{0},
       leases_revoked_{0}, steps_applied_{0}, stale_dropped_{0}, duplicate_dropped_{0};
