@@ -800,48 +800,98 @@ TEST_P(ClusterTest, SeparateCoordinatorTask) {
   (*coordinator)->Stop();
 }
 
-// A shard process killed with SIGKILL: the worker's next call fails within
-// seconds with an error naming the shard, and the other shard keeps serving.
-TEST_P(ClusterTest, KilledShardProcessIsReportedQuickly) {
-  const char* bin = std::getenv("TESSERA_BIN");
-  if (bin == nullptr) GTEST_SKIP() << "TESSERA_BIN is not set (run through meson test)";
-  std::vector<TaskAddress> ps = {{"127.0.0.1", testing::UnusedPort()},
-                                 {"127.0.0.1", testing::UnusedPort()}};
-  ASSERT_TRUE(spec_.AddJob("ps", ps).ok());
-  ASSERT_TRUE(spec_.AddJob("worker", {{"127.0.0.1", testing::UnusedPort()}}).ok());
-  std::vector<pid_t> pids;
-  for (int i = 0; i < 2; ++i) {
-    pid_t pid = fork();
-    if (pid == 0) {
-      setenv("TESSERA_SECRET", secret_.c_str(), 1);
-      setenv("TF_CONFIG", ToTfConfigJson(spec_, {"ps", i}).c_str(), 1);
-      execl(bin, bin, "server", static_cast<char*>(nullptr));
-      _exit(127);
+// Shards as real `tessera server` processes, for failures a process has.
+class ShardProcesses {
+ public:
+  ShardProcesses(const ClusterSpec& spec, const std::string& secret, int n) {
+    const char* bin = std::getenv("TESSERA_BIN");
+    if (bin == nullptr) return;
+    for (int i = 0; i < n; ++i) {
+      pid_t pid = fork();
+      if (pid == 0) {
+        setenv("TESSERA_SECRET", secret.c_str(), 1);
+        setenv("TF_CONFIG", ToTfConfigJson(spec, {"ps", i}).c_str(), 1);
+        execl(bin, bin, "server", static_cast<char*>(nullptr));
+        _exit(127);
+      }
+      pids_.push_back(pid);
     }
-    pids.push_back(pid);
   }
-  auto c = Client::Connect(Options(0));
-  ASSERT_TRUE(c.ok()) << c.status().ToString();
-  auto t = (*c)->DeclareMany({F32("a", 4), F32("b", 4)});
-  ASSERT_TRUE(t.ok());
-  ASSERT_TRUE((*c)->Initialize().ok());
-  kill(pids[1], SIGKILL);
-  waitpid(pids[1], nullptr, 0);
+  ~ShardProcesses() {
+    for (pid_t pid : pids_) {
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+    }
+  }
+  bool started() const { return !pids_.empty(); }
+  pid_t pid(int i) const { return pids_[static_cast<size_t>(i)]; }
+
+ private:
+  std::vector<pid_t> pids_;
+};
+
+// Pushes to tensor t until one fails (or 10 s pass); returns that status and
+// how long it took.
+std::pair<Status, std::chrono::steady_clock::duration> PushUntilFailure(Client& c, Tensor t) {
   auto start = std::chrono::steady_clock::now();
   std::vector<float> v(4);
   Status st;
   while (std::chrono::steady_clock::now() - start < 10s) {
-    st = (*c)->Push({PushItem::Of<float>((*t)[1], v)});
+    st = c.Push({PushItem::Of<float>(t, v)});
     if (!st.ok()) break;
     std::this_thread::sleep_for(50ms);
   }
+  return {st, std::chrono::steady_clock::now() - start};
+}
+
+// A shard process killed with SIGKILL: the worker's next call fails within
+// seconds with an error naming the shard, and the other shard keeps serving.
+TEST_P(ClusterTest, KilledShardProcessIsReportedQuickly) {
+  ASSERT_TRUE(spec_
+                  .AddJob("ps", {{"127.0.0.1", testing::UnusedPort()},
+                                 {"127.0.0.1", testing::UnusedPort()}})
+                  .ok());
+  ASSERT_TRUE(spec_.AddJob("worker", {{"127.0.0.1", testing::UnusedPort()}}).ok());
+  ShardProcesses shards(spec_, secret_, 2);
+  if (!shards.started()) GTEST_SKIP() << "TESSERA_BIN is not set (run through meson test)";
+  Client& c = Connect(0);
+  auto t = c.DeclareMany({F32("a", 4), F32("b", 4)});
+  ASSERT_TRUE(t.ok());
+  ASSERT_TRUE(c.Initialize().ok());
+  kill(shards.pid(1), SIGKILL);
+  auto [st, took] = PushUntilFailure(c, (*t)[1]);
   EXPECT_FALSE(st.ok()) << "the dead shard was never reported";
   EXPECT_NE(st.message().find("/job:ps/task:1"), std::string::npos) << st.ToString();
-  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
-  EXPECT_TRUE((*c)->Push({PushItem::Of<float>((*t)[0], v)}).ok()) << "ps 0 still serves";
-  c->reset();
-  kill(pids[0], SIGTERM);
-  waitpid(pids[0], nullptr, 0);
+  EXPECT_LT(took, 5s);
+  std::vector<float> v(4);
+  EXPECT_TRUE(c.Push({PushItem::Of<float>((*t)[0], v)}).ok()) << "ps 0 still serves";
+}
+
+// A shard that hangs (SIGSTOP: its connections stay open) is found by the
+// heartbeats within their timeout; nobody waits forever.
+TEST_P(ClusterTest, HungShardIsFoundByHeartbeats) {
+  ASSERT_TRUE(spec_
+                  .AddJob("ps", {{"127.0.0.1", testing::UnusedPort()},
+                                 {"127.0.0.1", testing::UnusedPort()}})
+                  .ok());
+  ASSERT_TRUE(spec_.AddJob("worker", {{"127.0.0.1", testing::UnusedPort()}}).ok());
+  ShardProcesses shards(spec_, secret_, 2);
+  if (!shards.started()) GTEST_SKIP() << "TESSERA_BIN is not set (run through meson test)";
+  auto opts = Options(0);
+  opts.heartbeat_interval = 200ms;
+  opts.heartbeat_timeout = 1s;
+  auto c = Client::Connect(opts);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  auto t = (*c)->DeclareMany({F32("a", 4), F32("b", 4)});
+  ASSERT_TRUE(t.ok());
+  ASSERT_TRUE((*c)->Initialize().ok());
+  kill(shards.pid(1), SIGSTOP);
+  auto [st, took] = PushUntilFailure(**c, (*t)[1]);
+  EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.ToString();
+  EXPECT_NE(st.message().find("/job:ps/task:1"), std::string::npos) << st.ToString();
+  EXPECT_NE(st.message().find("heartbeat"), std::string::npos) << st.ToString();
+  EXPECT_LT(took, 3s);
+  kill(shards.pid(1), SIGCONT);
 }
 
 INSTANTIATE_TEST_SUITE_P(Ucx, ClusterTest, ::testing::Values("tcp", "posix,sysv,cma,tcp"),

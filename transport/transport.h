@@ -107,8 +107,10 @@ class Endpoint {
   // Completes once every put/get issued before it is complete at the peer.
   virtual void Flush(Completion done) = 0;
 
-  // Closes the connection; pending operations fail.
+  // Closes the connection after what was sent is delivered.
   virtual void Close() = 0;
+  // Closes at once: operations in flight fail (for a peer that is gone or hung).
+  virtual void Abort() = 0;
   virtual bool alive() const = 0;
   // "127.0.0.1:7000" or what the backend knows of the peer.
   virtual std::string peer() const = 0;

@@ -198,6 +198,11 @@ struct ClientOptions {
   std::chrono::milliseconds report_interval{5'000};
   // Bound on every blocking call and Future::Wait().
   std::chrono::milliseconds op_timeout{60'000};
+  // Each ps task (and the coordinator) is pinged this often; one that has not
+  // answered anything for heartbeat_timeout is reported lost: its pending
+  // and later calls fail naming it. A timeout of 0 turns heartbeats off.
+  std::chrono::milliseconds heartbeat_interval{1'000};
+  std::chrono::milliseconds heartbeat_timeout{5'000};
   bool busy_poll = false;
 };
 

@@ -149,6 +149,11 @@ class Client::Impl {
     std::unordered_map<uint32_t, std::unique_ptr<transport::RemoteRegion>> arenas;
     std::deque<std::function<void()>> waiting_for_staging;
     Status dead;  // non-OK once the connection is gone
+    std::chrono::steady_clock::time_point last_heard;
+    // One-sided work in flight, failed by OnShardLost: a fabric may never
+    // complete operations towards a peer that hangs.
+    std::unordered_map<uint64_t, std::function<void(const Status&)>> in_flight;
+    uint64_t next_op = 1;
     std::string name() const { return task.ToString() + " (" + addr.ToString() + ")"; }
   };
   struct PendingRequest {
@@ -162,6 +167,13 @@ class Client::Impl {
   void OnFrame(const std::shared_ptr<transport::Endpoint>& ep, std::span<const uint8_t> frame);
   void OnShardLost(int shard, const Status& why);
   void ConnectShard(int shard, std::chrono::steady_clock::time_point deadline);
+  void Heartbeat();
+  // What a failed one-sided operation on a shard reports: why the shard was
+  // lost if it was, else the fabric's error naming the shard.
+  Status ShardError(int shard, const Status& st) const {
+    const ShardConn& s = shards_[shard];
+    return s.dead.ok() ? st.WithContext(s.name()) : s.dead;
+  }
   void Handshake(int shard);
 
   // Any thread: sends and waits for the reply frame.
@@ -273,6 +285,7 @@ void Client::Impl::OnFrame(const std::shared_ptr<transport::Endpoint>& ep,
     TLOG_WARN("bad message from {}: {}", shards_[sit->second].name(), h.status().ToString());
     return OnShardLost(sit->second, h.status().WithContext("bad message"));
   }
+  shards_[sit->second].last_heard = std::chrono::steady_clock::now();
   auto it = pending_.find(h->request_id);
   if (it == pending_.end()) {
     if (h->opcode == wire::Opcode::kPullReply) {
@@ -301,7 +314,9 @@ void Client::Impl::OnShardLost(int shard, const Status& why) {
   if (!s.dead.ok()) return;
   s.dead = Status::Unavailable(s.name() + " is gone: " + why.message());
   if (!stopping_) TLOG_ERROR("{}", s.dead.message());
-  if (s.ep) s.ep->Close();
+  // Forced: a hung peer would never let a graceful close finish, and the
+  // abort fails the one-sided operations still in flight.
+  if (s.ep) s.ep->Abort();
   std::vector<ReplyFn> fail;
   for (auto it = pending_.begin(); it != pending_.end();) {
     if (it->second.shard == shard) {
@@ -312,6 +327,9 @@ void Client::Impl::OnShardLost(int shard, const Status& why) {
     }
   }
   for (auto& fn : fail) fn(s.dead, wire::Header{}, {});
+  auto in_flight = std::move(s.in_flight);
+  s.in_flight.clear();
+  for (auto& [id, abort] : in_flight) abort(s.dead);
   auto waiting = std::move(s.waiting_for_staging);
   for (auto& fn : waiting) fn();
 }
@@ -388,9 +406,33 @@ Status Client::Impl::Start() {
     }
     start_cv_.wait_until(lock, std::min(deadline, next_report));
   }
+  if (options_.heartbeat_timeout.count() > 0) {
+    ctx_->Post([this] {
+      for (auto& conn : shards_) conn.last_heard = std::chrono::steady_clock::now();
+      ctx_->PostAfter(options_.heartbeat_interval, [this] { Heartbeat(); });
+    });
+  }
   TLOG_INFO("{} connected to {} ps task(s){} over {}", task_.ToString(), num_ps,
             separate_coordinator ? " and the coordinator" : "", ctx_->Describe());
   return Status::Ok();
+}
+
+void Client::Impl::Heartbeat() {
+  if (stopping_) return;
+  const auto now = std::chrono::steady_clock::now();
+  for (int i = 0; i < static_cast<int>(shards_.size()); ++i) {
+    ShardConn& s = shards_[i];
+    if (!s.dead.ok() || !s.ep) continue;
+    if (now - s.last_heard > options_.heartbeat_timeout) {
+      OnShardLost(
+          i, Status::DeadlineExceeded("no answer to heartbeats for " +
+                                      std::to_string(options_.heartbeat_timeout.count()) + " ms"));
+      continue;
+    }
+    Request(i, wire::Ping{}, 0,
+            [](const Status&, const wire::Header&, std::span<const uint8_t>) {});
+  }
+  ctx_->PostAfter(options_.heartbeat_interval, [this] { Heartbeat(); });
 }
 
 void Client::Impl::ConnectShard(int shard, std::chrono::steady_clock::time_point deadline) {
@@ -676,38 +718,44 @@ void Client::Impl::PushToShard(int shard, std::vector<ChunkIo> ios, uint32_t fla
   struct Progress {
     int outstanding;
     Status status;
+    bool finished = false;
   };
   auto progress =
       std::make_shared<Progress>(Progress{static_cast<int>(ios.size()) + 1, Status::Ok()});
   uint64_t rel = *offset;
   const uint64_t base = s.staging->base();
-  auto release = [this, shard, off = *offset] {
+  const uint64_t op_id = s.next_op++;
+  // Runs once: on the reply, on a failure, or when the shard is lost.
+  auto finish = [this, shard, op_id, progress, off = *offset, done](
+                    const Status& st, std::vector<uint64_t> versions) {
+    if (progress->finished) return;
+    progress->finished = true;
     ShardConn& conn = shards_[shard];
+    conn.in_flight.erase(op_id);
     conn.alloc.Free(off);
     if (!conn.waiting_for_staging.empty()) {
       auto next = std::move(conn.waiting_for_staging.front());
       conn.waiting_for_staging.pop_front();
       next();
     }
+    done(st, std::move(versions));
   };
-  auto after_puts = [this, shard, flags, progress, release, done](const wire::Push& m) {
-    if (!progress->status.ok()) {
-      release();
-      return done(progress->status, {});
-    }
-    Request(shard, m, flags,
-            [this, release, done](const Status& st, const wire::Header& h,
-                                  std::span<const uint8_t> frame) {
-              release();
-              if (!st.ok()) return done(st, {});
-              auto reply = wire::DecodeBody<wire::PushReply>(h, frame);
-              if (!reply.ok()) return done(reply.status(), {});
-              for (uint8_t o : reply->outcomes) {
-                if (o == static_cast<uint8_t>(wire::PushOutcome::kStale)) dropped_stale_++;
-                if (o == static_cast<uint8_t>(wire::PushOutcome::kDuplicate)) dropped_duplicate_++;
-              }
-              done(Status::Ok(), std::move(reply->versions));
-            });
+  s.in_flight[op_id] = [finish](const Status& why) { finish(why, {}); };
+  auto after_puts = [this, shard, flags, progress, finish](const wire::Push& m) {
+    if (progress->finished) return;
+    if (!progress->status.ok()) return finish(ShardError(shard, progress->status), {});
+    Request(
+        shard, m, flags,
+        [this, finish](const Status& st, const wire::Header& h, std::span<const uint8_t> frame) {
+          if (!st.ok()) return finish(st, {});
+          auto reply = wire::DecodeBody<wire::PushReply>(h, frame);
+          if (!reply.ok()) return finish(reply.status(), {});
+          for (uint8_t o : reply->outcomes) {
+            if (o == static_cast<uint8_t>(wire::PushOutcome::kStale)) dropped_stale_++;
+            if (o == static_cast<uint8_t>(wire::PushOutcome::kDuplicate)) dropped_duplicate_++;
+          }
+          finish(Status::Ok(), std::move(reply->versions));
+        });
   };
   for (const auto& io : ios) {
     msg.entries.push_back({io.chunk->key_id, rel, io.chunk->bytes});
@@ -730,40 +778,50 @@ void Client::Impl::PullFromShard(int shard, std::vector<ChunkIo> ios,
                                  const std::function<void(Status)>& done) {
   wire::Pull msg;
   for (const auto& io : ios) msg.entries.push_back({io.chunk->key_id, io.min_version, io.min_step});
-  Request(shard, msg, 0,
-          [this, shard, ios = std::move(ios), done](const Status& st, const wire::Header& h,
-                                                    std::span<const uint8_t> frame) {
-            if (!st.ok()) return done(st);
-            auto reply = wire::DecodeBody<wire::PullReply>(h, frame);
-            if (!reply.ok()) return done(reply.status());
-            ShardConn& s = shards_[shard];
-            struct Progress {
-              int outstanding;
-              Status status;
-            };
-            auto progress =
-                std::make_shared<Progress>(Progress{static_cast<int>(ios.size()), Status::Ok()});
-            uint64_t lease = reply->lease_id;
-            auto step = [this, shard, progress, lease, done](const Status& st2) {
-              if (!st2.ok() && progress->status.ok()) progress->status = st2;
-              if (--progress->outstanding > 0) return;
-              // The bytes are ours: let the shard update them again.
-              ShardConn& conn = shards_[shard];
-              if (conn.dead.ok() && conn.ep)
-                conn.ep->Send(kProtocolMsg, wire::Encode(wire::Release{lease}, 0));
-              done(progress->status);
-            };
-            for (const auto& io : ios) {
-              auto arena = s.arenas.find(io.chunk->arena_id);
-              if (arena == s.arenas.end()) {
-                step(Status::Internal("no key for arena " + std::to_string(io.chunk->arena_id) +
-                                      " of " + s.name()));
-                continue;
-              }
-              s.ep->Get(io.local, io.chunk->bytes, *arena->second,
-                        arena->second->base() + io.chunk->arena_offset, step);
-            }
-          });
+  Request(
+      shard, msg, 0,
+      [this, shard, ios = std::move(ios), done](const Status& st, const wire::Header& h,
+                                                std::span<const uint8_t> frame) {
+        if (!st.ok()) return done(st);
+        auto reply = wire::DecodeBody<wire::PullReply>(h, frame);
+        if (!reply.ok()) return done(reply.status());
+        ShardConn& s = shards_[shard];
+        struct Progress {
+          int outstanding;
+          Status status;
+          bool finished = false;
+        };
+        auto progress =
+            std::make_shared<Progress>(Progress{static_cast<int>(ios.size()), Status::Ok()});
+        uint64_t lease = reply->lease_id;
+        const uint64_t op_id = s.next_op++;
+        auto finish = [this, shard, op_id, progress, done](const Status& result) {
+          if (progress->finished) return;
+          progress->finished = true;
+          shards_[shard].in_flight.erase(op_id);
+          done(result);
+        };
+        s.in_flight[op_id] = finish;
+        auto step = [this, shard, progress, lease, finish](const Status& st2) {
+          if (!st2.ok() && progress->status.ok()) progress->status = st2;
+          if (--progress->outstanding > 0) return;
+          // The bytes are ours: let the shard update them again.
+          ShardConn& conn = shards_[shard];
+          if (conn.dead.ok() && conn.ep)
+            conn.ep->Send(kProtocolMsg, wire::Encode(wire::Release{lease}, 0));
+          finish(progress->status.ok() ? progress->status : ShardError(shard, progress->status));
+        };
+        for (const auto& io : ios) {
+          auto arena = s.arenas.find(io.chunk->arena_id);
+          if (arena == s.arenas.end()) {
+            step(Status::Internal("no key for arena " + std::to_string(io.chunk->arena_id) +
+                                  " of " + s.name()));
+            continue;
+          }
+          s.ep->Get(io.local, io.chunk->bytes, *arena->second,
+                    arena->second->base() + io.chunk->arena_offset, step);
+        }
+      });
 }
 
 Future Client::Impl::Push(const std::vector<PushItem>& items, uint32_t flags, uint64_t step) {

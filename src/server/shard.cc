@@ -205,6 +205,8 @@ void Shard::OnMessage(const EndpointPtr& ep, std::span<const uint8_t> frame) {
                                    " sent to the coordinator, which holds no tensors"));
   }
   switch (h->opcode) {
+    case wire::Opcode::kPing:
+      return Reply(peer, h->request_id, wire::Ack{});
     case wire::Opcode::kDeclare: {
       auto m = wire::DecodeBody<wire::Declare>(*h, frame);
       if (!m.ok()) return bad(m.status());

@@ -103,8 +103,8 @@ class Shard {
   std::deque<uint32_t> pending_steps_;  // sync chunks whose step is complete, waiting for readers
   std::vector<std::pair<Peer*, uint64_t>> init_waiters_;
   bool stopping_ = false;
-  std::map<uint32_t, int> connected_ranks_;     // authenticated connections per worker rank
-  std::map<uint32_t, std::string> departed_;    // ranks with none left: rank -> task name
+  std::map<uint32_t, int> connected_ranks_;   // authenticated connections per worker rank
+  std::map<uint32_t, std::string> departed_;  // ranks with none left: rank -> task name
 
   std::atomic<uint64_t> pushes_applied_{0}, pulls_served_{0}, refused_{0}, tensors_{0},
       leases_revoked_{0}, steps_applied_{0}, stale_dropped_{0}, duplicate_dropped_{0};

@@ -50,6 +50,8 @@ const char* OpcodeName(Opcode op) {
       return "get-step";
     case Opcode::kStepReply:
       return "step-reply";
+    case Opcode::kPing:
+      return "ping";
   }
   return "unknown";
 }

@@ -41,8 +41,9 @@ enum class Opcode : uint16_t {
   kStepDone = 19,
   kGetStep = 20,
   kStepReply = 21,
+  kPing = 22,
 };
-constexpr uint16_t kMaxOpcode = 21;
+constexpr uint16_t kMaxOpcode = 22;
 const char* OpcodeName(Opcode op);
 
 // Header flags.

@@ -198,6 +198,13 @@ struct WaitInit {
   static Result<WaitInit> DecodeBody(ByteReader&) { return WaitInit{}; }
 };
 
+// A worker's heartbeat; answered with an Ack.
+struct Ping {
+  static constexpr Opcode kOpcode = Opcode::kPing;
+  void EncodeBody(ByteWriter&) const {}
+  static Result<Ping> DecodeBody(ByteReader&) { return Ping{}; }
+};
+
 struct Ack {
   static constexpr Opcode kOpcode = Opcode::kAck;
   void EncodeBody(ByteWriter&) const {}

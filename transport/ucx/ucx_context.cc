@@ -786,11 +786,11 @@ std::string UcxEndpoint::DescribeLanes() {
   });
 }
 
-void UcxEndpoint::Close() {
+void UcxEndpoint::CloseWith(bool force) {
   auto self = shared_from_this();
-  auto close = [self] {
+  auto close = [self, force] {
     if (self->ep_ == nullptr) return;
-    self->ctx_->CloseEndpoint(self.get(), /*force=*/false);
+    self->ctx_->CloseEndpoint(self.get(), force);
   };
   if (ctx_->InProgressThread()) {
     close();

@@ -35,7 +35,8 @@ class UcxEndpoint final : public Endpoint, public std::enable_shared_from_this<U
   void Get(void* local, size_t len, const RemoteRegion& remote, uint64_t remote_addr,
            Completion done) override;
   void Flush(Completion done) override;
-  void Close() override;
+  void Close() override { CloseWith(/*force=*/false); }
+  void Abort() override { CloseWith(/*force=*/true); }
   bool alive() const override { return alive_.load(); }
   std::string peer() const override { return peer_; }
   std::string DescribeLanes() override;
@@ -50,6 +51,7 @@ class UcxEndpoint final : public Endpoint, public std::enable_shared_from_this<U
               Completion done);
   void FlushNow(Completion done);
   Status DeadStatus() const;
+  void CloseWith(bool force);
 
   UcxContext* ctx_;
   std::string peer_;
