@@ -175,7 +175,8 @@ class Future {
   Status Wait() const;
   Status WaitFor(std::chrono::milliseconds limit) const;
   bool ready() const;
-  // Runs fn once complete (at once if it already is), on an internal thread.
+  // Runs fn once complete (at once if it already is). It may run on the
+  // client's progress thread: it must not block, nor call the Client.
   void Then(std::function<void(Status)> fn) const;
 
   struct State;
