@@ -87,6 +87,16 @@ TEST(LaunchTest, SeparateCoordinatorTask) {
   EXPECT_NE(run.output.find("chief /job:worker/task:0 initialised"), std::string::npos);
 }
 
+// The example trains y = 2x + noise with synchronous SGD and converges.
+TEST(LaunchTest, LinearRegressionExampleConverges) {
+  auto run = Shell("env UCX_TLS=tcp " + Env("TESSERA_BIN") + " launch --ps 1 --workers 2 -- " +
+                       Env("LINEAR_REGRESSION") + " 60",
+                   120);
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_NE(run.output.find("step  59"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("w 2.0"), std::string::npos) << run.output;
+}
+
 // Ctrl-C (SIGINT) to the launcher stops every process it started, including
 // what the workers started themselves.
 TEST(LaunchTest, InterruptTearsEverythingDown) {

@@ -1,0 +1,90 @@
+// TensorFlow's ps/worker linear-regression example, on the public API only:
+// y = 2x + noise, w and b on the ps, workers training with synchronous SGD
+// (worker 0 is the chief and initialises). Run it as
+//
+//   tessera launch --ps 1 --workers 2 -- build/examples/linear_regression
+//
+// It exits 0 once w is within 0.05 of 2.
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <string>
+
+#include "tessera/client.h"
+
+using namespace tessera;
+
+int main(int argc, char** argv) {
+  const int steps = argc > 1 ? std::atoi(argv[1]) : 200;
+  auto cfg = TfConfigFromEnv();
+  const char* secret = std::getenv("TESSERA_SECRET");
+  if (!cfg.ok() || secret == nullptr) {
+    fprintf(stderr, "run under `tessera launch` (needs TF_CONFIG and TESSERA_SECRET)\n");
+    return 2;
+  }
+  ClientOptions options;
+  options.cluster = cfg->cluster;
+  options.task = cfg->task;
+  options.secret = secret;
+  auto client = Client::Connect(options);
+  if (!client.ok()) {
+    fprintf(stderr, "%s\n", client.status().ToString().c_str());
+    return 1;
+  }
+  Client& c = **client;
+  const auto workers = static_cast<uint32_t>(cfg->cluster.num_workers());
+  TensorSpec spec{"w", DType::kF32, {1}, UpdateRule::kSgd};
+  spec.hyper.learning_rate = 0.5f;
+  spec.mode = ConsistencyMode::Sync(workers, workers);  // averaged, like SyncReplicasOptimizer
+  auto w = c.Declare(spec);
+  spec.name = "b";
+  auto b = c.Declare(spec);
+  if (!w.ok() || !b.ok()) {
+    fprintf(stderr, "%s\n", (w.ok() ? b.status() : w.status()).ToString().c_str());
+    return 1;
+  }
+  Status st = c.is_chief() ? c.Initialize() : c.WaitForInit();
+  if (!st.ok()) {
+    fprintf(stderr, "%s\n", st.ToString().c_str());
+    return 1;
+  }
+
+  // Each worker has its own data: 64 points of y = 2x + noise.
+  std::mt19937 rng(1234 + static_cast<unsigned>(cfg->task.index));
+  std::uniform_real_distribution<float> xs(-1, 1);
+  std::normal_distribution<float> noise(0, 0.1f);
+  std::vector<float> x(64), y(64);
+  for (size_t i = 0; i < x.size(); ++i) {
+    x[i] = xs(rng);
+    y[i] = 2 * x[i] + noise(rng);
+  }
+  float wv = 0, bv = 0;
+  for (int step = 0; step < steps; ++step) {
+    // Mean squared error and its gradient at the current weights.
+    float loss = 0, gw = 0, gb = 0;
+    for (size_t i = 0; i < x.size(); ++i) {
+      float err = wv * x[i] + bv - y[i];
+      loss += err * err / x.size();
+      gw += 2 * err * x[i] / x.size();
+      gb += 2 * err / x.size();
+    }
+    st = c.Push({PushItem::Of<float>(*w, {&gw, 1}), PushItem::Of<float>(*b, {&gb, 1})},
+                static_cast<uint64_t>(step));
+    if (st.ok()) {
+      st = c.Pull({PullItem::AfterStep<float>(*w, {&wv, 1}, static_cast<uint64_t>(step) + 1),
+                   PullItem::AfterStep<float>(*b, {&bv, 1}, static_cast<uint64_t>(step) + 1)});
+    }
+    if (!st.ok()) {
+      fprintf(stderr, "step %d: %s\n", step, st.ToString().c_str());
+      return 1;
+    }
+    if (c.is_chief() && (step % 20 == 0 || step == steps - 1)) {
+      printf("step %3d  loss %.4f  w %.4f  b %.4f  global step %llu\n", step,
+             static_cast<double>(loss), static_cast<double>(wv), static_cast<double>(bv),
+             static_cast<unsigned long long>(c.GlobalStep().value_or(0)));
+      fflush(stdout);
+    }
+  }
+  return std::abs(wv - 2.0f) < 0.05f ? 0 : 1;
+}
