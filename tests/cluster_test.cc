@@ -128,6 +128,28 @@ class ClusterTest : public ::testing::TestWithParam<const char*> {
     return *clients_.back();
   }
 
+  // One shard, three workers and a summed sync tensor "w" (f32[4]); worker
+  // 2's client is returned separately so a test can make it go away.
+  struct SyncWorkers {
+    Client& c0;
+    Client& c1;
+    std::unique_ptr<Client> c2;
+    Tensor t0, t1;
+  };
+  SyncWorkers ThreeSyncWorkers(uint32_t replicas_to_aggregate) {
+    StartCluster(1, 3);
+    TensorSpec spec{"w", DType::kF32, {4}, UpdateRule::kAdd, {}, -1};
+    spec.mode = ConsistencyMode::Sync(replicas_to_aggregate, 3, /*average=*/false);
+    Client& c0 = Connect(0);
+    Client& c1 = Connect(1);
+    auto c2 = Client::Connect(Options(2)).value();
+    auto t0 = c0.Declare(spec).value();
+    auto t1 = c1.Declare(spec).value();
+    EXPECT_TRUE(c2->Declare(spec).ok());
+    EXPECT_TRUE(c0.Initialize().ok());
+    return {c0, c1, std::move(c2), t0, t1};
+  }
+
   // The global step is reported to the coordinator after each push returns:
   // poll briefly for it to reach `want`.
   static uint64_t EventualGlobalStep(Client& c, uint64_t want) {
@@ -676,22 +698,12 @@ TEST_P(ClusterTest, SyncDropsStaleBackupAndDuplicatePushes) {
 // A sync step that lost the worker it needed fails its waiting pulls with an
 // error naming that worker, instead of hanging until a timeout.
 TEST_P(ClusterTest, SyncStepFailsNamingTheMissingWorker) {
-  StartCluster(1, 3);
-  TensorSpec spec{"w", DType::kF32, {4}, UpdateRule::kAdd, {}, -1};
-  spec.mode = ConsistencyMode::Sync(3, 3, /*average=*/false);
-  Client& c0 = Connect(0);
-  Client& c1 = Connect(1);
-  auto c2 = Client::Connect(Options(2));
-  ASSERT_TRUE(c2.ok());
-  auto t0 = c0.Declare(spec).value();
-  auto t1 = c1.Declare(spec).value();
-  ASSERT_TRUE((*c2)->Declare(spec).ok());
-  ASSERT_TRUE(c0.Initialize().ok());
+  auto [c0, c1, c2, t0, t1] = ThreeSyncWorkers(/*replicas_to_aggregate=*/3);
   std::vector<float> one(4, 1.0f), got(4);
   ASSERT_TRUE(c0.Push({PushItem::Of<float>(t0, one)}, 0).ok());
   ASSERT_TRUE(c1.Push({PushItem::Of<float>(t1, one)}, 0).ok());
   auto waiting = c0.PullAsync({PullItem::AfterStep<float>(t0, got, 1)});
-  c2->reset();  // worker 2 goes away without pushing step 0
+  c2.reset();  // worker 2 goes away without pushing step 0
   Status st = waiting.WaitFor(10s);
   EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.ToString();
   EXPECT_NE(st.message().find("/job:worker/task:2"), std::string::npos) << st.ToString();
@@ -703,18 +715,8 @@ TEST_P(ClusterTest, SyncStepFailsNamingTheMissingWorker) {
 // With replicas_to_aggregate still reachable, the step completes without the
 // lost worker.
 TEST_P(ClusterTest, SyncStepCompletesWithTheRemainingReplicas) {
-  StartCluster(1, 3);
-  TensorSpec spec{"w", DType::kF32, {4}, UpdateRule::kAdd, {}, -1};
-  spec.mode = ConsistencyMode::Sync(2, 3, /*average=*/false);
-  Client& c0 = Connect(0);
-  Client& c1 = Connect(1);
-  auto c2 = Client::Connect(Options(2));
-  ASSERT_TRUE(c2.ok());
-  auto t0 = c0.Declare(spec).value();
-  auto t1 = c1.Declare(spec).value();
-  ASSERT_TRUE((*c2)->Declare(spec).ok());
-  ASSERT_TRUE(c0.Initialize().ok());
-  c2->reset();
+  auto [c0, c1, c2, t0, t1] = ThreeSyncWorkers(/*replicas_to_aggregate=*/2);
+  c2.reset();
   std::this_thread::sleep_for(200ms);
   std::vector<float> one(4, 1.0f), got(4);
   ASSERT_TRUE(c0.Push({PushItem::Of<float>(t0, one)}, 0).ok());

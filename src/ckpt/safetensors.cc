@@ -157,7 +157,10 @@ Result<SafetensorsFile> SafetensorsFile::Read(const std::string& path) {
       }
       continue;
     }
-    const std::string where = path + ": tensor '" + name + "'";
+    std::string where = path;
+    where += ": tensor '";
+    where += name;
+    where += "'";
     auto bad = [&](const std::string& what) { return Status::DataLoss(where + ": " + what); };
     if (!value.is_object() || !value.contains("dtype") || !value.contains("shape") ||
         !value.contains("data_offsets")) {
