@@ -95,9 +95,11 @@ class TransportTest : public ::testing::TestWithParam<TransportCase> {
     if (ep_) ep_->Close();
     ep_.reset();
     listener_.reset();
-    server_region_.reset();
+    // Contexts first: a progress thread may still be writing a late put into
+    // the region (over tcp the target's thread does the write).
     client_owned_.reset();
     server_.reset();
+    server_region_.reset();
   }
 
   std::vector<uint8_t> NextReply() {
@@ -255,6 +257,7 @@ TEST_P(TransportTest, CountersSeparateMessagesFromOneSidedBytes) {
   ASSERT_TRUE(Wait([&](Completion c) {
                 ep_->Put(buf.data(), buf.size(), *remote_, remote_->base(), c);
               }).ok());
+  ASSERT_TRUE(Wait([&](Completion c) { ep_->Flush(c); }).ok());
   auto after = client_ctx_->counters();
   EXPECT_EQ(after.put_bytes - before.put_bytes, buf.size());
   EXPECT_EQ(after.message_bytes_sent, before.message_bytes_sent);

@@ -99,11 +99,14 @@ Status Shard::Start() {
 void Shard::Stop() {
   if (!ctx_) return;
   listener_.reset();
+  // Peers' staging slots are freed only after the progress thread stopped:
+  // over tcp a put arriving late is written by that thread.
+  std::unordered_map<transport::Endpoint*, std::unique_ptr<Peer>> peers;
   std::promise<void> done;
-  ctx_->Post([this, &done] {
+  ctx_->Post([this, &done, &peers] {
     stopping_ = true;
     for (auto& [raw, peer] : peers_) peer->ep->Close();
-    peers_.clear();
+    peers.swap(peers_);
     leases_.clear();
     blocked_pushes_.clear();
     waiting_pulls_.clear();
@@ -111,8 +114,8 @@ void Shard::Stop() {
     done.set_value();
   });
   done.get_future().wait();
-  table_.reset();
-  ctx_.reset();
+  ctx_.reset();    // stops progress: nothing writes into the arenas any more
+  table_.reset();  // regions outlive their context safely (they hold the ucp context)
 }
 
 ServerStats Shard::stats() const {
