@@ -67,8 +67,9 @@ int main(int argc, char** argv) try {
 
   tools::ClusterFlags server_flags;
   ServerOptions server_opts;
-  auto* server =
-      app.add_subcommand("server", "run one ps shard until stopped (like tf.train.Server.join())");
+  auto* server = app.add_subcommand(
+      "server",
+      "run one ps shard, or the coordinator task, until stopped (like tf.train.Server.join())");
   server_flags.Add(server, "ps");
   server->add_option("--bind", server_opts.bind_host,
                      "listen on this address instead of the spec's host");
