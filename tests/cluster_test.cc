@@ -80,6 +80,8 @@ class RawPeer {
   std::vector<std::vector<uint8_t>> frames_;
 };
 
+class ShardProcesses;
+
 class ClusterTest : public ::testing::TestWithParam<const char*> {
  protected:
   void SetUp() override { setenv("UCX_TLS", GetParam(), 1); }
@@ -127,6 +129,9 @@ class ClusterTest : public ::testing::TestWithParam<const char*> {
     clients_.push_back(std::move(*c));
     return *clients_.back();
   }
+
+  // Two `tessera server` processes and one worker task in the spec.
+  std::unique_ptr<ShardProcesses> TwoShardProcesses();
 
   // One shard, three workers and a summed sync tensor "w" (f32[4]); worker
   // 2's client is returned separately so a test can make it go away.
@@ -832,6 +837,15 @@ class ShardProcesses {
   std::vector<pid_t> pids_;
 };
 
+std::unique_ptr<ShardProcesses> ClusterTest::TwoShardProcesses() {
+  EXPECT_TRUE(spec_
+                  .AddJob("ps", {{"127.0.0.1", testing::UnusedPort()},
+                                 {"127.0.0.1", testing::UnusedPort()}})
+                  .ok());
+  EXPECT_TRUE(spec_.AddJob("worker", {{"127.0.0.1", testing::UnusedPort()}}).ok());
+  return std::make_unique<ShardProcesses>(spec_, secret_, 2);
+}
+
 // Pushes to tensor t until one fails (or 10 s pass); returns that status and
 // how long it took.
 std::pair<Status, std::chrono::steady_clock::duration> PushUntilFailure(Client& c, Tensor t) {
@@ -849,18 +863,13 @@ std::pair<Status, std::chrono::steady_clock::duration> PushUntilFailure(Client& 
 // A shard process killed with SIGKILL: the worker's next call fails within
 // seconds with an error naming the shard, and the other shard keeps serving.
 TEST_P(ClusterTest, KilledShardProcessIsReportedQuickly) {
-  ASSERT_TRUE(spec_
-                  .AddJob("ps", {{"127.0.0.1", testing::UnusedPort()},
-                                 {"127.0.0.1", testing::UnusedPort()}})
-                  .ok());
-  ASSERT_TRUE(spec_.AddJob("worker", {{"127.0.0.1", testing::UnusedPort()}}).ok());
-  ShardProcesses shards(spec_, secret_, 2);
-  if (!shards.started()) GTEST_SKIP() << "TESSERA_BIN is not set (run through meson test)";
+  auto shards = TwoShardProcesses();
+  if (!shards->started()) GTEST_SKIP() << "TESSERA_BIN is not set (run through meson test)";
   Client& c = Connect(0);
   auto t = c.DeclareMany({F32("a", 4), F32("b", 4)});
   ASSERT_TRUE(t.ok());
   ASSERT_TRUE(c.Initialize().ok());
-  kill(shards.pid(1), SIGKILL);
+  kill(shards->pid(1), SIGKILL);
   auto [st, took] = PushUntilFailure(c, (*t)[1]);
   EXPECT_FALSE(st.ok()) << "the dead shard was never reported";
   EXPECT_NE(st.message().find("/job:ps/task:1"), std::string::npos) << st.ToString();
@@ -872,13 +881,8 @@ TEST_P(ClusterTest, KilledShardProcessIsReportedQuickly) {
 // A shard that hangs (SIGSTOP: its connections stay open) is found by the
 // heartbeats within their timeout; nobody waits forever.
 TEST_P(ClusterTest, HungShardIsFoundByHeartbeats) {
-  ASSERT_TRUE(spec_
-                  .AddJob("ps", {{"127.0.0.1", testing::UnusedPort()},
-                                 {"127.0.0.1", testing::UnusedPort()}})
-                  .ok());
-  ASSERT_TRUE(spec_.AddJob("worker", {{"127.0.0.1", testing::UnusedPort()}}).ok());
-  ShardProcesses shards(spec_, secret_, 2);
-  if (!shards.started()) GTEST_SKIP() << "TESSERA_BIN is not set (run through meson test)";
+  auto shards = TwoShardProcesses();
+  if (!shards->started()) GTEST_SKIP() << "TESSERA_BIN is not set (run through meson test)";
   auto opts = Options(0);
   opts.heartbeat_interval = 200ms;
   opts.heartbeat_timeout = 1s;
@@ -887,13 +891,13 @@ TEST_P(ClusterTest, HungShardIsFoundByHeartbeats) {
   auto t = (*c)->DeclareMany({F32("a", 4), F32("b", 4)});
   ASSERT_TRUE(t.ok());
   ASSERT_TRUE((*c)->Initialize().ok());
-  kill(shards.pid(1), SIGSTOP);
+  kill(shards->pid(1), SIGSTOP);
   auto [st, took] = PushUntilFailure(**c, (*t)[1]);
   EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.ToString();
   EXPECT_NE(st.message().find("/job:ps/task:1"), std::string::npos) << st.ToString();
   EXPECT_NE(st.message().find("heartbeat"), std::string::npos) << st.ToString();
   EXPECT_LT(took, 3s);
-  kill(shards.pid(1), SIGCONT);
+  kill(shards->pid(1), SIGCONT);
 }
 
 INSTANTIATE_TEST_SUITE_P(Ucx, ClusterTest, ::testing::Values("tcp", "posix,sysv,cma,tcp"),

@@ -83,7 +83,7 @@ void Future::Then(std::function<void(Status)> fn) const {
 
 namespace {
 
-constexpr uint16_t kProtocolMsg = 1;  // as the shard's
+using wire::kProtocolMsg;
 
 Future FailedFuture(const Status& st) {
   auto state = std::make_shared<Future::State>();

@@ -16,8 +16,7 @@
 
 namespace tessera::server {
 
-// The transport message id of every Tessera protocol frame.
-constexpr uint16_t kProtocolMsg = 1;
+using wire::kProtocolMsg;
 
 class Shard {
  public:

@@ -13,6 +13,9 @@
 
 namespace tessera::wire {
 
+// The transport message id that carries every Tessera frame.
+constexpr uint16_t kProtocolMsg = 1;
+
 constexpr uint32_t kMagic = 0x41525354;  // "TSRA" read as little-endian
 constexpr uint16_t kVersion = 1;
 constexpr size_t kHeaderSize = 24;

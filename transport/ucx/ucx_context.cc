@@ -209,9 +209,8 @@ class UcxRegion final : public Region {
 
 class UcxRemoteRegion final : public RemoteRegion {
  public:
-  UcxRemoteRegion(Context* ctx, const UcxEndpoint* owner, ucp_rkey_h rkey, uint64_t base,
-                  uint64_t size)
-      : ctx_(ctx), owner_(owner), rkey_(rkey), base_(base), size_(size) {}
+  UcxRemoteRegion(const UcxEndpoint* owner, ucp_rkey_h rkey, uint64_t base, uint64_t size)
+      : owner_(owner), rkey_(rkey), base_(base), size_(size) {}
   ~UcxRemoteRegion() override { ucp_rkey_destroy(rkey_); }
   uint64_t base() const override { return base_; }
   uint64_t size() const override { return size_; }
@@ -219,7 +218,6 @@ class UcxRemoteRegion final : public RemoteRegion {
   const UcxEndpoint* owner() const { return owner_; }
 
  private:
-  Context* ctx_;
   const UcxEndpoint* owner_;
   ucp_rkey_h rkey_;
   uint64_t base_;
@@ -695,8 +693,7 @@ Result<std::unique_ptr<RemoteRegion>> UcxEndpoint::Attach(std::span<const uint8_
     ucp_rkey_h rkey = nullptr;
     ucs_status_t st = ucp_ep_rkey_unpack(ep_, desc->key.data(), &rkey);
     if (st != UCS_OK) return FromUcs(st, "remote key from " + peer_ + " refused");
-    return std::unique_ptr<RemoteRegion>(
-        new UcxRemoteRegion(ctx_, this, rkey, desc->base, desc->size));
+    return std::unique_ptr<RemoteRegion>(new UcxRemoteRegion(this, rkey, desc->base, desc->size));
   });
 }
 
