@@ -57,11 +57,18 @@ Perftest RunPerftest(const std::string& tls, const std::string& test, uint64_t s
       "UCX_TLS={} timeout 120 {} ucx_perftest 127.0.0.1 -p {} -t {} -s {} -n {} -w {} -f "
       "2>/dev/null",
       tls, pin ? "taskset -c 1" : "", port, test, size, iters, warmup);
-  FILE* p = popen(cmd.c_str(), "r");
   std::string text;
-  std::array<char, 4096> buf;
-  while (size_t n = fread(buf.data(), 1, buf.size(), p)) text.append(buf.data(), n);
-  int rc = pclose(p);
+  int rc = 0;
+  // The server may not listen yet on a loaded machine: retry a refused connect.
+  for (int attempt = 0; attempt < 10; ++attempt) {
+    text.clear();
+    FILE* p = popen(cmd.c_str(), "r");
+    std::array<char, 4096> buf;
+    while (size_t n = fread(buf.data(), 1, buf.size(), p)) text.append(buf.data(), n);
+    rc = pclose(p);
+    if (rc == 0 || text.find("Connection refused") == std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
   kill(server, SIGKILL);
   waitpid(server, nullptr, 0);
   // With -f the last line is "iters p50 avg overall bw_avg bw_overall rate_avg rate_overall".
