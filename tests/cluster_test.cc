@@ -61,7 +61,7 @@ class RawPeer {
   }
   // Hello, then an auth proof made with `secret`; returns the shard's answer.
   std::vector<uint8_t> Authenticate(const std::string& secret, const std::string& task) {
-    wire::Hello hello{0, task, RandomNonce()};
+    wire::Hello hello{wire::PeerRole::kWorker, 0, task, RandomNonce()};
     Send(hello, 1);
     auto challenge = wire::Decode<wire::Challenge>(Next());
     if (!challenge.ok()) return {};
@@ -80,7 +80,7 @@ class RawPeer {
   std::vector<std::vector<uint8_t>> frames_;
 };
 
-class ShardProcesses;
+using testing::ShardProcesses;
 
 class ClusterTest : public ::testing::TestWithParam<const char*> {
  protected:
@@ -806,36 +806,6 @@ TEST_P(ClusterTest, SeparateCoordinatorTask) {
   clients_.clear();
   (*coordinator)->Stop();
 }
-
-// Shards as real `tessera server` processes, for failures a process has.
-class ShardProcesses {
- public:
-  ShardProcesses(const ClusterSpec& spec, const std::string& secret, int n) {
-    const char* bin = std::getenv("TESSERA_BIN");
-    if (bin == nullptr) return;
-    for (int i = 0; i < n; ++i) {
-      pid_t pid = fork();
-      if (pid == 0) {
-        setenv("TESSERA_SECRET", secret.c_str(), 1);
-        setenv("TF_CONFIG", ToTfConfigJson(spec, {"ps", i}).c_str(), 1);
-        execl(bin, bin, "server", static_cast<char*>(nullptr));
-        _exit(127);
-      }
-      pids_.push_back(pid);
-    }
-  }
-  ~ShardProcesses() {
-    for (pid_t pid : pids_) {
-      kill(pid, SIGKILL);
-      waitpid(pid, nullptr, 0);
-    }
-  }
-  bool started() const { return !pids_.empty(); }
-  pid_t pid(int i) const { return pids_[static_cast<size_t>(i)]; }
-
- private:
-  std::vector<pid_t> pids_;
-};
 
 std::unique_ptr<ShardProcesses> ClusterTest::TwoShardProcesses() {
   EXPECT_TRUE(spec_

@@ -3,7 +3,12 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <csignal>
+#include <cstdlib>
+#include <thread>
 
 namespace tessera::testing {
 
@@ -18,6 +23,75 @@ uint16_t UnusedPort() {
   getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
   close(fd);
   return ntohs(addr.sin_port);
+}
+
+ShardProcesses::ShardProcesses(const ClusterSpec& spec, const std::string& secret, int n,
+                               std::vector<std::string> args,
+                               std::map<int, std::vector<std::string>> env)
+    : spec_(spec), secret_(secret), args_(std::move(args)) {
+  if (std::getenv("TESSERA_BIN") == nullptr) return;
+  for (int i = 0; i < n; ++i) pids_.push_back(Spawn(i, env[i]));
+}
+
+ShardProcesses::~ShardProcesses() {
+  for (pid_t pid : pids_) {
+    if (pid <= 0) continue;
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+  }
+}
+
+pid_t ShardProcesses::Spawn(int i, const std::vector<std::string>& env) {
+  const char* bin = std::getenv("TESSERA_BIN");
+  std::vector<std::string> argv = {bin, "server"};
+  argv.insert(argv.end(), args_.begin(), args_.end());
+  const std::string tf_config = ToTfConfigJson(spec_, {"ps", i});
+  pid_t pid = fork();
+  if (pid == 0) {
+    setenv("TESSERA_SECRET", secret_.c_str(), 1);
+    setenv("TF_CONFIG", tf_config.c_str(), 1);
+    for (const auto& kv : env) putenv(const_cast<char*>(kv.c_str()));
+    std::vector<char*> cargv;
+    for (auto& a : argv) cargv.push_back(a.data());
+    cargv.push_back(nullptr);
+    execv(bin, cargv.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+void ShardProcesses::Restart(int i) {
+  pid_t& pid = pids_[static_cast<size_t>(i)];
+  if (pid > 0) {
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+  }
+  pid = Spawn(i, {});
+}
+
+std::optional<int> ShardProcesses::WaitExit(int i, std::chrono::milliseconds limit) {
+  pid_t& pid = pids_[static_cast<size_t>(i)];
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (pid > 0) {
+    int status = 0;
+    if (waitpid(pid, &status, WNOHANG) == pid) {
+      pid = -1;
+      return status;
+    }
+    if (std::chrono::steady_clock::now() >= deadline) return std::nullopt;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return std::nullopt;
+}
+
+void ShardProcesses::StopAll() {
+  // ps task 0 first: it is the coordinator and takes its final checkpoint
+  // while the others still serve.
+  for (size_t i = 0; i < pids_.size(); ++i) {
+    if (pids_[i] > 0) kill(pids_[i], SIGTERM);
+    if (i == 0) WaitExit(0, std::chrono::seconds(30));
+  }
+  for (size_t i = 1; i < pids_.size(); ++i) WaitExit(static_cast<int>(i), std::chrono::seconds(30));
 }
 
 }  // namespace tessera::testing

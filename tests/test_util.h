@@ -1,11 +1,17 @@
 // Helpers shared by the test suites.
 #pragma once
 
+#include <sys/types.h>
+
 #include <chrono>
 #include <future>
+#include <map>
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
+#include "tessera/cluster.h"
 #include "tessera/status.h"
 
 namespace tessera::testing {
@@ -31,5 +37,33 @@ class Waiter {
 
 // A TCP port on 127.0.0.1 that nothing listens on right now.
 uint16_t UnusedPort();
+
+// ps tasks as real `tessera server` processes (the binary named by
+// TESSERA_BIN), for failures only a process has; killed when this goes.
+class ShardProcesses {
+ public:
+  // Starts ps tasks 0..n-1 with `args` after "server"; `env` adds "K=V"
+  // entries for one task (index -> entries).
+  ShardProcesses(const ClusterSpec& spec, const std::string& secret, int n,
+                 std::vector<std::string> args = {},
+                 std::map<int, std::vector<std::string>> env = {});
+  ~ShardProcesses();
+  bool started() const { return !pids_.empty(); }
+  pid_t pid(int i) const { return pids_[static_cast<size_t>(i)]; }
+  // Starts ps task i again (after it was killed), without the extra env.
+  void Restart(int i);
+  // Waits up to `limit` for task i to exit; its wait status, or nullopt.
+  std::optional<int> WaitExit(int i, std::chrono::milliseconds limit);
+  // A clean shutdown: SIGTERM to ps task 0 (the coordinator) and waits for
+  // it, then the others.
+  void StopAll();
+
+ private:
+  pid_t Spawn(int i, const std::vector<std::string>& env);
+  ClusterSpec spec_;
+  std::string secret_;
+  std::vector<std::string> args_;
+  std::vector<pid_t> pids_;
+};
 
 }  // namespace tessera::testing

@@ -31,12 +31,17 @@ Sample Make(const char* name, const Msg& msg, uint32_t flags = 0) {
 }
 
 std::vector<Sample> Samples() {
-  Hello hello{3, "/job:worker/task:3", {}};
+  Hello hello{PeerRole::kWorker, 3, "/job:worker/task:3", {}};
   hello.client_nonce.fill(7);
   Challenge challenge;
   challenge.shard_index = 1;
   Declare declare{1 << 20, 1, {Decl("w", DType::kF32, {3, 4}), Decl("b", DType::kBF16, {})}};
-  DeclareReply declare_reply{{{{0, 0, 12}}, {{1, 0, 6}, {0, 6, 6}}}};
+  DeclareReply declare_reply{{{{0, 0, 12}}, {{1, 0, 6}, {0, 6, 6}}}, true, {1, 0}, 40};
+  CkptWrite ckpt_write{3,
+                       40,
+                       "/ckpt/.step-00000040.tmp",
+                       {"model-00001-of-00001.safetensors"},
+                       {{"w", 0, 0, 0, 128, 24}, {"w", 0, 1, 0, 152, 48}}};
   Create create{
       {{Decl("w", DType::kF32, {3, 4}), 0, 2, 0, 6}, {Decl("w", DType::kF32, {3, 4}), 1, 2, 6, 6}}};
   CreateReply create_reply{{{0, 0, 64, 24, 1}}, {{0, {1, 2, 3, 4}}}};
@@ -61,6 +66,13 @@ std::vector<Sample> Samples() {
       Make("step_reply", StepReply{9}),
       Make("init_done", InitDone{}),
       Make("error", Error{StatusCode::kNotFound, "no such tensor"}),
+      Make("join_reply", JoinReply{"/ckpt/step-00000040", 41}),
+      Make("ckpt_prepare", CkptPrepare{3}),
+      Make("ckpt_prepared", CkptPrepared{3, true, 39, 40, 12}),
+      Make("ckpt_write", ckpt_write),
+      Make("ckpt_written", CkptWritten{3, StatusCode::kOk, "", {5, 5}}),
+      Make("ckpt_abort", CkptAbort{3}),
+      Make("checkpoint_saved", CheckpointSaved{40, "/ckpt/step-00000040"}),
   };
 }
 

@@ -184,6 +184,19 @@ int Launch(const LaunchOptions& options) {
   sigaction(SIGTERM, &sa, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
+  std::vector<std::string> server_args = options.server_args;
+  if (!options.checkpoint_dir.empty()) {
+    server_args.insert(server_args.end(), {"--checkpoint-dir", options.checkpoint_dir});
+  }
+  if (options.checkpoint_secs > 0) {
+    server_args.insert(server_args.end(),
+                       {"--checkpoint-secs", std::to_string(options.checkpoint_secs)});
+  }
+  if (options.checkpoint_steps > 0) {
+    server_args.insert(server_args.end(),
+                       {"--checkpoint-steps", std::to_string(options.checkpoint_steps)});
+  }
+
   std::vector<Child> children;
   children.reserve(static_cast<size_t>(options.num_ps) + static_cast<size_t>(options.num_workers) +
                    1);
@@ -191,14 +204,17 @@ int Launch(const LaunchOptions& options) {
   for (int i = 0; i < options.num_ps; ++i) {
     children.push_back({"ps" + std::to_string(i), false});
     std::vector<std::string> argv = {self, "server"};
-    argv.insert(argv.end(), options.server_args.begin(), options.server_args.end());
+    argv.insert(argv.end(), server_args.begin(), server_args.end());
     Spawn(children.back(), argv, {"TF_CONFIG=" + ToTfConfigJson(spec, {"ps", i}), secret_env});
   }
   if (options.separate_coordinator) {
     children.push_back({"coordinator", false});
-    Spawn(children.back(), {self, "server"},
+    std::vector<std::string> argv = {self, "server"};
+    argv.insert(argv.end(), server_args.begin(), server_args.end());
+    Spawn(children.back(), argv,
           {"TF_CONFIG=" + ToTfConfigJson(spec, {"coordinator", 0}), secret_env});
   }
+  const size_t coordinator = options.separate_coordinator ? children.size() - 1 : 0;
   for (int i = 0; i < options.num_workers; ++i) {
     children.push_back({"worker" + std::to_string(i), true});
     Spawn(children.back(), options.worker_command,
@@ -213,14 +229,28 @@ int Launch(const LaunchOptions& options) {
 
   int exit_code = 0;
   bool tearing_down = false;
+  bool shards_stopped = false;
   std::string reason;
   auto teardown_at = std::chrono::steady_clock::time_point::max();
+  auto stop_shards_at = std::chrono::steady_clock::time_point::max();
+  // The workers and the coordinator first: the coordinator's final
+  // checkpoint needs the shards still serving. Then the shards.
+  auto stop_shards = [&] {
+    if (shards_stopped) return;
+    shards_stopped = true;
+    for (auto& c : children) kill(-c.pid, SIGTERM);  // exited ones may leave a group behind
+    teardown_at = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  };
   auto begin_teardown = [&](const std::string& why) {
     if (tearing_down) return;
     tearing_down = true;
     reason = why;
-    for (auto& c : children) kill(-c.pid, SIGTERM);  // exited ones may leave a group behind
-    teardown_at = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    for (auto& c : children) {
+      if (c.is_worker) kill(-c.pid, SIGTERM);
+    }
+    kill(-children[coordinator].pid, SIGTERM);
+    stop_shards_at = std::chrono::steady_clock::now() +
+                     std::chrono::seconds(options.checkpoint_dir.empty() ? 0 : 60);
   };
 
   while (true) {
@@ -260,6 +290,10 @@ int Launch(const LaunchOptions& options) {
     }
     if (workers_done) begin_teardown("workers finished");
     if (all_done) break;
+    if (tearing_down && !shards_stopped &&
+        (children[coordinator].exited || std::chrono::steady_clock::now() >= stop_shards_at)) {
+      stop_shards();
+    }
     if (std::chrono::steady_clock::now() > teardown_at) {
       for (auto& c : children) kill(-c.pid, SIGKILL);
       teardown_at = std::chrono::steady_clock::time_point::max();

@@ -18,6 +18,11 @@ struct LaunchOptions {
   bool separate_coordinator = false;
   // Extra arguments for each `tessera server` child.
   std::vector<std::string> server_args;
+  // Checkpoints (passed to the servers); the coordinator is stopped first, so
+  // that it can take a final checkpoint while the shards still serve.
+  std::string checkpoint_dir;
+  double checkpoint_secs = 0;
+  uint64_t checkpoint_steps = 0;
   // The worker command; every worker runs it.
   std::vector<std::string> worker_command;
   int ps_ready_timeout_s = 30;

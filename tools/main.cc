@@ -83,6 +83,25 @@ int main(int argc, char** argv) try {
       },
       "each worker's staging slot, MiB (default 32)");
   server->add_flag("--busy-poll", server_opts.busy_poll, "spin instead of sleeping when idle");
+  server->add_option("--checkpoint-dir", server_opts.checkpoint_dir,
+                     "coordinator: write checkpoints here (shared by every ps task) and resume "
+                     "from the newest complete one");
+  server->add_option(
+      "--checkpoint-secs",
+      [&](const CLI::results_t& r) {
+        server_opts.checkpoint_every =
+            std::chrono::milliseconds(static_cast<int64_t>(std::stod(r[0]) * 1000));
+        return true;
+      },
+      "coordinator: checkpoint every this many seconds");
+  server->add_option("--checkpoint-steps", server_opts.checkpoint_every_steps,
+                     "coordinator: checkpoint every this many global steps");
+  server
+      ->add_option("--keep-checkpoints", server_opts.keep_checkpoints,
+                   "coordinator: complete checkpoints kept (default 5)")
+      ->check(CLI::Range(1, 1000000));
+  server->add_flag("!--no-restore", server_opts.restore,
+                   "coordinator: start afresh even if a checkpoint exists");
 
   tools::LaunchOptions launch;
   auto* launch_cmd = app.add_subcommand(
@@ -93,6 +112,12 @@ int main(int argc, char** argv) try {
   launch_cmd->add_option("--host", launch.host, "address the tasks use");
   launch_cmd->add_flag("--coordinator", launch.separate_coordinator,
                        "run the coordinator as its own task instead of inside ps task 0");
+  launch_cmd->add_option("--checkpoint-dir", launch.checkpoint_dir,
+                         "checkpoint into this directory and resume from it");
+  launch_cmd->add_option("--checkpoint-secs", launch.checkpoint_secs,
+                         "checkpoint every this many seconds");
+  launch_cmd->add_option("--checkpoint-steps", launch.checkpoint_steps,
+                         "checkpoint every this many global steps");
   launch_cmd->add_option("cmd", launch.worker_command, "the worker command (after --)")->required();
 
   tools::DemoOptions demo;

@@ -230,8 +230,12 @@ class Client {
 
   bool is_chief() const;
   // Chief only: writes every declared tensor's initial value, then lets the
-  // other workers' WaitForInit return.
+  // other workers' WaitForInit return. Tensors the cluster restored from a
+  // checkpoint keep their restored values; a cluster initialised already (a
+  // restarted chief) is left as it is.
   Status Initialize();
+  // The global step of the checkpoint the cluster resumed from, if it did.
+  std::optional<uint64_t> restored_step() const;
   Status WaitForInit(std::chrono::milliseconds timeout = std::chrono::milliseconds{60'000});
 
   Future PushAsync(const std::vector<PushItem>& items);
@@ -255,6 +259,15 @@ class Client {
   // The coordinator's global step (TensorFlow's global_step): sync steps
   // completed by replicas_to_aggregate workers, or pushes in async mode.
   Result<uint64_t> GlobalStep();
+
+  // Asks the coordinator for a checkpoint now and waits until it is complete
+  // on disk (the coordinator needs a checkpoint directory).
+  struct CheckpointInfo {
+    uint64_t global_step = 0;
+    std::string path;  // the checkpoint's directory
+  };
+  Result<CheckpointInfo> SaveCheckpoint(
+      std::chrono::milliseconds timeout = std::chrono::milliseconds{300'000});
 
   ClientCounters counters() const;
   int num_shards() const;

@@ -34,6 +34,18 @@ struct ServerOptions {
   // Log small tensors' values as they change (the demo uses it).
   bool log_updates = false;
   bool busy_poll = false;
+
+  // Checkpoints, used by the coordinator (ps task 0, or the coordinator
+  // task); the other tasks ignore them. The directory must be shared by all
+  // ps tasks (each writes its own file into it). Empty: no checkpoints.
+  std::string checkpoint_dir;
+  std::chrono::milliseconds checkpoint_every{0};  // also every this long (0: never)
+  uint64_t checkpoint_every_steps = 0;            // also every N global steps (0: never)
+  int keep_checkpoints = 5;                       // complete checkpoints kept
+  // Resume from the newest complete checkpoint in checkpoint_dir, if any.
+  bool restore = true;
+  // A round not finished within this time is abandoned (and logged).
+  std::chrono::milliseconds checkpoint_timeout{120'000};
 };
 
 struct ServerStats {
@@ -45,6 +57,8 @@ struct ServerStats {
   uint64_t sync_steps_applied = 0;        // sync chunks' steps applied
   uint64_t stale_pushes_dropped = 0;      // sync: pushed chunks for an applied step
   uint64_t duplicate_pushes_dropped = 0;  // sync: a worker's second push of a step
+  uint64_t chunks_restored = 0;           // chunks loaded from a checkpoint
+  uint64_t checkpoints_written = 0;       // coordinator: complete checkpoints written
 };
 
 class Server {

@@ -95,11 +95,40 @@ Status WriteFileAtomically(const std::string& path, std::span<const uint8_t> con
   return FsyncDir(path);
 }
 
-Status WriteSafetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
-                        const Metadata& metadata) {
+Result<std::vector<uint8_t>> EncodeSafetensorsHeader(const std::vector<TensorLayout>& tensors,
+                                                     const Metadata& metadata,
+                                                     std::vector<TensorEntry>* entries) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
+  entries->clear();
   uint64_t offset = 0;
+  for (const auto& t : tensors) {
+    auto n = NumElements(t.shape);
+    if (!n.ok()) return n.status().WithContext("tensor '" + t.name + "'");
+    if (t.name == "__metadata__" || header.contains(t.name)) {
+      return Status::InvalidArgument("tensor name '" + t.name + "' is reserved or repeated");
+    }
+    const uint64_t bytes = *n * DTypeSize(t.dtype);
+    header[t.name] = {{"dtype", SafetensorsDType(t.dtype)},
+                      {"shape", t.shape},
+                      {"data_offsets", {offset, offset + bytes}}};
+    entries->push_back({t.name, t.dtype, t.shape, offset, offset + bytes});
+    offset += bytes;
+  }
+  std::string text = header.dump();
+  // The format pads the header with spaces to 8 bytes, so the data is aligned.
+  text.append((8 - text.size() % 8) % 8, ' ');
+  std::vector<uint8_t> out;
+  out.reserve(8 + text.size());
+  ByteWriter w(&out);
+  w.Put(static_cast<uint64_t>(text.size()));
+  out.insert(out.end(), text.begin(), text.end());
+  return out;
+}
+
+Status WriteSafetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
+                        const Metadata& metadata) {
+  std::vector<TensorLayout> layout;
   for (const auto& t : tensors) {
     auto n = NumElements(t.shape);
     if (!n.ok()) return n.status().WithContext("tensor '" + t.name + "'");
@@ -107,53 +136,29 @@ Status WriteSafetensors(const std::string& path, const std::vector<TensorToWrite
       return Status::InvalidArgument("tensor '" + t.name + "': " + std::to_string(t.bytes.size()) +
                                      " bytes for " + DescribeTensor(t.dtype, t.shape));
     }
-    if (t.name == "__metadata__" || header.contains(t.name)) {
-      return Status::InvalidArgument("tensor name '" + t.name + "' is reserved or repeated");
-    }
-    header[t.name] = {{"dtype", SafetensorsDType(t.dtype)},
-                      {"shape", t.shape},
-                      {"data_offsets", {offset, offset + t.bytes.size()}}};
-    offset += t.bytes.size();
+    layout.push_back({t.name, t.dtype, t.shape});
   }
-  std::string text = header.dump();
-  // The format pads the header with spaces to 8 bytes, so the data is aligned.
-  text.append((8 - text.size() % 8) % 8, ' ');
-  std::vector<uint8_t> out;
-  out.reserve(8 + text.size() + offset);
-  ByteWriter w(&out);
-  w.Put(static_cast<uint64_t>(text.size()));
-  out.insert(out.end(), text.begin(), text.end());
-  for (const auto& t : tensors) out.insert(out.end(), t.bytes.begin(), t.bytes.end());
-  return WriteFileAtomically(path, out);
+  std::vector<TensorEntry> entries;
+  auto out = EncodeSafetensorsHeader(layout, metadata, &entries);
+  if (!out.ok()) return out.status();
+  for (const auto& t : tensors) out->insert(out->end(), t.bytes.begin(), t.bytes.end());
+  return WriteFileAtomically(path, *out);
 }
 
-Result<SafetensorsFile> SafetensorsFile::Read(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Status::NotFound("cannot open " + path);
-  std::vector<uint8_t> all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (all.size() < 8) return Bad(path, "shorter than the 8-byte header length (truncated?)");
-  uint64_t header_len = 0;
-  ByteReader r(all);
-  r.Get(&header_len);
-  if (header_len > kMaxHeader)
-    return Bad(path, "header length " + std::to_string(header_len) + " is beyond any real header");
-  if (header_len > all.size() - 8) {
-    return Bad(path, "header says " + std::to_string(header_len) + " bytes but the file has " +
-                         std::to_string(all.size() - 8) + " after the length (truncated?)");
-  }
-  auto header =
-      nlohmann::json::parse(all.begin() + 8, all.begin() + 8 + static_cast<long>(header_len),
-                            nullptr, /*allow_exceptions=*/false);
-  if (header.is_discarded() || !header.is_object()) return Bad(path, "header is not a JSON object");
+namespace {
 
-  SafetensorsFile file;
-  const uint64_t data_size = all.size() - 8 - header_len;
+// Checks a parsed header against the size of the byte area that follows it.
+Status ParseHeader(const std::string& path, std::span<const uint8_t> text, uint64_t data_size,
+                   std::vector<TensorEntry>* tensors, Metadata* metadata) {
+  auto header = nlohmann::json::parse(text.begin(), text.end(), nullptr,
+                                      /*allow_exceptions=*/false);
+  if (header.is_discarded() || !header.is_object()) return Bad(path, "header is not a JSON object");
   for (const auto& [name, value] : header.items()) {
     if (name == "__metadata__") {
       if (!value.is_object()) return Bad(path, "__metadata__ is not an object");
       for (const auto& [k, v] : value.items()) {
         if (!v.is_string()) return Bad(path, "__metadata__ value of '" + k + "' is not a string");
-        file.metadata_[k] = v.get<std::string>();
+        (*metadata)[k] = v.get<std::string>();
       }
       continue;
     }
@@ -191,25 +196,86 @@ Result<SafetensorsFile> SafetensorsFile::Read(const std::string& path) {
       return bad(DescribeTensor(t.dtype, t.shape) + " does not fit its " +
                  std::to_string(t.end - t.begin) + " bytes");
     }
-    file.tensors_.push_back(std::move(t));
+    tensors->push_back(std::move(t));
   }
   // The byte area must be covered exactly: no overlaps, no holes.
-  std::vector<const TensorEntry*> by_offset;
-  for (const auto& t : file.tensors_) by_offset.push_back(&t);
-  std::sort(by_offset.begin(), by_offset.end(),
-            [](const TensorEntry* a, const TensorEntry* b) { return a->begin < b->begin; });
+  std::sort(tensors->begin(), tensors->end(),
+            [](const TensorEntry& a, const TensorEntry& b) { return a.begin < b.begin; });
   uint64_t covered = 0;
-  for (const auto* t : by_offset) {
-    if (t->begin != covered)
-      return Bad(path, "tensor '" + t->name + "' overlaps another or leaves a hole");
-    covered = t->end;
+  for (const auto& t : *tensors) {
+    if (t.begin != covered)
+      return Bad(path, "tensor '" + t.name + "' overlaps another or leaves a hole");
+    covered = t.end;
   }
   if (covered != data_size) {
     return Bad(path, std::to_string(data_size - covered) + " bytes after the last tensor");
   }
-  std::sort(file.tensors_.begin(), file.tensors_.end(),
-            [](const TensorEntry& a, const TensorEntry& b) { return a.begin < b.begin; });
-  file.data_.assign(all.begin() + 8 + static_cast<long>(header_len), all.end());
+  return Status::Ok();
+}
+
+// The header length from the first 8 bytes, checked against the file size.
+Result<uint64_t> HeaderLength(const std::string& path, std::span<const uint8_t> first8,
+                              uint64_t file_size) {
+  if (file_size < 8) return Bad(path, "shorter than the 8-byte header length (truncated?)");
+  uint64_t header_len = 0;
+  ByteReader r(first8);
+  r.Get(&header_len);
+  if (header_len > kMaxHeader)
+    return Bad(path, "header length " + std::to_string(header_len) + " is beyond any real header");
+  if (header_len > file_size - 8) {
+    return Bad(path, "header says " + std::to_string(header_len) + " bytes but the file has " +
+                         std::to_string(file_size - 8) + " after the length (truncated?)");
+  }
+  return header_len;
+}
+
+}  // namespace
+
+Result<SafetensorsHeader> ReadSafetensorsHeader(const std::string& path) {
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Status::NotFound("cannot open " + path + ": " + std::strerror(errno));
+  struct stat st {};
+  if (fstat(fd, &st) != 0) {
+    close(fd);
+    return Errno("stat of " + path);
+  }
+  SafetensorsHeader out;
+  out.file_size = static_cast<uint64_t>(st.st_size);
+  uint8_t first8[8] = {};
+  const bool got8 = out.file_size >= 8 && pread(fd, first8, 8, 0) == 8;
+  auto len = HeaderLength(path, first8, got8 ? out.file_size : 0);
+  if (!len.ok()) {
+    close(fd);
+    return len.status();
+  }
+  std::vector<uint8_t> text(*len);
+  const bool got = pread(fd, text.data(), text.size(), 8) == static_cast<ssize_t>(text.size());
+  close(fd);
+  if (!got) return Errno("reading the header of " + path);
+  out.data_start = 8 + *len;
+  TESSERA_RETURN_IF_ERROR(
+      ParseHeader(path, text, out.file_size - out.data_start, &out.tensors, &out.metadata));
+  return out;
+}
+
+const TensorEntry* SafetensorsHeader::Find(const std::string& name) const {
+  for (const auto& t : tensors) {
+    if (t.name == name) return &t;
+  }
+  return nullptr;
+}
+
+Result<SafetensorsFile> SafetensorsFile::Read(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Status::NotFound("cannot open " + path);
+  std::vector<uint8_t> all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto len = HeaderLength(
+      path, std::span<const uint8_t>(all).first(std::min<size_t>(8, all.size())), all.size());
+  if (!len.ok()) return len.status();
+  SafetensorsFile file;
+  TESSERA_RETURN_IF_ERROR(ParseHeader(path, std::span<const uint8_t>(all).subspan(8, *len),
+                                      all.size() - 8 - *len, &file.tensors_, &file.metadata_));
+  file.data_.assign(all.begin() + 8 + static_cast<long>(*len), all.end());
   return file;
 }
 
@@ -221,14 +287,18 @@ const TensorEntry* SafetensorsFile::Find(const std::string& name) const {
 }
 
 std::string Sha256Hex(std::span<const uint8_t> bytes) {
-  unsigned char digest[32];
+  uint8_t digest[32];
   unsigned int len = 0;
   EVP_Digest(bytes.data(), bytes.size(), digest, &len, EVP_sha256(), nullptr);
+  return ToHex(std::span<const uint8_t>(digest, len));
+}
+
+std::string ToHex(std::span<const uint8_t> bytes) {
   static const char* kHex = "0123456789abcdef";
   std::string out;
-  for (unsigned int i = 0; i < len; ++i) {
-    out += kHex[digest[i] >> 4];
-    out += kHex[digest[i] & 15];
+  for (uint8_t b : bytes) {
+    out += kHex[b >> 4];
+    out += kHex[b & 15];
   }
   return out;
 }

@@ -44,6 +44,29 @@ struct TensorEntry {
   uint64_t begin = 0, end = 0;  // in the byte area
 };
 
+// The 8-byte length and JSON header of a file holding `tensors` (their bytes
+// follow in this order, without gaps), padded so that the data is 8-byte
+// aligned. `entries` gets each tensor's place in the byte area.
+struct TensorLayout {
+  std::string name;
+  DType dtype;
+  Shape shape;
+};
+Result<std::vector<uint8_t>> EncodeSafetensorsHeader(const std::vector<TensorLayout>& tensors,
+                                                     const Metadata& metadata,
+                                                     std::vector<TensorEntry>* entries);
+
+// A file's header, read and checked against the file's size without reading
+// the tensors: what a restore needs to read parts of tensors in place.
+struct SafetensorsHeader {
+  std::vector<TensorEntry> tensors;  // in file order
+  Metadata metadata;
+  uint64_t data_start = 0;  // file offset of the byte area
+  uint64_t file_size = 0;
+  const TensorEntry* Find(const std::string& name) const;
+};
+Result<SafetensorsHeader> ReadSafetensorsHeader(const std::string& path);
+
 // A whole file read and checked.
 class SafetensorsFile {
  public:
@@ -64,6 +87,7 @@ class SafetensorsFile {
 
 // SHA-256 of the bytes, as 64 hex digits.
 std::string Sha256Hex(std::span<const uint8_t> bytes);
+std::string ToHex(std::span<const uint8_t> bytes);
 
 // Writes `contents` to `path` crash-safely (temporary file, fsync, rename,
 // fsync of the directory).

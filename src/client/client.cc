@@ -108,6 +108,12 @@ class Client::Impl {
   Status WaitForInit(std::chrono::milliseconds timeout);
   Status SetHyperparams(Tensor t, const Hyperparams& hyper);
   Result<uint64_t> GlobalStep();
+  Result<Client::CheckpointInfo> SaveCheckpoint(std::chrono::milliseconds timeout) {
+    auto saved = Call<wire::SaveCheckpoint, wire::CheckpointSaved>(coord_index_,
+                                                                   wire::SaveCheckpoint{}, timeout);
+    if (!saved.ok()) return saved.status();
+    return Client::CheckpointInfo{saved->global_step, saved->path};
+  }
   Future Push(const std::vector<PushItem>& items, uint32_t flags, uint64_t step);
   Future Pull(const std::vector<PullItem>& items);
   Future PushPull(const std::vector<PushPullItem>& items);
@@ -122,6 +128,7 @@ class Client::Impl {
     TensorSpec spec;
     uint64_t bytes;
     std::vector<Chunk> chunks;
+    bool restored = false;  // the shards loaded it from a checkpoint
   };
 
   ClientOptions options_;
@@ -130,6 +137,9 @@ class Client::Impl {
   std::unique_ptr<transport::Context> ctx_;
 
   std::atomic<uint64_t> dropped_stale_{0}, dropped_duplicate_{0};  // sync push outcomes
+  // From the coordinator's declare replies.
+  std::atomic<bool> cluster_initialized_{false};
+  std::optional<uint64_t> restored_step_;  // under tensors_mu_
 
   mutable std::mutex tensors_mu_;
   std::deque<TensorEntry>
@@ -598,12 +608,14 @@ Result<std::vector<Tensor>> Client::Impl::DeclareMany(const std::vector<TensorSp
   if (placed->tensors.size() != specs.size())
     return Status::Internal("declare reply does not match the request");
 
+  if (placed->initialized) cluster_initialized_ = true;
   std::vector<TensorEntry> entries(specs.size());
   std::vector<wire::Create> creates(shards_.size());
   std::vector<std::vector<std::pair<size_t, size_t>>> owners(shards_.size());  // (tensor, chunk)
   for (size_t i = 0; i < specs.size(); ++i) {
     TensorEntry& e = entries[i];
     e.spec = specs[i];
+    e.restored = i < placed->restored.size() && placed->restored[i] == 1;
     const size_t esize = DTypeSize(e.spec.dtype);
     e.bytes = NumElements(e.spec.shape).value() * esize;
     const auto& chunks = placed->tensors[i];
@@ -656,6 +668,9 @@ Result<std::vector<Tensor>> Client::Impl::DeclareMany(const std::vector<TensorSp
 
   std::vector<Tensor> out;
   std::lock_guard<std::mutex> lock(tensors_mu_);
+  for (const auto& e : entries) {
+    if (e.restored) restored_step_ = placed->restored_step;
+  }
   for (auto& e : entries) {
     auto it = by_name_.find(e.spec.name);
     if (it != by_name_.end()) {
@@ -930,13 +945,23 @@ Status Client::Impl::Initialize() {
                                       options_.cluster.chief().ToString() +
                                       " is); use WaitForInit");
   }
+  if (cluster_initialized_) {
+    // A restarted chief: the parameters have moved on since; keep them.
+    TLOG_INFO("{}: the cluster is initialised already; not initialising again", task_.ToString());
+    return Status::Ok();
+  }
   std::vector<PushItem> items;
   std::vector<std::vector<uint8_t>> generated;
+  size_t restored = 0;
   {
     std::lock_guard<std::mutex> lock(tensors_mu_);
     generated.reserve(tensors_.size());
     for (uint32_t i = 0; i < tensors_.size(); ++i) {
       const auto& e = tensors_[i];
+      if (e.restored) {
+        restored++;
+        continue;
+      }
       if (e.spec.initial.empty()) {
         auto value = InitialValue(e.spec.initializer, e.spec.name, e.spec.dtype, e.spec.shape);
         if (!value.ok()) return value.status();
@@ -947,10 +972,16 @@ Status Client::Impl::Initialize() {
       }
     }
   }
+  if (restored > 0) {
+    TLOG_INFO("{}: {} tensor(s) restored from the checkpoint of global step {}; initialising {}",
+              task_.ToString(), restored, restored_step_.value_or(0), items.size());
+  }
   if (!items.empty())
     TESSERA_RETURN_IF_ERROR(Push(items, wire::kFlagInit, 0).Wait().WithContext("initialising"));
   auto ack = Call<wire::InitDone, wire::Ack>(coord_index_, wire::InitDone{}, options_.op_timeout);
-  return ack.ok() ? Status::Ok() : ack.status();
+  if (!ack.ok()) return ack.status();
+  cluster_initialized_ = true;
+  return Status::Ok();
 }
 
 Status Client::Impl::SetHyperparams(Tensor t, const Hyperparams& hyper) {
@@ -1033,6 +1064,13 @@ TensorInfo Client::info(Tensor t) const {
 
 bool Client::is_chief() const { return impl_->worker_rank_ == 0; }
 Status Client::Initialize() { return impl_->Initialize(); }
+std::optional<uint64_t> Client::restored_step() const {
+  std::lock_guard<std::mutex> lock(impl_->tensors_mu_);
+  return impl_->restored_step_;
+}
+Result<Client::CheckpointInfo> Client::SaveCheckpoint(std::chrono::milliseconds timeout) {
+  return impl_->SaveCheckpoint(timeout);
+}
 Result<uint64_t> Client::GlobalStep() { return impl_->GlobalStep(); }
 Status Client::SetHyperparams(Tensor t, const Hyperparams& hyper) {
   return impl_->SetHyperparams(t, hyper);

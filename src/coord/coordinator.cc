@@ -53,8 +53,17 @@ Result<wire::DeclareReply> Coordinator::Declare(const wire::Declare& msg, const 
       it = tensors_.emplace(t.name, std::move(placed)).first;
     }
     reply.tensors.push_back(it->second.chunks);
+    const ckpt::TensorRecord* saved = restored_ ? restored_->Find(t.name) : nullptr;
+    reply.restored.push_back(saved && saved->dtype == t.dtype && saved->shape == t.shape ? 1 : 0);
   }
+  reply.initialized = initialized_;
+  reply.restored_step = restored_ ? restored_->manifest.global_step : 0;
   return reply;
+}
+
+void Coordinator::RestoreFrom(const ckpt::Checkpoint* checkpoint) {
+  restored_ = checkpoint;
+  global_step_ = checkpoint->manifest.global_step;
 }
 
 void Coordinator::OnStepDone(uint32_t worker_rank, uint64_t step, bool sync) {

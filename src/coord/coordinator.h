@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "ckpt/checkpoint.h"
 #include "core/placement.h"
 #include "tessera/cluster.h"
 #include "wire/messages.h"
@@ -18,7 +19,18 @@ namespace tessera::coord {
 
 class Coordinator {
  public:
+  struct Placed {
+    wire::TensorDecl decl;
+    std::string declared_by;
+    std::vector<wire::ChunkPlacement> chunks;
+  };
+
   explicit Coordinator(int num_shards) : num_shards_(num_shards) {}
+
+  // The cluster resumes from this checkpoint: its global step, and declares
+  // learn which tensors the shards restore (same name, dtype and shape).
+  void RestoreFrom(const ckpt::Checkpoint* checkpoint);
+  const ckpt::Checkpoint* restored() const { return restored_; }
 
   // Places new tensors and returns every tensor's chunks; `who` names the
   // declaring task in errors. All-or-nothing.
@@ -32,17 +44,14 @@ class Coordinator {
 
   void MarkInitialized() { initialized_ = true; }
   bool initialized() const { return initialized_; }
+  int num_shards() const { return num_shards_; }
+  const std::map<std::string, Placed>& tensors() const { return tensors_; }
 
  private:
-  struct Placed {
-    wire::TensorDecl decl;
-    std::string declared_by;
-    std::vector<wire::ChunkPlacement> chunks;
-  };
-
   int num_shards_;
   std::unique_ptr<Placer> placer_;  // made on the first declare (its policy wins)
   std::map<std::string, Placed> tensors_;
+  const ckpt::Checkpoint* restored_ = nullptr;
   bool initialized_ = false;
   uint64_t global_step_ = 0;
   uint32_t replicas_to_aggregate_ = 0;                   // from the first sync tensor

@@ -80,6 +80,11 @@ Result<Param*> ParamTable::Create(const wire::CreateEntry& entry) {
   return params_.back().get();
 }
 
+Param* ParamTable::Find(const std::string& name, uint32_t chunk_index) {
+  auto it = by_name_.find({name, chunk_index});
+  return it == by_name_.end() ? nullptr : params_[it->second].get();
+}
+
 Param* ParamTable::Find(uint32_t key_id) {
   return key_id < params_.size() ? params_[key_id].get() : nullptr;
 }

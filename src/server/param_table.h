@@ -79,6 +79,11 @@ class ParamTable {
   // is an error naming both declarations.
   Result<Param*> Create(const wire::CreateEntry& entry);
   Param* Find(uint32_t key_id);
+  Param* Find(const std::string& name, uint32_t chunk_index);
+  template <typename Fn>
+  void ForEach(Fn fn) {
+    for (auto& p : params_) fn(*p);
+  }
   size_t size() const { return params_.size(); }
   size_t num_arenas() const { return arenas_.size(); }
   std::vector<uint8_t> DescribeArena(uint32_t arena_id) const {

@@ -73,6 +73,9 @@ Status Shard::Start() {
   const bool separate_coordinator = options_.cluster.num_tasks("coordinator") > 0;
   if (is_coordinator_only() || (!separate_coordinator && options_.task_index == 0)) {
     coord_ = std::make_unique<coord::Coordinator>(options_.cluster.num_tasks("ps"));
+    joined_shards_.assign(static_cast<size_t>(options_.cluster.num_tasks("ps")), nullptr);
+    joined_ = true;
+    if (!options_.checkpoint_dir.empty()) TESSERA_RETURN_IF_ERROR(StartCheckpoints());
   }
 
   ctx_->SetHandler(kProtocolMsg, [this](const EndpointPtr& ep, std::span<const uint8_t> frame) {
@@ -91,6 +94,8 @@ Status Shard::Start() {
   }
   listener_ = std::move(*listener);
   ctx_->PostAfter(LeaseCheckInterval(), [this] { RevokeExpiredLeases(); });
+  if (checkpointer_) ctx_->Post([this] { checkpointer_->Start(); });
+  if (!hosts_coordinator()) ctx_->Post([this] { JoinCoordinator(); });
   TLOG_INFO("{} serving on {}:{} over {}{}", self.ToString(), host, listener_->port(),
             ctx_->Describe(), coord_ && !is_coordinator_only() ? " (and the coordinator)" : "");
   return Status::Ok();
@@ -98,6 +103,19 @@ Status Shard::Start() {
 
 void Shard::Stop() {
   if (!ctx_) return;
+  if (checkpointer_) {
+    // The final checkpoint, while the other shards still serve (`tessera
+    // launch` stops the coordinator first).
+    auto done = std::make_shared<std::promise<void>>();
+    ctx_->Post([this, done] {
+      checkpointer_->Save(coord::Checkpointer::Reason::kShutdown,
+                          [done](const Result<coord::SavedCheckpoint>& r) {
+                            if (!r.ok()) TLOG_INFO("no final checkpoint: {}", r.status().message());
+                            done->set_value();
+                          });
+    });
+    done->get_future().wait_for(options_.checkpoint_timeout + std::chrono::seconds(5));
+  }
   listener_.reset();
   // Peers' staging slots are freed only after the progress thread stopped:
   // over tcp a put arriving late is written by that thread.
@@ -105,6 +123,12 @@ void Shard::Stop() {
   std::promise<void> done;
   ctx_->Post([this, &done, &peers] {
     stopping_ = true;
+    if (checkpointer_) {
+      checkpointer_->Stop();
+      checkpointer_.reset();  // on this thread: its callbacks run here
+    }
+    if (coord_link_) coord_link_->Close();
+    snapshot_.reset();
     for (auto& [raw, peer] : peers_) peer->ep->Close();
     peers.swap(peers_);
     leases_.clear();
@@ -114,6 +138,7 @@ void Shard::Stop() {
     done.set_value();
   });
   done.get_future().wait();
+  if (snapshot_writer_.joinable()) snapshot_writer_.join();
   ctx_.reset();    // stops progress: nothing writes into the arenas any more
   table_.reset();  // regions outlive their context safely (they hold the ucp context)
 }
@@ -128,12 +153,9 @@ ServerStats Shard::stats() const {
   s.sync_steps_applied = steps_applied_;
   s.stale_pushes_dropped = stale_dropped_;
   s.duplicate_pushes_dropped = duplicate_dropped_;
+  s.chunks_restored = chunks_restored_;
+  s.checkpoints_written = checkpoints_written_;
   return s;
-}
-
-template <typename Msg>
-void Shard::Reply(Peer& peer, uint64_t request_id, const Msg& msg) {
-  peer.ep->Send(kProtocolMsg, wire::Encode(msg, request_id));
 }
 
 void Shard::SendError(Peer& peer, uint64_t request_id, const Status& st) {
@@ -154,10 +176,16 @@ void Shard::Drop(Peer& peer, const Status& why, uint64_t request_id) {
 }
 
 void Shard::OnDisconnect(const EndpointPtr& ep, const Status& why) {
+  if (coord_link_ && ep.get() == coord_link_.get()) return OnLinkLost(why);
   auto it = peers_.find(ep.get());
   if (it == peers_.end()) return;
   Peer* peer = it->second.get();
-  if (peer->authenticated) {
+  if (peer->is_shard) {
+    const size_t k = peer->hello.worker_rank;
+    TLOG_WARN("{} left the coordinator: {}", peer->hello.task, why.message());
+    if (k < joined_shards_.size() && joined_shards_[k] == peer) joined_shards_[k] = nullptr;
+    if (checkpointer_) checkpointer_->OnShardLost(static_cast<int>(k));
+  } else if (peer->authenticated) {
     TLOG_INFO("{} disconnected: {}", peer->hello.task, why.message());
     const uint32_t rank = peer->hello.worker_rank;
     if (--connected_ranks_[rank] == 0) departed_[rank] = peer->hello.task;
@@ -175,6 +203,7 @@ void Shard::OnDisconnect(const EndpointPtr& ep, const Status& why) {
 }
 
 void Shard::OnMessage(const EndpointPtr& ep, std::span<const uint8_t> frame) {
+  if (coord_link_ && ep.get() == coord_link_.get()) return OnLinkFrame(frame);
   auto it = peers_.find(ep.get());
   if (it == peers_.end()) return;
   Peer& peer = *it->second;
@@ -194,6 +223,8 @@ void Shard::OnMessage(const EndpointPtr& ep, std::span<const uint8_t> frame) {
     if (!st.ok()) Drop(peer, st, h->request_id);
     return;
   }
+
+  if (peer.is_shard) return OnShardPeerMessage(peer, *h, frame);
 
   // A malformed message closes the connection; a well-formed request that
   // cannot be served gets an error reply.
@@ -260,8 +291,16 @@ void Shard::OnMessage(const EndpointPtr& ep, std::span<const uint8_t> frame) {
       auto m = wire::DecodeBody<wire::StepDone>(*h, frame);
       if (!m.ok()) return bad(m.status());
       coord_->OnStepDone(peer.hello.worker_rank, m->step, m->sync);
+      if (checkpointer_) checkpointer_->OnGlobalStep(coord_->global_step());
       return;
     }
+    case wire::Opcode::kSaveCheckpoint:
+      if (!coord_) {
+        return SendError(peer, h->request_id,
+                         Status::FailedPrecondition(
+                             "save-checkpoint sent to a shard that is not the coordinator"));
+      }
+      return OnSaveCheckpoint(peer, h->request_id);
     case wire::Opcode::kInitDone:
     case wire::Opcode::kWaitInit: {
       if (!coord_) {
@@ -296,7 +335,17 @@ Status Shard::OnHello(Peer& peer, const wire::Header& h, std::span<const uint8_t
   auto m = wire::DecodeBody<wire::Hello>(h, frame);
   if (!m.ok()) return m.status();
   if (m->task.empty()) return Status::InvalidArgument("hello without a task name");
-  if (static_cast<int>(m->worker_rank) >= options_.cluster.num_workers()) {
+  if (m->role == wire::PeerRole::kShard) {
+    const int k = static_cast<int>(m->worker_rank);
+    if (!hosts_coordinator()) {
+      return Status::PermissionDenied(m->task +
+                                      " tried to join a task that is not the coordinator");
+    }
+    if (k >= options_.cluster.num_tasks("ps") || m->task != TaskId{"ps", k}.ToString()) {
+      return Status::PermissionDenied(m->task + " joins as ps task " + std::to_string(k) +
+                                      ", which the cluster spec does not name so");
+    }
+  } else if (static_cast<int>(m->worker_rank) >= options_.cluster.num_workers()) {
     return Status::PermissionDenied(m->task + " claims worker rank " +
                                     std::to_string(m->worker_rank) + " but the cluster has " +
                                     std::to_string(options_.cluster.num_workers()) + " workers");
@@ -323,6 +372,12 @@ Status Shard::OnAuth(Peer& peer, const wire::Header& h, std::span<const uint8_t>
                                     " does not know the cluster secret");
   }
   wire::Welcome welcome;
+  if (peer.hello.role == wire::PeerRole::kShard) {
+    peer.authenticated = true;
+    peer.is_shard = true;
+    Reply(peer, h.request_id, welcome);  // no staging slot: shards write no tensors here
+    return Status::Ok();
+  }
   if (!is_coordinator_only()) {
     auto staging = ctx_->Allocate(options_.staging_bytes_per_worker, transport::MemoryKind::kHost,
                                   transport::RemoteAccess::kWrite);
@@ -339,10 +394,16 @@ Status Shard::OnAuth(Peer& peer, const wire::Header& h, std::span<const uint8_t>
 }
 
 void Shard::OnCreate(Peer& peer, uint64_t request_id, const wire::Create& msg) {
+  if (!joined_) {
+    // What to restore is known once the coordinator answered.
+    deferred_creates_.emplace_back(peer.ep, request_id, msg);
+    return;
+  }
   wire::CreateReply reply;
   for (const auto& entry : msg.entries) {
     auto p = table_->Create(entry);
     if (!p.ok()) return SendError(peer, request_id, p.status());
+    if (restore_ && !(*p)->initialized && (*p)->version == 0) RestoreChunk(**p);
     reply.keys.push_back(
         {(*p)->key_id, (*p)->arena_id, (*p)->arena_offset, (*p)->bytes, (*p)->version});
     if (peer.known_arenas.insert((*p)->arena_id).second) {
@@ -397,6 +458,7 @@ bool Shard::NeedsNoLease(const Param& p, uint32_t flags) {
 }
 
 bool Shard::TryApplyPush(PendingPush& push) {
+  if (frozen_) return false;  // a checkpoint round is cutting the state
   for (const auto& e : push.msg.entries) {
     const Param* p = table_->Find(e.key_id);
     if (NeedsNoLease(*p, push.flags)) {
@@ -473,7 +535,7 @@ Status Shard::ApplyGradient(Param& p, const void* grad) {
 }
 
 bool Shard::TryApplyStep(Param& p) {
-  if (p.readers > 0) return false;
+  if (p.readers > 0 || frozen_) return false;
   const auto& mode = p.entry.tensor.mode;
   const double scale = mode.average ? 1.0 / mode.replicas_to_aggregate : 1.0;
   const void* grad = kernels::FinishAccumulation(p.entry.tensor.dtype, p.agg.data(),
@@ -484,6 +546,10 @@ bool Shard::TryApplyStep(Param& p) {
   steps_applied_++;
   p.ResetAggregation();
   p.writer_waiting = false;
+  if (snapshot_ && p.step == snapshot_->step && snapshot_->behind.erase(p.key_id) > 0) {
+    Capture(p);  // this chunk just reached the checkpoint's step
+    if (snapshot_->behind.empty()) StartSnapshotWriter();
+  }
   if (options_.log_updates && p.entry.elem_count <= 8) {
     LogUpdate(p, "step " + std::to_string(p.step - 1) + " of " +
                      std::to_string(mode.replicas_to_aggregate) + " workers");

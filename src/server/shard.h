@@ -6,9 +6,13 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
+#include <thread>
 #include <unordered_map>
 
+#include "ckpt/checkpoint.h"
+#include "coord/checkpointer.h"
 #include "coord/coordinator.h"
 #include "server/param_table.h"
 #include "tessera/server.h"
@@ -37,6 +41,7 @@ class Shard {
     Nonce server_nonce{};
     std::unique_ptr<transport::Region> staging;
     std::set<uint32_t> known_arenas;
+    bool is_shard = false;  // a ps task's link to this coordinator
   };
   struct Lease {
     transport::Endpoint* owner;
@@ -61,7 +66,9 @@ class Shard {
   void Drop(Peer& peer, const Status& why, uint64_t request_id = 0);
   void SendError(Peer& peer, uint64_t request_id, const Status& st);
   template <typename Msg>
-  void Reply(Peer& peer, uint64_t request_id, const Msg& msg);
+  void Reply(Peer& peer, uint64_t request_id, const Msg& msg) {
+    peer.ep->Send(kProtocolMsg, wire::Encode(msg, request_id));
+  }
 
   Status OnHello(Peer& peer, const wire::Header& h, std::span<const uint8_t> frame);
   Status OnAuth(Peer& peer, const wire::Header& h, std::span<const uint8_t> frame);
@@ -70,6 +77,32 @@ class Shard {
   void OnPull(Peer& peer, uint64_t request_id, wire::Pull msg);
   void OnRelease(Peer& peer, const wire::Release& msg);
   void OnSetHyper(Peer& peer, uint64_t request_id, const wire::SetHyper& msg);
+  void OnShardPeerMessage(Peer& peer, const wire::Header& h, std::span<const uint8_t> frame);
+  void OnSaveCheckpoint(Peer& peer, uint64_t request_id);
+
+  // Membership: a ps task that is not the coordinator joins it (retrying
+  // until it answers) and learns what to restore; creates wait for that.
+  bool hosts_coordinator() const { return coord_ != nullptr; }
+  Status StartCheckpoints();
+  void JoinCoordinator();
+  void OnLinkFrame(std::span<const uint8_t> frame);
+  void OnLinkLost(const Status& why);
+  void OnJoined(const wire::JoinReply& reply);
+  // Restore: a chunk created while a checkpoint is being restored loads its
+  // value and optimizer state from it.
+  Status OpenRestore(const std::string& path, uint64_t step);
+  void RestoreChunk(Param& p);
+
+  // Checkpoint rounds, the shard's side (messages from the coordinator, over
+  // the link or, on ps task 0, directly).
+  void OnCoordinatorFrame(std::span<const uint8_t> frame);
+  void SendToCoordinator(std::vector<uint8_t> frame);
+  void OnCkptPrepare(const wire::CkptPrepare& m);
+  void OnCkptWrite(wire::CkptWrite m);
+  void Capture(Param& p);
+  void StartSnapshotWriter();
+  void FailSnapshot(uint64_t round, const Status& st);
+  void Unfreeze();
 
   Status ValidatePush(const Peer& peer, uint32_t flags, const wire::Push& msg);
   bool TryApplyPush(PendingPush& push);
@@ -92,6 +125,8 @@ class Shard {
   std::unique_ptr<ParamTable> table_;
   std::unique_ptr<coord::Coordinator> coord_;  // shard 0 only
   std::unique_ptr<transport::Listener> listener_;
+  std::unique_ptr<coord::Checkpointer> checkpointer_;  // coordinator with a checkpoint dir
+  std::thread snapshot_writer_;
 
   // Progress thread only.
   std::unordered_map<transport::Endpoint*, std::unique_ptr<Peer>> peers_;
@@ -105,8 +140,35 @@ class Shard {
   std::map<uint32_t, int> connected_ranks_;   // authenticated connections per worker rank
   std::map<uint32_t, std::string> departed_;  // ranks with none left: rank -> task name
 
+  // Membership and restore (progress thread).
+  std::vector<Peer*> joined_shards_;  // coordinator: ps task index -> its link
+  EndpointPtr coord_link_;            // a ps task's link to the coordinator
+  Nonce link_nonce_{};
+  bool joined_ = false;  // creates are served (restore known)
+  std::deque<std::tuple<EndpointPtr, uint64_t, wire::Create>> deferred_creates_;
+  std::chrono::steady_clock::time_point next_join_report_;
+  std::unique_ptr<ckpt::Checkpoint> restore_;
+  uint64_t restore_step_ = 0;  // the step restored sync chunks resume at
+
+  // A checkpoint round in progress on this shard.
+  struct Snapshot {
+    uint64_t round = 0, step = 0;
+    std::string dir;
+    std::vector<std::string> files;
+    std::vector<wire::CkptEntry> entries;
+    std::vector<ckpt::Piece> pieces;                     // per entry
+    std::map<uint32_t, std::vector<size_t>> entries_of;  // key id -> its entries
+    std::set<uint32_t> behind;                           // sync chunks still short of `step`
+    std::vector<uint64_t> updates;                       // per parameter entry, in order
+    std::map<size_t, size_t> update_index;               // entry -> index into updates
+  };
+  std::optional<Snapshot> snapshot_;
+  bool frozen_ = false;  // between checkpoint-prepare and -write: no update applies
+  uint64_t frozen_round_ = 0;
+
   std::atomic<uint64_t> pushes_applied_{0}, pulls_served_{0}, refused_{0}, tensors_{0},
-      leases_revoked_{0}, steps_applied_{0}, stale_dropped_{0}, duplicate_dropped_{0};
+      leases_revoked_{0}, steps_applied_{0}, stale_dropped_{0}, duplicate_dropped_{0},
+      chunks_restored_{0}, checkpoints_written_{0};
 };
 
 }  // namespace tessera::server

@@ -52,6 +52,24 @@ const char* OpcodeName(Opcode op) {
       return "step-reply";
     case Opcode::kPing:
       return "ping";
+    case Opcode::kJoin:
+      return "join";
+    case Opcode::kJoinReply:
+      return "join-reply";
+    case Opcode::kCkptPrepare:
+      return "checkpoint-prepare";
+    case Opcode::kCkptPrepared:
+      return "checkpoint-prepared";
+    case Opcode::kCkptWrite:
+      return "checkpoint-write";
+    case Opcode::kCkptWritten:
+      return "checkpoint-written";
+    case Opcode::kCkptAbort:
+      return "checkpoint-abort";
+    case Opcode::kSaveCheckpoint:
+      return "save-checkpoint";
+    case Opcode::kCheckpointSaved:
+      return "checkpoint-saved";
   }
   return "unknown";
 }

@@ -45,8 +45,17 @@ enum class Opcode : uint16_t {
   kGetStep = 20,
   kStepReply = 21,
   kPing = 22,
+  kJoin = 23,
+  kJoinReply = 24,
+  kCkptPrepare = 25,
+  kCkptPrepared = 26,
+  kCkptWrite = 27,
+  kCkptWritten = 28,
+  kCkptAbort = 29,
+  kSaveCheckpoint = 30,
+  kCheckpointSaved = 31,
 };
-constexpr uint16_t kMaxOpcode = 22;
+constexpr uint16_t kMaxOpcode = 31;
 const char* OpcodeName(Opcode op);
 
 // Header flags.

@@ -138,12 +138,18 @@ Result<TensorDecl> GetTensorDecl(ByteReader& r) {
 }  // namespace
 
 void Hello::EncodeBody(ByteWriter& w) const {
+  w.Put(static_cast<uint8_t>(role));
   w.Put(worker_rank);
   w.PutString(task);
   w.PutBytes(client_nonce);
 }
 Result<Hello> Hello::DecodeBody(ByteReader& r) {
   Hello m;
+  uint8_t role = 0;
+  if (!r.Get(&role)) return Truncated("role");
+  if (role > static_cast<uint8_t>(PeerRole::kShard))
+    return Status::InvalidArgument("unknown role " + std::to_string(role));
+  m.role = static_cast<PeerRole>(role);
   if (!r.Get(&m.worker_rank)) return Truncated("worker_rank");
   if (!r.GetString(&m.task, kMaxNameLength)) return Truncated("task");
   if (!GetArray(r, &m.client_nonce)) return Truncated("client_nonce");
@@ -214,6 +220,10 @@ void DeclareReply::EncodeBody(ByteWriter& w) const {
       w.Put(c.elem_count);
     }
   }
+  w.Put(static_cast<uint8_t>(initialized ? 1 : 0));
+  w.Put(static_cast<uint32_t>(restored.size()));
+  for (uint8_t b : restored) w.Put(b);
+  w.Put(restored_step);
 }
 Result<DeclareReply> DeclareReply::DecodeBody(ByteReader& r) {
   DeclareReply m;
@@ -230,6 +240,19 @@ Result<DeclareReply> DeclareReply::DecodeBody(ByteReader& r) {
         return Truncated("chunk");
     }
   }
+  uint8_t initialized = 0;
+  if (!r.Get(&initialized)) return Truncated("initialized");
+  if (initialized > 1) return Status::InvalidArgument("bad initialized flag");
+  m.initialized = initialized == 1;
+  uint32_t n = 0;
+  if (!GetCount(r, 1, &n)) return Truncated("restored count");
+  if (n != 0 && n != m.tensors.size())
+    return Status::InvalidArgument("restored flags do not match the tensors");
+  m.restored.resize(n);
+  for (auto& b : m.restored) {
+    if (!r.Get(&b) || b > 1) return Status::InvalidArgument("bad restored flag");
+  }
+  if (!r.Get(&m.restored_step)) return Truncated("restored_step");
   return m;
 }
 
@@ -440,6 +463,127 @@ void StepReply::EncodeBody(ByteWriter& w) const { w.Put(global_step); }
 Result<StepReply> StepReply::DecodeBody(ByteReader& r) {
   StepReply m;
   if (!r.Get(&m.global_step)) return Truncated("global_step");
+  return m;
+}
+
+void JoinReply::EncodeBody(ByteWriter& w) const {
+  w.PutString(restore_path);
+  w.Put(global_step);
+}
+Result<JoinReply> JoinReply::DecodeBody(ByteReader& r) {
+  JoinReply m;
+  if (!r.GetString(&m.restore_path, kMaxPathLength)) return Truncated("restore_path");
+  if (!r.Get(&m.global_step)) return Truncated("global_step");
+  return m;
+}
+
+Result<CkptPrepare> CkptPrepare::DecodeBody(ByteReader& r) {
+  CkptPrepare m;
+  if (!r.Get(&m.round)) return Truncated("round");
+  return m;
+}
+
+void CkptPrepared::EncodeBody(ByteWriter& w) const {
+  w.Put(round);
+  w.Put(static_cast<uint8_t>(has_sync ? 1 : 0));
+  w.Put(min_step);
+  w.Put(max_step);
+  w.Put(chunks);
+}
+Result<CkptPrepared> CkptPrepared::DecodeBody(ByteReader& r) {
+  CkptPrepared m;
+  uint8_t has_sync = 0;
+  if (!r.Get(&m.round) || !r.Get(&has_sync) || !r.Get(&m.min_step) || !r.Get(&m.max_step) ||
+      !r.Get(&m.chunks)) {
+    return Truncated("checkpoint-prepared");
+  }
+  if (has_sync > 1) return Status::InvalidArgument("bad has_sync flag");
+  m.has_sync = has_sync == 1;
+  if (m.min_step > m.max_step) return Status::InvalidArgument("min_step above max_step");
+  return m;
+}
+
+void CkptWrite::EncodeBody(ByteWriter& w) const {
+  w.Put(round);
+  w.Put(step);
+  w.PutString(dir);
+  w.Put(static_cast<uint32_t>(files.size()));
+  for (const auto& f : files) w.PutString(f);
+  w.Put(static_cast<uint32_t>(entries.size()));
+  for (const auto& e : entries) {
+    w.PutString(e.name);
+    w.Put(e.chunk_index);
+    w.Put(e.slot);
+    w.Put(e.file);
+    w.Put(e.offset);
+    w.Put(e.bytes);
+  }
+}
+Result<CkptWrite> CkptWrite::DecodeBody(ByteReader& r) {
+  CkptWrite m;
+  if (!r.Get(&m.round) || !r.Get(&m.step)) return Truncated("round");
+  if (!r.GetString(&m.dir, kMaxPathLength) || m.dir.empty()) return Truncated("dir");
+  uint32_t nfiles = 0;
+  if (!GetCount(r, 4, &nfiles)) return Truncated("file count");
+  m.files.resize(nfiles);
+  for (auto& f : m.files) {
+    if (!r.GetString(&f, kMaxNameLength)) return Truncated("file name");
+    if (f.empty() || f.find('/') != std::string::npos || f[0] == '.')
+      return Status::InvalidArgument("file name '" + f + "' is not a plain name");
+  }
+  uint32_t n = 0;
+  if (!GetCount(r, 4 + 4 + 1 + 4 + 8 + 8, &n)) return Truncated("entry count");
+  m.entries.resize(n);
+  for (auto& e : m.entries) {
+    if (!r.GetString(&e.name, kMaxNameLength) || !r.Get(&e.chunk_index) || !r.Get(&e.slot) ||
+        !r.Get(&e.file) || !r.Get(&e.offset) || !r.Get(&e.bytes)) {
+      return Truncated("entry");
+    }
+    if (e.slot > 3) return Status::InvalidArgument("unknown slot " + std::to_string(e.slot));
+    if (e.file >= nfiles)
+      return Status::InvalidArgument("entry names file " + std::to_string(e.file));
+  }
+  return m;
+}
+
+void CkptWritten::EncodeBody(ByteWriter& w) const {
+  w.Put(round);
+  w.Put(static_cast<uint8_t>(code));
+  w.PutString(message);
+  w.Put(static_cast<uint32_t>(updates.size()));
+  for (uint64_t u : updates) w.Put(u);
+}
+Result<CkptWritten> CkptWritten::DecodeBody(ByteReader& r) {
+  CkptWritten m;
+  uint8_t code = 0;
+  if (!r.Get(&m.round) || !r.Get(&code)) return Truncated("round");
+  if (code > static_cast<uint8_t>(StatusCode::kInternal))
+    return Status::InvalidArgument("invalid status code " + std::to_string(code));
+  m.code = static_cast<StatusCode>(code);
+  if (!r.GetString(&m.message, kMaxErrorMessage)) return Truncated("message");
+  uint32_t n = 0;
+  if (!GetCount(r, 8, &n)) return Truncated("update count");
+  m.updates.resize(n);
+  for (auto& u : m.updates) {
+    if (!r.Get(&u)) return Truncated("updates");
+  }
+  return m;
+}
+
+Result<CkptAbort> CkptAbort::DecodeBody(ByteReader& r) {
+  CkptAbort m;
+  if (!r.Get(&m.round)) return Truncated("round");
+  return m;
+}
+
+void CheckpointSaved::EncodeBody(ByteWriter& w) const {
+  w.Put(global_step);
+  w.PutString(path);
+}
+Result<CheckpointSaved> CheckpointSaved::DecodeBody(ByteReader& r) {
+  CheckpointSaved m;
+  if (!r.Get(&m.global_step)) return Truncated("global_step");
+  if (!r.GetString(&m.path, kMaxPathLength)) return Truncated("path");
   return m;
 }
 

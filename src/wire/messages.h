@@ -21,11 +21,16 @@ constexpr size_t kMaxNameLength = 1024;
 constexpr size_t kMaxDims = 8;
 constexpr size_t kMaxRegionDescription = 64 * 1024;
 constexpr size_t kMaxErrorMessage = 64 * 1024;
+constexpr size_t kMaxPathLength = 4096;
+
+// Who says hello: a worker, or a ps task joining the coordinator.
+enum class PeerRole : uint8_t { kWorker = 0, kShard = 1 };
 
 struct Hello {
   static constexpr Opcode kOpcode = Opcode::kHello;
-  uint32_t worker_rank = 0;
-  std::string task;  // "/job:worker/task:1", for messages that name it
+  PeerRole role = PeerRole::kWorker;
+  uint32_t worker_rank = 0;  // workers; a shard's task index
+  std::string task;          // "/job:worker/task:1", for messages that name it
   Nonce client_nonce{};
   void EncodeBody(ByteWriter& w) const;
   static Result<Hello> DecodeBody(ByteReader& r);
@@ -86,6 +91,12 @@ struct ChunkPlacement {
 struct DeclareReply {
   static constexpr Opcode kOpcode = Opcode::kDeclareReply;
   std::vector<std::vector<ChunkPlacement>> tensors;  // one list per declared tensor
+  // Set when the cluster was initialised already (a restarted worker must
+  // not initialise again) and, per tensor, whether the shards restore it
+  // from the checkpoint of `restored_step`.
+  bool initialized = false;
+  std::vector<uint8_t> restored;
+  uint64_t restored_step = 0;
   void EncodeBody(ByteWriter& w) const;
   static Result<DeclareReply> DecodeBody(ByteReader& r);
 };
@@ -242,6 +253,100 @@ struct StepReply {
   uint64_t global_step = 0;
   void EncodeBody(ByteWriter& w) const;
   static Result<StepReply> DecodeBody(ByteReader& r);
+};
+
+// A ps task that is not the coordinator joins it after authenticating.
+struct Join {
+  static constexpr Opcode kOpcode = Opcode::kJoin;
+  void EncodeBody(ByteWriter&) const {}
+  static Result<Join> DecodeBody(ByteReader&) { return Join{}; }
+};
+
+// What a joining shard restores: the step directory of the checkpoint whose
+// tensors it loads as they are created (empty: none), and the global step it
+// gives its sync tensors.
+struct JoinReply {
+  static constexpr Opcode kOpcode = Opcode::kJoinReply;
+  std::string restore_path;
+  uint64_t global_step = 0;
+  void EncodeBody(ByteWriter& w) const;
+  static Result<JoinReply> DecodeBody(ByteReader& r);
+};
+
+// Checkpoint round, phase 1 (coordinator to every shard): stop applying
+// updates and say which sync steps the tensors reached.
+struct CkptPrepare {
+  static constexpr Opcode kOpcode = Opcode::kCkptPrepare;
+  uint64_t round = 0;
+  void EncodeBody(ByteWriter& w) const { w.Put(round); }
+  static Result<CkptPrepare> DecodeBody(ByteReader& r);
+};
+
+struct CkptPrepared {
+  static constexpr Opcode kOpcode = Opcode::kCkptPrepared;
+  uint64_t round = 0;
+  bool has_sync = false;  // min/max are meaningful
+  uint64_t min_step = 0, max_step = 0;
+  uint64_t chunks = 0;  // initialised chunks held
+  void EncodeBody(ByteWriter& w) const;
+  static Result<CkptPrepared> DecodeBody(ByteReader& r);
+};
+
+// One slot of one chunk and where its bytes go.
+struct CkptEntry {
+  std::string name;
+  uint32_t chunk_index = 0;
+  uint8_t slot = 0;  // ckpt::Slot
+  uint32_t file = 0;
+  uint64_t offset = 0;  // in the file
+  uint64_t bytes = 0;
+};
+
+// Phase 2: write every sync tensor as of `step` (waiting for the ones behind
+// it), the others as they are now, then resume.
+struct CkptWrite {
+  static constexpr Opcode kOpcode = Opcode::kCkptWrite;
+  uint64_t round = 0;
+  uint64_t step = 0;
+  std::string dir;                 // the round's temporary directory
+  std::vector<std::string> files;  // file names in it
+  std::vector<CkptEntry> entries;
+  void EncodeBody(ByteWriter& w) const;
+  static Result<CkptWrite> DecodeBody(ByteReader& r);
+};
+
+struct CkptWritten {
+  static constexpr Opcode kOpcode = Opcode::kCkptWritten;
+  uint64_t round = 0;
+  StatusCode code = StatusCode::kOk;
+  std::string message;
+  // Per parameter entry (slot 0) of the request, in order: optimizer steps applied.
+  std::vector<uint64_t> updates;
+  void EncodeBody(ByteWriter& w) const;
+  static Result<CkptWritten> DecodeBody(ByteReader& r);
+};
+
+// The round failed elsewhere: resume and forget it.
+struct CkptAbort {
+  static constexpr Opcode kOpcode = Opcode::kCkptAbort;
+  uint64_t round = 0;
+  void EncodeBody(ByteWriter& w) const { w.Put(round); }
+  static Result<CkptAbort> DecodeBody(ByteReader& r);
+};
+
+// A worker asks for a checkpoint now; answered when it is complete.
+struct SaveCheckpoint {
+  static constexpr Opcode kOpcode = Opcode::kSaveCheckpoint;
+  void EncodeBody(ByteWriter&) const {}
+  static Result<SaveCheckpoint> DecodeBody(ByteReader&) { return SaveCheckpoint{}; }
+};
+
+struct CheckpointSaved {
+  static constexpr Opcode kOpcode = Opcode::kCheckpointSaved;
+  uint64_t global_step = 0;
+  std::string path;
+  void EncodeBody(ByteWriter& w) const;
+  static Result<CheckpointSaved> DecodeBody(ByteReader& r);
 };
 
 struct Error {

@@ -280,6 +280,11 @@ Result<std::unique_ptr<Context>> UcxContext::Create(const ContextOptions& option
 }
 
 Status UcxContext::Init() {
+  // A restarted server must listen on its port again while the connections
+  // of the process it replaces still sit in TIME_WAIT (SO_REUSEADDR, as
+  // every server sets it). UCX reads this when it opens the tcp connection
+  // manager; a value the user set is left alone.
+  setenv("UCX_TCP_CM_REUSEADDR", "y", /*overwrite=*/0);
   ucp_config_t* config = nullptr;
   ucs_status_t st = ucp_config_read(nullptr, nullptr, &config);
   if (st != UCS_OK) return FromUcs(st, "ucp_config_read");

@@ -1,0 +1,513 @@
+#include "ckpt/checkpoint.h"
+
+#include <fcntl.h>
+#include <openssl/evp.h>
+#include <unistd.h>
+#include <csignal>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <mutex>
+
+#include <nlohmann/json.hpp>
+
+#include "core/log.h"
+
+namespace tessera::ckpt {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+constexpr int kManifestVersion = 1;
+
+const char* StateName(UpdateRule rule, Slot slot) {
+  switch (rule) {
+    case UpdateRule::kMomentum:
+      return "momentum";
+    case UpdateRule::kAdam:
+    case UpdateRule::kAdamW:
+      return slot == Slot::kState0 ? "adam_m" : "adam_v";
+    case UpdateRule::kAdagrad:
+      return "adagrad_sum";
+    default:
+      return "state";
+  }
+}
+
+json HyperToJson(const Hyperparams& h) {
+  return {{"learning_rate", h.learning_rate},
+          {"weight_decay", h.weight_decay},
+          {"momentum", h.momentum},
+          {"nesterov", h.nesterov},
+          {"beta1", h.beta1},
+          {"beta2", h.beta2},
+          {"epsilon", h.epsilon},
+          {"initial_accumulator", h.initial_accumulator}};
+}
+
+json ModeToJson(const ConsistencyMode& m) {
+  return {{"kind", ConsistencyName(m.kind)},
+          {"replicas_to_aggregate", m.replicas_to_aggregate},
+          {"total_num_replicas", m.total_num_replicas},
+          {"average", m.average},
+          {"staleness", m.staleness}};
+}
+
+template <typename T>
+Status Field(const json& j, const char* key, T* out, const std::string& where) {
+  if (!j.is_object() || !j.contains(key)) {
+    return Status::DataLoss(where + ": missing \"" + key + "\"");
+  }
+  try {
+    *out = j.at(key).get<T>();
+  } catch (const json::exception&) {
+    return Status::DataLoss(where + ": \"" + key + "\" has the wrong type");
+  }
+  return Status::Ok();
+}
+
+Result<ConsistencyMode> ModeFromJson(const json& j, const std::string& where) {
+  ConsistencyMode m;
+  std::string kind;
+  TESSERA_RETURN_IF_ERROR(Field(j, "kind", &kind, where));
+  bool found = false;
+  for (Consistency c : {Consistency::kAsync, Consistency::kSync, Consistency::kBounded}) {
+    if (kind == ConsistencyName(c)) {
+      m.kind = c;
+      found = true;
+    }
+  }
+  if (!found) return Status::DataLoss(where + ": unknown consistency '" + kind + "'");
+  TESSERA_RETURN_IF_ERROR(Field(j, "replicas_to_aggregate", &m.replicas_to_aggregate, where));
+  TESSERA_RETURN_IF_ERROR(Field(j, "total_num_replicas", &m.total_num_replicas, where));
+  TESSERA_RETURN_IF_ERROR(Field(j, "average", &m.average, where));
+  TESSERA_RETURN_IF_ERROR(Field(j, "staleness", &m.staleness, where));
+  return m;
+}
+
+Result<Hyperparams> HyperFromJson(const json& j, const std::string& where) {
+  Hyperparams h;
+  TESSERA_RETURN_IF_ERROR(Field(j, "learning_rate", &h.learning_rate, where));
+  TESSERA_RETURN_IF_ERROR(Field(j, "weight_decay", &h.weight_decay, where));
+  TESSERA_RETURN_IF_ERROR(Field(j, "momentum", &h.momentum, where));
+  TESSERA_RETURN_IF_ERROR(Field(j, "nesterov", &h.nesterov, where));
+  TESSERA_RETURN_IF_ERROR(Field(j, "beta1", &h.beta1, where));
+  TESSERA_RETURN_IF_ERROR(Field(j, "beta2", &h.beta2, where));
+  TESSERA_RETURN_IF_ERROR(Field(j, "epsilon", &h.epsilon, where));
+  TESSERA_RETURN_IF_ERROR(Field(j, "initial_accumulator", &h.initial_accumulator, where));
+  return h;
+}
+
+bool SameShape(const Shape& a, const Shape& b) { return a == b; }
+
+}  // namespace
+
+std::vector<Slot> SlotsOf(DType dtype, UpdateRule rule) {
+  std::vector<Slot> out{Slot::kParam};
+  // Matches kernels::StateSlots and NeedsMaster (a test checks that).
+  const bool adam = rule == UpdateRule::kAdam || rule == UpdateRule::kAdamW;
+  if (adam || rule == UpdateRule::kMomentum || rule == UpdateRule::kAdagrad) {
+    out.push_back(Slot::kState0);
+  }
+  if (adam) out.push_back(Slot::kState1);
+  if (IsOptimizer(rule) && (dtype == DType::kF16 || dtype == DType::kBF16)) {
+    out.push_back(Slot::kMaster);
+  }
+  return out;
+}
+
+std::string SlotTensorName(const std::string& name, UpdateRule rule, Slot slot) {
+  switch (slot) {
+    case Slot::kParam:
+      return name;
+    case Slot::kMaster:
+      return name + "/master";
+    default:
+      return name + "/" + StateName(rule, slot);
+  }
+}
+
+DType SlotDType(DType param_dtype, Slot slot) {
+  if (slot == Slot::kParam) return param_dtype;
+  if (slot == Slot::kMaster) return DType::kF32;
+  return param_dtype == DType::kF64 ? DType::kF64 : DType::kF32;
+}
+
+std::string ShardFileName(uint32_t index, uint32_t count) {
+  char buf[64];
+  snprintf(buf, sizeof(buf), "model-%05u-of-%05u.safetensors", index + 1, count);
+  return buf;
+}
+
+std::string StepDirName(uint64_t step) {
+  char buf[40];
+  snprintf(buf, sizeof(buf), "step-%08llu", static_cast<unsigned long long>(step));
+  return buf;
+}
+
+std::string Manifest::ToJson() const {
+  json j;
+  j["format"] = "tessera-checkpoint";
+  j["version"] = kManifestVersion;
+  j["global_step"] = global_step;
+  j["unix_time"] = unix_time;
+  j["num_shards"] = num_shards;
+  j["cluster"] = cluster;
+  j["files"] = json::array();
+  for (const auto& f : files) {
+    j["files"].push_back({{"name", f.name}, {"bytes", f.bytes}, {"sha256", f.sha256}});
+  }
+  j["tensors"] = json::array();
+  for (const auto& t : tensors) {
+    j["tensors"].push_back({{"name", t.name},
+                            {"dtype", DTypeName(t.dtype)},
+                            {"shape", t.shape},
+                            {"rule", UpdateRuleName(t.rule)},
+                            {"hyper", HyperToJson(t.hyper)},
+                            {"mode", ModeToJson(t.mode)},
+                            {"updates", t.updates},
+                            {"file", t.file}});
+  }
+  return j.dump(2) + "\n";
+}
+
+Result<Manifest> Manifest::FromJson(const std::string& text, const std::string& where) {
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return Status::DataLoss(where + ": not a JSON object");
+  std::string format;
+  int version = 0;
+  TESSERA_RETURN_IF_ERROR(Field(j, "format", &format, where));
+  TESSERA_RETURN_IF_ERROR(Field(j, "version", &version, where));
+  if (format != "tessera-checkpoint" || version != kManifestVersion) {
+    return Status::DataLoss(where + ": not a version " + std::to_string(kManifestVersion) +
+                            " Tessera manifest");
+  }
+  Manifest m;
+  TESSERA_RETURN_IF_ERROR(Field(j, "global_step", &m.global_step, where));
+  TESSERA_RETURN_IF_ERROR(Field(j, "unix_time", &m.unix_time, where));
+  TESSERA_RETURN_IF_ERROR(Field(j, "num_shards", &m.num_shards, where));
+  TESSERA_RETURN_IF_ERROR(Field(j, "cluster", &m.cluster, where));
+  if (!j.contains("files") || !j["files"].is_array() || !j.contains("tensors") ||
+      !j["tensors"].is_array()) {
+    return Status::DataLoss(where + ": needs lists \"files\" and \"tensors\"");
+  }
+  for (const auto& f : j["files"]) {
+    FileRecord r;
+    TESSERA_RETURN_IF_ERROR(Field(f, "name", &r.name, where));
+    TESSERA_RETURN_IF_ERROR(Field(f, "bytes", &r.bytes, where));
+    TESSERA_RETURN_IF_ERROR(Field(f, "sha256", &r.sha256, where));
+    if (r.name.empty() || r.name.find('/') != std::string::npos || r.name[0] == '.') {
+      return Status::DataLoss(where + ": file name '" + r.name + "' is not a plain file name");
+    }
+    m.files.push_back(std::move(r));
+  }
+  for (const auto& t : j["tensors"]) {
+    TensorRecord r;
+    std::string dtype, rule;
+    TESSERA_RETURN_IF_ERROR(Field(t, "name", &r.name, where));
+    const std::string at = where + ": tensor '" + r.name + "'";
+    TESSERA_RETURN_IF_ERROR(Field(t, "dtype", &dtype, at));
+    TESSERA_RETURN_IF_ERROR(Field(t, "shape", &r.shape, at));
+    TESSERA_RETURN_IF_ERROR(Field(t, "rule", &rule, at));
+    TESSERA_RETURN_IF_ERROR(Field(t, "updates", &r.updates, at));
+    TESSERA_RETURN_IF_ERROR(Field(t, "file", &r.file, at));
+    auto d = ParseDType(dtype);
+    if (!d.ok()) return d.status().WithContext(at);
+    r.dtype = *d;
+    auto ru = ParseUpdateRule(rule);
+    if (!ru.ok()) return ru.status().WithContext(at);
+    r.rule = *ru;
+    if (!NumElements(r.shape).ok()) return Status::DataLoss(at + ": bad shape");
+    if (r.file >= m.files.size()) return Status::DataLoss(at + ": file index out of range");
+    auto hyper = HyperFromJson(t.value("hyper", json()), at);
+    if (!hyper.ok()) return hyper.status();
+    r.hyper = *hyper;
+    auto mode = ModeFromJson(t.value("mode", json()), at);
+    if (!mode.ok()) return mode.status();
+    r.mode = *mode;
+    m.tensors.push_back(std::move(r));
+  }
+  return m;
+}
+
+Result<CheckpointLayout> PlanCheckpoint(const Manifest& manifest) {
+  CheckpointLayout out;
+  const size_t nfiles = manifest.files.size();
+  std::vector<std::vector<const TensorRecord*>> per_file(nfiles);
+  for (const auto& t : manifest.tensors) per_file[t.file].push_back(&t);
+  for (size_t f = 0; f < nfiles; ++f) {
+    auto& list = per_file[f];
+    std::sort(list.begin(), list.end(),
+              [](const TensorRecord* a, const TensorRecord* b) { return a->name < b->name; });
+    std::vector<TensorLayout> tensors;
+    std::vector<std::pair<std::string, Slot>> keys;
+    for (const auto* t : list) {
+      for (Slot s : SlotsOf(t->dtype, t->rule)) {
+        tensors.push_back({SlotTensorName(t->name, t->rule, s), SlotDType(t->dtype, s), t->shape});
+        keys.emplace_back(t->name, s);
+      }
+    }
+    std::vector<TensorEntry> entries;
+    auto header =
+        EncodeSafetensorsHeader(tensors, {{"format", "pt"}, {"writer", "tessera"}}, &entries);
+    if (!header.ok()) return header.status().WithContext(manifest.files[f].name);
+    const uint64_t data_start = header->size();
+    uint64_t end = data_start;
+    for (size_t i = 0; i < entries.size(); ++i) {
+      out.slots[keys[i]] = {static_cast<uint32_t>(f), data_start + entries[i].begin,
+                            entries[i].end - entries[i].begin};
+      end = data_start + entries[i].end;
+    }
+    out.headers.push_back(std::move(*header));
+    out.file_sizes.push_back(end);
+  }
+  return out;
+}
+
+std::string CheckpointLayout::IndexJson(const Manifest& m) const {
+  json weight_map = json::object();
+  uint64_t total = 0;
+  for (const auto& [key, place] : slots) {
+    const TensorRecord* rec = nullptr;
+    for (const auto& t : m.tensors) {
+      if (t.name == key.first) rec = &t;
+    }
+    if (rec == nullptr) continue;
+    weight_map[SlotTensorName(key.first, rec->rule, key.second)] = m.files[place.file].name;
+    total += place.bytes;
+  }
+  json j = {{"metadata", {{"total_size", total}, {"global_step", m.global_step}}},
+            {"weight_map", weight_map}};
+  return j.dump(2) + "\n";
+}
+
+const TensorRecord* Checkpoint::Find(const std::string& name) const {
+  for (const auto& t : manifest.tensors) {
+    if (t.name == name) return &t;
+  }
+  return nullptr;
+}
+
+Result<Checkpoint> Checkpoint::Open(const std::string& step_dir, bool verify_data) {
+  const std::string manifest_path = step_dir + "/" + kManifestName;
+  std::ifstream in(manifest_path);
+  if (!in) return Status::NotFound(manifest_path + " is missing (an unfinished checkpoint?)");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto manifest = Manifest::FromJson(text, manifest_path);
+  if (!manifest.ok()) return manifest.status();
+  auto layout = PlanCheckpoint(*manifest);
+  if (!layout.ok()) return layout.status().WithContext(manifest_path);
+  Checkpoint c{step_dir, std::move(*manifest), std::move(*layout)};
+  for (size_t f = 0; f < c.manifest.files.size(); ++f) {
+    const FileRecord& rec = c.manifest.files[f];
+    const std::string path = step_dir + "/" + rec.name;
+    auto header = ReadSafetensorsHeader(path);
+    if (!header.ok()) return header.status();
+    if (header->file_size != rec.bytes || rec.bytes != c.layout.file_sizes[f]) {
+      return Status::DataLoss(path + " has " + std::to_string(header->file_size) +
+                              " bytes; the manifest says " + std::to_string(rec.bytes) +
+                              " (truncated or replaced?)");
+    }
+    for (const auto& [key, place] : c.layout.slots) {
+      if (place.file != f) continue;
+      const TensorRecord* t = c.Find(key.first);
+      const std::string name = SlotTensorName(key.first, t->rule, key.second);
+      const TensorEntry* e = header->Find(name);
+      if (e == nullptr) return Status::DataLoss(path + " lacks tensor '" + name + "'");
+      if (e->dtype != SlotDType(t->dtype, key.second) || !SameShape(e->shape, t->shape) ||
+          header->data_start + e->begin != place.offset) {
+        return Status::DataLoss(path + ": tensor '" + name + "' is not where and what " +
+                                kManifestName + " says");
+      }
+    }
+    if (verify_data) {
+      auto sha = Sha256OfFile(path);
+      if (!sha.ok()) return sha.status();
+      if (*sha != rec.sha256) {
+        return Status::DataLoss(path + ": SHA-256 " + sha->substr(0, 16) +
+                                "... differs from the manifest's " + rec.sha256.substr(0, 16) +
+                                "... (the file changed after it was written)");
+      }
+    }
+  }
+  return c;
+}
+
+Status Checkpoint::ReadSlot(const std::string& name, Slot slot, uint64_t offset, uint64_t len,
+                            void* out) const {
+  auto it = layout.slots.find({name, slot});
+  if (it == layout.slots.end()) {
+    return Status::NotFound(path + " has no " + SlotTensorName(name, UpdateRule::kAssign, slot));
+  }
+  if (offset > it->second.bytes || len > it->second.bytes - offset) {
+    return Status::OutOfRange("reading past tensor '" + name + "' in " + path);
+  }
+  const std::string file = path + "/" + manifest.files[it->second.file].name;
+  int fd = open(file.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Status::NotFound("cannot open " + file + ": " + std::strerror(errno));
+  auto* dst = static_cast<uint8_t*>(out);
+  uint64_t pos = it->second.offset + offset;
+  Status st;
+  while (len > 0) {
+    ssize_t n = pread(fd, dst, len, static_cast<off_t>(pos));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      st = Status::DataLoss("reading tensor '" + name + "' from " + file + ": " +
+                            (n == 0 ? "unexpected end of file" : std::strerror(errno)));
+      break;
+    }
+    dst += n;
+    pos += static_cast<uint64_t>(n);
+    len -= static_cast<uint64_t>(n);
+  }
+  close(fd);
+  return st;
+}
+
+std::vector<std::string> ListStepDirs(const std::string& dir) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (e.is_directory() && name.rfind("step-", 0) == 0 && name.size() > 5 &&
+        std::all_of(name.begin() + 5, name.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+      out.push_back(e.path().string());
+    }
+  }
+  // Zero-padded, so the names sort as the steps do.
+  std::sort(out.begin(), out.end(), std::greater<>());
+  return out;
+}
+
+Result<Checkpoint> FindNewestCheckpoint(const std::string& dir, bool verify_data) {
+  for (const auto& step_dir : ListStepDirs(dir)) {
+    auto c = Checkpoint::Open(step_dir, verify_data);
+    if (c.ok()) return c;
+    TLOG_WARN("checkpoint {} refused: {}; trying an older one", step_dir, c.status().message());
+  }
+  return Status::NotFound("no complete checkpoint in " + dir);
+}
+
+Result<std::string> Sha256OfFile(const std::string& path) {
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Status::NotFound("cannot open " + path + ": " + std::strerror(errno));
+  std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> md(EVP_MD_CTX_new(), EVP_MD_CTX_free);
+  EVP_DigestInit_ex(md.get(), EVP_sha256(), nullptr);
+  std::vector<uint8_t> buf(1 << 20);
+  Status st;
+  while (true) {
+    ssize_t n = read(fd, buf.data(), buf.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      st = Status::Internal("reading " + path + ": " + std::strerror(errno));
+      break;
+    }
+    if (n == 0) break;
+    EVP_DigestUpdate(md.get(), buf.data(), static_cast<size_t>(n));
+  }
+  close(fd);
+  if (!st.ok()) return st;
+  uint8_t digest[32];
+  unsigned int len = 0;
+  EVP_DigestFinal_ex(md.get(), digest, &len);
+  return ToHex(std::span<const uint8_t>(digest, len));
+}
+
+}  // namespace tessera::ckpt
+
+namespace tessera::ckpt {
+
+Status WritePieces(const std::string& dir, const std::vector<std::string>& files,
+                   const std::vector<Piece>& pieces) {
+  std::map<uint32_t, int> fds;
+  Status st;
+  auto open_file = [&](uint32_t f) -> int {
+    auto it = fds.find(f);
+    if (it != fds.end()) return it->second;
+    const std::string path = dir + "/" + files[f];
+    int fd = open(path.c_str(), O_WRONLY | O_CLOEXEC);
+    if (fd < 0) st = Status::NotFound("cannot open " + path + ": " + std::strerror(errno));
+    fds[f] = fd;
+    return fd;
+  };
+  bool first = true;
+  for (const auto& piece : pieces) {
+    if (piece.file >= files.size()) {
+      st = Status::InvalidArgument("piece for file " + std::to_string(piece.file));
+      break;
+    }
+    int fd = open_file(piece.file);
+    if (fd < 0) break;
+    const uint8_t* src = piece.bytes.data();
+    uint64_t left = piece.bytes.size(), pos = piece.offset;
+    while (left > 0) {
+      ssize_t n = pwrite(fd, src, left, static_cast<off_t>(pos));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) {
+        st = Status::Internal("writing " + dir + "/" + files[piece.file] + ": " +
+                              std::strerror(errno));
+        break;
+      }
+      src += n;
+      pos += static_cast<uint64_t>(n);
+      left -= static_cast<uint64_t>(n);
+    }
+    if (!st.ok()) break;
+    if (first) CrashPoint("shard-write");  // some bytes are in, others not yet
+    first = false;
+  }
+  for (auto [f, fd] : fds) {
+    if (fd < 0) continue;
+    if (st.ok() && fsync(fd) != 0) {
+      st = Status::Internal("fsync of " + dir + "/" + files[f] + ": " + std::strerror(errno));
+    }
+    close(fd);
+  }
+  return st;
+}
+
+Status CreateSizedFile(const std::string& path, std::span<const uint8_t> header, uint64_t size) {
+  int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return Status::Internal("creating " + path + ": " + std::strerror(errno));
+  Status st;
+  if (pwrite(fd, header.data(), header.size(), 0) != static_cast<ssize_t>(header.size()) ||
+      ftruncate(fd, static_cast<off_t>(size)) != 0 || fsync(fd) != 0) {
+    st = Status::Internal("writing " + path + ": " + std::strerror(errno));
+  }
+  close(fd);
+  return st;
+}
+
+Status FsyncDirectory(const std::string& dir) {
+  int fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return Status::Internal("opening directory " + dir + ": " + std::strerror(errno));
+  int rc = fsync(fd);
+  close(fd);
+  return rc == 0 ? Status::Ok()
+                 : Status::Internal("fsync of directory " + dir + ": " + std::strerror(errno));
+}
+
+void CrashPoint(const char* name) {
+  static const char* spec = getenv("TESSERA_CKPT_CRASH_AT");
+  if (spec == nullptr) return;
+  static std::mutex mu;
+  static std::map<std::string, int> reached;
+  std::lock_guard<std::mutex> lock(mu);
+  std::string want = spec;
+  int nth = 1;
+  if (auto colon = want.find(':'); colon != std::string::npos) {
+    nth = std::atoi(want.c_str() + colon + 1);
+    want.resize(colon);
+  }
+  if (want != name || ++reached[want] != nth) return;
+  TLOG_WARN("TESSERA_CKPT_CRASH_AT={}: killing this process at '{}'", spec, name);
+  spdlog::default_logger()->flush();
+  raise(SIGKILL);
+}
+
+}  // namespace tessera::ckpt

@@ -1,0 +1,147 @@
+// A Tessera checkpoint: one directory per saved step,
+//
+//   DIR/step-00000120/model-00001-of-00002.safetensors   one file per shard
+//                     model-00002-of-00002.safetensors
+//                     model.safetensors.index.json       Hugging Face's index
+//                     tessera.json                       the manifest, written last
+//
+// A tensor is stored whole in one file (the file of the shard that holds its
+// first chunk) whatever the number of chunks, so a checkpoint restores onto
+// any number of shards. Optimizer state is stored beside it under derived
+// names ("w/adam_m"). The round writes into DIR/.step-00000120.tmp and
+// renames it when the manifest is in: a directory named step-N is complete
+// unless its files were damaged later, which Open() detects.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "ckpt/safetensors.h"
+#include "tessera/status.h"
+#include "tessera/tensor.h"
+
+namespace tessera::ckpt {
+
+// What of a parameter chunk is stored: the value and the rule's state.
+enum class Slot : uint8_t {
+  kParam = 0,
+  kState0 = 1,  // momentum buffer, Adam's first moment, Adagrad's sum
+  kState1 = 2,  // Adam's second moment
+  kMaster = 3,  // f32 master copy of an f16/bf16 parameter
+};
+constexpr int kNumSlots = 4;
+
+// The slots a tensor with this dtype and rule keeps.
+std::vector<Slot> SlotsOf(DType dtype, UpdateRule rule);
+// "w", "w/momentum", "w/adam_m", "w/adam_v", "w/adagrad_sum", "w/master".
+std::string SlotTensorName(const std::string& name, UpdateRule rule, Slot slot);
+// The dtype a slot is stored in: the parameter's; state is f64 for f64
+// parameters and f32 otherwise; the master copy is f32.
+DType SlotDType(DType param_dtype, Slot slot);
+
+// One declared tensor as the manifest records it.
+struct TensorRecord {
+  std::string name;
+  DType dtype = DType::kF32;
+  Shape shape;
+  UpdateRule rule = UpdateRule::kAssign;
+  Hyperparams hyper;
+  ConsistencyMode mode;
+  uint64_t updates = 0;  // optimizer steps applied (Adam's bias correction)
+  uint32_t file = 0;     // index into Manifest::files
+};
+
+struct FileRecord {
+  std::string name;  // relative to the checkpoint directory
+  uint64_t bytes = 0;
+  std::string sha256;
+};
+
+struct Manifest {
+  uint64_t global_step = 0;
+  int64_t unix_time = 0;
+  uint32_t num_shards = 0;
+  std::string cluster;  // the cluster spec, as JSON text
+  std::vector<FileRecord> files;
+  std::vector<TensorRecord> tensors;
+
+  std::string ToJson() const;
+  static Result<Manifest> FromJson(const std::string& text, const std::string& where);
+};
+
+// "model-00001-of-00004.safetensors".
+std::string ShardFileName(uint32_t index, uint32_t count);
+// "step-00000120".
+std::string StepDirName(uint64_t step);
+constexpr const char* kManifestName = "tessera.json";
+constexpr const char* kIndexName = "model.safetensors.index.json";
+
+// Where each slot of each tensor lies in the files of a checkpoint.
+struct PlacedSlot {
+  uint32_t file = 0;
+  uint64_t offset = 0;  // file offset of the slot's first byte
+  uint64_t bytes = 0;
+};
+struct CheckpointLayout {
+  std::vector<std::vector<uint8_t>> headers;  // per file: length and JSON header
+  std::vector<uint64_t> file_sizes;
+  // (tensor name, slot) -> place
+  std::map<std::pair<std::string, Slot>, PlacedSlot> slots;
+  // Hugging Face's model.safetensors.index.json.
+  std::string IndexJson(const Manifest& m) const;
+};
+// Lays out the manifest's tensors (sorted by name within each file).
+Result<CheckpointLayout> PlanCheckpoint(const Manifest& manifest);
+
+// A complete checkpoint found on disk and checked.
+struct Checkpoint {
+  std::string path;  // the step directory
+  Manifest manifest;
+  CheckpointLayout layout;
+  const TensorRecord* Find(const std::string& name) const;
+
+  // Checks every file against the manifest: present, of the recorded size,
+  // with a header that matches the planned layout, and (verify_data) the
+  // recorded SHA-256. A damaged checkpoint is refused with an error naming
+  // the file and what is wrong.
+  static Result<Checkpoint> Open(const std::string& step_dir, bool verify_data);
+
+  // Reads `len` bytes at `offset` within a tensor's slot.
+  Status ReadSlot(const std::string& name, Slot slot, uint64_t offset, uint64_t len,
+                  void* out) const;
+};
+
+// The step directories under `dir`, newest first (complete or not).
+std::vector<std::string> ListStepDirs(const std::string& dir);
+// The newest checkpoint under `dir` that opens; damaged newer ones are
+// skipped with a warning naming why. NotFound when there is none.
+Result<Checkpoint> FindNewestCheckpoint(const std::string& dir, bool verify_data);
+
+// SHA-256 of a whole file, read in pieces.
+Result<std::string> Sha256OfFile(const std::string& path);
+
+// Bytes a shard writes into the files of a round, at their planned offsets.
+struct Piece {
+  uint32_t file = 0;
+  uint64_t offset = 0;
+  std::vector<uint8_t> bytes;
+};
+// Writes the pieces into the (already created) files `dir`/`files`[i] and
+// fsyncs every file it touched.
+Status WritePieces(const std::string& dir, const std::vector<std::string>& files,
+                   const std::vector<Piece>& pieces);
+
+// Creates `path` holding `header` and sized to `size` bytes (the tensors'
+// bytes are written later, in place, by the shards), and fsyncs it.
+Status CreateSizedFile(const std::string& path, std::span<const uint8_t> header, uint64_t size);
+
+// Fsyncs a directory, so the names created or renamed in it persist.
+Status FsyncDirectory(const std::string& dir);
+
+// For the crash tests: TESSERA_CKPT_CRASH_AT=NAME or NAME:N kills this
+// process with SIGKILL the first (or Nth) time it reaches the point NAME.
+void CrashPoint(const char* name);
+
+}  // namespace tessera::ckpt

@@ -1,0 +1,466 @@
+// The shard's part in membership, restore and checkpoint rounds (see
+// coord/checkpointer.h for the round as a whole).
+#include <fmt/format.h>
+
+#include "core/log.h"
+#include "kernels/update.h"
+#include "server/shard.h"
+
+namespace tessera::server {
+
+using namespace std::chrono_literals;
+
+// ---------------------------------------------------------------------------
+// The coordinator's side
+
+Status Shard::StartCheckpoints() {
+  const std::string& dir = options_.checkpoint_dir;
+  if (options_.restore) {
+    auto found = ckpt::FindNewestCheckpoint(dir, /*verify_data=*/true);
+    if (found.ok()) {
+      restore_ = std::make_unique<ckpt::Checkpoint>(std::move(*found));
+      restore_step_ = restore_->manifest.global_step;
+      coord_->RestoreFrom(restore_.get());
+      TLOG_INFO("restoring checkpoint {}: global step {}, {} tensors (saved by {} ps tasks)",
+                restore_->path, restore_step_, restore_->manifest.tensors.size(),
+                restore_->manifest.num_shards);
+    } else if (found.status().code() == StatusCode::kNotFound) {
+      TLOG_INFO("no checkpoint in {}: starting afresh", dir);
+    } else {
+      return found.status();
+    }
+  }
+  coord::CheckpointOptions copts;
+  copts.dir = dir;
+  copts.every = options_.checkpoint_every;
+  copts.every_steps = options_.checkpoint_every_steps;
+  copts.keep = std::max(1, options_.keep_checkpoints);
+  copts.timeout = options_.checkpoint_timeout;
+  coord::Checkpointer::Host host;
+  host.send_to_shard = [this](int k, std::vector<uint8_t> frame) {
+    if (!is_coordinator_only() && k == options_.task_index) {
+      ctx_->Post([this, f = std::move(frame)] {
+        if (!stopping_) OnCoordinatorFrame(f);
+      });
+      return true;
+    }
+    Peer* peer = static_cast<size_t>(k) < joined_shards_.size() ? joined_shards_[k] : nullptr;
+    if (peer == nullptr) return false;
+    peer->ep->Send(kProtocolMsg, std::move(frame));
+    return true;
+  };
+  host.post = [this](std::function<void()> fn) { ctx_->Post(std::move(fn)); };
+  host.post_after = [this](std::chrono::milliseconds d, std::function<void()> fn) {
+    ctx_->PostAfter(d, std::move(fn));
+  };
+  host.on_saved = [this](const coord::SavedCheckpoint&) { checkpoints_written_++; };
+  checkpointer_ =
+      std::make_unique<coord::Checkpointer>(copts, coord_.get(), options_.cluster.ToJson(), host);
+  if (restore_) checkpointer_->set_latest(restore_step_, restore_->path);
+  return Status::Ok();
+}
+
+void Shard::OnShardPeerMessage(Peer& peer, const wire::Header& h, std::span<const uint8_t> frame) {
+  const int k = static_cast<int>(peer.hello.worker_rank);
+  switch (h.opcode) {
+    case wire::Opcode::kPing:
+      return Reply(peer, h.request_id, wire::Ack{});
+    case wire::Opcode::kJoin: {
+      joined_shards_[static_cast<size_t>(k)] = &peer;
+      wire::JoinReply reply;
+      reply.restore_path = checkpointer_ ? checkpointer_->latest_path() : "";
+      reply.global_step = coord_->global_step();
+      TLOG_INFO("{} joined{}", peer.hello.task,
+                reply.restore_path.empty() ? "" : "; it restores from " + reply.restore_path);
+      return Reply(peer, h.request_id, reply);
+    }
+    case wire::Opcode::kCkptPrepared:
+    case wire::Opcode::kCkptWritten:
+      if (checkpointer_) checkpointer_->OnFrame(k, h, frame);
+      return;
+    case wire::Opcode::kError: {
+      auto err = wire::DecodeBody<wire::Error>(h, frame);
+      TLOG_WARN("{}: {}", peer.hello.task, err.ok() ? err->message : "malformed error");
+      return;
+    }
+    default:
+      return Drop(peer, Status::InvalidArgument(std::string("unexpected ") +
+                                                wire::OpcodeName(h.opcode) + " from a ps task"));
+  }
+}
+
+void Shard::OnSaveCheckpoint(Peer& peer, uint64_t request_id) {
+  if (!checkpointer_) {
+    return SendError(peer, request_id,
+                     Status::FailedPrecondition(
+                         "checkpoints are off: start the coordinator with a checkpoint directory "
+                         "(--checkpoint-dir)"));
+  }
+  checkpointer_->Save(coord::Checkpointer::Reason::kRequest, [this, ep = peer.ep, request_id](
+                                                                 Result<coord::SavedCheckpoint> r) {
+    auto it = peers_.find(ep.get());
+    if (it == peers_.end()) return;
+    if (!r.ok()) return SendError(*it->second, request_id, r.status());
+    Reply(*it->second, request_id, wire::CheckpointSaved{r->global_step, r->path});
+  });
+}
+
+// ---------------------------------------------------------------------------
+// A ps task's link to the coordinator
+
+void Shard::JoinCoordinator() {
+  if (stopping_ || coord_link_) return;
+  const bool separate = options_.cluster.num_tasks("coordinator") > 0;
+  const TaskId coord_task = separate ? TaskId{"coordinator", 0} : TaskId{"ps", 0};
+  const TaskAddress addr = options_.cluster.address(coord_task).value();
+  ctx_->Connect(addr.host, addr.port, 2000ms,
+                [this, coord_task, addr](Result<std::shared_ptr<transport::Endpoint>> ep) {
+                  if (stopping_) {
+                    if (ep.ok()) (*ep)->Close();
+                    return;
+                  }
+                  if (!ep.ok()) {
+                    const auto now = std::chrono::steady_clock::now();
+                    if (now >= next_join_report_) {
+                      TLOG_INFO("waiting for the coordinator {} at {}: {}", coord_task.ToString(),
+                                addr.ToString(), ep.status().message());
+                      next_join_report_ = now + 10s;
+                    }
+                    ctx_->PostAfter(300ms, [this] { JoinCoordinator(); });
+                    return;
+                  }
+                  coord_link_ = *ep;
+                  wire::Hello hello;
+                  hello.role = wire::PeerRole::kShard;
+                  hello.worker_rank = static_cast<uint32_t>(options_.task_index);
+                  hello.task = TaskId{"ps", options_.task_index}.ToString();
+                  hello.client_nonce = link_nonce_ = RandomNonce();
+                  coord_link_->Send(kProtocolMsg, wire::Encode(hello, 1));
+                });
+}
+
+void Shard::OnLinkFrame(std::span<const uint8_t> frame) {
+  auto h = wire::DecodeHeader(frame);
+  if (!h.ok()) {
+    auto link = coord_link_;
+    OnLinkLost(h.status().WithContext("bad message from the coordinator"));
+    link->Close();
+    return;
+  }
+  const std::string task = TaskId{"ps", options_.task_index}.ToString();
+  switch (h->opcode) {
+    case wire::Opcode::kChallenge: {
+      auto c = wire::DecodeBody<wire::Challenge>(*h, frame);
+      const bool separate = options_.cluster.num_tasks("coordinator") > 0;
+      Proof expect = MakeProof(options_.secret, "tessera-shard", link_nonce_,
+                               c.ok() ? c->server_nonce : Nonce{}, task);
+      if (!c.ok() || !ProofsEqual(expect, c->server_proof) ||
+          c->shard_index != (separate ? wire::kCoordinatorIndex : 0u)) {
+        TLOG_ERROR("the coordinator could not prove it knows the cluster secret; not joining");
+        auto link = coord_link_;
+        coord_link_.reset();
+        link->Close();
+        ctx_->PostAfter(5s, [this] { JoinCoordinator(); });
+        return;
+      }
+      wire::Auth auth;
+      auth.client_proof =
+          MakeProof(options_.secret, "tessera-worker", c->server_nonce, link_nonce_, task);
+      coord_link_->Send(kProtocolMsg, wire::Encode(auth, 2));
+      return;
+    }
+    case wire::Opcode::kWelcome:
+      coord_link_->Send(kProtocolMsg, wire::Encode(wire::Join{}, 3));
+      return;
+    case wire::Opcode::kJoinReply: {
+      auto m = wire::DecodeBody<wire::JoinReply>(*h, frame);
+      if (m.ok()) OnJoined(*m);
+      return;
+    }
+    case wire::Opcode::kCkptPrepare:
+    case wire::Opcode::kCkptWrite:
+    case wire::Opcode::kCkptAbort:
+      return OnCoordinatorFrame(frame);
+    case wire::Opcode::kError: {
+      auto err = wire::DecodeBody<wire::Error>(*h, frame);
+      TLOG_ERROR("the coordinator: {}", err.ok() ? err->message : "malformed error");
+      return;
+    }
+    default:
+      return;
+  }
+}
+
+void Shard::OnJoined(const wire::JoinReply& reply) {
+  if (joined_) {
+    TLOG_INFO("rejoined the coordinator");
+    return;
+  }
+  if (!reply.restore_path.empty()) {
+    Status st = OpenRestore(reply.restore_path, reply.global_step);
+    if (!st.ok()) {
+      TLOG_ERROR("cannot restore from {}: {}; tensors start uninitialised", reply.restore_path,
+                 st.message());
+    }
+  }
+  joined_ = true;
+  TLOG_INFO("joined the coordinator (global step {})", reply.global_step);
+  auto deferred = std::move(deferred_creates_);
+  deferred_creates_.clear();
+  for (auto& [ep, request_id, msg] : deferred) {
+    auto it = peers_.find(ep.get());
+    if (it != peers_.end()) OnCreate(*it->second, request_id, msg);
+  }
+}
+
+void Shard::OnLinkLost(const Status& why) {
+  if (!coord_link_) return;
+  coord_link_.reset();
+  if (stopping_) return;
+  TLOG_WARN("lost the coordinator: {}; rejoining", why.message());
+  snapshot_.reset();
+  Unfreeze();
+  ctx_->PostAfter(1s, [this] { JoinCoordinator(); });
+}
+
+// ---------------------------------------------------------------------------
+// Restore
+
+Status Shard::OpenRestore(const std::string& path, uint64_t step) {
+  auto c = ckpt::Checkpoint::Open(path, /*verify_data=*/false);
+  if (!c.ok()) return c.status();
+  restore_ = std::make_unique<ckpt::Checkpoint>(std::move(*c));
+  restore_step_ = step;
+  TLOG_INFO("tensors are restored from {} as they are created (sync tensors resume at step {})",
+            path, step);
+  return Status::Ok();
+}
+
+void Shard::RestoreChunk(Param& p) {
+  const auto& t = p.entry.tensor;
+  const ckpt::TensorRecord* rec = restore_->Find(t.name);
+  if (rec == nullptr) return;
+  if (rec->dtype != t.dtype || rec->shape != t.shape) {
+    TLOG_WARN("'{}' is {} in {} but is now declared {}: not restored (the chief initialises it)",
+              t.name, DescribeTensor(rec->dtype, rec->shape), restore_->path,
+              DescribeTensor(t.dtype, t.shape));
+    return;
+  }
+  const uint64_t first = p.entry.elem_offset;
+  Status st =
+      restore_->ReadSlot(t.name, ckpt::Slot::kParam, first * DTypeSize(t.dtype), p.bytes, p.data);
+  const bool same_rule = rec->rule == t.rule;
+  if (st.ok() && same_rule) {
+    const uint64_t ssize = kernels::StateElementSize(t.dtype);
+    if (st.ok() && !p.state0.empty())
+      st = restore_->ReadSlot(t.name, ckpt::Slot::kState0, first * ssize, p.state0.size(),
+                              p.state0.data());
+    if (st.ok() && !p.state1.empty())
+      st = restore_->ReadSlot(t.name, ckpt::Slot::kState1, first * ssize, p.state1.size(),
+                              p.state1.data());
+    if (st.ok() && !p.master.empty())
+      st = restore_->ReadSlot(t.name, ckpt::Slot::kMaster, first * 4, p.master.size() * 4,
+                              p.master.data());
+  }
+  if (!st.ok()) {
+    TLOG_ERROR("'{}' not restored: {}", p.display_name, st.message());
+    std::fill(p.data, p.data + p.bytes, uint8_t{0});
+    return;
+  }
+  if (same_rule) {
+    p.updates = rec->updates;
+  } else {
+    TLOG_WARN(
+        "'{}' was saved with rule {} and is now declared with {}: its value is restored, "
+        "its optimizer state starts afresh",
+        t.name, UpdateRuleName(rec->rule), UpdateRuleName(t.rule));
+    kernels::ResetRuleState(t.rule, p.hyper, t.dtype, p.data, p.entry.elem_count, p.rule_state());
+    p.updates = 0;
+  }
+  p.version = 1;
+  p.initialized = true;
+  if (t.mode.kind == Consistency::kSync) p.step = restore_step_;
+  std::fill(p.pushed_steps.begin(), p.pushed_steps.end(), restore_step_);
+  chunks_restored_++;
+}
+
+// ---------------------------------------------------------------------------
+// Checkpoint rounds, the shard's side
+
+void Shard::SendToCoordinator(std::vector<uint8_t> frame) {
+  if (hosts_coordinator()) {
+    ctx_->Post([this, f = std::move(frame)] {
+      if (stopping_ || !checkpointer_) return;
+      auto h = wire::DecodeHeader(f);
+      if (h.ok()) checkpointer_->OnFrame(options_.task_index, *h, f);
+    });
+    return;
+  }
+  if (coord_link_) coord_link_->Send(kProtocolMsg, std::move(frame));
+}
+
+void Shard::OnCoordinatorFrame(std::span<const uint8_t> frame) {
+  auto h = wire::DecodeHeader(frame);
+  if (!h.ok()) return;
+  switch (h->opcode) {
+    case wire::Opcode::kCkptPrepare: {
+      auto m = wire::DecodeBody<wire::CkptPrepare>(*h, frame);
+      if (m.ok()) OnCkptPrepare(*m);
+      return;
+    }
+    case wire::Opcode::kCkptWrite: {
+      auto m = wire::DecodeBody<wire::CkptWrite>(*h, frame);
+      if (m.ok()) OnCkptWrite(std::move(*m));
+      return;
+    }
+    case wire::Opcode::kCkptAbort: {
+      auto m = wire::DecodeBody<wire::CkptAbort>(*h, frame);
+      if (!m.ok()) return;
+      if (snapshot_ && snapshot_->round == m->round) snapshot_.reset();
+      if (frozen_round_ == m->round) Unfreeze();
+      return;
+    }
+    default:
+      TLOG_WARN("unexpected {} from the coordinator", wire::OpcodeName(h->opcode));
+  }
+}
+
+void Shard::OnCkptPrepare(const wire::CkptPrepare& m) {
+  frozen_ = true;
+  frozen_round_ = m.round;
+  wire::CkptPrepared reply;
+  reply.round = m.round;
+  table_->ForEach([&](Param& p) {
+    if (!p.initialized) return;
+    reply.chunks++;
+    if (p.entry.tensor.mode.kind != Consistency::kSync) return;
+    reply.min_step = reply.has_sync ? std::min(reply.min_step, p.step) : p.step;
+    reply.max_step = reply.has_sync ? std::max(reply.max_step, p.step) : p.step;
+    reply.has_sync = true;
+  });
+  SendToCoordinator(wire::Encode(reply, 0));
+  // A coordinator that goes away mid-round must not leave this shard frozen.
+  ctx_->PostAfter(options_.checkpoint_timeout, [this, round = m.round] {
+    if (stopping_ || !frozen_ || frozen_round_ != round) return;
+    TLOG_WARN("checkpoint round {}: no word from the coordinator; resuming updates", round);
+    Unfreeze();
+  });
+}
+
+void Shard::OnCkptWrite(wire::CkptWrite m) {
+  if (snapshot_writer_.joinable()) snapshot_writer_.join();  // the last round's, long done
+  Snapshot snap;
+  snap.round = m.round;
+  snap.step = m.step;
+  snap.dir = std::move(m.dir);
+  snap.files = std::move(m.files);
+  snap.entries = std::move(m.entries);
+  snap.pieces.resize(snap.entries.size());
+  const std::string self = TaskId{"ps", options_.task_index}.ToString();
+  for (size_t i = 0; i < snap.entries.size(); ++i) {
+    const auto& e = snap.entries[i];
+    Param* p = table_->Find(e.name, e.chunk_index);
+    const std::string what = "tensor '" + e.name + "' chunk " + std::to_string(e.chunk_index);
+    if (p == nullptr) {
+      return FailSnapshot(m.round, Status::NotFound(what + " is not on " + self +
+                                                    " (declared but never created here?)"));
+    }
+    if (!p->initialized) {
+      return FailSnapshot(m.round, Status::FailedPrecondition(what + " is not initialised"));
+    }
+    const auto slot = static_cast<ckpt::Slot>(e.slot);
+    const auto& t = p->entry.tensor;
+    const uint64_t want = p->entry.elem_count * DTypeSize(ckpt::SlotDType(t.dtype, slot));
+    const bool present = slot == ckpt::Slot::kParam ||
+                         (slot == ckpt::Slot::kState0 && !p->state0.empty()) ||
+                         (slot == ckpt::Slot::kState1 && !p->state1.empty()) ||
+                         (slot == ckpt::Slot::kMaster && !p->master.empty());
+    if (!present || e.bytes != want) {
+      return FailSnapshot(m.round, Status::InvalidArgument(what + ": the round asks for " +
+                                                           std::to_string(e.bytes) +
+                                                           " bytes of a slot it does not have"));
+    }
+    snap.pieces[i].file = e.file;
+    snap.pieces[i].offset = e.offset;
+    snap.entries_of[p->key_id].push_back(i);
+    if (slot == ckpt::Slot::kParam) {
+      snap.update_index[i] = snap.updates.size();
+      snap.updates.push_back(0);
+    }
+  }
+  snapshot_ = std::move(snap);
+  std::vector<Param*> now;
+  for (const auto& [key, idx] : snapshot_->entries_of) {
+    Param* p = table_->Find(key);
+    if (p->entry.tensor.mode.kind == Consistency::kSync && p->step != snapshot_->step) {
+      if (p->step > snapshot_->step) {
+        return FailSnapshot(m.round,
+                            Status::FailedPrecondition(
+                                "'" + p->display_name + "' is at step " + std::to_string(p->step) +
+                                ", past the round's step " + std::to_string(snapshot_->step)));
+      }
+      snapshot_->behind.insert(key);
+      continue;
+    }
+    now.push_back(p);
+  }
+  for (Param* p : now) Capture(*p);  // still frozen: one consistent cut
+  const bool complete = snapshot_->behind.empty();
+  if (complete) StartSnapshotWriter();
+  // Resume; chunks behind are captured as their steps apply (TryApplyStep).
+  Unfreeze();
+}
+
+void Shard::Capture(Param& p) {
+  for (size_t i : snapshot_->entries_of[p.key_id]) {
+    const auto& e = snapshot_->entries[i];
+    const uint8_t* src = nullptr;
+    switch (static_cast<ckpt::Slot>(e.slot)) {
+      case ckpt::Slot::kParam:
+        src = p.data;
+        snapshot_->updates[snapshot_->update_index[i]] = p.updates;
+        break;
+      case ckpt::Slot::kState0:
+        src = p.state0.data();
+        break;
+      case ckpt::Slot::kState1:
+        src = p.state1.data();
+        break;
+      case ckpt::Slot::kMaster:
+        src = reinterpret_cast<const uint8_t*>(p.master.data());
+        break;
+    }
+    snapshot_->pieces[i].bytes.assign(src, src + e.bytes);
+  }
+}
+
+void Shard::StartSnapshotWriter() {
+  auto job = std::make_shared<Snapshot>(std::move(*snapshot_));
+  snapshot_.reset();
+  if (snapshot_writer_.joinable()) snapshot_writer_.join();
+  // Files are written off the progress thread: training goes on meanwhile.
+  snapshot_writer_ = std::thread([this, job] {
+    Status st = ckpt::WritePieces(job->dir, job->files, job->pieces);
+    job->pieces.clear();
+    ctx_->Post([this, job, st] {
+      if (stopping_) return;
+      wire::CkptWritten w{job->round, st.code(), st.message(), job->updates};
+      SendToCoordinator(wire::Encode(w, 0));
+    });
+  });
+}
+
+void Shard::FailSnapshot(uint64_t round, const Status& st) {
+  TLOG_WARN("checkpoint round {}: {}", round, st.message());
+  snapshot_.reset();
+  SendToCoordinator(wire::Encode(wire::CkptWritten{round, st.code(), st.message(), {}}, 0));
+  Unfreeze();
+}
+
+void Shard::Unfreeze() {
+  if (!frozen_) return;
+  frozen_ = false;
+  RetryWaiting();
+}
+
+}  // namespace tessera::server
