@@ -456,3 +456,76 @@ INSTANTIATE_TEST_SUITE_P(Points, CheckpointCrashTest,
 
 }  // namespace
 }  // namespace tessera
+
+namespace tessera {
+namespace {
+
+// A shard killed during sync training is reported within the heartbeat
+// timeout; restarted on the same task it restores its tensors from the
+// newest checkpoint, the worker's calls succeed again, and training goes on.
+// What is lost: the restarted shard's tensors go back to the checkpoint
+// (here 3 of the 8 steps); the other shard's keep every step.
+TEST_F(CheckpointTest, KilledShardRestartsFromTheCheckpointAndTrainingContinues) {
+  if (std::getenv("TESSERA_BIN") == nullptr) GTEST_SKIP() << "TESSERA_BIN is not set";
+  NewSpec(2, 1);
+  testing::ShardProcesses shards(spec_, secret_, 2, {"--checkpoint-dir", dir_.string()});
+  ClientOptions o;
+  o.cluster = spec_;
+  o.task = {"worker", 0};
+  o.secret = secret_;
+  o.startup_timeout = 10s;
+  o.op_timeout = 10s;
+  o.heartbeat_interval = 200ms;
+  o.heartbeat_timeout = 1s;
+  auto client = Client::Connect(o);
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  Client& c = **client;
+  TensorSpec a{"a", DType::kF32, {4}, UpdateRule::kAdd, {}, /*pinned_shard=*/0};
+  TensorSpec b{"b", DType::kF32, {4}, UpdateRule::kAdd, {}, /*pinned_shard=*/1};
+  a.mode = b.mode = ConsistencyMode::Sync(1, 1, false);
+  auto ts = c.DeclareMany({a, b}).value();
+  ASSERT_TRUE(c.Initialize().ok());
+  std::vector<float> ones(4, 1.0f), va(4), vb(4);
+  auto step = [&](uint64_t s) {
+    return c.Push({PushItem::Of<float>(ts[0], ones), PushItem::Of<float>(ts[1], ones)}, s);
+  };
+  for (uint64_t s = 0; s < 8; ++s) {
+    ASSERT_TRUE(step(s).ok());
+    if (s == 4) {  // after 5 steps
+      ASSERT_EQ(EventualGlobalStep(c, 5), 5u);
+      ASSERT_TRUE(c.SaveCheckpoint().ok());
+    }
+  }
+  ASSERT_EQ(EventualGlobalStep(c, 8), 8u);
+
+  kill(shards.pid(1), SIGKILL);
+  const auto killed = std::chrono::steady_clock::now();
+  Status st;
+  while (std::chrono::steady_clock::now() - killed < 10s) {
+    st = step(8);
+    if (!st.ok()) break;
+    std::this_thread::sleep_for(50ms);
+  }
+  EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.ToString();
+  EXPECT_NE(st.message().find("/job:ps/task:1"), std::string::npos) << st.ToString();
+  EXPECT_LT(std::chrono::steady_clock::now() - killed, 3s);
+
+  shards.Restart(1);
+  const auto restarted = std::chrono::steady_clock::now();
+  while (std::chrono::steady_clock::now() - restarted < 15s) {
+    st = step(8);
+    if (st.ok()) break;
+    std::this_thread::sleep_for(100ms);
+  }
+  ASSERT_TRUE(st.ok()) << "no reconnect: " << st.ToString();
+  ASSERT_TRUE(step(9).ok());
+  ASSERT_TRUE(
+      c.Pull({PullItem::AfterStep<float>(ts[0], va, 10), PullItem::AfterStep<float>(ts[1], vb, 10)})
+          .ok());
+  EXPECT_EQ(va, std::vector<float>(4, 10.0f));  // every step
+  EXPECT_EQ(vb, std::vector<float>(4, 7.0f));   // 5 from the checkpoint, then steps 8 and 9
+  client->reset();
+}
+
+}  // namespace
+}  // namespace tessera

@@ -129,6 +129,7 @@ class Client::Impl {
     uint64_t bytes;
     std::vector<Chunk> chunks;
     bool restored = false;  // the shards loaded it from a checkpoint
+    wire::TensorDecl decl;  // as declared (modes filled in), for re-creating
   };
 
   ClientOptions options_;
@@ -158,7 +159,9 @@ class Client::Impl {
     client::StagingAllocator alloc;
     std::unordered_map<uint32_t, std::unique_ptr<transport::RemoteRegion>> arenas;
     std::deque<std::function<void()>> waiting_for_staging;
-    Status dead;  // non-OK once the connection is gone
+    Status dead;                // non-OK once the connection is gone
+    bool reconnecting = false;  // a restarted shard is being joined again
+    std::chrono::steady_clock::time_point next_reconnect;
     std::chrono::steady_clock::time_point last_heard;
     // One-sided work in flight, failed by OnShardLost: a fabric may never
     // complete operations towards a peer that hangs.
@@ -184,7 +187,12 @@ class Client::Impl {
     const ShardConn& s = shards_[shard];
     return s.dead.ok() ? st.WithContext(s.name()) : s.dead;
   }
-  void Handshake(int shard);
+  void Handshake(int shard, std::function<void(Status)> done);
+  // A lost ps task (not the coordinator) is tried again now and then; once
+  // it answers, this worker's chunks are created on it again (a restarted
+  // shard restores them from the newest checkpoint) and calls succeed again.
+  void Reconnect(int shard);
+  void ReCreate(int shard);
 
   // Any thread: sends and waits for the reply frame.
   template <typename Msg, typename ReplyMsg>
@@ -249,8 +257,10 @@ template <typename Msg>
 void Client::Impl::Request(int shard, const Msg& msg, uint32_t flags, ReplyFn fn) {
   ShardConn& s = shards_[shard];
   wire::Header none;
-  if (!s.dead.ok() || !s.ep)
+  if ((!s.dead.ok() && !s.reconnecting) || !s.ep) {
+    if (!s.dead.ok()) Reconnect(shard);  // fails this call; a later one may succeed
     return fn(s.dead.ok() ? Status::Unavailable(s.name() + " is not connected") : s.dead, none, {});
+  }
   uint64_t id = next_request_++;
   pending_[id] = PendingRequest{shard, std::move(fn)};
   s.ep->Send(kProtocolMsg, wire::Encode(msg, id, flags), [this, id](const Status& st) {
@@ -432,7 +442,11 @@ void Client::Impl::Heartbeat() {
   const auto now = std::chrono::steady_clock::now();
   for (int i = 0; i < static_cast<int>(shards_.size()); ++i) {
     ShardConn& s = shards_[i];
-    if (!s.dead.ok() || !s.ep) continue;
+    if (!s.dead.ok()) {
+      Reconnect(i);
+      continue;
+    }
+    if (!s.ep) continue;
     if (now - s.last_heard > options_.heartbeat_timeout) {
       OnShardLost(
           i, Status::DeadlineExceeded("no answer to heartbeats for " +
@@ -466,21 +480,116 @@ void Client::Impl::ConnectShard(int shard, std::chrono::steady_clock::time_point
                   conn.ep = *ep;
                   conn.dead = Status::Ok();
                   shard_of_[conn.ep.get()] = shard;
-                  Handshake(shard);
+                  Handshake(shard, [this, shard](const Status& st) {
+                    {
+                      std::lock_guard<std::mutex> lock(start_mu_);
+                      start_state_[shard] = st.ok() ? 1 : -1;
+                      if (!st.ok()) {
+                        start_error_[shard] = st.message();
+                        start_code_ = st.code();
+                      }
+                    }
+                    start_cv_.notify_all();
+                    if (!st.ok()) OnShardLost(shard, st);
+                  });
                 });
 }
 
-void Client::Impl::Handshake(int shard) {
-  auto fail = [this, shard](const Status& st) {
-    {
-      std::lock_guard<std::mutex> lock(start_mu_);
-      start_state_[shard] = -1;
-      start_error_[shard] = st.message();
-      start_code_ = st.code();
+void Client::Impl::Reconnect(int shard) {
+  ShardConn& s = shards_[shard];
+  const auto now = std::chrono::steady_clock::now();
+  if (stopping_ || s.reconnecting || shard == coord_index_ || s.dead.ok() ||
+      now < s.next_reconnect) {
+    return;
+  }
+  s.next_reconnect = now + std::chrono::seconds(1);
+  s.reconnecting = true;
+  ctx_->Connect(s.addr.host, s.addr.port, std::chrono::milliseconds(2000),
+                [this, shard](Result<std::shared_ptr<transport::Endpoint>> ep) {
+                  ShardConn& conn = shards_[shard];
+                  if (!ep.ok() || stopping_) {
+                    conn.reconnecting = false;
+                    return;
+                  }
+                  // The old connection's regions go with it.
+                  conn.staging.reset();
+                  conn.arenas.clear();
+                  if (conn.ep) shard_of_.erase(conn.ep.get());
+                  conn.ep = *ep;
+                  shard_of_[conn.ep.get()] = shard;
+                  conn.last_heard = std::chrono::steady_clock::now();
+                  Handshake(shard, [this, shard](const Status& st) {
+                    if (!st.ok()) {
+                      TLOG_WARN("{} answers again but refused this worker: {}",
+                                shards_[shard].name(), st.message());
+                      shards_[shard].reconnecting = false;
+                      if (shards_[shard].ep) shards_[shard].ep->Abort();
+                      return;
+                    }
+                    ReCreate(shard);
+                  });
+                });
+}
+
+void Client::Impl::ReCreate(int shard) {
+  wire::Create create;
+  std::vector<Chunk*> chunks;
+  {
+    std::lock_guard<std::mutex> lock(tensors_mu_);
+    for (auto& e : tensors_) {
+      for (uint32_t c = 0; c < e.chunks.size(); ++c) {
+        Chunk& chunk = e.chunks[c];
+        if (chunk.shard != shard) continue;
+        wire::CreateEntry ce;
+        ce.tensor = e.decl;
+        ce.chunk_index = c;
+        ce.num_chunks = static_cast<uint32_t>(e.chunks.size());
+        ce.elem_offset = chunk.elem_offset;
+        ce.elem_count = chunk.elem_count;
+        create.entries.push_back(std::move(ce));
+        chunks.push_back(&chunk);
+      }
     }
-    start_cv_.notify_all();
-    OnShardLost(shard, st);
+  }
+  auto finish = [this, shard](const Status& st) {
+    ShardConn& conn = shards_[shard];
+    conn.reconnecting = false;
+    if (!st.ok()) {
+      TLOG_WARN("{}: re-creating this worker's tensors failed: {}", conn.name(), st.message());
+      if (conn.ep) conn.ep->Abort();
+      return;
+    }
+    conn.dead = Status::Ok();
+    TLOG_INFO("{} is back; this worker's tensors on it were created again", conn.name());
   };
+  if (create.entries.empty()) return finish(Status::Ok());
+  Request(shard, create, 0,
+          [this, shard, chunks, finish](const Status& st, const wire::Header& h,
+                                        std::span<const uint8_t> frame) {
+            if (!st.ok()) return finish(st);
+            auto reply = wire::DecodeBody<wire::CreateReply>(h, frame);
+            if (!reply.ok()) return finish(reply.status());
+            if (reply->keys.size() != chunks.size())
+              return finish(Status::Internal("create reply does not match the request"));
+            ShardConn& conn = shards_[shard];
+            for (const auto& a : reply->arenas) {
+              auto r = conn.ep->Attach(a.region);
+              if (!r.ok()) return finish(r.status());
+              conn.arenas[a.arena_id] = std::move(*r);
+            }
+            for (size_t k = 0; k < chunks.size(); ++k) {
+              if (reply->keys[k].byte_length != chunks[k]->bytes)
+                return finish(Status::Internal("shard holds a chunk of another size"));
+              chunks[k]->key_id = reply->keys[k].key_id;
+              chunks[k]->arena_id = reply->keys[k].arena_id;
+              chunks[k]->arena_offset = reply->keys[k].arena_offset;
+            }
+            finish(Status::Ok());
+          });
+}
+
+void Client::Impl::Handshake(int shard, std::function<void(Status)> done) {
+  auto fail = std::move(done);  // called once: with the error, or OK when welcomed
   wire::Hello hello;
   hello.worker_rank = static_cast<uint32_t>(worker_rank_);
   hello.task = task_.ToString();
@@ -525,11 +634,7 @@ void Client::Impl::Handshake(int shard) {
                     s.alloc.Reset((*staging)->size());
                     s.staging = std::move(*staging);
                   }
-                  {
-                    std::lock_guard<std::mutex> lock(start_mu_);
-                    start_state_[shard] = 1;
-                  }
-                  start_cv_.notify_all();
+                  fail(Status::Ok());  // i.e. done
                 });
           });
 }
@@ -616,6 +721,7 @@ Result<std::vector<Tensor>> Client::Impl::DeclareMany(const std::vector<TensorSp
     TensorEntry& e = entries[i];
     e.spec = specs[i];
     e.restored = i < placed->restored.size() && placed->restored[i] == 1;
+    e.decl = declare.tensors[i];
     const size_t esize = DTypeSize(e.spec.dtype);
     e.bytes = NumElements(e.spec.shape).value() * esize;
     const auto& chunks = placed->tensors[i];
@@ -688,7 +794,10 @@ Result<std::vector<Tensor>> Client::Impl::DeclareMany(const std::vector<TensorSp
 void Client::Impl::PushToShard(int shard, std::vector<ChunkIo> ios, uint32_t flags, uint64_t step,
                                std::function<void(Status, std::vector<uint64_t>)> done) {
   ShardConn& s = shards_[shard];
-  if (!s.dead.ok()) return done(s.dead, {});
+  if (!s.dead.ok()) {
+    Reconnect(shard);  // fails this call; a later one may succeed
+    return done(s.dead, {});
+  }
   uint64_t total = 0;
   for (const auto& io : ios) total += (io.chunk->bytes + 63) / 64 * 64;
   if (total > s.alloc.size()) {
