@@ -2,14 +2,20 @@
 // y = 2x + noise, w and b on the ps, workers training with synchronous SGD
 // (worker 0 is the chief and initialises). Run it as
 //
-//   tessera launch --ps 1 --workers 2 -- build/examples/linear_regression
+//   tessera launch --ps 1 --workers 2 --checkpoint-dir /tmp/linreg --checkpoint-secs 5
+//       -- build/examples/linear_regression [STEPS [MS_PER_STEP]]
 //
-// It exits 0 once w is within 0.05 of 2.
+// (one line).
+//
+// With checkpoints, killing the whole cluster and starting the same command
+// again resumes from the last checkpoint's global step: the chief's first
+// line says which. It exits 0 once w is within 0.05 of 2.
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <random>
 #include <string>
+#include <thread>
 
 #include "tessera/client.h"
 
@@ -17,6 +23,8 @@ using namespace tessera;
 
 int main(int argc, char** argv) {
   const int steps = argc > 1 ? std::atoi(argv[1]) : 200;
+  // Slows training down, so that there is time to kill it midway.
+  const int ms_per_step = argc > 2 ? std::atoi(argv[2]) : 0;
   auto cfg = TfConfigFromEnv();
   const char* secret = std::getenv("TESSERA_SECRET");
   if (!cfg.ok() || secret == nullptr) {
@@ -59,8 +67,32 @@ int main(int argc, char** argv) {
     x[i] = xs(rng);
     y[i] = 2 * x[i] + noise(rng);
   }
+  // A resumed cluster starts at the restored global step, with the restored
+  // weights; every worker reads both before its first step.
+  auto start = c.GlobalStep();
+  if (!start.ok()) {
+    fprintf(stderr, "%s\n", start.status().ToString().c_str());
+    return 1;
+  }
   float wv = 0, bv = 0;
-  for (int step = 0; step < steps; ++step) {
+  st = c.Pull({PullItem::AfterStep<float>(*w, {&wv, 1}, *start),
+               PullItem::AfterStep<float>(*b, {&bv, 1}, *start)});
+  if (!st.ok()) {
+    fprintf(stderr, "%s\n", st.ToString().c_str());
+    return 1;
+  }
+  if (c.is_chief()) {
+    if (auto restored = c.restored_step()) {
+      printf("resuming from the checkpoint of global step %llu: w %.4f  b %.4f\n",
+             static_cast<unsigned long long>(*restored), static_cast<double>(wv),
+             static_cast<double>(bv));
+    } else {
+      printf("starting at global step %llu\n", static_cast<unsigned long long>(*start));
+    }
+    fflush(stdout);
+  }
+  for (int step = static_cast<int>(*start); step < steps; ++step) {
+    if (ms_per_step > 0) std::this_thread::sleep_for(std::chrono::milliseconds(ms_per_step));
     // Mean squared error and its gradient at the current weights.
     float loss = 0, gw = 0, gb = 0;
     for (size_t i = 0; i < x.size(); ++i) {

@@ -97,6 +97,33 @@ TEST(LaunchTest, LinearRegressionExampleConverges) {
   EXPECT_NE(run.output.find("w 2.0"), std::string::npos) << run.output;
 }
 
+// The example with checkpoints every half second: the whole cluster killed
+// (SIGKILL to the launcher, whose children die with it) midway, then started
+// again, resumes from the saved global step and still converges.
+TEST(LaunchTest, LinearRegressionResumesAfterTheClusterIsKilled) {
+  const std::string dir = "/tmp/tessera-linreg-" + std::to_string(getpid());
+  Shell("rm -rf " + dir, 10);
+  const std::string cmd = "env UCX_TLS=tcp " + Env("TESSERA_BIN") +
+                          " launch --ps 1 --workers 2 --checkpoint-dir " + dir +
+                          " --checkpoint-secs 0.5 -- " + Env("LINEAR_REGRESSION") + " 150 20";
+  auto first = Shell("sh -c '(" + Escape(cmd) + ") & pid=$!; sleep 2.5; kill -KILL $pid; " +
+                         "wait $pid; echo rc=$?'",
+                     60);
+  EXPECT_NE(first.output.find("rc=137"), std::string::npos) << first.output;
+  EXPECT_EQ(first.output.find("step 140"), std::string::npos) << "finished before the kill";
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the children die with it
+  auto second = Shell(cmd, 120);
+  EXPECT_EQ(second.exit_code, 0) << second.output;
+  const auto at = second.output.find("resuming from the checkpoint of global step ");
+  ASSERT_NE(at, std::string::npos) << second.output;
+  const long step = std::atol(second.output.c_str() + at + 44);
+  EXPECT_GT(step, 0) << second.output;
+  EXPECT_LT(step, 150) << second.output;
+  EXPECT_NE(second.output.find("restoring checkpoint"), std::string::npos) << second.output;
+  EXPECT_NE(second.output.find("w 2.0"), std::string::npos) << second.output;
+  Shell("rm -rf " + dir, 10);
+}
+
 // Ctrl-C (SIGINT) to the launcher stops every process it started, including
 // what the workers started themselves.
 TEST(LaunchTest, InterruptTearsEverythingDown) {

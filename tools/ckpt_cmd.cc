@@ -3,11 +3,13 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <functional>
 
 #include <nlohmann/json.hpp>
 
+#include "ckpt/checkpoint.h"
 #include "ckpt/safetensors.h"
 #include "kernels/update.h"
 
@@ -28,6 +30,18 @@ std::vector<std::string> Files(const std::string& path) {
     out.push_back(path);
   }
   return out;
+}
+
+// A Tessera checkpoint directory (step-N with a manifest), or a directory
+// holding such directories.
+bool IsStepDir(const std::string& path) {
+  return fs::exists(fs::path(path) / ckpt::kManifestName) ||
+         fs::path(path).filename().string().rfind("step-", 0) == 0;
+}
+std::vector<std::string> StepDirs(const std::string& path) {
+  if (!fs::is_directory(path)) return {};
+  if (IsStepDir(path)) return {path};
+  return ckpt::ListStepDirs(path);
 }
 
 std::string ShapeText(const Shape& shape) {
@@ -78,6 +92,22 @@ int Inspect(const CkptOptions& o) {
 int Verify(const CkptOptions& o) {
   int bad = 0, good = 0;
   for (const auto& path : o.paths) {
+    if (auto steps = StepDirs(path); !steps.empty()) {
+      // Whole checkpoints: every file against the manifest, SHA-256 included.
+      for (const auto& step : steps) {
+        auto c = ckpt::Checkpoint::Open(step, /*verify_data=*/true);
+        if (c.ok()) {
+          printf("ok      %s (global step %llu, %zu files, %zu tensors)\n", step.c_str(),
+                 static_cast<unsigned long long>(c->manifest.global_step), c->manifest.files.size(),
+                 c->manifest.tensors.size());
+          good++;
+        } else {
+          printf("BROKEN  %s: %s\n", step.c_str(), c.status().message().c_str());
+          bad++;
+        }
+      }
+      continue;
+    }
     auto files = Files(path);
     if (files.empty()) {
       fprintf(stderr, "%s: no .safetensors files\n", path.c_str());
@@ -101,6 +131,27 @@ int Verify(const CkptOptions& o) {
 int List(const CkptOptions& o) {
   int rc = 0;
   for (const auto& path : o.paths) {
+    if (auto steps = StepDirs(path); !steps.empty()) {
+      // Checkpoints, newest first, from their manifests (files checked for
+      // presence, size and header; `verify` also hashes them).
+      for (const auto& step : steps) {
+        auto c = ckpt::Checkpoint::Open(step, /*verify_data=*/false);
+        if (!c.ok()) {
+          printf("%-40s BROKEN: %s\n", step.c_str(), c.status().message().c_str());
+          continue;
+        }
+        uint64_t bytes = 0;
+        for (const auto& f : c->manifest.files) bytes += f.bytes;
+        char when[64] = "?";
+        const time_t t = static_cast<time_t>(c->manifest.unix_time);
+        strftime(when, sizeof(when), "%Y-%m-%d %H:%M:%S", gmtime(&t));
+        printf("%-40s global step %-8llu %s UTC  %zu tensors  %zu files  %llu bytes\n",
+               step.c_str(), static_cast<unsigned long long>(c->manifest.global_step), when,
+               c->manifest.tensors.size(), c->manifest.files.size(),
+               static_cast<unsigned long long>(bytes));
+      }
+      continue;
+    }
     for (const auto& file_path : Files(path)) {
       auto file = ckpt::SafetensorsFile::Read(file_path);
       if (!file.ok()) {
@@ -156,10 +207,13 @@ std::function<int()> AddCkptCommand(CLI::App* app, CkptOptions* options) {
   auto* ckpt =
       app->add_subcommand("ckpt", "list, inspect and verify checkpoint files (safetensors)");
   ckpt->require_subcommand(1);
-  auto* ls = ckpt->add_subcommand("ls", "list the checkpoint files in directories");
+  auto* ls = ckpt->add_subcommand(
+      "ls", "list checkpoints (newest first) or the safetensors files in directories");
   auto* inspect = ckpt->add_subcommand("inspect", "print each tensor: name, dtype, shape, sha256");
   auto* verify =
-      ckpt->add_subcommand("verify", "check that files are complete and their headers true");
+      ckpt->add_subcommand("verify",
+                           "check checkpoints against their manifests (sizes, headers, SHA-256), "
+                           "or files' headers");
   auto* sample = ckpt->add_subcommand("write-sample", "write a file of known tensors (tests)");
   sample->group("");
   for (auto* sub : {ls, inspect, verify, sample}) {
