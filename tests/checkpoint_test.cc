@@ -376,6 +376,39 @@ TEST_F(CheckpointTest, DamagedNewestFallsBackToThePreviousOne) {
   EXPECT_EQ(PullAll(c, ts), first_values);
 }
 
+// With a separate coordinator task every shard is remote to the round.
+TEST_F(CheckpointTest, SeparateCoordinatorCheckpointsAndRestores) {
+  std::vector<std::vector<uint8_t>> saved_values;
+  auto start = [&] {
+    NewSpec(2, 1);
+    ASSERT_TRUE(spec_.AddJob("coordinator", {{"127.0.0.1", testing::UnusedPort()}}).ok());
+    for (int i = 0; i < 2; ++i) servers_.push_back(Server::Start(ServerOpts(i)).value());
+    auto o = ServerOpts(0);
+    o.job = "coordinator";
+    auto coord = Server::Start(o);
+    ASSERT_TRUE(coord.ok()) << coord.status().ToString();
+    servers_.insert(servers_.begin(), std::move(*coord));  // stopped first
+  };
+  start();
+  {
+    Client& c = Connect(0);
+    auto ts = c.DeclareMany(Model()).value();
+    ASSERT_TRUE(c.Initialize().ok());
+    PushGradients(c, ts, 0);
+    ASSERT_EQ(EventualGlobalStep(c, 1), 1u);
+    auto saved = c.SaveCheckpoint();
+    ASSERT_TRUE(saved.ok()) << saved.status().ToString();
+    saved_values = PullAll(c, ts);
+  }
+  StopCluster();
+  start();
+  Client& c = Connect(0);
+  auto ts = c.DeclareMany(Model()).value();
+  EXPECT_EQ(c.restored_step(), std::optional<uint64_t>(1));
+  ASSERT_TRUE(c.Initialize().ok());
+  EXPECT_EQ(PullAll(c, ts), saved_values);
+}
+
 // A restarted worker (the chief too) rejoins without initialising again.
 TEST_F(CheckpointTest, RestartedChiefDoesNotInitialiseAgain) {
   StartCluster(1, 2, /*checkpoints=*/false);

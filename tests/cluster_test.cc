@@ -781,6 +781,31 @@ TEST_P(ClusterTest, BoundedStalenessWaitsForTheSlowestWorker) {
   EXPECT_EQ(got, std::vector<float>(2, 5.0f));
 }
 
+// TensorFlow's dedicated "chief" task: it is rank 0, initialises, and the
+// workers wait for it.
+TEST_P(ClusterTest, DedicatedChiefTaskInitialises) {
+  ASSERT_TRUE(spec_.AddJob("chief", {{"127.0.0.1", testing::UnusedPort()}}).ok());
+  StartCluster(1, 1);
+  auto chief_opts = Options(0);
+  chief_opts.task = {"chief", 0};
+  auto chief = Client::Connect(chief_opts);
+  ASSERT_TRUE(chief.ok()) << chief.status().ToString();
+  Client& worker = Connect(0);
+  EXPECT_TRUE((*chief)->is_chief());
+  EXPECT_FALSE(worker.is_chief());
+  auto spec = F32("w", 2);
+  spec.initializer = Initializer::Constant(4.0);
+  auto wc = (*chief)->Declare(spec);
+  auto ww = worker.Declare(spec);
+  ASSERT_TRUE(wc.ok() && ww.ok());
+  EXPECT_EQ(worker.Initialize().code(), StatusCode::kFailedPrecondition);
+  ASSERT_TRUE((*chief)->Initialize().ok());
+  ASSERT_TRUE(worker.WaitForInit(5s).ok());
+  std::vector<float> got(2);
+  ASSERT_TRUE(worker.Pull({PullItem::Of<float>(*ww, got)}).ok());
+  EXPECT_EQ(got, std::vector<float>(2, 4.0f));
+}
+
 TEST_P(ClusterTest, SeparateCoordinatorTask) {
   ASSERT_TRUE(spec_.AddJob("coordinator", {{"127.0.0.1", testing::UnusedPort()}}).ok());
   StartCluster(2, 2);
