@@ -166,7 +166,12 @@ Status ParseHeader(const std::string& path, std::span<const uint8_t> text, uint6
     where += ": tensor '";
     where += name;
     where += "'";
-    auto bad = [&](const std::string& what) { return Status::DataLoss(where + ": " + what); };
+    auto bad = [&](const std::string& what) {
+      std::string msg = where;
+      msg += ": ";
+      msg += what;
+      return Status::DataLoss(msg);
+    };
     if (!value.is_object() || !value.contains("dtype") || !value.contains("shape") ||
         !value.contains("data_offsets")) {
       return bad("needs dtype, shape and data_offsets");

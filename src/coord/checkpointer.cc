@@ -72,8 +72,10 @@ void Checkpointer::Save(Reason reason, Done done) {
   if (round_) {
     // One round at a time; a request waits for the next one, which starts
     // from the state after the running round.
+    // A timer tick is simply skipped (another comes); a step count, a
+    // request or the shutdown is saved right after.
     if (done) next_waiters_.push_back(std::move(done));
-    if (done || reason == Reason::kShutdown) next_reason_ = reason;
+    if (reason != Reason::kTimer) next_reason_ = reason;
     return;
   }
   std::vector<Done> waiters;

@@ -362,8 +362,11 @@ void Shard::OnCkptWrite(wire::CkptWrite m) {
     Param* p = table_->Find(e.name, e.chunk_index);
     const std::string what = "tensor '" + e.name + "' chunk " + std::to_string(e.chunk_index);
     if (p == nullptr) {
-      return FailSnapshot(m.round, Status::NotFound(what + " is not on " + self +
-                                                    " (declared but never created here?)"));
+      std::string msg = what;
+      msg += " is not on ";
+      msg += self;
+      msg += " (declared but never created here?)";
+      return FailSnapshot(m.round, Status::NotFound(msg));
     }
     if (!p->initialized) {
       return FailSnapshot(m.round, Status::FailedPrecondition(what + " is not initialised"));
