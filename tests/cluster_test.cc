@@ -447,6 +447,33 @@ TEST_P(ClusterTest, LargeTensorMovesOneSided) {
   EXPECT_LT(after.message_bytes_received - before.message_bytes_received, 2048u);
 }
 
+// Small pushes and pulls carry their bytes in the messages (one round trip,
+// no put, get, flush or lease); a batch above inline_bytes goes one-sided.
+TEST_P(ClusterTest, SmallTensorsTravelInline) {
+  StartCluster(1, 1);
+  Client& c = Connect(0);
+  auto t = c.DeclareMany({F32("a", 3), F32("b", 500), F32("big", 4096)});
+  ASSERT_TRUE(t.ok());
+  ASSERT_TRUE(c.Initialize().ok());
+  std::vector<float> a = {1, 2, 3}, b(500, 0.5f), big(4096, 2.0f), ga(3), gb(500), gbig(4096);
+  auto before = c.counters();
+  ASSERT_TRUE(c.Push({PushItem::Of<float>((*t)[0], a), PushItem::Of<float>((*t)[1], b)}).ok());
+  ASSERT_TRUE(c.Pull({PullItem::Of<float>((*t)[0], ga, 2), PullItem::Of<float>((*t)[1], gb, 2)})
+                  .ok());
+  auto after = c.counters();
+  EXPECT_EQ(ga, a);
+  EXPECT_EQ(gb, b);
+  EXPECT_EQ(after.puts, before.puts) << "2012 bytes travel inline";
+  EXPECT_EQ(after.gets, before.gets);
+  EXPECT_GT(after.message_bytes_sent - before.message_bytes_sent, 2012u);
+  ASSERT_TRUE(c.Push({PushItem::Of<float>((*t)[2], big)}).ok());  // 16 KiB: one-sided
+  ASSERT_TRUE(c.Pull({PullItem::Of<float>((*t)[2], gbig, 2)}).ok());
+  EXPECT_EQ(gbig, big);
+  auto last = c.counters();
+  EXPECT_EQ(last.puts - after.puts, 1u);
+  EXPECT_EQ(last.gets - after.gets, 1u);
+}
+
 TEST_P(ClusterTest, ChunksLargerThanTheStagingSlotAreRefusedAtConnect) {
   StartCluster(1, 1);
   auto opts = Options(0);

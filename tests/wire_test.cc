@@ -36,7 +36,7 @@ std::vector<Sample> Samples() {
   Challenge challenge;
   challenge.shard_index = 1;
   Declare declare{1 << 20, 1, {Decl("w", DType::kF32, {3, 4}), Decl("b", DType::kBF16, {})}};
-  DeclareReply declare_reply{{{{0, 0, 12}}, {{1, 0, 6}, {0, 6, 6}}}, true, {1, 0}, 40};
+  DeclareReply declare_reply{{{{0, 0, 12}}, {{1, 0, 6}, {0, 6, 6}}}, {1, 1}, {1, 0}, 40};
   CkptWrite ckpt_write{3,
                        40,
                        "/ckpt/.step-00000040.tmp",
@@ -59,7 +59,9 @@ std::vector<Sample> Samples() {
       Make("push", push, kFlagInit),
       Make("push_reply", PushReply{{1, 2}, {0, 1}}),
       Make("pull", pull),
-      Make("pull_reply", PullReply{5, {2, 3}}),
+      Make("pull_reply", PullReply{5, {2, 3}, {}}),
+      Make("pull_reply_inline", PullReply{0, {2}, {1, 2, 3, 4}}),
+      Make("push_inline", Push{7, {{0, 0, 4}}, {9, 9, 9, 9}}, kFlagInit),
       Make("release", Release{5}),
       Make("set_hyper", SetHyper{{1, 2}, Hyperparams{}}),
       Make("step_done", StepDone{3, true}),

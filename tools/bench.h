@@ -1,7 +1,14 @@
-// `tessera bench`: push and pull round-trip time and bandwidth through a real
-// shard process, beside ucx_perftest's put/get on the same transport and
-// sizes, measured in the same run. (The full scenario set comes with the
-// benchmarks issue.)
+// `tessera bench`: Tessera's figures beside the raw fabric's, measured in the
+// same run. Scenarios:
+//   fabric     put, get and message round trips through Tessera's own
+//              transport interface, against a peer process
+//   push, pull, push_pull
+//              client calls through real shard processes, over sizes and
+//              batch sizes (tensors per call), shard and worker counts
+//   step       a synchronous training step of a real model's tensors
+//              (bench/models/*.txt) against its bandwidth bound
+// With --baseline each figure is printed beside ucx_perftest's for the same
+// transport and size (ucp_put_bw, ucp_get, ucp_am_lat) and their ratio.
 #pragma once
 
 #include <cstdint>
@@ -11,15 +18,30 @@
 namespace tessera::tools {
 
 struct BenchOptions {
-  std::vector<std::string> tls = {"tcp", "posix,sysv,cma,tcp"};  // UCX_TLS values to sweep
-  std::vector<uint64_t> sizes = {4096, 1u << 20, 64u << 20};
+  std::vector<std::string> scenarios;                          // empty: push and pull
+  std::vector<std::string> transports = {"tcp", "shm"};        // tcp, shm, or a UCX_TLS value
+  std::vector<uint64_t> sizes = {8, 4096, 1u << 20, 64u << 20};  // bytes per tensor
+  std::vector<int> batches = {1};                              // tensors per call
+  int shards = 1;
+  int workers = 1;
   int iters = 30;
   int warmup = 3;
+  std::string memory = "host";  // host | cuda
+  std::string model = "resnet50";  // step: bench/models/<model>.txt, or a path
   bool baseline = false;  // run ucx_perftest beside
-  bool pin = true;        // shard on core 0, worker on core 1
+  bool check = false;     // verify every transferred byte
+  bool pin = true;        // shards on the first cores, the bench on the last
+  bool busy_poll = false;
   std::string json_path;
+  std::string plot_path;
 };
 
 int RunBench(const BenchOptions& options);
+
+// The hidden `tessera bench-peer` a fabric run talks to.
+int RunBenchPeer(uint16_t port, uint64_t region_bytes, bool busy_poll);
+
+// Heap allocations made by this process so far (tools/alloc_counter.cc).
+uint64_t HeapAllocations();
 
 }  // namespace tessera::tools

@@ -134,15 +134,38 @@ int main(int argc, char** argv) try {
 
   tools::BenchOptions bench;
   auto* bench_cmd = app.add_subcommand(
-      "bench", "push/pull round trips through a real shard, beside ucx_perftest");
-  bench_cmd->add_option("--tls", bench.tls, "UCX_TLS values to measure")->delimiter(';');
-  bench_cmd->add_option("--sizes", bench.sizes, "tensor sizes in bytes")->delimiter(',');
-  bench_cmd->add_option("--iters", bench.iters, "timed iterations per size");
+      "bench", "Tessera's latency and bandwidth beside the raw fabric's (ucx_perftest)");
+  bench_cmd->add_option("scenarios", bench.scenarios,
+                        "fabric, push, pull, push_pull, step (default: push pull)");
+  bench_cmd->add_option("--transport", bench.transports,
+                        "tcp, shm, or a UCX_TLS value (repeat or comma-separate)")
+      ->delimiter(';');
+  std::vector<std::string> bench_sizes;
+  bench_cmd->add_option("--sizes", bench_sizes, "bytes per tensor: 8,4K,1M,64M")->delimiter(',');
+  bench_cmd->add_option("--batch", bench.batches, "tensors per call: 1,16,256")->delimiter(',');
+  bench_cmd->add_option("--shards", bench.shards, "ps tasks (processes)");
+  bench_cmd->add_option("--workers", bench.workers, "workers (clients, one thread each)");
+  bench_cmd->add_option("--iters", bench.iters, "timed iterations per point");
   bench_cmd->add_option("--warmup", bench.warmup, "untimed iterations first");
-  bench_cmd->add_flag("--baseline", bench.baseline, "run ucx_perftest put/get for the same sizes");
+  bench_cmd->add_option("--memory", bench.memory, "host or cuda");
+  bench_cmd->add_option("--model", bench.model,
+                        "step: resnet50, bert-large, or a file of 'name d1,d2,...' lines");
+  bench_cmd->add_flag("--baseline", bench.baseline,
+                      "run ucx_perftest (ucp_put_bw, ucp_get, ucp_am_lat) for the same points");
+  bench_cmd->add_flag("--check", bench.check, "verify every transferred byte");
   bench_cmd->add_flag("!--no-pin", bench.pin,
-                      "do not pin the shard and the worker to cores 0 and 1");
+                      "do not pin shards to the first cores and the bench to the last");
+  bench_cmd->add_flag("--busy-poll", bench.busy_poll, "spin instead of sleeping when idle");
   bench_cmd->add_option("--json", bench.json_path, "write the results as JSON");
+  bench_cmd->add_option("--plot", bench.plot_path, "draw the results into this PNG (matplotlib)");
+  uint16_t peer_port = 0;
+  uint64_t peer_bytes = 1u << 20;
+  bool peer_busy = false;
+  auto* peer_cmd = app.add_subcommand("bench-peer", "the fabric scenario's peer");
+  peer_cmd->group("");  // hidden
+  peer_cmd->add_option("--port", peer_port)->required();
+  peer_cmd->add_option("--bytes", peer_bytes);
+  peer_cmd->add_flag("--busy-poll", peer_busy);
 
   tools::CkptOptions ckpt_opts;
   auto run_ckpt = tools::AddCkptCommand(&app, &ckpt_opts);
@@ -151,7 +174,35 @@ int main(int argc, char** argv) try {
   if (app.got_subcommand("ckpt")) return run_ckpt();
   if (app.got_subcommand(bench_cmd)) {
     InitLogging("bench");
+    if (!bench_sizes.empty()) {
+      bench.sizes.clear();
+      for (std::string s : bench_sizes) {
+        uint64_t scale = 1;
+        switch (s.empty() ? ' ' : s.back()) {
+          case 'K':
+          case 'k':
+            scale = 1024;
+            break;
+          case 'M':
+          case 'm':
+            scale = 1u << 20;
+            break;
+          case 'G':
+          case 'g':
+            scale = 1u << 30;
+            break;
+          default:
+            break;
+        }
+        if (scale != 1) s.pop_back();
+        bench.sizes.push_back(std::stoull(s) * scale);
+      }
+    }
     return tools::RunBench(bench);
+  }
+  if (app.got_subcommand(peer_cmd)) {
+    InitLogging("bench-peer");
+    return tools::RunBenchPeer(peer_port, peer_bytes, peer_busy);
   }
   if (app.got_subcommand(server)) return RunServer(server_flags, server_opts);
   if (app.got_subcommand(launch_cmd)) return tools::Launch(launch);

@@ -12,8 +12,9 @@
 
 namespace tessera::transport {
 
-EventLoop::EventLoop(std::string name, bool busy_poll, Hooks hooks)
-    : name_(std::move(name)), busy_poll_(busy_poll), hooks_(std::move(hooks)) {
+EventLoop::EventLoop(std::string name, bool busy_poll, Hooks hooks,
+                     std::chrono::microseconds spin)
+    : name_(std::move(name)), busy_poll_(busy_poll), hooks_(std::move(hooks)), spin_(spin) {
   epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (epoll_fd_ < 0 || wake_fd_ < 0) {
@@ -106,11 +107,16 @@ void EventLoop::Run() {
   thread_id_ = std::this_thread::get_id();
   constexpr int kMaxEvents = 4;
   epoll_event events[kMaxEvents];
+  auto last_work = std::chrono::steady_clock::now();
   while (running_) {
     bool worked = RunTasks();
     RunTimers();
     for (int i = 0; i < 64 && hooks_.progress(); ++i) worked = true;
-    if (worked || busy_poll_ || !running_) continue;
+    if (worked || busy_poll_ || !running_) {
+      if (worked && spin_.count() > 0) last_work = std::chrono::steady_clock::now();
+      continue;
+    }
+    if (spin_.count() > 0 && std::chrono::steady_clock::now() - last_work < spin_) continue;
 
     sleeping_ = true;
     bool have_tasks;

@@ -28,7 +28,11 @@ class EventLoop {
     int event_fd = -1;
   };
 
-  EventLoop(std::string name, bool busy_poll, Hooks hooks);
+  // `spin` keeps polling that long after the last work before sleeping: a
+  // reply that follows soon (a round trip) is then found without the cost
+  // of arming, sleeping and being woken.
+  EventLoop(std::string name, bool busy_poll, Hooks hooks,
+            std::chrono::microseconds spin = std::chrono::microseconds(0));
   ~EventLoop();
   EventLoop(const EventLoop&) = delete;
   EventLoop& operator=(const EventLoop&) = delete;
@@ -60,6 +64,7 @@ class EventLoop {
   const std::string name_;
   const bool busy_poll_;
   Hooks hooks_;
+  const std::chrono::microseconds spin_;
   int epoll_fd_ = -1;
   int wake_fd_ = -1;
 

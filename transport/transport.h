@@ -42,6 +42,9 @@ struct ContextOptions {
   PeerFailureMode peer_failure = PeerFailureMode::kAuto;
   // Spin in the progress loop instead of sleeping on the fabric's event fd.
   bool busy_poll = false;
+  // Otherwise, keep polling this long after the last work before sleeping,
+  // so that the reply of a round trip is picked up without a wake-up.
+  std::chrono::microseconds spin_before_sleep{50};
   // For logs: "shard 0", "worker 2".
   std::string name = "tessera";
 };

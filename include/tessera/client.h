@@ -204,6 +204,10 @@ struct ClientOptions {
   // and later calls fail naming it. A timeout of 0 turns heartbeats off.
   std::chrono::milliseconds heartbeat_interval{1'000};
   std::chrono::milliseconds heartbeat_timeout{5'000};
+  // A push or pull whose bytes to one shard total at most this travels inside
+  // its messages (one round trip) instead of by a one-sided put or get plus
+  // a second message; at most 65536. 0 always goes one-sided.
+  size_t inline_bytes = 8192;
   bool busy_poll = false;
 };
 

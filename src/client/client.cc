@@ -1,6 +1,7 @@
 #include "tessera/client.h"
 
 #include <condition_variable>
+#include <cstring>
 #include <deque>
 #include <future>
 #include <mutex>
@@ -128,7 +129,8 @@ class Client::Impl {
     TensorSpec spec;
     uint64_t bytes;
     std::vector<Chunk> chunks;
-    bool restored = false;  // the shards loaded it from a checkpoint
+    bool restored = false;     // the shards loaded it from a checkpoint
+    bool initialized = false;  // the chief initialised it already
     wire::TensorDecl decl;  // as declared (modes filled in), for re-creating
   };
 
@@ -139,7 +141,6 @@ class Client::Impl {
 
   std::atomic<uint64_t> dropped_stale_{0}, dropped_duplicate_{0};  // sync push outcomes
   // From the coordinator's declare replies.
-  std::atomic<bool> cluster_initialized_{false};
   std::optional<uint64_t> restored_step_;  // under tensors_mu_
 
   mutable std::mutex tensors_mu_;
@@ -713,7 +714,6 @@ Result<std::vector<Tensor>> Client::Impl::DeclareMany(const std::vector<TensorSp
   if (placed->tensors.size() != specs.size())
     return Status::Internal("declare reply does not match the request");
 
-  if (placed->initialized) cluster_initialized_ = true;
   std::vector<TensorEntry> entries(specs.size());
   std::vector<wire::Create> creates(shards_.size());
   std::vector<std::vector<std::pair<size_t, size_t>>> owners(shards_.size());  // (tensor, chunk)
@@ -721,6 +721,7 @@ Result<std::vector<Tensor>> Client::Impl::DeclareMany(const std::vector<TensorSp
     TensorEntry& e = entries[i];
     e.spec = specs[i];
     e.restored = i < placed->restored.size() && placed->restored[i] == 1;
+    e.initialized = i < placed->initialized.size() && placed->initialized[i] == 1;
     e.decl = declare.tensors[i];
     const size_t esize = DTypeSize(e.spec.dtype);
     e.bytes = NumElements(e.spec.shape).value() * esize;
@@ -798,6 +799,32 @@ void Client::Impl::PushToShard(int shard, std::vector<ChunkIo> ios, uint32_t fla
     Reconnect(shard);  // fails this call; a later one may succeed
     return done(s.dead, {});
   }
+  auto on_reply = [this](const std::function<void(Status, std::vector<uint64_t>)>& finish) {
+    return [this, finish](const Status& st, const wire::Header& h,
+                          std::span<const uint8_t> frame) {
+      if (!st.ok()) return finish(st, {});
+      auto reply = wire::DecodeBody<wire::PushReply>(h, frame);
+      if (!reply.ok()) return finish(reply.status(), {});
+      for (uint8_t o : reply->outcomes) {
+        if (o == static_cast<uint8_t>(wire::PushOutcome::kStale)) dropped_stale_++;
+        if (o == static_cast<uint8_t>(wire::PushOutcome::kDuplicate)) dropped_duplicate_++;
+      }
+      finish(Status::Ok(), std::move(reply->versions));
+    };
+  };
+  uint64_t raw = 0;
+  for (const auto& io : ios) raw += io.chunk->bytes;
+  if (raw <= std::min(options_.inline_bytes, wire::kMaxInlineBytes)) {
+    // Small: the bytes ride in the push-done itself.
+    wire::Push msg;
+    msg.step = step;
+    msg.payload.reserve(raw);
+    for (const auto& io : ios) {
+      msg.entries.push_back({io.chunk->key_id, msg.payload.size(), io.chunk->bytes});
+      msg.payload.insert(msg.payload.end(), io.local, io.local + io.chunk->bytes);
+    }
+    return Request(shard, msg, flags, on_reply(done));
+  }
   uint64_t total = 0;
   for (const auto& io : ios) total += (io.chunk->bytes + 63) / 64 * 64;
   if (total > s.alloc.size()) {
@@ -865,21 +892,10 @@ void Client::Impl::PushToShard(int shard, std::vector<ChunkIo> ios, uint32_t fla
     done(st, std::move(versions));
   };
   s.in_flight[op_id] = [finish](const Status& why) { finish(why, {}); };
-  auto after_puts = [this, shard, flags, progress, finish](const wire::Push& m) {
+  auto after_puts = [this, shard, flags, progress, finish, on_reply](const wire::Push& m) {
     if (progress->finished) return;
     if (!progress->status.ok()) return finish(ShardError(shard, progress->status), {});
-    Request(
-        shard, m, flags,
-        [this, finish](const Status& st, const wire::Header& h, std::span<const uint8_t> frame) {
-          if (!st.ok()) return finish(st, {});
-          auto reply = wire::DecodeBody<wire::PushReply>(h, frame);
-          if (!reply.ok()) return finish(reply.status(), {});
-          for (uint8_t o : reply->outcomes) {
-            if (o == static_cast<uint8_t>(wire::PushOutcome::kStale)) dropped_stale_++;
-            if (o == static_cast<uint8_t>(wire::PushOutcome::kDuplicate)) dropped_duplicate_++;
-          }
-          finish(Status::Ok(), std::move(reply->versions));
-        });
+    Request(shard, m, flags, on_reply(finish));
   };
   for (const auto& io : ios) {
     msg.entries.push_back({io.chunk->key_id, rel, io.chunk->bytes});
@@ -902,6 +918,7 @@ void Client::Impl::PullFromShard(int shard, std::vector<ChunkIo> ios,
                                  const std::function<void(Status)>& done) {
   wire::Pull msg;
   for (const auto& io : ios) msg.entries.push_back({io.chunk->key_id, io.min_version, io.min_step});
+  msg.inline_max = static_cast<uint32_t>(std::min(options_.inline_bytes, wire::kMaxInlineBytes));
   Request(
       shard, msg, 0,
       [this, shard, ios = std::move(ios), done](const Status& st, const wire::Header& h,
@@ -909,6 +926,22 @@ void Client::Impl::PullFromShard(int shard, std::vector<ChunkIo> ios,
         if (!st.ok()) return done(st);
         auto reply = wire::DecodeBody<wire::PullReply>(h, frame);
         if (!reply.ok()) return done(reply.status());
+        if (reply->lease_id == 0) {
+          // The bytes came inline: no lease to give back.
+          uint64_t total = 0;
+          for (const auto& io : ios) total += io.chunk->bytes;
+          if (total != reply->data.size()) {
+            return done(Status::Internal("inline pull reply of " +
+                                         std::to_string(reply->data.size()) + " bytes for " +
+                                         std::to_string(total)));
+          }
+          const uint8_t* src = reply->data.data();
+          for (const auto& io : ios) {
+            std::memcpy(io.local, src, io.chunk->bytes);
+            src += io.chunk->bytes;
+          }
+          return done(Status::Ok());
+        }
         ShardConn& s = shards_[shard];
         struct Progress {
           int outstanding;
@@ -1054,21 +1087,18 @@ Status Client::Impl::Initialize() {
                                       options_.cluster.chief().ToString() +
                                       " is); use WaitForInit");
   }
-  if (cluster_initialized_) {
-    // A restarted chief: the parameters have moved on since; keep them.
-    TLOG_INFO("{}: the cluster is initialised already; not initialising again", task_.ToString());
-    return Status::Ok();
-  }
   std::vector<PushItem> items;
   std::vector<std::vector<uint8_t>> generated;
-  size_t restored = 0;
+  size_t restored = 0, kept = 0;
   {
     std::lock_guard<std::mutex> lock(tensors_mu_);
     generated.reserve(tensors_.size());
     for (uint32_t i = 0; i < tensors_.size(); ++i) {
-      const auto& e = tensors_[i];
-      if (e.restored) {
-        restored++;
+      auto& e = tensors_[i];
+      if (e.restored || e.initialized) {
+        // Restored from a checkpoint, or initialised before (a restarted
+        // chief, or an earlier Initialize): the values have moved on; keep them.
+        (e.restored ? restored : kept)++;
         continue;
       }
       if (e.spec.initial.empty()) {
@@ -1085,11 +1115,16 @@ Status Client::Impl::Initialize() {
     TLOG_INFO("{}: {} tensor(s) restored from the checkpoint of global step {}; initialising {}",
               task_.ToString(), restored, restored_step_.value_or(0), items.size());
   }
+  if (kept > 0) {
+    TLOG_INFO("{}: {} tensor(s) were initialised before; not initialising them again",
+              task_.ToString(), kept);
+  }
   if (!items.empty())
     TESSERA_RETURN_IF_ERROR(Push(items, wire::kFlagInit, 0).Wait().WithContext("initialising"));
   auto ack = Call<wire::InitDone, wire::Ack>(coord_index_, wire::InitDone{}, options_.op_timeout);
   if (!ack.ok()) return ack.status();
-  cluster_initialized_ = true;
+  std::lock_guard<std::mutex> lock(tensors_mu_);
+  for (auto& e : tensors_) e.initialized = true;
   return Status::Ok();
 }
 

@@ -11,7 +11,8 @@ std::string Describe(const wire::TensorDecl& t) {
 
 }  // namespace
 
-Result<wire::DeclareReply> Coordinator::Declare(const wire::Declare& msg, const std::string& who) {
+Result<wire::DeclareReply> Coordinator::Declare(const wire::Declare& msg, const std::string& who,
+                                                bool by_chief) {
   // Validate the whole batch before placing anything.
   for (const auto& t : msg.tensors) {
     if (t.pinned_shard >= num_shards_) {
@@ -52,13 +53,21 @@ Result<wire::DeclareReply> Coordinator::Declare(const wire::Declare& msg, const 
       } while (offset < total);
       it = tensors_.emplace(t.name, std::move(placed)).first;
     }
+    if (by_chief) it->second.chief_declared = true;
     reply.tensors.push_back(it->second.chunks);
+    reply.initialized.push_back(it->second.initialized ? 1 : 0);
     const ckpt::TensorRecord* saved = restored_ ? restored_->Find(t.name) : nullptr;
     reply.restored.push_back(saved && saved->dtype == t.dtype && saved->shape == t.shape ? 1 : 0);
   }
-  reply.initialized = initialized_;
   reply.restored_step = restored_ ? restored_->manifest.global_step : 0;
   return reply;
+}
+
+void Coordinator::MarkInitialized() {
+  initialized_ = true;
+  for (auto& [name, placed] : tensors_) {
+    if (placed.chief_declared) placed.initialized = true;
+  }
 }
 
 void Coordinator::RestoreFrom(const ckpt::Checkpoint* checkpoint) {

@@ -23,6 +23,8 @@ class Coordinator {
     wire::TensorDecl decl;
     std::string declared_by;
     std::vector<wire::ChunkPlacement> chunks;
+    bool chief_declared = false;  // the chief's Initialize covers it
+    bool initialized = false;     // the chief initialised it
   };
 
   explicit Coordinator(int num_shards) : num_shards_(num_shards) {}
@@ -34,7 +36,8 @@ class Coordinator {
 
   // Places new tensors and returns every tensor's chunks; `who` names the
   // declaring task in errors. All-or-nothing.
-  Result<wire::DeclareReply> Declare(const wire::Declare& msg, const std::string& who);
+  Result<wire::DeclareReply> Declare(const wire::Declare& msg, const std::string& who,
+                                     bool by_chief);
 
   // The global step (TensorFlow's global_step): sync steps count once
   // replicas_to_aggregate workers (of the first sync tensor declared) have
@@ -42,7 +45,8 @@ class Coordinator {
   void OnStepDone(uint32_t worker_rank, uint64_t step, bool sync);
   uint64_t global_step() const { return global_step_; }
 
-  void MarkInitialized() { initialized_ = true; }
+  // The chief's init-done: what it declared so far is initialised.
+  void MarkInitialized();
   bool initialized() const { return initialized_; }
   int num_shards() const { return num_shards_; }
   const std::map<std::string, Placed>& tensors() const { return tensors_; }

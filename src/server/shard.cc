@@ -249,7 +249,7 @@ void Shard::OnMessage(const EndpointPtr& ep, std::span<const uint8_t> frame) {
             peer, h->request_id,
             Status::FailedPrecondition("declare sent to a shard that is not the coordinator"));
       }
-      auto reply = coord_->Declare(*m, peer.hello.task);
+      auto reply = coord_->Declare(*m, peer.hello.task, peer.hello.worker_rank == 0);
       if (!reply.ok()) return SendError(peer, h->request_id, reply.status());
       return Reply(peer, h->request_id, *reply);
     }
@@ -415,7 +415,9 @@ void Shard::OnCreate(Peer& peer, uint64_t request_id, const wire::Create& msg) {
 }
 
 Status Shard::ValidatePush(const Peer& peer, uint32_t flags, const wire::Push& msg) {
-  const uint64_t slot = peer.staging->size();
+  // The bytes are inline, or in the sender's staging slot.
+  const bool inline_bytes = !msg.payload.empty();
+  const uint64_t slot = inline_bytes ? msg.payload.size() : peer.staging->size();
   for (const auto& e : msg.entries) {
     const Param* p = table_->Find(e.key_id);
     if (p == nullptr) return Status::NotFound("push to unknown key id " + std::to_string(e.key_id));
@@ -429,7 +431,8 @@ Status Shard::ValidatePush(const Peer& peer, uint32_t flags, const wire::Push& m
       return Status::OutOfRange("push to tensor '" + p->display_name + "' reads [" +
                                 std::to_string(e.staging_offset) + ", +" +
                                 std::to_string(e.byte_length) + ") outside the " +
-                                std::to_string(slot) + "-byte staging slot");
+                                std::to_string(slot) +
+                                (inline_bytes ? " inline bytes" : "-byte staging slot"));
     }
     if (!(flags & wire::kFlagInit) && !p->initialized) {
       return Status::FailedPrecondition("tensor '" + p->display_name +
@@ -469,7 +472,9 @@ bool Shard::TryApplyPush(PendingPush& push) {
   }
   const bool init = push.flags & wire::kFlagInit;
   const uint32_t rank = push.peer->hello.worker_rank;
-  const auto* staging = static_cast<const uint8_t*>(push.peer->staging->data());
+  const auto* staging = push.msg.payload.empty()
+                            ? static_cast<const uint8_t*>(push.peer->staging->data())
+                            : push.msg.payload.data();
   wire::PushReply reply;
   for (const auto& e : push.msg.entries) {
     Param* p = table_->Find(e.key_id);
@@ -625,6 +630,21 @@ bool Shard::TryGrantPull(PendingPull& pull) {
     }
   }
   wire::PullReply reply;
+  // Small pulls get the bytes in the reply: one round trip, no lease (the
+  // copy is made here, between updates, so it is never half-applied).
+  uint64_t total = 0;
+  for (const auto& e : pull.msg.entries) total += table_->Find(e.key_id)->bytes;
+  if (total <= std::min<uint64_t>(pull.msg.inline_max, wire::kMaxInlineBytes)) {
+    reply.data.reserve(total);
+    for (const auto& e : pull.msg.entries) {
+      const Param* p = table_->Find(e.key_id);
+      reply.data.insert(reply.data.end(), p->data, p->data + p->bytes);
+      reply.versions.push_back(p->version);
+    }
+    pulls_served_++;
+    Reply(*pull.peer, pull.request_id, reply);
+    return true;
+  }
   reply.lease_id = next_lease_++;
   Lease lease{pull.peer->ep.get(),
               pull.peer->hello.task,

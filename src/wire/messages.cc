@@ -220,9 +220,10 @@ void DeclareReply::EncodeBody(ByteWriter& w) const {
       w.Put(c.elem_count);
     }
   }
-  w.Put(static_cast<uint8_t>(initialized ? 1 : 0));
-  w.Put(static_cast<uint32_t>(restored.size()));
-  for (uint8_t b : restored) w.Put(b);
+  for (const auto* flags : {&initialized, &restored}) {
+    w.Put(static_cast<uint32_t>(flags->size()));
+    for (uint8_t b : *flags) w.Put(b);
+  }
   w.Put(restored_step);
 }
 Result<DeclareReply> DeclareReply::DecodeBody(ByteReader& r) {
@@ -240,17 +241,15 @@ Result<DeclareReply> DeclareReply::DecodeBody(ByteReader& r) {
         return Truncated("chunk");
     }
   }
-  uint8_t initialized = 0;
-  if (!r.Get(&initialized)) return Truncated("initialized");
-  if (initialized > 1) return Status::InvalidArgument("bad initialized flag");
-  m.initialized = initialized == 1;
-  uint32_t n = 0;
-  if (!GetCount(r, 1, &n)) return Truncated("restored count");
-  if (n != 0 && n != m.tensors.size())
-    return Status::InvalidArgument("restored flags do not match the tensors");
-  m.restored.resize(n);
-  for (auto& b : m.restored) {
-    if (!r.Get(&b) || b > 1) return Status::InvalidArgument("bad restored flag");
+  for (auto* flags : {&m.initialized, &m.restored}) {
+    uint32_t n = 0;
+    if (!GetCount(r, 1, &n)) return Truncated("flag count");
+    if (n != 0 && n != m.tensors.size())
+      return Status::InvalidArgument("per-tensor flags do not match the tensors");
+    flags->resize(n);
+    for (auto& b : *flags) {
+      if (!r.Get(&b) || b > 1) return Status::InvalidArgument("bad per-tensor flag");
+    }
   }
   if (!r.Get(&m.restored_step)) return Truncated("restored_step");
   return m;
@@ -337,6 +336,7 @@ void Push::EncodeBody(ByteWriter& w) const {
     w.Put(e.staging_offset);
     w.Put(e.byte_length);
   }
+  w.PutBlob(payload);
 }
 Result<Push> Push::DecodeBody(ByteReader& r) {
   Push m;
@@ -349,6 +349,9 @@ Result<Push> Push::DecodeBody(ByteReader& r) {
     if (!r.Get(&e.key_id) || !r.Get(&e.staging_offset) || !r.Get(&e.byte_length))
       return Truncated("entry");
   }
+  std::span<const uint8_t> payload;
+  if (!r.GetBlob(&payload, kMaxInlineBytes)) return Truncated("payload");
+  m.payload.assign(payload.begin(), payload.end());
   return m;
 }
 
@@ -393,6 +396,7 @@ void Pull::EncodeBody(ByteWriter& w) const {
     w.Put(e.min_version);
     w.Put(e.min_step);
   }
+  w.Put(inline_max);
 }
 Result<Pull> Pull::DecodeBody(ByteReader& r) {
   Pull m;
@@ -405,17 +409,22 @@ Result<Pull> Pull::DecodeBody(ByteReader& r) {
       return Truncated("entry");
     }
   }
+  if (!r.Get(&m.inline_max)) return Truncated("inline_max");
   return m;
 }
 
 void PullReply::EncodeBody(ByteWriter& w) const {
   w.Put(lease_id);
   PutVersions(w, versions);
+  w.PutBlob(data);
 }
 Result<PullReply> PullReply::DecodeBody(ByteReader& r) {
   PullReply m;
   if (!r.Get(&m.lease_id)) return Truncated("lease_id");
   if (!GetVersions(r, &m.versions)) return Truncated("versions");
+  std::span<const uint8_t> data;
+  if (!r.GetBlob(&data, kMaxInlineBytes)) return Truncated("data");
+  m.data.assign(data.begin(), data.end());
   return m;
 }
 

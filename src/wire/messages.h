@@ -91,10 +91,10 @@ struct ChunkPlacement {
 struct DeclareReply {
   static constexpr Opcode kOpcode = Opcode::kDeclareReply;
   std::vector<std::vector<ChunkPlacement>> tensors;  // one list per declared tensor
-  // Set when the cluster was initialised already (a restarted worker must
-  // not initialise again) and, per tensor, whether the shards restore it
-  // from the checkpoint of `restored_step`.
-  bool initialized = false;
+  // Per tensor: whether the chief initialised it already (a restarted chief
+  // must not again), and whether the shards restore it from the checkpoint
+  // of `restored_step`.
+  std::vector<uint8_t> initialized;
   std::vector<uint8_t> restored;
   uint64_t restored_step = 0;
   void EncodeBody(ByteWriter& w) const;
@@ -145,10 +145,15 @@ struct PushEntry {
 };
 
 // "push-done": the bytes are in the sender's staging slot; apply them.
+// Small pushes carry their bytes inline: then each entry's staging_offset
+// is an offset into `payload` instead of the sender's staging slot.
+constexpr size_t kMaxInlineBytes = 64 * 1024;
+
 struct Push {
   static constexpr Opcode kOpcode = Opcode::kPush;
   uint64_t step = 0;  // the worker's step (sync and bounded tensors)
   std::vector<PushEntry> entries;
+  std::vector<uint8_t> payload;  // inline bytes, or empty
   void EncodeBody(ByteWriter& w) const;
   static Result<Push> DecodeBody(ByteReader& r);
 };
@@ -177,6 +182,9 @@ struct PullEntry {
 struct Pull {
   static constexpr Opcode kOpcode = Opcode::kPull;
   std::vector<PullEntry> entries;
+  // The bytes may come back inside the reply when they total at most this
+  // (0: always by a one-sided read).
+  uint32_t inline_max = 0;
   void EncodeBody(ByteWriter& w) const;
   static Result<Pull> DecodeBody(ByteReader& r);
 };
@@ -184,8 +192,9 @@ struct Pull {
 // The keys are readable now and stay unchanged until the lease is released.
 struct PullReply {
   static constexpr Opcode kOpcode = Opcode::kPullReply;
-  uint64_t lease_id = 0;
+  uint64_t lease_id = 0;  // 0 when the bytes are inline: nothing to release
   std::vector<uint64_t> versions;
+  std::vector<uint8_t> data;  // the chunks' bytes, in request order, or empty
   void EncodeBody(ByteWriter& w) const;
   static Result<PullReply> DecodeBody(ByteReader& r);
 };

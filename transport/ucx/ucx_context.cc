@@ -326,7 +326,8 @@ Status UcxContext::Init() {
   hooks.progress = [this] { return ucp_worker_progress(worker_) != 0; };
   hooks.arm = [this] { return ucp_worker_arm(worker_) == UCS_OK; };
   hooks.event_fd = efd;
-  loop_ = std::make_unique<EventLoop>(options_.name, options_.busy_poll, std::move(hooks));
+  loop_ = std::make_unique<EventLoop>(options_.name, options_.busy_poll, std::move(hooks),
+                                      options_.spin_before_sleep);
   loop_->Start();
   return Status::Ok();
 }

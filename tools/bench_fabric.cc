@@ -1,0 +1,271 @@
+// The fabric scenario: what ucx_perftest measures, through Tessera's own
+// transport interface, against a `tessera bench-peer` process.
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <condition_variable>
+#include <cstring>
+#include <future>
+#include <mutex>
+#include <thread>
+
+#include "tools/bench_internal.h"
+#include "tools/launch.h"
+#include "transport/transport.h"
+
+namespace tessera::tools {
+namespace {
+
+constexpr uint16_t kEchoMsg = 1;    // echoed back by the peer
+constexpr uint16_t kRegionMsg = 2;  // the peer's region description
+
+}  // namespace
+
+int RunBenchPeer(uint16_t port, uint64_t region_bytes, bool busy_poll) {
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGTERM);
+  sigaddset(&stop, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+  transport::ContextOptions opts;
+  opts.name = "bench-peer";
+  opts.busy_poll = busy_poll;
+  auto ctx = transport::Context::Open(opts);
+  if (!ctx.ok()) {
+    fprintf(stderr, "bench-peer: %s\n", ctx.status().ToString().c_str());
+    return 1;
+  }
+  auto region = (*ctx)->Allocate(region_bytes, transport::MemoryKind::kHost);
+  if (!region.ok()) {
+    fprintf(stderr, "bench-peer: %s\n", region.status().ToString().c_str());
+    return 1;
+  }
+  (*ctx)->SetHandler(kEchoMsg, [](const std::shared_ptr<transport::Endpoint>& ep,
+                                  std::span<const uint8_t> bytes) {
+    ep->Send(kEchoMsg, std::vector<uint8_t>(bytes.begin(), bytes.end()));
+  });
+  std::vector<std::shared_ptr<transport::Endpoint>> peers;
+  auto listener = (*ctx)->Listen("127.0.0.1", port, [&](const std::shared_ptr<transport::Endpoint>& ep) {
+    peers.push_back(ep);
+    ep->Send(kRegionMsg, (*region)->Describe());
+  });
+  if (!listener.ok()) {
+    fprintf(stderr, "bench-peer: %s\n", listener.status().ToString().c_str());
+    return 1;
+  }
+  int sig = 0;
+  sigwait(&stop, &sig);
+  return 0;
+}
+
+namespace bench {
+namespace {
+
+// A connection to a bench-peer process and a local buffer.
+class FabricPeer {
+ public:
+  static Result<std::unique_ptr<FabricPeer>> Start(const BenchOptions& o, const std::string& tls,
+                                                   uint64_t max_bytes) {
+    std::unique_ptr<FabricPeer> f(new FabricPeer());
+    const uint16_t port = FreePort("127.0.0.1");
+    std::vector<std::string> argv = {SelfExecutable(), "bench-peer", "--port", std::to_string(port),
+                                     "--bytes", std::to_string(max_bytes)};
+    if (o.busy_poll) argv.push_back("--busy-poll");
+    f->pid_ = SpawnProcess(argv, {"UCX_TLS=" + tls, "TESSERA_LOG_LEVEL=warn"}, o.pin ? 0 : -1);
+    transport::ContextOptions copts;
+    copts.name = "bench";
+    copts.busy_poll = o.busy_poll;
+    auto ctx = transport::Context::Open(copts);
+    if (!ctx.ok()) return ctx.status();
+    f->ctx_ = std::move(*ctx);
+    auto local = f->ctx_->Allocate(max_bytes, transport::MemoryKind::kHost);
+    if (!local.ok()) return local.status();
+    f->local_ = std::move(*local);
+    std::memset(f->local_->data(), 0x5a, max_bytes);
+    auto desc = std::make_shared<std::promise<std::vector<uint8_t>>>();
+    f->ctx_->SetHandler(kRegionMsg, [desc](const std::shared_ptr<transport::Endpoint>&,
+                                           std::span<const uint8_t> bytes) {
+      desc->set_value(std::vector<uint8_t>(bytes.begin(), bytes.end()));
+    });
+    FabricPeer* raw = f.get();
+    f->ctx_->SetHandler(kEchoMsg, [raw](const std::shared_ptr<transport::Endpoint>&,
+                                        std::span<const uint8_t>) { raw->Complete(); });
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (!f->ep_) {
+      std::promise<Result<std::shared_ptr<transport::Endpoint>>> p;
+      f->ctx_->Connect("127.0.0.1", port, std::chrono::milliseconds(1000),
+                       [&p](Result<std::shared_ptr<transport::Endpoint>> ep) {
+                         p.set_value(std::move(ep));
+                       });
+      auto ep = p.get_future().get();
+      if (ep.ok()) {
+        f->ep_ = *ep;
+      } else if (std::chrono::steady_clock::now() > deadline) {
+        return ep.status().WithContext("bench-peer");
+      } else {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
+    }
+    auto fut = desc->get_future();
+    if (fut.wait_for(std::chrono::seconds(10)) != std::future_status::ready) {
+      return Status::DeadlineExceeded("bench-peer sent no region");
+    }
+    auto remote = f->ep_->Attach(fut.get());
+    if (!remote.ok()) return remote.status();
+    f->remote_ = std::move(*remote);
+    return f;
+  }
+
+  ~FabricPeer() {
+    remote_.reset();
+    if (ep_) ep_->Close();
+    ep_.reset();
+    ctx_.reset();
+    local_.reset();
+    if (pid_ > 0) {
+      kill(pid_, SIGTERM);
+      waitpid(pid_, nullptr, 0);
+    }
+  }
+
+  // Runs `issue` (which starts `n` operations, each calling Complete) and
+  // waits for all of them; returns the elapsed microseconds.
+  template <typename Fn>
+  Result<double> Timed(int n, Fn issue) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      pending_ = n;
+      failed_ = Status::Ok();
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    issue();
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!cv_.wait_for(lock, std::chrono::seconds(30), [&] { return pending_ == 0; })) {
+      return Status::DeadlineExceeded("fabric operations did not complete");
+    }
+    if (!failed_.ok()) return failed_;
+    return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+  }
+  void Complete(const Status& st = Status::Ok()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!st.ok()) failed_ = st;
+    if (--pending_ == 0) cv_.notify_all();
+  }
+
+  transport::Endpoint& ep() { return *ep_; }
+  transport::RemoteRegion& remote() { return *remote_; }
+  uint8_t* local() { return static_cast<uint8_t*>(local_->data()); }
+
+ private:
+  FabricPeer() = default;
+  int pid_ = -1;
+  std::unique_ptr<transport::Context> ctx_;
+  std::unique_ptr<transport::Region> local_;
+  std::shared_ptr<transport::Endpoint> ep_;
+  std::unique_ptr<transport::RemoteRegion> remote_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int pending_ = 0;
+  Status failed_;
+};
+
+// Operations per timed sample: enough to stream small sizes, one for huge ones.
+int Window(uint64_t bytes) {
+  return static_cast<int>(std::clamp<uint64_t>((64u << 20) / std::max<uint64_t>(bytes, 1), 1, 64));
+}
+
+}  // namespace
+
+Result<double> FabricPutGbps(const BenchOptions& o, const std::string& tls, uint64_t bytes) {
+  auto f = FabricPeer::Start(o, tls, bytes);
+  if (!f.ok()) return f.status();
+  FabricPeer& p = **f;
+  std::vector<double> us;
+  const int n = Window(bytes);
+  for (int it = 0; it < o.warmup + o.iters; ++it) {
+    auto t = p.Timed(n + 1, [&] {
+      for (int k = 0; k < n; ++k)
+        p.ep().Put(p.local(), bytes, p.remote(), p.remote().base(),
+                   [&p](const Status& st) { p.Complete(st); });
+      p.ep().Flush([&p](const Status& st) { p.Complete(st); });
+    });
+    if (!t.ok()) return t.status();
+    if (it >= o.warmup) us.push_back(*t / n);
+  }
+  return Summarise(us, bytes).gbps;
+}
+
+Status RunFabric(const BenchOptions& o, const std::string& transport, std::vector<Row>* rows) {
+  const std::string tls = UcxTls(transport);
+  uint64_t max_bytes = 1;
+  for (uint64_t s : o.sizes) max_bytes = std::max(max_bytes, s);
+  auto f = FabricPeer::Start(o, tls, max_bytes);
+  if (!f.ok()) return f.status();
+  FabricPeer& p = **f;
+  for (uint64_t bytes : o.sizes) {
+    const int n = Window(bytes);
+    std::vector<double> put_us, get_us, am_us;
+    for (int it = 0; it < o.warmup + o.iters; ++it) {
+      auto put = p.Timed(n + 1, [&] {
+        for (int k = 0; k < n; ++k)
+          p.ep().Put(p.local(), bytes, p.remote(), p.remote().base(),
+                     [&p](const Status& st) { p.Complete(st); });
+        p.ep().Flush([&p](const Status& st) { p.Complete(st); });
+      });
+      if (!put.ok()) return put.status();
+      auto get = p.Timed(n, [&] {
+        for (int k = 0; k < n; ++k)
+          p.ep().Get(p.local(), bytes, p.remote(), p.remote().base(),
+                     [&p](const Status& st) { p.Complete(st); });
+      });
+      if (!get.ok()) return get.status();
+      if (it >= o.warmup) {
+        put_us.push_back(*put / n);
+        get_us.push_back(*get / n);
+      }
+      if (bytes <= 65536) {
+        auto am = p.Timed(1, [&] {
+          p.ep().Send(kEchoMsg, std::vector<uint8_t>(p.local(), p.local() + bytes));
+        });
+        if (!am.ok()) return am.status();
+        if (it >= o.warmup) am_us.push_back(*am);
+      }
+    }
+    Row put{"fabric-put", transport, bytes, 1, 0, 0, Summarise(put_us, bytes)};
+    Row get{"fabric-get", transport, bytes, 1, 0, 0, Summarise(get_us, bytes)};
+    if (o.baseline) {
+      auto pp = RunPerftest(tls, "ucp_put_bw", bytes, o.iters * n, o.warmup, o.pin);
+      auto pg = RunPerftest(tls, "ucp_get", bytes, o.iters * n, o.warmup, o.pin);
+      put.baseline = "ucp_put_bw";
+      put.baseline_us = pp.us;
+      put.baseline_gbps = pp.gbps;
+      put.ratio = pp.ok && pp.gbps > 0 ? put.tessera.gbps / pp.gbps : 0;
+      put.ratio_of = "GB/s";
+      put.note = pp.error;
+      get.baseline = "ucp_get";
+      get.baseline_us = pg.us;
+      get.baseline_gbps = pg.gbps;
+      get.ratio = pg.ok && pg.gbps > 0 ? get.tessera.gbps / pg.gbps : 0;
+      get.ratio_of = "GB/s";
+      get.note = pg.error;
+    }
+    rows->push_back(put);
+    rows->push_back(get);
+    if (!am_us.empty()) {
+      Row am{"fabric-msg-rtt", transport, bytes, 1, 0, 0, Summarise(am_us, bytes)};
+      if (o.baseline) {
+        auto pa = RunPerftest(tls, "ucp_am_lat", bytes, o.iters * 10, o.warmup, o.pin);
+        am.baseline = "2 x ucp_am_lat";
+        am.baseline_us = 2 * pa.us;
+        am.ratio = pa.ok && pa.us > 0 ? am.tessera.p50_us / (2 * pa.us) : 0;
+        am.ratio_of = "time";
+        am.note = pa.error;
+      }
+      rows->push_back(am);
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace bench
+}  // namespace tessera::tools

@@ -1,0 +1,185 @@
+// push, pull and push_pull through real shard processes: latency and
+// bandwidth over tensor sizes and batch sizes, beside ucx_perftest.
+#include <cstring>
+#include <map>
+#include <thread>
+
+#include "tools/bench_internal.h"
+
+namespace tessera::tools::bench {
+namespace {
+
+// Fills `buf` with a pattern unique to (worker, tensor, iteration), so a
+// check can tell any stale or misplaced byte.
+void Pattern(std::vector<uint8_t>& buf, int worker, int tensor, int iter) {
+  uint32_t x = static_cast<uint32_t>(worker * 7919 + tensor * 104729 + iter * 1299709 + 1);
+  for (size_t i = 0; i + 4 <= buf.size(); i += 4) {
+    x = x * 1664525u + 1013904223u;
+    std::memcpy(&buf[i], &x, 4);
+  }
+}
+
+struct Sample {
+  std::vector<double> us;
+  uint64_t allocations = 0;
+  uint64_t ops = 0;
+  Status status;
+};
+
+}  // namespace
+
+Status RunOps(const BenchOptions& o, const std::string& transport, std::vector<Row>* rows) {
+  std::vector<std::string> ops;
+  for (const auto& s : o.scenarios) {
+    if (s == "push" || s == "pull" || s == "push_pull") ops.push_back(s);
+  }
+  if (ops.empty()) return Status::Ok();
+  const std::string tls = UcxTls(transport);
+  auto cluster = LocalCluster::Start(o, tls, o.shards, o.workers);
+  if (!cluster.ok()) return cluster.status().WithContext("starting the shards");
+  LocalCluster& c = **cluster;
+
+  // Every worker gets its own tensors (so --check knows every byte), all
+  // declared before the chief initialises once.
+  struct Set {
+    uint64_t bytes;
+    int batch;
+    std::vector<std::vector<Tensor>> tensors;  // [worker][k]
+  };
+  std::vector<Set> sets;
+  for (uint64_t size : o.sizes) {
+    for (int batch : o.batches) {
+      Set set{std::max<uint64_t>(4, size / 4 * 4), batch, {}};
+      for (int w = 0; w < c.num_workers(); ++w) {
+        std::vector<TensorSpec> specs;
+        for (int k = 0; k < batch; ++k) {
+          specs.push_back({"w" + std::to_string(w) + ".s" + std::to_string(size) + ".b" +
+                               std::to_string(batch) + "." + std::to_string(k),
+                           DType::kF32,
+                           {static_cast<int64_t>(set.bytes / 4)},
+                           UpdateRule::kAssign,
+                           {},
+                           -1});
+        }
+        auto t = c.worker(w).DeclareMany(specs);
+        if (!t.ok()) return t.status();
+        set.tensors.push_back(std::move(*t));
+      }
+      sets.push_back(std::move(set));
+    }
+  }
+  TESSERA_RETURN_IF_ERROR(c.worker(0).Initialize());
+  for (int w = 1; w < c.num_workers(); ++w) TESSERA_RETURN_IF_ERROR(c.worker(w).WaitForInit());
+
+  std::map<uint64_t, double> single_us;  // op@size -> batch-1 p50, for the batch ratio
+  for (const auto& op : ops) {
+    for (const auto& set : sets) {
+      std::vector<Sample> samples(static_cast<size_t>(c.num_workers()));
+      auto run = [&](int w) {
+        Client& client = c.worker(w);
+        Sample& s = samples[static_cast<size_t>(w)];
+        const auto& ts = set.tensors[static_cast<size_t>(w)];
+        std::vector<std::vector<uint8_t>> out(ts.size(), std::vector<uint8_t>(set.bytes));
+        std::vector<std::vector<uint8_t>> in(ts.size(), std::vector<uint8_t>(set.bytes));
+        std::vector<PushItem> push;
+        std::vector<PullItem> pull;
+        std::vector<PushPullItem> push_pull;
+        for (size_t k = 0; k < ts.size(); ++k) {
+          push.push_back({ts[k], out[k].data(), set.bytes, std::nullopt});
+          pull.push_back({ts[k], in[k].data(), set.bytes, 1, std::nullopt});
+          push_pull.push_back({ts[k], out[k].data(), in[k].data(), set.bytes});
+        }
+        for (int it = 0; it < o.warmup + o.iters; ++it) {
+          if (o.check) {
+            for (size_t k = 0; k < ts.size(); ++k) Pattern(out[k], w, static_cast<int>(k), it);
+          }
+          const uint64_t a0 = HeapAllocations();
+          const auto t0 = std::chrono::steady_clock::now();
+          Status st;
+          if (op == "push") {
+            st = client.Push(push);
+          } else if (op == "pull") {
+            st = client.Pull(pull);
+          } else {
+            st = client.PushPull(push_pull);
+          }
+          const auto t1 = std::chrono::steady_clock::now();
+          const uint64_t a1 = HeapAllocations();
+          if (!st.ok()) {
+            s.status = st;
+            return;
+          }
+          if (o.check && op != "pull") {
+            if (op == "push") st = client.Pull(pull);
+            for (size_t k = 0; st.ok() && k < ts.size(); ++k) {
+              if (in[k] != out[k]) {
+                st = Status::DataLoss(op + " of " + SizeName(set.bytes) + ": tensor " +
+                                      std::to_string(k) + " of worker " + std::to_string(w) +
+                                      " came back different");
+              }
+            }
+            if (!st.ok()) {
+              s.status = st;
+              return;
+            }
+          }
+          if (it < o.warmup) continue;
+          s.us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+          s.allocations += a1 - a0;
+          s.ops++;
+        }
+      };
+      std::vector<std::thread> threads;
+      for (int w = 0; w < c.num_workers(); ++w) threads.emplace_back(run, w);
+      for (auto& t : threads) t.join();
+      std::vector<double> all;
+      uint64_t allocations = 0, n = 0;
+      for (const auto& s : samples) {
+        if (!s.status.ok()) return s.status;
+        all.insert(all.end(), s.us.begin(), s.us.end());
+        allocations += s.allocations;
+        n += s.ops;
+      }
+      // Bandwidth: every worker's bytes per median call.
+      const uint64_t call_bytes = set.bytes * static_cast<uint64_t>(set.batch) *
+                                  (op == "push_pull" ? 2 : 1) *
+                                  static_cast<uint64_t>(c.num_workers());
+      Row row{op, transport, set.bytes, set.batch, o.shards, c.num_workers(),
+              Summarise(all, call_bytes)};
+      // Every worker's thread counts: an upper bound per call with W > 1.
+      row.allocs_per_op = n ? static_cast<double>(allocations) / static_cast<double>(n) : -1;
+      const uint64_t key = (static_cast<uint64_t>(op.size()) << 56) ^ set.bytes;
+      if (set.batch == 1) single_us[key] = row.tessera.p50_us;
+      if (set.batch > 1 && single_us.count(key)) {
+        row.note = "batch/1 = " + std::to_string(row.tessera.p50_us / single_us[key]);
+      }
+      if (o.baseline && set.batch == 1 && c.num_workers() == 1) {
+        const uint64_t b = set.bytes;
+        if (b <= 65536) {
+          // Small: a Tessera call is one round trip; compare with UCX's own.
+          auto am = RunPerftest(tls, "ucp_am_lat", b, o.iters * 10, o.warmup, o.pin);
+          row.baseline = "2 x ucp_am_lat";
+          row.baseline_us = 2 * am.us;
+          row.ratio = am.ok && am.us > 0 ? row.tessera.p50_us / (2 * am.us) : 0;
+          row.ratio_of = "time";
+          row.note = am.error;
+        } else {
+          auto pf = RunPerftest(tls, op == "pull" ? "ucp_get" : "ucp_put_bw", b, o.iters,
+                                o.warmup, o.pin);
+          row.baseline = op == "pull" ? "ucp_get" : "ucp_put_bw";
+          row.baseline_us = pf.us;
+          row.baseline_gbps = pf.gbps;
+          row.ratio = pf.ok && pf.gbps > 0 ? row.tessera.gbps / pf.gbps : 0;
+          row.ratio_of = "GB/s";
+          row.note = pf.error;
+        }
+      }
+      rows->push_back(row);
+      fprintf(stderr, "  %s %s %s x%d done\n", transport.c_str(), op.c_str(),
+              SizeName(set.bytes).c_str(), set.batch);
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace tessera::tools::bench
