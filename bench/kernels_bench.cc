@@ -1,4 +1,8 @@
 // Update kernels' bytes/s beside a memcpy of the same bytes, in one binary.
+// Each benchmark also reports "traffic": the bytes it must read and write per
+// second (memcpy: 2 per byte; add and SGD: 3; Adam: 7; summing W gradients:
+// 3 per gradient byte). A kernel's traffic over memcpy's is how close it runs
+// to the memory bandwidth bound (the target is 0.6 or more).
 #include <benchmark/benchmark.h>
 
 #include <cstring>
@@ -9,6 +13,12 @@
 namespace tessera::kernels {
 namespace {
 
+void Traffic(benchmark::State& state, double bytes_per_iteration) {
+  state.counters["traffic"] = benchmark::Counter(
+      bytes_per_iteration * static_cast<double>(state.iterations()), benchmark::Counter::kIsRate,
+      benchmark::Counter::kIs1024);
+}
+
 void BM_Memcpy(benchmark::State& state) {
   const size_t bytes = static_cast<size_t>(state.range(0));
   std::vector<uint8_t> src(bytes, 1), dst(bytes, 2);
@@ -17,6 +27,7 @@ void BM_Memcpy(benchmark::State& state) {
     benchmark::ClobberMemory();
   }
   state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(bytes));
+  Traffic(state, 2.0 * static_cast<double>(bytes));
 }
 BENCHMARK(BM_Memcpy)->Arg(1 << 20)->Arg(64 << 20);
 
@@ -31,8 +42,44 @@ void BM_AddF32(benchmark::State& state) {
     benchmark::ClobberMemory();
   }
   state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(n * 4));
+  Traffic(state, 3.0 * static_cast<double>(n * 4));
 }
 BENCHMARK(BM_AddF32)->Arg(1 << 20)->Arg(64 << 20);
+
+// A sync step's sum of W = 4 workers' gradients into the f32 accumulator.
+void BM_SumOf4GradientsF32(benchmark::State& state) {
+  const size_t n = static_cast<size_t>(state.range(0)) / 4;
+  std::vector<float> acc(n), g0(n, 1.0f), g1(n, 2.0f), g2(n, 3.0f), g3(n, 4.0f);
+  for (auto _ : state) {
+    Accumulate(DType::kF32, acc.data(), g0.data(), n, true);
+    Accumulate(DType::kF32, acc.data(), g1.data(), n, false);
+    Accumulate(DType::kF32, acc.data(), g2.data(), n, false);
+    Accumulate(DType::kF32, acc.data(), g3.data(), n, false);
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(4 * n * 4));
+  Traffic(state, (2.0 + 3.0 * 3) * static_cast<double>(n * 4));
+}
+BENCHMARK(BM_SumOf4GradientsF32)->Arg(1 << 20)->Arg(64 << 20);
+
+template <UpdateRule kRule>
+void BM_OptimizerF32(benchmark::State& state) {
+  const size_t n = static_cast<size_t>(state.range(0)) / 4;
+  std::vector<float> p(n, 1.0f), g(n, 0.01f), m(n), v(n);
+  Hyperparams h;
+  h.weight_decay = 0.01f;
+  RuleState st{m.data(), v.data(), nullptr};
+  uint64_t step = 0;
+  for (auto _ : state) {
+    (void)ApplyOptimizerCpu(kRule, h, DType::kF32, p.data(), g.data(), n, st, ++step);
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(n * 4));
+  const double streams = kRule == UpdateRule::kSgd ? 3.0 : 7.0;  // Adam: p, g, m, v in; p, m, v out
+  Traffic(state, streams * static_cast<double>(n * 4));
+}
+BENCHMARK(BM_OptimizerF32<UpdateRule::kSgd>)->Arg(1 << 20)->Arg(64 << 20);
+BENCHMARK(BM_OptimizerF32<UpdateRule::kAdam>)->Arg(1 << 20)->Arg(64 << 20);
 
 void BM_AddBF16(benchmark::State& state) {
   const size_t n = static_cast<size_t>(state.range(0)) / 2;

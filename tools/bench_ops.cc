@@ -49,6 +49,9 @@ Status RunOps(const BenchOptions& o, const std::string& transport, std::vector<R
   std::vector<Set> sets;
   for (uint64_t size : o.sizes) {
     for (int batch : o.batches) {
+      // Batches are about many small tensors: skip points of more than
+      // 256 MiB a call (256 x 64 MiB would not fit the machine).
+      if (batch > 1 && size * static_cast<uint64_t>(batch) > (256u << 20)) continue;
       Set set{std::max<uint64_t>(4, size / 4 * 4), batch, {}};
       for (int w = 0; w < c.num_workers(); ++w) {
         std::vector<TensorSpec> specs;

@@ -19,7 +19,7 @@ PACKAGES=(
 )
 
 # Python tooling for the interoperability tests, in the project's own venv.
-PY_PACKAGES=("safetensors>=0.4,<1" "numpy>=1.26,<3" "pytest>=7")
+PY_PACKAGES=("safetensors>=0.4,<1" "numpy>=1.26,<3" "pytest>=7" "matplotlib>=3.7,<4")
 
 install_missing() {
   local missing=()
@@ -36,7 +36,7 @@ install_missing() {
 }
 
 python_env() {
-  if ! .venv/bin/python -c "import safetensors, numpy, pytest" 2>/dev/null; then
+  if ! .venv/bin/python -c "import safetensors, numpy, pytest, matplotlib" 2>/dev/null; then
     echo "== creating .venv: ${PY_PACKAGES[*]}"
     python3 -m venv .venv
     .venv/bin/pip install -q --disable-pip-version-check "${PY_PACKAGES[@]}"

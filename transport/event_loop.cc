@@ -1,5 +1,6 @@
 #include "transport/event_loop.h"
 
+#include <sched.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -116,7 +117,11 @@ void EventLoop::Run() {
       if (worked && spin_.count() > 0) last_work = std::chrono::steady_clock::now();
       continue;
     }
-    if (spin_.count() > 0 && std::chrono::steady_clock::now() - last_work < spin_) continue;
+    if (spin_.count() > 0 && std::chrono::steady_clock::now() - last_work < spin_) {
+      // Polling for a reply: let any other thread of this core run meanwhile.
+      sched_yield();
+      continue;
+    }
 
     sleeping_ = true;
     bool have_tasks;

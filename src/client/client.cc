@@ -211,6 +211,9 @@ class Client::Impl {
   void PullFromShard(int shard, std::vector<ChunkIo> ios, const std::function<void(Status)>& done);
   Result<const TensorEntry*> Lookup(Tensor t, size_t bytes, std::optional<DType> dtype,
                                     bool check_bytes = true) const;
+  // The same with tensors_mu_ held by the caller (one lock for a whole batch).
+  Result<const TensorEntry*> LookupLocked(Tensor t, size_t bytes, std::optional<DType> dtype,
+                                          bool check_bytes = true) const;
   std::shared_ptr<Future::State> NewOp() const {
     auto st = std::make_shared<Future::State>();
     st->timeout = options_.op_timeout;
@@ -644,6 +647,11 @@ Result<const Client::Impl::TensorEntry*> Client::Impl::Lookup(Tensor t, size_t b
                                                               std::optional<DType> dtype,
                                                               bool check_bytes) const {
   std::lock_guard<std::mutex> lock(tensors_mu_);
+  return LookupLocked(t, bytes, dtype, check_bytes);
+}
+
+Result<const Client::Impl::TensorEntry*> Client::Impl::LookupLocked(
+    Tensor t, size_t bytes, std::optional<DType> dtype, bool check_bytes) const {
   if (t.index >= tensors_.size()) {
     return Status::InvalidArgument("tensor handle " + std::to_string(t.index) +
                                    " was not declared by this client");
@@ -818,6 +826,7 @@ void Client::Impl::PushToShard(int shard, std::vector<ChunkIo> ios, uint32_t fla
     // Small: the bytes ride in the push-done itself.
     wire::Push msg;
     msg.step = step;
+    msg.entries.reserve(ios.size());
     msg.payload.reserve(raw);
     for (const auto& io : ios) {
       msg.entries.push_back({io.chunk->key_id, msg.payload.size(), io.chunk->bytes});
@@ -983,25 +992,25 @@ void Client::Impl::PullFromShard(int shard, std::vector<ChunkIo> ios,
 
 Future Client::Impl::Push(const std::vector<PushItem>& items, uint32_t flags, uint64_t step) {
   std::vector<std::vector<ChunkIo>> by_shard(shards_.size());
-  for (const auto& item : items) {
-    auto e = Lookup(item.tensor, item.bytes, item.dtype);
-    if (!e.ok()) return FailedFuture(e.status().WithContext("push"));
-    for (const auto& c : (*e)->chunks) {
-      by_shard[c.shard].push_back(
-          {&c, const_cast<uint8_t*>(static_cast<const uint8_t*>(item.data)) + c.byte_offset});
+  bool sync = false;
+  {
+    std::lock_guard<std::mutex> lock(tensors_mu_);
+    for (const auto& item : items) {
+      auto e = LookupLocked(item.tensor, item.bytes, item.dtype);
+      if (!e.ok()) return FailedFuture(e.status().WithContext("push"));
+      sync |= (*e)->spec.mode.kind == Consistency::kSync;
+      for (const auto& c : (*e)->chunks) {
+        auto& list = by_shard[c.shard];
+        if (list.empty()) list.reserve(items.size());
+        list.push_back(
+            {&c, const_cast<uint8_t*>(static_cast<const uint8_t*>(item.data)) + c.byte_offset});
+      }
     }
   }
   auto op = NewOp();
   op->Add(1);  // held until every part is issued
   if (!(flags & wire::kFlagInit) && !items.empty()) {
     // Tell the coordinator once the push is accepted: it keeps the global step.
-    bool sync = false;
-    {
-      std::lock_guard<std::mutex> lock(tensors_mu_);
-      for (const auto& item : items) {
-        sync |= tensors_[item.tensor.index].spec.mode.kind == Consistency::kSync;
-      }
-    }
     Future(op).Then([this, step, sync](const Status& st) {
       if (!st.ok()) return;
       ctx_->Post([this, step, sync] {
@@ -1026,12 +1035,17 @@ Future Client::Impl::Push(const std::vector<PushItem>& items, uint32_t flags, ui
 
 Future Client::Impl::Pull(const std::vector<PullItem>& items) {
   std::vector<std::vector<ChunkIo>> by_shard(shards_.size());
-  for (const auto& item : items) {
-    auto e = Lookup(item.tensor, item.bytes, item.dtype);
-    if (!e.ok()) return FailedFuture(e.status().WithContext("pull"));
-    for (const auto& c : (*e)->chunks) {
-      by_shard[c.shard].push_back(
-          {&c, static_cast<uint8_t*>(item.data) + c.byte_offset, item.min_version, item.min_step});
+  {
+    std::lock_guard<std::mutex> lock(tensors_mu_);
+    for (const auto& item : items) {
+      auto e = LookupLocked(item.tensor, item.bytes, item.dtype);
+      if (!e.ok()) return FailedFuture(e.status().WithContext("pull"));
+      for (const auto& c : (*e)->chunks) {
+        auto& list = by_shard[c.shard];
+        if (list.empty()) list.reserve(items.size());
+        list.push_back({&c, static_cast<uint8_t*>(item.data) + c.byte_offset, item.min_version,
+                        item.min_step});
+      }
     }
   }
   auto op = NewOp();

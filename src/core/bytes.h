@@ -2,6 +2,7 @@
 // past its span: every Read* fails (and latches the failure) instead.
 #pragma once
 
+#include <bit>
 #include <cstdint>
 #include <cstring>
 #include <span>
@@ -33,7 +34,14 @@ class ByteWriter {
     static_assert(std::is_integral_v<T> || std::is_enum_v<T>);
     using U = std::make_unsigned_t<typename Underlying<T, std::is_enum_v<T>>::type>;
     auto v = static_cast<U>(value);
-    for (size_t i = 0; i < sizeof(U); ++i) out_->push_back(static_cast<uint8_t>(v >> (8 * i)));
+    if constexpr (std::endian::native == std::endian::little) {
+      // One append of the value's bytes (the hot path encodes many).
+      const size_t at = out_->size();
+      out_->resize(at + sizeof(U));
+      std::memcpy(out_->data() + at, &v, sizeof(U));
+    } else {
+      for (size_t i = 0; i < sizeof(U); ++i) out_->push_back(static_cast<uint8_t>(v >> (8 * i)));
+    }
   }
   void PutBytes(std::span<const uint8_t> bytes) {
     out_->insert(out_->end(), bytes.begin(), bytes.end());
@@ -67,8 +75,12 @@ class ByteReader {
     using U = std::make_unsigned_t<T>;
     if (!Need(sizeof(U))) return false;
     U v = 0;
-    for (size_t i = 0; i < sizeof(U); ++i)
-      v |= static_cast<U>(static_cast<U>(in_[pos_ + i]) << (8 * i));
+    if constexpr (std::endian::native == std::endian::little) {
+      std::memcpy(&v, in_.data() + pos_, sizeof(U));
+    } else {
+      for (size_t i = 0; i < sizeof(U); ++i)
+        v |= static_cast<U>(static_cast<U>(in_[pos_ + i]) << (8 * i));
+    }
     pos_ += sizeof(U);
     *value = static_cast<T>(v);
     return true;

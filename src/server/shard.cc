@@ -476,6 +476,8 @@ bool Shard::TryApplyPush(PendingPush& push) {
                             ? static_cast<const uint8_t*>(push.peer->staging->data())
                             : push.msg.payload.data();
   wire::PushReply reply;
+  reply.versions.reserve(push.msg.entries.size());
+  reply.outcomes.reserve(push.msg.entries.size());
   for (const auto& e : push.msg.entries) {
     Param* p = table_->Find(e.key_id);
     const auto& t = p->entry.tensor;

@@ -154,6 +154,7 @@ struct Push {
   uint64_t step = 0;  // the worker's step (sync and bounded tensors)
   std::vector<PushEntry> entries;
   std::vector<uint8_t> payload;  // inline bytes, or empty
+  size_t EncodedSizeHint() const { return 16 + entries.size() * 20 + payload.size(); }
   void EncodeBody(ByteWriter& w) const;
   static Result<Push> DecodeBody(ByteReader& r);
 };
@@ -169,6 +170,7 @@ struct PushReply {
   static constexpr Opcode kOpcode = Opcode::kPushReply;
   std::vector<uint64_t> versions;  // each key's version after this push
   std::vector<uint8_t> outcomes;   // a PushOutcome per key
+  size_t EncodedSizeHint() const { return 8 + versions.size() * 9; }
   void EncodeBody(ByteWriter& w) const;
   static Result<PushReply> DecodeBody(ByteReader& r);
 };
@@ -185,6 +187,7 @@ struct Pull {
   // The bytes may come back inside the reply when they total at most this
   // (0: always by a one-sided read).
   uint32_t inline_max = 0;
+  size_t EncodedSizeHint() const { return 8 + entries.size() * 20; }
   void EncodeBody(ByteWriter& w) const;
   static Result<Pull> DecodeBody(ByteReader& r);
 };
@@ -195,6 +198,7 @@ struct PullReply {
   uint64_t lease_id = 0;  // 0 when the bytes are inline: nothing to release
   std::vector<uint64_t> versions;
   std::vector<uint8_t> data;  // the chunks' bytes, in request order, or empty
+  size_t EncodedSizeHint() const { return 16 + versions.size() * 8 + data.size(); }
   void EncodeBody(ByteWriter& w) const;
   static Result<PullReply> DecodeBody(ByteReader& r);
 };
@@ -370,7 +374,12 @@ struct Error {
 template <typename Msg>
 std::vector<uint8_t> Encode(const Msg& msg, uint64_t request_id, uint32_t flags = 0) {
   std::vector<uint8_t> out;
-  out.reserve(kHeaderSize + 64);
+  // Messages that know their size get it in one allocation.
+  if constexpr (requires { msg.EncodedSizeHint(); }) {
+    out.reserve(kHeaderSize + msg.EncodedSizeHint());
+  } else {
+    out.reserve(kHeaderSize + 64);
+  }
   Header h;
   h.opcode = Msg::kOpcode;
   h.flags = flags;

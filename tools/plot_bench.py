@@ -1,0 +1,64 @@
+#!/usr/bin/env python3
+"""Draws `tessera bench --json` results: bandwidth against size for Tessera's
+push/pull and the fabric's put/get (Tessera's transport and ucx_perftest),
+one panel per transport, and round-trip times of small calls beside UCX's
+active-message round trip. Usage: plot_bench.py RESULTS.json OUT.png"""
+import json
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def main(src: str, out: str) -> None:
+    rows = json.load(open(src))
+    transports = sorted({r["transport"] for r in rows})
+    fig, axes = plt.subplots(2, len(transports), figsize=(6.5 * len(transports), 9), squeeze=False)
+    for col, tr in enumerate(transports):
+        mine = [r for r in rows if r["transport"] == tr and r.get("batch", 1) == 1]
+        ax = axes[0][col]
+        for name in ("push", "pull", "push_pull", "fabric-put", "fabric-get"):
+            pts = sorted((r["bytes"], r["gbps"]) for r in mine if r["scenario"] == name)
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=f"tessera {name}")
+        for name, base in (("push", "ucp_put_bw"), ("pull", "ucp_get")):
+            pts = sorted((r["bytes"], r["baseline_gbps"]) for r in mine
+                         if r["scenario"] == name and r.get("baseline") == base)
+            if pts:
+                ax.plot(*zip(*pts), linestyle="--", marker="x", label=f"ucx_perftest {base}")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("bytes per tensor")
+        ax.set_ylabel("GB/s (median)")
+        ax.set_title(f"bandwidth, {tr}")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+
+        ax = axes[1][col]
+        small = [r for r in mine if r["bytes"] <= 65536 and r["scenario"] in
+                 ("push", "pull", "push_pull", "fabric-msg-rtt")]
+        labels, vals, base = [], [], []
+        for r in sorted(small, key=lambda r: (r["scenario"], r["bytes"])):
+            labels.append(f'{r["scenario"]}\n{r["bytes"]} B')
+            vals.append(r["p50_us"])
+            base.append(r["baseline_us"] if r.get("baseline", "").startswith("2 x") else 0)
+        x = range(len(labels))
+        ax.bar([i - 0.2 for i in x], vals, width=0.4, label="tessera round trip (p50)")
+        if any(base):
+            ax.bar([i + 0.2 for i in x], base, width=0.4, label="UCX AM round trip (perftest)")
+        ax.set_xticks(list(x))
+        ax.set_xticklabels(labels, fontsize=7)
+        ax.set_ylabel("microseconds")
+        ax.set_yscale("log")
+        ax.set_title(f"small calls, {tr}")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        sys.exit(__doc__)
+    main(sys.argv[1], sys.argv[2])
