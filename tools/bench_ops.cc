@@ -64,6 +64,9 @@ Status RunOps(const BenchOptions& o, const std::string& transport, std::vector<R
                            {},
                            -1});
         }
+        // The chief declares every worker's tensors too: it initialises
+        // what it declared.
+        if (w != 0) TESSERA_RETURN_IF_ERROR(c.worker(0).DeclareMany(specs).status());
         auto t = c.worker(w).DeclareMany(specs);
         if (!t.ok()) return t.status();
         set.tensors.push_back(std::move(*t));

@@ -60,8 +60,9 @@ Status RunStep(const BenchOptions& o, const std::string& transport, std::vector<
     specs.push_back(std::move(s));
   }
   // The bound: each worker moves the model up and down once per step at the
-  // fabric's put bandwidth for a chunk (4 MiB), measured now.
-  auto fabric = FabricPutGbps(o, tls, 4u << 20);
+  // fabric's put bandwidth for as many bytes as the model (streaming from
+  // memory, not from cache), measured now.
+  auto fabric = FabricPutGbps(o, tls, std::min<uint64_t>(model_bytes, 512u << 20));
   if (!fabric.ok()) return fabric.status().WithContext("measuring the fabric");
 
   auto cluster = LocalCluster::Start(o, tls, o.shards, o.workers);

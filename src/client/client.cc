@@ -205,6 +205,9 @@ class Client::Impl {
     uint8_t* local;  // source (push) or destination (pull)
     uint64_t min_version = 0;
     uint64_t min_step = 0;
+    // Push: the tensor the chunk belongs to. A tensor's chunks on one shard
+    // travel in one push-done, so that they are applied together.
+    const TensorEntry* tensor = nullptr;
   };
   void PushToShard(int shard, std::vector<ChunkIo> ios, uint32_t flags, uint64_t step,
                    std::function<void(Status, std::vector<uint64_t>)> done);
@@ -873,19 +876,28 @@ void Client::Impl::PushToShard(int shard, std::vector<ChunkIo> ios, uint32_t fla
         });
     return;
   }
-  wire::Push msg;
-  msg.step = step;
+  // Pipelined: the entries go in groups of about kGroupBytes (never splitting
+  // a tensor, whose chunks here must apply at once), and each group's
+  // push-done is sent as soon as its puts are complete at the shard, so the
+  // shard applies one group while the next is still on the wire.
+  constexpr uint64_t kGroupBytes = 1u << 20;
+  struct Group {
+    wire::Push msg;
+    size_t first = 0;  // index of its first entry among `ios`
+    int outstanding = 0;
+  };
   struct Progress {
-    int outstanding;
+    size_t groups_left = 0;
     Status status;
     bool finished = false;
+    std::vector<uint64_t> versions;
   };
-  auto progress =
-      std::make_shared<Progress>(Progress{static_cast<int>(ios.size()) + 1, Status::Ok()});
-  uint64_t rel = *offset;
+  auto progress = std::make_shared<Progress>();
+  progress->versions.resize(ios.size());
   const uint64_t base = s.staging->base();
   const uint64_t op_id = s.next_op++;
-  // Runs once: on the reply, on a failure, or when the shard is lost.
+  // Runs once: when every group is answered, on a failure, or when the shard
+  // is lost.
   auto finish = [this, shard, op_id, progress, off = *offset, done](
                     const Status& st, std::vector<uint64_t> versions) {
     if (progress->finished) return;
@@ -901,26 +913,58 @@ void Client::Impl::PushToShard(int shard, std::vector<ChunkIo> ios, uint32_t fla
     done(st, std::move(versions));
   };
   s.in_flight[op_id] = [finish](const Status& why) { finish(why, {}); };
-  auto after_puts = [this, shard, flags, progress, finish, on_reply](const wire::Push& m) {
+
+  std::vector<std::shared_ptr<Group>> groups;
+  uint64_t rel = *offset, group_bytes = 0;
+  for (size_t i = 0; i < ios.size(); ++i) {
+    const bool same_tensor = i > 0 && ios[i].tensor == ios[i - 1].tensor;
+    if (groups.empty() || (group_bytes >= kGroupBytes && !same_tensor)) {
+      groups.push_back(std::make_shared<Group>());
+      groups.back()->msg.step = step;
+      groups.back()->first = i;
+      group_bytes = 0;
+    }
+    groups.back()->msg.entries.push_back({ios[i].chunk->key_id, rel, ios[i].chunk->bytes});
+    rel += (ios[i].chunk->bytes + 63) / 64 * 64;
+    group_bytes += ios[i].chunk->bytes;
+  }
+  progress->groups_left = groups.size();
+  auto send = [this, shard, flags, progress, finish](const std::shared_ptr<Group>& g) {
     if (progress->finished) return;
     if (!progress->status.ok()) return finish(ShardError(shard, progress->status), {});
-    Request(shard, m, flags, on_reply(finish));
+    Request(shard, g->msg, flags,
+            [this, progress, finish, g](const Status& st, const wire::Header& h,
+                                        std::span<const uint8_t> frame) {
+              if (!st.ok()) return finish(st, {});
+              auto reply = wire::DecodeBody<wire::PushReply>(h, frame);
+              if (!reply.ok()) return finish(reply.status(), {});
+              if (reply->versions.size() != g->msg.entries.size()) {
+                return finish(Status::Internal("push reply does not match the request"), {});
+              }
+              for (uint8_t o : reply->outcomes) {
+                if (o == static_cast<uint8_t>(wire::PushOutcome::kStale)) dropped_stale_++;
+                if (o == static_cast<uint8_t>(wire::PushOutcome::kDuplicate)) dropped_duplicate_++;
+              }
+              std::copy(reply->versions.begin(), reply->versions.end(),
+                        progress->versions.begin() + static_cast<std::ptrdiff_t>(g->first));
+              if (--progress->groups_left == 0) finish(Status::Ok(), std::move(progress->versions));
+            });
   };
-  for (const auto& io : ios) {
-    msg.entries.push_back({io.chunk->key_id, rel, io.chunk->bytes});
-    rel += (io.chunk->bytes + 63) / 64 * 64;
+  for (const auto& g : groups) {
+    g->outstanding = static_cast<int>(g->msg.entries.size()) + 1;
+    auto one_done = [progress, send, g](const Status& st) {
+      if (!st.ok() && progress->status.ok()) progress->status = st;
+      if (--g->outstanding == 0) send(g);
+    };
+    for (size_t k = 0; k < g->msg.entries.size(); ++k) {
+      const auto& e = g->msg.entries[k];
+      s.ep->Put(ios[g->first + k].local, e.byte_length, *s.staging, base + e.staging_offset,
+                one_done);
+    }
+    // The shard reads the slot once the push-done arrives: make this group's
+    // puts (and every earlier one) complete at the shard first.
+    s.ep->Flush(one_done);
   }
-  auto one_done = [progress, after_puts, msg](const Status& st) {
-    if (!st.ok() && progress->status.ok()) progress->status = st;
-    if (--progress->outstanding == 0) after_puts(msg);
-  };
-  for (size_t i = 0; i < ios.size(); ++i) {
-    const auto& e = msg.entries[i];
-    s.ep->Put(ios[i].local, e.byte_length, *s.staging, base + e.staging_offset, one_done);
-  }
-  // The shard reads the slot once the push-done arrives: make the puts
-  // complete at the shard first.
-  s.ep->Flush(one_done);
 }
 
 void Client::Impl::PullFromShard(int shard, std::vector<ChunkIo> ios,
@@ -1002,8 +1046,9 @@ Future Client::Impl::Push(const std::vector<PushItem>& items, uint32_t flags, ui
       for (const auto& c : (*e)->chunks) {
         auto& list = by_shard[c.shard];
         if (list.empty()) list.reserve(items.size());
-        list.push_back(
-            {&c, const_cast<uint8_t*>(static_cast<const uint8_t*>(item.data)) + c.byte_offset});
+        list.push_back({&c,
+                        const_cast<uint8_t*>(static_cast<const uint8_t*>(item.data)) + c.byte_offset,
+                        0, 0, *e});
       }
     }
   }
@@ -1069,7 +1114,8 @@ Future Client::Impl::PushPull(const std::vector<PushPullItem>& items) {
     if (!e.ok()) return FailedFuture(e.status().WithContext("push_pull"));
     for (const auto& c : (*e)->chunks) {
       push[c.shard].push_back(
-          {&c, const_cast<uint8_t*>(static_cast<const uint8_t*>(item.gradient)) + c.byte_offset});
+          {&c, const_cast<uint8_t*>(static_cast<const uint8_t*>(item.gradient)) + c.byte_offset,
+           0, 0, *e});
       pull[c.shard].push_back({&c, static_cast<uint8_t*>(item.weights) + c.byte_offset});
     }
   }

@@ -326,8 +326,11 @@ Status UcxContext::Init() {
   hooks.progress = [this] { return ucp_worker_progress(worker_) != 0; };
   hooks.arm = [this] { return ucp_worker_arm(worker_) == UCS_OK; };
   hooks.event_fd = efd;
-  loop_ = std::make_unique<EventLoop>(options_.name, options_.busy_poll, std::move(hooks),
-                                      options_.spin_before_sleep);
+  auto spin = options_.spin_before_sleep;
+  if (const char* us = std::getenv("TESSERA_PROGRESS_SPIN_US")) {  // for measuring its effect
+    spin = std::chrono::microseconds(std::atoll(us));
+  }
+  loop_ = std::make_unique<EventLoop>(options_.name, options_.busy_poll, std::move(hooks), spin);
   loop_->Start();
   return Status::Ok();
 }
