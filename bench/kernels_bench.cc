@@ -14,9 +14,9 @@ namespace tessera::kernels {
 namespace {
 
 void Traffic(benchmark::State& state, double bytes_per_iteration) {
-  state.counters["traffic"] = benchmark::Counter(
-      bytes_per_iteration * static_cast<double>(state.iterations()), benchmark::Counter::kIsRate,
-      benchmark::Counter::kIs1024);
+  state.counters["traffic"] =
+      benchmark::Counter(bytes_per_iteration * static_cast<double>(state.iterations()),
+                         benchmark::Counter::kIsRate, benchmark::Counter::kIs1024);
 }
 
 void BM_Memcpy(benchmark::State& state) {

@@ -458,8 +458,8 @@ TEST_P(ClusterTest, SmallTensorsTravelInline) {
   std::vector<float> a = {1, 2, 3}, b(500, 0.5f), big(4096, 2.0f), ga(3), gb(500), gbig(4096);
   auto before = c.counters();
   ASSERT_TRUE(c.Push({PushItem::Of<float>((*t)[0], a), PushItem::Of<float>((*t)[1], b)}).ok());
-  ASSERT_TRUE(c.Pull({PullItem::Of<float>((*t)[0], ga, 2), PullItem::Of<float>((*t)[1], gb, 2)})
-                  .ok());
+  ASSERT_TRUE(
+      c.Pull({PullItem::Of<float>((*t)[0], ga, 2), PullItem::Of<float>((*t)[1], gb, 2)}).ok());
   auto after = c.counters();
   EXPECT_EQ(ga, a);
   EXPECT_EQ(gb, b);

@@ -24,16 +24,17 @@ const std::vector<std::string> kScenarios = {"fabric", "push", "pull", "push_pul
 
 void PrintTable(const std::vector<Row>& rows) {
   printf("%-15s %-10s %9s %5s %3s %3s | %10s %10s %9s %7s | %-31s %10s %9s | %7s %s\n", "scenario",
-         "transport", "size", "batch", "S", "W", "p50 us", "p99 us", "GB/s", "alloc/op",
-         "baseline", "base us", "base GB/s", "ratio", "");
+         "transport", "size", "batch", "S", "W", "p50 us", "p99 us", "GB/s", "alloc/op", "baseline",
+         "base us", "base GB/s", "ratio", "");
   for (const auto& r : rows) {
     std::string allocs = r.allocs_per_op < 0 ? "-" : fmt::format("{:.1f}", r.allocs_per_op);
     std::string ratio = r.ratio > 0 ? fmt::format("{:.2f}", r.ratio) : "-";
-    printf("%-15s %-10s %9s %5d %3d %3d | %10.1f %10.1f %9.3f %7s | %-31s %10.1f %9.3f | %7s %s%s\n",
-           r.scenario.c_str(), r.transport.c_str(), bench::SizeName(r.bytes).c_str(), r.batch,
-           r.shards, r.workers, r.tessera.p50_us, r.tessera.p99_us, r.tessera.gbps,
-           allocs.c_str(), r.baseline.c_str(), r.baseline_us, r.baseline_gbps, ratio.c_str(),
-           r.ratio > 0 ? (r.ratio_of == "time" ? "(time) " : "(GB/s) ") : "", r.note.c_str());
+    printf(
+        "%-15s %-10s %9s %5d %3d %3d | %10.1f %10.1f %9.3f %7s | %-31s %10.1f %9.3f | %7s %s%s\n",
+        r.scenario.c_str(), r.transport.c_str(), bench::SizeName(r.bytes).c_str(), r.batch,
+        r.shards, r.workers, r.tessera.p50_us, r.tessera.p99_us, r.tessera.gbps, allocs.c_str(),
+        r.baseline.c_str(), r.baseline_us, r.baseline_gbps, ratio.c_str(),
+        r.ratio > 0 ? (r.ratio_of == "time" ? "(time) " : "(GB/s) ") : "", r.note.c_str());
   }
 }
 

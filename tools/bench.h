@@ -18,19 +18,19 @@
 namespace tessera::tools {
 
 struct BenchOptions {
-  std::vector<std::string> scenarios;                          // empty: push and pull
-  std::vector<std::string> transports = {"tcp", "shm"};        // tcp, shm, or a UCX_TLS value
+  std::vector<std::string> scenarios;                            // empty: push and pull
+  std::vector<std::string> transports = {"tcp", "shm"};          // tcp, shm, or a UCX_TLS value
   std::vector<uint64_t> sizes = {8, 4096, 1u << 20, 64u << 20};  // bytes per tensor
-  std::vector<int> batches = {1};                              // tensors per call
+  std::vector<int> batches = {1};                                // tensors per call
   int shards = 1;
   int workers = 1;
   int iters = 30;
   int warmup = 3;
-  std::string memory = "host";  // host | cuda
+  std::string memory = "host";     // host | cuda
   std::string model = "resnet50";  // step: bench/models/<model>.txt, or a path
-  bool baseline = false;  // run ucx_perftest beside
-  bool check = false;     // verify every transferred byte
-  bool pin = true;        // shards on the first cores, the bench on the last
+  bool baseline = false;           // run ucx_perftest beside
+  bool check = false;              // verify every transferred byte
+  bool pin = true;                 // shards on the first cores, the bench on the last
   bool busy_poll = false;
   std::string json_path;
   std::string plot_path;

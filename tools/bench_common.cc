@@ -28,21 +28,12 @@ Stats Summarise(std::vector<double> us, uint64_t bytes) {
 }
 
 nlohmann::json Row::ToJson() const {
-  nlohmann::json j = {{"scenario", scenario},
-                      {"transport", transport},
-                      {"bytes", bytes},
-                      {"batch", batch},
-                      {"shards", shards},
-                      {"workers", workers},
-                      {"p50_us", tessera.p50_us},
-                      {"p99_us", tessera.p99_us},
-                      {"gbps", tessera.gbps},
-                      {"baseline", baseline},
-                      {"baseline_us", baseline_us},
-                      {"baseline_gbps", baseline_gbps},
-                      {"ratio", ratio},
-                      {"ratio_of", ratio_of},
-                      {"note", note}};
+  nlohmann::json j = {
+      {"scenario", scenario},     {"transport", transport},     {"bytes", bytes},
+      {"batch", batch},           {"shards", shards},           {"workers", workers},
+      {"p50_us", tessera.p50_us}, {"p99_us", tessera.p99_us},   {"gbps", tessera.gbps},
+      {"baseline", baseline},     {"baseline_us", baseline_us}, {"baseline_gbps", baseline_gbps},
+      {"ratio", ratio},           {"ratio_of", ratio_of},       {"note", note}};
   if (allocs_per_op >= 0) j["allocs_per_op"] = allocs_per_op;
   return j;
 }
@@ -122,10 +113,9 @@ Result<std::unique_ptr<LocalCluster>> LocalCluster::Start(const BenchOptions& o,
   const std::string secret = GenerateSecret();
   const int cpus = NumCpus();
   for (int i = 0; i < shards; ++i) {
-    std::vector<std::string> argv = {SelfExecutable(), "server",      "--ps_hosts",
-                                     hosts(ps),        "--worker_hosts", hosts(ws),
-                                     "--job",          "ps",          "--task",
-                                     std::to_string(i), "--staging-mib", "160"};
+    std::vector<std::string> argv = {
+        SelfExecutable(), "server", "--ps_hosts", hosts(ps),         "--worker_hosts", hosts(ws),
+        "--job",          "ps",     "--task",     std::to_string(i), "--staging-mib",  "160"};
     if (o.busy_poll) argv.push_back("--busy-poll");
     // Shards on the first cores, the bench (workers) on the last one.
     const int cpu = o.pin ? (cpus > 1 ? i % (cpus - 1) : 0) : -1;

@@ -40,15 +40,16 @@ int RunBenchPeer(uint16_t port, uint64_t region_bytes, bool busy_poll) {
     fprintf(stderr, "bench-peer: %s\n", region.status().ToString().c_str());
     return 1;
   }
-  (*ctx)->SetHandler(kEchoMsg, [](const std::shared_ptr<transport::Endpoint>& ep,
-                                  std::span<const uint8_t> bytes) {
-    ep->Send(kEchoMsg, std::vector<uint8_t>(bytes.begin(), bytes.end()));
-  });
+  (*ctx)->SetHandler(
+      kEchoMsg, [](const std::shared_ptr<transport::Endpoint>& ep, std::span<const uint8_t> bytes) {
+        ep->Send(kEchoMsg, std::vector<uint8_t>(bytes.begin(), bytes.end()));
+      });
   std::vector<std::shared_ptr<transport::Endpoint>> peers;
-  auto listener = (*ctx)->Listen("127.0.0.1", port, [&](const std::shared_ptr<transport::Endpoint>& ep) {
-    peers.push_back(ep);
-    ep->Send(kRegionMsg, (*region)->Describe());
-  });
+  auto listener =
+      (*ctx)->Listen("127.0.0.1", port, [&](const std::shared_ptr<transport::Endpoint>& ep) {
+        peers.push_back(ep);
+        ep->Send(kRegionMsg, (*region)->Describe());
+      });
   if (!listener.ok()) {
     fprintf(stderr, "bench-peer: %s\n", listener.status().ToString().c_str());
     return 1;
@@ -68,8 +69,8 @@ class FabricPeer {
                                                    uint64_t max_bytes) {
     std::unique_ptr<FabricPeer> f(new FabricPeer());
     const uint16_t port = FreePort("127.0.0.1");
-    std::vector<std::string> argv = {SelfExecutable(), "bench-peer", "--port", std::to_string(port),
-                                     "--bytes", std::to_string(max_bytes)};
+    std::vector<std::string> argv = {SelfExecutable(),     "bench-peer", "--port",
+                                     std::to_string(port), "--bytes",    std::to_string(max_bytes)};
     if (o.busy_poll) argv.push_back("--busy-poll");
     f->pid_ = SpawnProcess(argv, {"UCX_TLS=" + tls, "TESSERA_LOG_LEVEL=warn"}, o.pin ? 0 : -1);
     transport::ContextOptions copts;
@@ -93,10 +94,9 @@ class FabricPeer {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
     while (!f->ep_) {
       std::promise<Result<std::shared_ptr<transport::Endpoint>>> p;
-      f->ctx_->Connect("127.0.0.1", port, std::chrono::milliseconds(1000),
-                       [&p](Result<std::shared_ptr<transport::Endpoint>> ep) {
-                         p.set_value(std::move(ep));
-                       });
+      f->ctx_->Connect(
+          "127.0.0.1", port, std::chrono::milliseconds(1000),
+          [&p](Result<std::shared_ptr<transport::Endpoint>> ep) { p.set_value(std::move(ep)); });
       auto ep = p.get_future().get();
       if (ep.ok()) {
         f->ep_ = *ep;
@@ -224,9 +224,8 @@ Status RunFabric(const BenchOptions& o, const std::string& transport, std::vecto
         get_us.push_back(*get / n);
       }
       if (bytes <= 65536) {
-        auto am = p.Timed(1, [&] {
-          p.ep().Send(kEchoMsg, std::vector<uint8_t>(p.local(), p.local() + bytes));
-        });
+        auto am = p.Timed(
+            1, [&] { p.ep().Send(kEchoMsg, std::vector<uint8_t>(p.local(), p.local() + bytes)); });
         if (!am.ok()) return am.status();
         if (it >= o.warmup) am_us.push_back(*am);
       }

@@ -150,7 +150,12 @@ Status RunOps(const BenchOptions& o, const std::string& transport, std::vector<R
       const uint64_t call_bytes = set.bytes * static_cast<uint64_t>(set.batch) *
                                   (op == "push_pull" ? 2 : 1) *
                                   static_cast<uint64_t>(c.num_workers());
-      Row row{op, transport, set.bytes, set.batch, o.shards, c.num_workers(),
+      Row row{op,
+              transport,
+              set.bytes,
+              set.batch,
+              o.shards,
+              c.num_workers(),
               Summarise(all, call_bytes)};
       // Every worker's thread counts: an upper bound per call with W > 1.
       row.allocs_per_op = n ? static_cast<double>(allocations) / static_cast<double>(n) : -1;
@@ -170,8 +175,8 @@ Status RunOps(const BenchOptions& o, const std::string& transport, std::vector<R
           row.ratio_of = "time";
           row.note = am.error;
         } else {
-          auto pf = RunPerftest(tls, op == "pull" ? "ucp_get" : "ucp_put_bw", b, o.iters,
-                                o.warmup, o.pin);
+          auto pf = RunPerftest(tls, op == "pull" ? "ucp_get" : "ucp_put_bw", b, o.iters, o.warmup,
+                                o.pin);
           row.baseline = op == "pull" ? "ucp_get" : "ucp_put_bw";
           row.baseline_us = pf.us;
           row.baseline_gbps = pf.gbps;

@@ -54,8 +54,8 @@ Status RunStep(const BenchOptions& o, const std::string& transport, std::vector<
   std::vector<TensorSpec> specs;
   for (const auto& t : *model) {
     TensorSpec s{t.name, DType::kF32, t.shape, UpdateRule::kSgd, {}, -1};
-    s.mode = ConsistencyMode::Sync(static_cast<uint32_t>(o.workers),
-                                   static_cast<uint32_t>(o.workers));
+    s.mode =
+        ConsistencyMode::Sync(static_cast<uint32_t>(o.workers), static_cast<uint32_t>(o.workers));
     model_bytes += NumElements(t.shape).value() * 4;
     specs.push_back(std::move(s));
   }
@@ -118,8 +118,13 @@ Status RunStep(const BenchOptions& o, const std::string& transport, std::vector<
     if (!status[static_cast<size_t>(w)].ok()) return status[static_cast<size_t>(w)];
     all.insert(all.end(), us[static_cast<size_t>(w)].begin(), us[static_cast<size_t>(w)].end());
   }
-  Row row{"step", transport, model_bytes, static_cast<int>(specs.size()), o.shards,
-          c.num_workers(), Summarise(all, 2 * model_bytes)};
+  Row row{"step",
+          transport,
+          model_bytes,
+          static_cast<int>(specs.size()),
+          o.shards,
+          c.num_workers(),
+          Summarise(all, 2 * model_bytes)};
   row.baseline = "bound (2 x model / fabric put)";
   row.baseline_gbps = *fabric;
   row.baseline_us = static_cast<double>(2 * model_bytes) / (*fabric * 1e3);

@@ -137,8 +137,9 @@ int main(int argc, char** argv) try {
       "bench", "Tessera's latency and bandwidth beside the raw fabric's (ucx_perftest)");
   bench_cmd->add_option("scenarios", bench.scenarios,
                         "fabric, push, pull, push_pull, step (default: push pull)");
-  bench_cmd->add_option("--transport", bench.transports,
-                        "tcp, shm, or a UCX_TLS value (repeat or comma-separate)")
+  bench_cmd
+      ->add_option("--transport", bench.transports,
+                   "tcp, shm, or a UCX_TLS value (repeat or comma-separate)")
       ->delimiter(';');
   std::vector<std::string> bench_sizes;
   bench_cmd->add_option("--sizes", bench_sizes, "bytes per tensor: 8,4K,1M,64M")->delimiter(',');

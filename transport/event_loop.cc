@@ -13,8 +13,7 @@
 
 namespace tessera::transport {
 
-EventLoop::EventLoop(std::string name, bool busy_poll, Hooks hooks,
-                     std::chrono::microseconds spin)
+EventLoop::EventLoop(std::string name, bool busy_poll, Hooks hooks, std::chrono::microseconds spin)
     : name_(std::move(name)), busy_poll_(busy_poll), hooks_(std::move(hooks)), spin_(spin) {
   epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);

@@ -131,7 +131,7 @@ class Client::Impl {
     std::vector<Chunk> chunks;
     bool restored = false;     // the shards loaded it from a checkpoint
     bool initialized = false;  // the chief initialised it already
-    wire::TensorDecl decl;  // as declared (modes filled in), for re-creating
+    wire::TensorDecl decl;     // as declared (modes filled in), for re-creating
   };
 
   ClientOptions options_;
@@ -653,8 +653,9 @@ Result<const Client::Impl::TensorEntry*> Client::Impl::Lookup(Tensor t, size_t b
   return LookupLocked(t, bytes, dtype, check_bytes);
 }
 
-Result<const Client::Impl::TensorEntry*> Client::Impl::LookupLocked(
-    Tensor t, size_t bytes, std::optional<DType> dtype, bool check_bytes) const {
+Result<const Client::Impl::TensorEntry*> Client::Impl::LookupLocked(Tensor t, size_t bytes,
+                                                                    std::optional<DType> dtype,
+                                                                    bool check_bytes) const {
   if (t.index >= tensors_.size()) {
     return Status::InvalidArgument("tensor handle " + std::to_string(t.index) +
                                    " was not declared by this client");
@@ -811,8 +812,7 @@ void Client::Impl::PushToShard(int shard, std::vector<ChunkIo> ios, uint32_t fla
     return done(s.dead, {});
   }
   auto on_reply = [this](const std::function<void(Status, std::vector<uint64_t>)>& finish) {
-    return [this, finish](const Status& st, const wire::Header& h,
-                          std::span<const uint8_t> frame) {
+    return [this, finish](const Status& st, const wire::Header& h, std::span<const uint8_t> frame) {
       if (!st.ok()) return finish(st, {});
       auto reply = wire::DecodeBody<wire::PushReply>(h, frame);
       if (!reply.ok()) return finish(reply.status(), {});
@@ -1046,9 +1046,9 @@ Future Client::Impl::Push(const std::vector<PushItem>& items, uint32_t flags, ui
       for (const auto& c : (*e)->chunks) {
         auto& list = by_shard[c.shard];
         if (list.empty()) list.reserve(items.size());
-        list.push_back({&c,
-                        const_cast<uint8_t*>(static_cast<const uint8_t*>(item.data)) + c.byte_offset,
-                        0, 0, *e});
+        list.push_back(
+            {&c, const_cast<uint8_t*>(static_cast<const uint8_t*>(item.data)) + c.byte_offset, 0, 0,
+             *e});
       }
     }
   }
@@ -1114,8 +1114,8 @@ Future Client::Impl::PushPull(const std::vector<PushPullItem>& items) {
     if (!e.ok()) return FailedFuture(e.status().WithContext("push_pull"));
     for (const auto& c : (*e)->chunks) {
       push[c.shard].push_back(
-          {&c, const_cast<uint8_t*>(static_cast<const uint8_t*>(item.gradient)) + c.byte_offset,
-           0, 0, *e});
+          {&c, const_cast<uint8_t*>(static_cast<const uint8_t*>(item.gradient)) + c.byte_offset, 0,
+           0, *e});
       pull[c.shard].push_back({&c, static_cast<uint8_t*>(item.weights) + c.byte_offset});
     }
   }

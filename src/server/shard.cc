@@ -428,11 +428,10 @@ Status Shard::ValidatePush(const Peer& peer, uint32_t flags, const wire::Push& m
                                      std::to_string(e.byte_length) + " bytes");
     }
     if (e.staging_offset > slot || e.byte_length > slot - e.staging_offset) {
-      return Status::OutOfRange("push to tensor '" + p->display_name + "' reads [" +
-                                std::to_string(e.staging_offset) + ", +" +
-                                std::to_string(e.byte_length) + ") outside the " +
-                                std::to_string(slot) +
-                                (inline_bytes ? " inline bytes" : "-byte staging slot"));
+      return Status::OutOfRange(
+          "push to tensor '" + p->display_name + "' reads [" + std::to_string(e.staging_offset) +
+          ", +" + std::to_string(e.byte_length) + ") outside the " + std::to_string(slot) +
+          (inline_bytes ? " inline bytes" : "-byte staging slot"));
     }
     if (!(flags & wire::kFlagInit) && !p->initialized) {
       return Status::FailedPrecondition("tensor '" + p->display_name +
