@@ -17,6 +17,9 @@
 #pragma once
 
 #include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -101,9 +104,11 @@ class Checkpointer {
   void OnAllWritten();
   void Finish(Result<SavedCheckpoint> result);
   void Abort(const Status& why);
-  // Runs `work` on the file thread (one job at a time), then `then` on the
-  // progress thread with its status.
+  // Queues `work` for the file thread (jobs run one at a time, in order),
+  // then runs `then` on the progress thread with its status. Never blocks:
+  // hashing a large checkpoint must not stall the progress thread.
   void InBackground(std::function<Status()> work, std::function<void(Status)> then);
+  void FileThread();
   void Prune();
   // Progress-thread callbacks that do nothing once this object is gone (it
   // is destroyed on the progress thread).
@@ -114,7 +119,12 @@ class Checkpointer {
   Coordinator* coord_;
   std::string cluster_json_;
   Host host_;
+  // The file thread and its queue.
   std::thread worker_;
+  std::mutex jobs_mu_;
+  std::condition_variable jobs_cv_;
+  std::deque<std::function<void()>> jobs_;
+  bool jobs_done_ = false;
   std::optional<Round> round_;
   std::vector<Done> next_waiters_;  // requests made while a round ran
   std::optional<Reason> next_reason_;
