@@ -14,6 +14,7 @@
 #include "core/secret.h"
 #include "tools/bench_internal.h"
 #include "tools/launch.h"
+#include "transport/transport.h"
 
 namespace tessera::tools::bench {
 
@@ -55,6 +56,9 @@ int NumCpus() { return std::max(1, static_cast<int>(std::thread::hardware_concur
 
 Perftest RunPerftest(const std::string& tls, const std::string& test, uint64_t size, int iters,
                      int warmup, bool pin) {
+  // perftest runs with the UCX settings Tessera gives itself (it inherits
+  // this process's environment).
+  transport::ApplyBackendDefaults("ucx");
   Perftest out;
   const int last = NumCpus() - 1;
   uint16_t port = FreePort("127.0.0.1");

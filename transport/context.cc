@@ -12,4 +12,8 @@ Result<std::unique_ptr<Context>> Context::Open(const ContextOptions& options) {
                                  "' (expected ucx or verbs)");
 }
 
+void ApplyBackendDefaults(const std::string& backend) {
+  if (backend == "ucx") ApplyUcxDefaults();
+}
+
 }  // namespace tessera::transport

@@ -180,4 +180,10 @@ class Context {
   virtual std::string Describe() const = 0;
 };
 
+// The environment defaults a backend gives itself when a context opens (UCX:
+// 256 KiB tcp segments, SO_REUSEADDR on listeners), applied now: a tool
+// measured beside Tessera (ucx_perftest) then runs with the same ones.
+// Values the user set are kept.
+void ApplyBackendDefaults(const std::string& backend);
+
 }  // namespace tessera::transport

@@ -23,6 +23,9 @@ struct UcpContextHolder {
 
 class UcxContext;
 
+// Sets UCX environment defaults unless the user set them (see ucx_context.cc).
+void ApplyUcxDefaults();
+
 class UcxEndpoint final : public Endpoint, public std::enable_shared_from_this<UcxEndpoint> {
  public:
   UcxEndpoint(UcxContext* ctx, std::string peer) : ctx_(ctx), peer_(std::move(peer)) {}
