@@ -5,6 +5,7 @@
 #include <deque>
 #include <future>
 #include <mutex>
+#include <thread>
 #include <unordered_map>
 
 #include "client/staging_allocator.h"
@@ -23,6 +24,7 @@ struct Future::State {
   std::mutex mu;
   std::condition_variable cv;
   bool done = false;
+  std::atomic<bool> ready{false};  // `done`, readable without the lock
   Status status;
   int remaining = 0;  // parts still running
   std::vector<std::function<void(Status)>> then;
@@ -41,6 +43,7 @@ struct Future::State {
       if (!st.ok() && status.ok()) status = st;
       if (--remaining > 0) return;
       done = true;
+      ready.store(true, std::memory_order_release);
       run.swap(then);
     }
     cv.notify_all();
@@ -55,6 +58,14 @@ Status Future::Wait() const {
 
 Status Future::WaitFor(std::chrono::milliseconds limit) const {
   if (!state_) return Status::FailedPrecondition("waiting on an empty Future");
+  // A small call completes within microseconds: poll for a moment (yielding,
+  // so the progress thread runs even on this core) before paying for a
+  // sleep and a wake-up on the condition variable.
+  const auto spin_until = std::chrono::steady_clock::now() + std::chrono::microseconds(20);
+  while (!state_->ready.load(std::memory_order_acquire) &&
+         std::chrono::steady_clock::now() < spin_until) {
+    std::this_thread::yield();
+  }
   std::unique_lock<std::mutex> lock(state_->mu);
   if (!state_->cv.wait_for(lock, limit, [&] { return state_->done; })) {
     return Status::DeadlineExceeded("operation did not complete within " +
