@@ -6,6 +6,7 @@
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "kernels/update.h"
 
@@ -58,8 +59,8 @@ void Momentum(T* __restrict p, const T* __restrict g, T* __restrict b, size_t n,
 
 // decoupled: AdamW (p *= 1 - lr * wd, gradient untouched); else L2 in the gradient.
 template <typename T, bool kDecoupled>
-void Adam(T* __restrict p, const T* __restrict g, T* __restrict m, T* __restrict v, size_t n,
-          const Params<T>& k) {
+[[gnu::always_inline]] inline void Adam(T* __restrict p, const T* __restrict g, T* __restrict m,
+                                        T* __restrict v, size_t n, const Params<T>& k) {
   const T step_size = k.lr / k.bc1;
   const T inv_sqrt_bc2 = T(1) / std::sqrt(k.bc2);
   const T decay = T(1) - k.lr * k.wd;
@@ -73,8 +74,8 @@ void Adam(T* __restrict p, const T* __restrict g, T* __restrict m, T* __restrict
 }
 
 template <typename T>
-void Adagrad(T* __restrict p, const T* __restrict g, T* __restrict a, size_t n,
-             const Params<T>& k) {
+[[gnu::always_inline]] inline void Adagrad(T* __restrict p, const T* __restrict g, T* __restrict a,
+                                           size_t n, const Params<T>& k) {
   for (size_t i = 0; i < n; ++i) {
     T gi = g[i] + k.wd * p[i];
     a[i] += gi * gi;
@@ -82,8 +83,36 @@ void Adagrad(T* __restrict p, const T* __restrict g, T* __restrict a, size_t n,
   }
 }
 
+// Adam and Adagrad spend their time in square roots and divides, not in
+// memory: f32 gets copies built for wider vector units, chosen at load time
+// by the CPU it runs on (GCC function multiversioning). The kernels library
+// is built with -ffp-contract=off, so every copy gives the same bits.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define TESSERA_WIDE_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define TESSERA_WIDE_CLONES
+#endif
+
+TESSERA_WIDE_CLONES void AdamF32(float* p, const float* g, float* m, float* v, size_t n,
+                                 const Params<float>& k) {
+  Adam<float, false>(p, g, m, v, n, k);
+}
+TESSERA_WIDE_CLONES void AdamWF32(float* p, const float* g, float* m, float* v, size_t n,
+                                  const Params<float>& k) {
+  Adam<float, true>(p, g, m, v, n, k);
+}
+TESSERA_WIDE_CLONES void AdagradF32(float* p, const float* g, float* a, size_t n,
+                                    const Params<float>& k) {
+  Adagrad<float>(p, g, a, n, k);
+}
+
 template <typename T>
 void Step(UpdateRule rule, T* p, const T* g, T* s0, T* s1, size_t n, const Params<T>& k) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (rule == UpdateRule::kAdam) return AdamF32(p, g, s0, s1, n, k);
+    if (rule == UpdateRule::kAdamW) return AdamWF32(p, g, s0, s1, n, k);
+    if (rule == UpdateRule::kAdagrad) return AdagradF32(p, g, s0, n, k);
+  }
   switch (rule) {
     case UpdateRule::kSgd:
       return Sgd(p, g, n, k);
