@@ -106,9 +106,13 @@ TEST(LaunchTest, LinearRegressionResumesAfterTheClusterIsKilled) {
   const std::string cmd = "env UCX_TLS=tcp " + Env("TESSERA_BIN") +
                           " launch --ps 1 --workers 2 --checkpoint-dir " + dir +
                           " --checkpoint-secs 0.5 -- " + Env("LINEAR_REGRESSION") + " 150 20";
-  auto first = Shell("sh -c '(" + Escape(cmd) + ") & pid=$!; sleep 2.5; kill -KILL $pid; " +
-                         "wait $pid; echo rc=$?'",
-                     60);
+  // Killed once the first checkpoint is on disk (however slow the machine),
+  // and a little later, midway through the 150 steps of at least 20 ms.
+  auto first =
+      Shell("sh -c '(" + Escape(cmd) + ") & pid=$!; i=0; " + "while [ $i -lt 600 ] && ! ls -d " +
+                dir + "/step-* >/dev/null 2>&1; do sleep 0.1; i=$((i+1)); done; " +
+                "sleep 0.6; kill -KILL $pid; wait $pid; echo rc=$?'",
+            90);
   EXPECT_NE(first.output.find("rc=137"), std::string::npos) << first.output;
   EXPECT_EQ(first.output.find("step 140"), std::string::npos) << "finished before the kill";
   std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the children die with it
