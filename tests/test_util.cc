@@ -1,5 +1,7 @@
 #include "tests/test_util.h"
 
+#include "core/ports.h"
+
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -12,18 +14,7 @@
 
 namespace tessera::testing {
 
-uint16_t UnusedPort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
+uint16_t UnusedPort() { return PickListenPort("127.0.0.1"); }
 
 ShardProcesses::ShardProcesses(const ClusterSpec& spec, const std::string& secret, int n,
                                std::vector<std::string> args,

@@ -1,5 +1,7 @@
 #include "tools/launch.h"
 
+#include "core/ports.h"
+
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -38,22 +40,7 @@ void OnSignal(int sig) { g_interrupted = sig; }
 
 }  // namespace
 
-uint16_t FreePort(const std::string& host) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  if (inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1) {
-    close(fd);
-    return 0;  // not an IPv4 address: let the caller's bind fail loudly
-  }
-  socklen_t len = sizeof(addr);
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    addr.sin_port = 0;
-  }
-  close(fd);
-  return ntohs(addr.sin_port);
-}
+uint16_t FreePort(const std::string& host) { return PickListenPort(host); }
 
 namespace {
 
