@@ -1,16 +1,13 @@
 #include "tests/test_util.h"
 
-#include "core/ports.h"
-
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <csignal>
 #include <cstdlib>
 #include <thread>
+
+#include "core/ports.h"
 
 namespace tessera::testing {
 

@@ -39,6 +39,23 @@ nlohmann::json Row::ToJson() const {
   return j;
 }
 
+void CompareBandwidth(Row* row, const std::string& test, const Perftest& p) {
+  row->baseline = test;
+  row->baseline_us = p.us;
+  row->baseline_gbps = p.gbps;
+  row->ratio = p.ok && p.gbps > 0 ? row->tessera.gbps / p.gbps : 0;
+  row->ratio_of = "GB/s";
+  row->note = p.error;
+}
+
+void CompareRoundTrip(Row* row, const Perftest& am_lat) {
+  row->baseline = "2 x ucp_am_lat";
+  row->baseline_us = 2 * am_lat.us;
+  row->ratio = am_lat.ok && am_lat.us > 0 ? row->tessera.p50_us / (2 * am_lat.us) : 0;
+  row->ratio_of = "time";
+  row->note = am_lat.error;
+}
+
 std::string UcxTls(const std::string& transport) {
   if (transport == "shm") return "posix,sysv,cma,tcp";
   return transport;

@@ -235,18 +235,8 @@ Status RunFabric(const BenchOptions& o, const std::string& transport, std::vecto
     if (o.baseline) {
       auto pp = RunPerftest(tls, "ucp_put_bw", bytes, o.iters * n, o.warmup, o.pin);
       auto pg = RunPerftest(tls, "ucp_get", bytes, o.iters * n, o.warmup, o.pin);
-      put.baseline = "ucp_put_bw";
-      put.baseline_us = pp.us;
-      put.baseline_gbps = pp.gbps;
-      put.ratio = pp.ok && pp.gbps > 0 ? put.tessera.gbps / pp.gbps : 0;
-      put.ratio_of = "GB/s";
-      put.note = pp.error;
-      get.baseline = "ucp_get";
-      get.baseline_us = pg.us;
-      get.baseline_gbps = pg.gbps;
-      get.ratio = pg.ok && pg.gbps > 0 ? get.tessera.gbps / pg.gbps : 0;
-      get.ratio_of = "GB/s";
-      get.note = pg.error;
+      CompareBandwidth(&put, "ucp_put_bw", pp);
+      CompareBandwidth(&get, "ucp_get", pg);
     }
     rows->push_back(put);
     rows->push_back(get);
@@ -254,11 +244,7 @@ Status RunFabric(const BenchOptions& o, const std::string& transport, std::vecto
       Row am{"fabric-msg-rtt", transport, bytes, 1, 0, 0, Summarise(am_us, bytes)};
       if (o.baseline) {
         auto pa = RunPerftest(tls, "ucp_am_lat", bytes, o.iters * 10, o.warmup, o.pin);
-        am.baseline = "2 x ucp_am_lat";
-        am.baseline_us = 2 * pa.us;
-        am.ratio = pa.ok && pa.us > 0 ? am.tessera.p50_us / (2 * pa.us) : 0;
-        am.ratio_of = "time";
-        am.note = pa.error;
+        CompareRoundTrip(&am, pa);
       }
       rows->push_back(am);
     }

@@ -50,6 +50,11 @@ struct Perftest {
   double gbps = 0;  // bandwidth tests
   std::string error;
 };
+// Sets a row's baseline from a perftest run: a bandwidth test (ratio of
+// GB/s), or ucp_am_lat as a round trip (2x its one-way time; ratio of times).
+void CompareBandwidth(Row* row, const std::string& test, const Perftest& p);
+void CompareRoundTrip(Row* row, const Perftest& am_lat);
+
 // ucx_perftest's server and client on the bench's cores, same UCX_TLS.
 Perftest RunPerftest(const std::string& tls, const std::string& test, uint64_t size, int iters,
                      int warmup, bool pin);

@@ -77,8 +77,8 @@ Status RunOps(const BenchOptions& o, const std::string& transport, std::vector<R
   TESSERA_RETURN_IF_ERROR(c.worker(0).Initialize());
   for (int w = 1; w < c.num_workers(); ++w) TESSERA_RETURN_IF_ERROR(c.worker(w).WaitForInit());
 
-  std::map<uint64_t, double> single_us;  // op@size -> batch-1 p50, for the batch ratio
   for (const auto& op : ops) {
+    std::map<uint64_t, double> single_us;  // size -> this op's batch-1 p50, for the batch ratio
     for (const auto& set : sets) {
       std::vector<Sample> samples(static_cast<size_t>(c.num_workers()));
       auto run = [&](int w) {
@@ -159,30 +159,19 @@ Status RunOps(const BenchOptions& o, const std::string& transport, std::vector<R
               Summarise(all, call_bytes)};
       // Every worker's thread counts: an upper bound per call with W > 1.
       row.allocs_per_op = n ? static_cast<double>(allocations) / static_cast<double>(n) : -1;
-      const uint64_t key = (static_cast<uint64_t>(op.size()) << 56) ^ set.bytes;
-      if (set.batch == 1) single_us[key] = row.tessera.p50_us;
-      if (set.batch > 1 && single_us.count(key)) {
-        row.note = "batch/1 = " + std::to_string(row.tessera.p50_us / single_us[key]);
+      if (set.batch == 1) single_us[set.bytes] = row.tessera.p50_us;
+      if (set.batch > 1 && single_us.count(set.bytes)) {
+        row.note = "batch/1 = " + std::to_string(row.tessera.p50_us / single_us[set.bytes]);
       }
       if (o.baseline && set.batch == 1 && c.num_workers() == 1) {
         const uint64_t b = set.bytes;
         if (b <= 65536) {
           // Small: a Tessera call is one round trip; compare with UCX's own.
           auto am = RunPerftest(tls, "ucp_am_lat", b, o.iters * 10, o.warmup, o.pin);
-          row.baseline = "2 x ucp_am_lat";
-          row.baseline_us = 2 * am.us;
-          row.ratio = am.ok && am.us > 0 ? row.tessera.p50_us / (2 * am.us) : 0;
-          row.ratio_of = "time";
-          row.note = am.error;
+          CompareRoundTrip(&row, am);
         } else {
-          auto pf = RunPerftest(tls, op == "pull" ? "ucp_get" : "ucp_put_bw", b, o.iters, o.warmup,
-                                o.pin);
-          row.baseline = op == "pull" ? "ucp_get" : "ucp_put_bw";
-          row.baseline_us = pf.us;
-          row.baseline_gbps = pf.gbps;
-          row.ratio = pf.ok && pf.gbps > 0 ? row.tessera.gbps / pf.gbps : 0;
-          row.ratio_of = "GB/s";
-          row.note = pf.error;
+          const char* test = op == "pull" ? "ucp_get" : "ucp_put_bw";
+          CompareBandwidth(&row, test, RunPerftest(tls, test, b, o.iters, o.warmup, o.pin));
         }
       }
       rows->push_back(row);

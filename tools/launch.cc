@@ -1,15 +1,10 @@
 #include "tools/launch.h"
 
-#include "core/ports.h"
-
-#include <arpa/inet.h>
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -19,6 +14,7 @@
 #include <cstring>
 #include <string>
 
+#include "core/ports.h"
 #include "core/secret.h"
 #include "tessera/cluster.h"
 
