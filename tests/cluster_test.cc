@@ -690,6 +690,31 @@ TEST_P(ClusterTest, GlobalStepCountsAsyncPushes) {
   EXPECT_EQ(EventualGlobalStep(b, 5), 5u);
 }
 
+// A small push that goes only to the coordinator's own shard reports its
+// step in the push itself: one message per push, and the step is counted by
+// the time the push returns. A push spread over two shards still counts once.
+TEST_P(ClusterTest, SmallPushReportsItsStepWithoutAMessageOfItsOwn) {
+  StartCluster(2, 1);
+  auto opts = Options(0);
+  opts.heartbeat_timeout = 0ms;  // no pings among the counted messages
+  auto client = Client::Connect(opts);
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  Client& c = **client;
+  TensorSpec on_coordinator = F32("a", 2), elsewhere = F32("b", 2);
+  on_coordinator.pinned_shard = 0;  // ps0 also runs the coordinator
+  elsewhere.pinned_shard = 1;
+  auto t = c.DeclareMany({on_coordinator, elsewhere}).value();
+  ASSERT_TRUE(c.Initialize().ok());
+  std::vector<float> v(2, 1.0f);
+  auto before = c.counters();
+  for (int i = 0; i < 10; ++i) ASSERT_TRUE(c.Push({PushItem::Of<float>(t[0], v)}).ok());
+  EXPECT_EQ(c.counters().messages_sent - before.messages_sent, 10u);
+  EXPECT_EQ(c.GlobalStep().value(), 10u);
+  ASSERT_TRUE(c.Push({PushItem::Of<float>(t[0], v), PushItem::Of<float>(t[1], v)}).ok());
+  EXPECT_EQ(EventualGlobalStep(c, 11), 11u);
+  EXPECT_EQ(c.GlobalStep().value(), 11u) << "counted once";
+}
+
 // replicas_to_aggregate = 2 of 3: a third push for an applied step is a
 // backup or stale push and is dropped and counted; a second push of the same
 // step by one worker is dropped as a duplicate; a pull for step t+1 waits.

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <thread>
 
 #include "tests/test_util.h"
 #include "transport/transport.h"
@@ -18,6 +19,10 @@ using tessera::testing::Waiter;
 
 constexpr uint16_t kEchoMsg = 7;
 constexpr uint16_t kDescribeMsg = 8;
+constexpr uint16_t kSerialMsg = 9;
+
+// Set on the threads of the Drive test that drive a context themselves.
+thread_local bool tls_is_driver = false;
 
 struct TransportCase {
   const char* name;
@@ -64,6 +69,23 @@ class TransportTest : public ::testing::TestWithParam<TransportCase> {
           replies_.emplace_back(bytes.begin(), bytes.end());
           cv_.notify_all();
         });
+    // Counts its runs, where they ran, and any two that overlapped.
+    server_->SetHandler(
+        kSerialMsg, [](const std::shared_ptr<Endpoint>& from, std::span<const uint8_t> bytes) {
+          from->Send(kSerialMsg + 100, std::vector<uint8_t>(bytes.begin(), bytes.end()));
+        });
+    client_ctx_->SetHandler(kSerialMsg + 100,
+                            [this](const std::shared_ptr<Endpoint>&, std::span<const uint8_t>) {
+                              if (inside_.fetch_add(1) != 0) overlaps_++;
+                              if (!client_ctx_->InProgressThread()) outside_progress_++;
+                              if (tls_is_driver) ran_on_drivers_++;
+                              // Long enough for another thread to collide.
+                              const auto until = std::chrono::steady_clock::now() + 2us;
+                              while (std::chrono::steady_clock::now() < until) {
+                              }
+                              inside_.fetch_sub(1);
+                              serial_replies_++;
+                            });
     client_ctx_->SetHandler(kDescribeMsg + 100, [this](const std::shared_ptr<Endpoint>&,
                                                        std::span<const uint8_t> bytes) {
       std::lock_guard<std::mutex> lock(mu_);
@@ -128,6 +150,8 @@ class TransportTest : public ::testing::TestWithParam<TransportCase> {
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<std::vector<uint8_t>> replies_;
+  std::atomic<int> inside_{0}, overlaps_{0}, outside_progress_{0}, ran_on_drivers_{0};
+  std::atomic<int> serial_replies_{0};
 };
 
 std::vector<uint8_t> Pattern(size_t n, uint32_t seed) {
@@ -261,6 +285,39 @@ TEST_P(TransportTest, CountersSeparateMessagesFromOneSidedBytes) {
   auto after = client_ctx_->counters();
   EXPECT_EQ(after.put_bytes - before.put_bytes, buf.size());
   EXPECT_EQ(after.message_bytes_sent, before.message_bytes_sent);
+}
+
+// Threads that call Drive() take the progress thread's place one at a time:
+// handlers run on them too, never two at once, and each sees itself as the
+// progress thread.
+TEST_P(TransportTest, DrivingThreadsRunHandlersOneAtATime) {
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> drivers;
+  for (int i = 0; i < 2; ++i) {
+    drivers.emplace_back([&] {
+      tls_is_driver = true;
+      while (!stop.load()) {
+        if (!client_ctx_->Drive()) std::this_thread::yield();
+      }
+    });
+  }
+  // The progress thread may win every race for a while on a loaded machine:
+  // keep sending until a driver has run a handler (or time is up).
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  int sent = 0;
+  while ((sent < 2000 || ran_on_drivers_.load() == 0) &&
+         std::chrono::steady_clock::now() < deadline) {
+    for (int i = 0; i < 100; ++i, ++sent) ep_->Send(kSerialMsg, {1, 2, 3});
+    while (serial_replies_.load() < sent && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(1ms);
+    }
+  }
+  stop = true;
+  for (auto& t : drivers) t.join();
+  EXPECT_EQ(serial_replies_.load(), sent);
+  EXPECT_EQ(overlaps_.load(), 0);
+  EXPECT_EQ(outside_progress_.load(), 0);
+  EXPECT_GT(ran_on_drivers_.load(), 0) << "no handler ran on a driving thread";
 }
 
 INSTANTIATE_TEST_SUITE_P(Ucx, TransportTest,

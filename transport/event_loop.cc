@@ -12,6 +12,30 @@
 #include "core/log.h"
 
 namespace tessera::transport {
+namespace {
+
+// The loop this thread is driving now, if any.
+thread_local const EventLoop* tls_driving = nullptr;
+
+// Marks the calling thread as the loop's driver while it holds drive_mu_.
+class DrivingScope {
+ public:
+  explicit DrivingScope(const EventLoop* loop) : previous_(tls_driving) { tls_driving = loop; }
+  ~DrivingScope() { tls_driving = previous_; }
+  DrivingScope(const DrivingScope&) = delete;
+  DrivingScope& operator=(const DrivingScope&) = delete;
+
+ private:
+  const EventLoop* previous_;
+};
+
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
 
 EventLoop::EventLoop(std::string name, bool busy_poll, Hooks hooks, std::chrono::microseconds spin)
     : name_(std::move(name)), busy_poll_(busy_poll), hooks_(std::move(hooks)), spin_(spin) {
@@ -50,6 +74,8 @@ void EventLoop::Stop() {
   Post([this] { running_ = false; });
   thread_.join();
 }
+
+bool EventLoop::InLoopThread() const { return tls_driving == this; }
 
 void EventLoop::Post(std::function<void()> fn) {
   {
@@ -103,21 +129,57 @@ int EventLoop::MillisToNextTimer() const {
   return ms < 0 ? 0 : static_cast<int>(ms);
 }
 
+bool EventLoop::Turn() {
+  bool worked = RunTasks();
+  RunTimers();
+  for (int i = 0; i < 64 && hooks_.progress(); ++i) worked = true;
+  return worked;
+}
+
+bool EventLoop::Drive() {
+  if (!running_.load(std::memory_order_relaxed) || tls_driving == this) return false;
+  std::unique_lock<std::mutex> lock(drive_mu_, std::try_to_lock);
+  if (!lock.owns_lock()) return false;
+  bool worked;
+  {
+    DrivingScope scope(this);
+    worked = Turn();
+  }
+  lock.unlock();
+  if (worked) {
+    last_work_ns_.store(NowNs(), std::memory_order_relaxed);
+    // The progress thread armed the fabric's fd before this thread took
+    // work from under it; wake it so that it looks again (follow-up work
+    // of what was just sent need not raise an event).
+    if (sleeping_.load()) Wake();
+  }
+  return worked;
+}
+
 void EventLoop::Run() {
-  thread_id_ = std::this_thread::get_id();
   constexpr int kMaxEvents = 4;
   epoll_event events[kMaxEvents];
-  auto last_work = std::chrono::steady_clock::now();
+  last_work_ns_ = NowNs();
+  const int64_t spin_ns = std::chrono::nanoseconds(spin_).count();
   while (running_) {
-    bool worked = RunTasks();
-    RunTimers();
-    for (int i = 0; i < 64 && hooks_.progress(); ++i) worked = true;
-    if (worked || busy_poll_ || !running_) {
-      if (worked && spin_.count() > 0) last_work = std::chrono::steady_clock::now();
+    std::unique_lock<std::mutex> lock(drive_mu_, std::try_to_lock);
+    if (!lock.owns_lock()) {
+      // Another thread is driving; it does the work meanwhile.
+      sched_yield();
       continue;
     }
-    if (spin_.count() > 0 && std::chrono::steady_clock::now() - last_work < spin_) {
+    bool worked;
+    {
+      DrivingScope scope(this);
+      worked = Turn();
+    }
+    if (worked || busy_poll_ || !running_) {
+      if (worked && spin_ns > 0) last_work_ns_.store(NowNs(), std::memory_order_relaxed);
+      continue;
+    }
+    if (spin_ns > 0 && NowNs() - last_work_ns_.load(std::memory_order_relaxed) < spin_ns) {
       // Polling for a reply: let any other thread of this core run meanwhile.
+      lock.unlock();
       sched_yield();
       continue;
     }
@@ -125,14 +187,16 @@ void EventLoop::Run() {
     sleeping_ = true;
     bool have_tasks;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      std::lock_guard<std::mutex> tasks_lock(mu_);
       have_tasks = !tasks_.empty();
     }
     if (have_tasks || !hooks_.arm()) {
       sleeping_ = false;
       continue;
     }
-    int n = epoll_wait(epoll_fd_, events, kMaxEvents, MillisToNextTimer());
+    const int timeout_ms = MillisToNextTimer();
+    lock.unlock();
+    int n = epoll_wait(epoll_fd_, events, kMaxEvents, timeout_ms);
     sleeping_ = false;
     if (n < 0 && errno != EINTR) {
       TLOG_ERROR("{}: epoll_wait failed: {}", name_, std::strerror(errno));
@@ -145,8 +209,9 @@ void EventLoop::Run() {
       }
     }
   }
+  std::lock_guard<std::mutex> lock(drive_mu_);
+  DrivingScope scope(this);
   RunTasks();
-  thread_id_ = std::thread::id{};
 }
 
 }  // namespace tessera::transport

@@ -1,6 +1,12 @@
 // One progress thread: runs posted tasks and timers, drives a fabric's
 // progress function, and sleeps on the fabric's event fd when idle (or spins,
 // in busy-poll mode). Shared by the transport backends.
+//
+// Other threads may drive the loop too (Drive): a thread waiting for a reply
+// then receives it itself instead of being handed it by the progress thread,
+// which on a round trip saves two thread hand-offs. The "drive lock" makes
+// whoever holds it the progress thread for that moment, so tasks, timers,
+// handlers and the fabric still run one at a time.
 #pragma once
 
 #include <atomic>
@@ -43,7 +49,14 @@ class EventLoop {
 
   void Post(std::function<void()> fn);
   void PostAfter(std::chrono::milliseconds delay, std::function<void()> fn);
-  bool InLoopThread() const { return std::this_thread::get_id() == thread_id_.load(); }
+  // True on the thread that holds the drive lock now (the progress thread,
+  // or a thread inside Drive).
+  bool InLoopThread() const;
+
+  // Runs posted tasks, due timers and the fabric's progress once on the
+  // calling thread, unless another thread is driving the loop; never blocks.
+  // Returns true when it did some work.
+  bool Drive();
 
  private:
   struct Timer {
@@ -56,6 +69,8 @@ class EventLoop {
   };
 
   void Run();
+  // One turn of tasks, timers and progress; the caller holds drive_mu_.
+  bool Turn();
   bool RunTasks();
   void RunTimers();
   int MillisToNextTimer() const;
@@ -72,10 +87,15 @@ class EventLoop {
   std::deque<std::function<void()>> tasks_;  // guarded by mu_
   std::atomic<bool> sleeping_{false};
   std::atomic<bool> running_{false};
-  std::atomic<std::thread::id> thread_id_{};
   std::thread thread_;
+  // Held by whoever is driving the loop. Only ever try-locked while the loop
+  // runs, so no thread sleeps on it (no futex wake-ups on a round trip).
+  std::mutex drive_mu_;
+  // When the last work was done, by any driver (steady_clock nanoseconds):
+  // the progress thread keeps spinning while other threads drive.
+  std::atomic<int64_t> last_work_ns_{0};
 
-  // Loop thread only.
+  // Whoever holds drive_mu_.
   std::priority_queue<Timer, std::vector<Timer>, std::greater<>> timers_;
   uint64_t timer_seq_ = 0;
 };

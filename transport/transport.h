@@ -3,9 +3,10 @@
 // is, and nothing above this header knows which fabric (UCX, verbs) carries it.
 //
 // Threading: every Context runs one progress thread. Message handlers, accept
-// and connect callbacks and completions run on that thread and must not block.
-// Endpoint and Context methods may be called from any thread; calls made off
-// the progress thread are handed to it.
+// and connect callbacks and completions run on that thread, or on a thread
+// that is driving progress in its place (Context::Drive), one at a time, and
+// must not block. Endpoint and Context methods may be called from any thread;
+// calls made off the progress thread are handed to it.
 #pragma once
 
 #include <atomic>
@@ -173,7 +174,14 @@ class Context {
   virtual void Post(std::function<void()> fn) = 0;
   // Runs fn on the progress thread after `delay`.
   virtual void PostAfter(std::chrono::milliseconds delay, std::function<void()> fn) = 0;
+  // True on the progress thread, and on a thread inside Drive().
   virtual bool InProgressThread() const = 0;
+  // Does the progress thread's work once on the calling thread (posted
+  // tasks, timers, the fabric's progress: handlers and completions then run
+  // here), unless another thread is doing it right now; never blocks.
+  // Returns true when it did some work. A thread waiting for a reply calls
+  // it to pick the reply up itself, as MPI libraries do.
+  virtual bool Drive() = 0;
 
   virtual Counters counters() const = 0;
   // What the backend is and what it uses, for logs and `tessera status`.

@@ -290,9 +290,7 @@ void Shard::OnMessage(const EndpointPtr& ep, std::span<const uint8_t> frame) {
       }
       auto m = wire::DecodeBody<wire::StepDone>(*h, frame);
       if (!m.ok()) return bad(m.status());
-      coord_->OnStepDone(peer.hello.worker_rank, m->step, m->sync);
-      if (checkpointer_) checkpointer_->OnGlobalStep(coord_->global_step());
-      return;
+      return CountStep(peer.hello.worker_rank, m->step, m->sync);
     }
     case wire::Opcode::kSaveCheckpoint:
       if (!coord_) {
@@ -527,7 +525,15 @@ bool Shard::TryApplyPush(PendingPush& push) {
   }
   pushes_applied_++;
   Reply(*push.peer, push.request_id, reply);
+  if ((push.flags & wire::kFlagStepDone) && coord_) {
+    CountStep(rank, push.msg.step, push.flags & wire::kFlagSyncStep);
+  }
   return true;
+}
+
+void Shard::CountStep(uint32_t worker_rank, uint64_t step, bool sync) {
+  coord_->OnStepDone(worker_rank, step, sync);
+  if (checkpointer_) checkpointer_->OnGlobalStep(coord_->global_step());
 }
 
 Status Shard::ApplyGradient(Param& p, const void* grad) {

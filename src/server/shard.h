@@ -106,6 +106,9 @@ class Shard {
 
   Status ValidatePush(const Peer& peer, uint32_t flags, const wire::Push& msg);
   bool TryApplyPush(PendingPush& push);
+  // Coordinator only: worker_rank finished its step (StepDone, or a push
+  // flagged kFlagStepDone).
+  void CountStep(uint32_t worker_rank, uint64_t step, bool sync);
   static bool NeedsNoLease(const Param& p, uint32_t flags);
   Status ApplyGradient(Param& p, const void* grad);
   bool TryApplyStep(Param& p);

@@ -60,7 +60,12 @@ const char* OpcodeName(Opcode op);
 
 // Header flags.
 constexpr uint32_t kFlagInit = 1u << 0;  // a push that initialises (the chief's)
-constexpr uint32_t kKnownFlags = kFlagInit;
+// A push to the coordinator's own shard that also reports the worker's step
+// as done (the StepDone message, without a message of its own), and whether
+// that step was a synchronous one.
+constexpr uint32_t kFlagStepDone = 1u << 1;
+constexpr uint32_t kFlagSyncStep = 1u << 2;
+constexpr uint32_t kKnownFlags = kFlagInit | kFlagStepDone | kFlagSyncStep;
 
 struct Header {
   uint16_t version = kVersion;

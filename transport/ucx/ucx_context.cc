@@ -314,7 +314,9 @@ Status UcxContext::Init() {
 
   ucp_worker_params_t wparams{};
   wparams.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
-  wparams.thread_mode = UCS_THREAD_MODE_SINGLE;  // only the progress thread touches it
+  // One thread at a time: the progress thread, or a thread driving in its
+  // place, under the event loop's drive lock.
+  wparams.thread_mode = UCS_THREAD_MODE_SERIALIZED;
   st = ucp_worker_create(context_->handle, &wparams, &worker_);
   if (st != UCS_OK) return FromUcs(st, "ucp_worker_create");
 

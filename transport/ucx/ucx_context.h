@@ -85,6 +85,7 @@ class UcxContext final : public Context {
     loop_->PostAfter(delay, std::move(fn));
   }
   bool InProgressThread() const override { return loop_->InLoopThread(); }
+  bool Drive() override { return loop_->Drive(); }
   Counters counters() const override;
   std::string Describe() const override;
 
