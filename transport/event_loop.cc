@@ -1,5 +1,6 @@
 #include "transport/event_loop.h"
 
+#include <poll.h>
 #include <sched.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
@@ -81,6 +82,7 @@ void EventLoop::Post(std::function<void()> fn) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     tasks_.push_back(std::move(fn));
+    has_tasks_.store(true, std::memory_order_release);
   }
   if (sleeping_.load()) Wake();
 }
@@ -97,6 +99,19 @@ void EventLoop::PostAfter(std::chrono::milliseconds delay, std::function<void()>
   }
 }
 
+void EventLoop::Nap() {
+  pollfd pfd{wake_fd_, POLLIN, 0};
+  const timespec nap{0, kNapNs};
+  napping_ = true;
+  const int n = ppoll(&pfd, 1, &nap, nullptr);
+  napping_ = false;
+  if (n > 0) {
+    uint64_t value;
+    ssize_t r = read(wake_fd_, &value, sizeof(value));
+    (void)r;
+  }
+}
+
 void EventLoop::Wake() {
   uint64_t one = 1;
   ssize_t n = write(wake_fd_, &one, sizeof(one));
@@ -104,13 +119,17 @@ void EventLoop::Wake() {
 }
 
 bool EventLoop::RunTasks() {
-  std::deque<std::function<void()>> batch;
+  if (!has_tasks_.load(std::memory_order_acquire)) return false;
   {
+    // Swapping two vectors that keep their capacity: no allocation per turn.
     std::lock_guard<std::mutex> lock(mu_);
-    batch.swap(tasks_);
+    running_tasks_.swap(tasks_);
+    has_tasks_.store(false, std::memory_order_relaxed);
   }
-  for (auto& task : batch) task();
-  return !batch.empty();
+  for (auto& task : running_tasks_) task();
+  const bool ran = !running_tasks_.empty();
+  running_tasks_.clear();
+  return ran;
 }
 
 void EventLoop::RunTimers() {
@@ -138,6 +157,7 @@ bool EventLoop::Turn() {
 
 bool EventLoop::Drive() {
   if (!running_.load(std::memory_order_relaxed) || tls_driving == this) return false;
+  last_foreign_drive_ns_.store(NowNs(), std::memory_order_relaxed);
   std::unique_lock<std::mutex> lock(drive_mu_, std::try_to_lock);
   if (!lock.owns_lock()) return false;
   bool worked;
@@ -156,16 +176,28 @@ bool EventLoop::Drive() {
   return worked;
 }
 
+void EventLoop::StopDriving() {
+  last_foreign_drive_ns_.store(0, std::memory_order_relaxed);
+  if (napping_.load()) Wake();
+}
+
 void EventLoop::Run() {
   constexpr int kMaxEvents = 4;
   epoll_event events[kMaxEvents];
   last_work_ns_ = NowNs();
   const int64_t spin_ns = std::chrono::nanoseconds(spin_).count();
   while (running_) {
+    if (!busy_poll_ &&
+        NowNs() - last_foreign_drive_ns_.load(std::memory_order_relaxed) < kDriverActiveNs) {
+      // Another thread is driving (waiting for a reply): leave the work to
+      // it rather than take turns with it, which on a shared core costs a
+      // context switch per turn. Look again shortly, or when woken.
+      Nap();
+      continue;
+    }
     std::unique_lock<std::mutex> lock(drive_mu_, std::try_to_lock);
     if (!lock.owns_lock()) {
-      // Another thread is driving; it does the work meanwhile.
-      sched_yield();
+      sched_yield();  // another thread is inside Drive right now
       continue;
     }
     bool worked;

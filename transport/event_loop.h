@@ -12,7 +12,6 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <mutex>
 #include <queue>
@@ -57,6 +56,9 @@ class EventLoop {
   // calling thread, unless another thread is driving the loop; never blocks.
   // Returns true when it did some work.
   bool Drive();
+  // The calling thread stops calling Drive() (to sleep): the progress
+  // thread, which leaves the work to a driving thread, takes it back now.
+  void StopDriving();
 
  private:
   struct Timer {
@@ -75,6 +77,12 @@ class EventLoop {
   void RunTimers();
   int MillisToNextTimer() const;
   void Wake();
+  // Sleeps kNapNs, or until woken.
+  void Nap();
+
+  // A thread that called Drive() this recently counts as driving the loop.
+  static constexpr int64_t kDriverActiveNs = 20'000;
+  static constexpr long kNapNs = 1'000'000;
 
   const std::string name_;
   const bool busy_poll_;
@@ -84,7 +92,8 @@ class EventLoop {
   int wake_fd_ = -1;
 
   std::mutex mu_;
-  std::deque<std::function<void()>> tasks_;  // guarded by mu_
+  std::vector<std::function<void()>> tasks_;  // guarded by mu_
+  std::atomic<bool> has_tasks_{false};        // !tasks_.empty(), without the lock
   std::atomic<bool> sleeping_{false};
   std::atomic<bool> running_{false};
   std::thread thread_;
@@ -94,8 +103,12 @@ class EventLoop {
   // When the last work was done, by any driver (steady_clock nanoseconds):
   // the progress thread keeps spinning while other threads drive.
   std::atomic<int64_t> last_work_ns_{0};
+  // When a thread other than the progress thread last called Drive().
+  std::atomic<int64_t> last_foreign_drive_ns_{0};
+  std::atomic<bool> napping_{false};
 
   // Whoever holds drive_mu_.
+  std::vector<std::function<void()>> running_tasks_;  // the batch being run
   std::priority_queue<Timer, std::vector<Timer>, std::greater<>> timers_;
   uint64_t timer_seq_ = 0;
 };

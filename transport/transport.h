@@ -182,6 +182,10 @@ class Context {
   // Returns true when it did some work. A thread waiting for a reply calls
   // it to pick the reply up itself, as MPI libraries do.
   virtual bool Drive() = 0;
+  // Says that the calling thread stops calling Drive() for now (to sleep):
+  // the progress thread, which meanwhile left the work to it, takes it back
+  // at once instead of within a millisecond.
+  virtual void StopDriving() = 0;
 
   virtual Counters counters() const = 0;
   // What the backend is and what it uses, for logs and `tessera status`.

@@ -34,6 +34,11 @@ class ProgressDriver {
     users_.fetch_sub(1);
     return worked;
   }
+  void StopDriving() {
+    users_.fetch_add(1);
+    if (!closed_.load()) ctx_->StopDriving();
+    users_.fetch_sub(1);
+  }
   // Called before the context goes: later Drive calls do nothing, and the
   // ones already inside it have left when this returns.
   void Close() {
@@ -99,6 +104,7 @@ Status Future::WaitFor(std::chrono::milliseconds limit) const {
     if (worked) {
       spin_until = now + kSpin;
     } else if (now >= spin_until) {
+      if (state_->driver) state_->driver->StopDriving();
       break;
     } else {
       std::this_thread::yield();

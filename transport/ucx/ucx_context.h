@@ -86,6 +86,7 @@ class UcxContext final : public Context {
   }
   bool InProgressThread() const override { return loop_->InLoopThread(); }
   bool Drive() override { return loop_->Drive(); }
+  void StopDriving() override { loop_->StopDriving(); }
   Counters counters() const override;
   std::string Describe() const override;
 
