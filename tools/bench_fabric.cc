@@ -3,7 +3,7 @@
 #include <signal.h>
 #include <sys/wait.h>
 
-#include <condition_variable>
+#include <atomic>
 #include <cstring>
 #include <future>
 #include <mutex>
@@ -18,6 +18,23 @@ namespace {
 
 constexpr uint16_t kEchoMsg = 1;    // echoed back by the peer
 constexpr uint16_t kRegionMsg = 2;  // the peer's region description
+// Asks the peer to read the first N bytes of its region (N: 8 bytes, little
+// endian) and answer with an echo: a put that the receiver must consume.
+constexpr uint16_t kConsumeMsg = 3;
+
+// Reads every byte, as a shard applying a push must; the sum keeps the
+// compiler from dropping the reads.
+uint64_t ReadAll(const uint8_t* data, uint64_t n) {
+  uint64_t sum = 0;
+  uint64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t word;
+    std::memcpy(&word, data + i, 8);
+    sum += word;
+  }
+  for (; i < n; ++i) sum += data[i];
+  return sum;
+}
 
 }  // namespace
 
@@ -44,6 +61,18 @@ int RunBenchPeer(uint16_t port, uint64_t region_bytes, bool busy_poll) {
       kEchoMsg, [](const std::shared_ptr<transport::Endpoint>& ep, std::span<const uint8_t> bytes) {
         ep->Send(kEchoMsg, std::vector<uint8_t>(bytes.begin(), bytes.end()));
       });
+  const auto* region_data = static_cast<const uint8_t*>((*region)->data());
+  const uint64_t region_size = (*region)->size();
+  (*ctx)->SetHandler(kConsumeMsg,
+                     [region_data, region_size](const std::shared_ptr<transport::Endpoint>& ep,
+                                                std::span<const uint8_t> bytes) {
+                       uint64_t n = 0;
+                       if (bytes.size() == sizeof(n)) std::memcpy(&n, bytes.data(), sizeof(n));
+                       const uint64_t sum = ReadAll(region_data, std::min(n, region_size));
+                       std::vector<uint8_t> reply(sizeof(sum));
+                       std::memcpy(reply.data(), &sum, sizeof(sum));
+                       ep->Send(kEchoMsg, std::move(reply));
+                     });
   std::vector<std::shared_ptr<transport::Endpoint>> peers;
   auto listener =
       (*ctx)->Listen("127.0.0.1", port, [&](const std::shared_ptr<transport::Endpoint>& ep) {
@@ -129,27 +158,36 @@ class FabricPeer {
   }
 
   // Runs `issue` (which starts `n` operations, each calling Complete) and
-  // waits for all of them; returns the elapsed microseconds.
+  // waits for all of them, driving progress from this thread as a client's
+  // Future::Wait does and as ucx_perftest does (a sleep and a wake-up would
+  // be timed too); returns the elapsed microseconds.
   template <typename Fn>
   Result<double> Timed(int n, Fn issue) {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      pending_ = n;
       failed_ = Status::Ok();
     }
+    pending_.store(n);
     const auto t0 = std::chrono::steady_clock::now();
     issue();
-    std::unique_lock<std::mutex> lock(mu_);
-    if (!cv_.wait_for(lock, std::chrono::seconds(30), [&] { return pending_ == 0; })) {
-      return Status::DeadlineExceeded("fabric operations did not complete");
+    const auto deadline = t0 + std::chrono::seconds(30);
+    while (pending_.load(std::memory_order_acquire) != 0) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        return Status::DeadlineExceeded("fabric operations did not complete");
+      }
+      if (!ctx_->Drive()) std::this_thread::yield();
     }
+    const auto t1 = std::chrono::steady_clock::now();
+    std::lock_guard<std::mutex> lock(mu_);
     if (!failed_.ok()) return failed_;
-    return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+    return std::chrono::duration<double, std::micro>(t1 - t0).count();
   }
   void Complete(const Status& st = Status::Ok()) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!st.ok()) failed_ = st;
-    if (--pending_ == 0) cv_.notify_all();
+    if (!st.ok()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      failed_ = st;
+    }
+    pending_.fetch_sub(1, std::memory_order_release);
   }
 
   transport::Endpoint& ep() { return *ep_; }
@@ -163,10 +201,9 @@ class FabricPeer {
   std::unique_ptr<transport::Region> local_;
   std::shared_ptr<transport::Endpoint> ep_;
   std::unique_ptr<transport::RemoteRegion> remote_;
+  std::atomic<int> pending_{0};
   std::mutex mu_;
-  std::condition_variable cv_;
-  int pending_ = 0;
-  Status failed_;
+  Status failed_;  // guarded by mu_
 };
 
 // Operations per timed sample: enough to stream small sizes, one for huge ones.
@@ -204,7 +241,7 @@ Status RunFabric(const BenchOptions& o, const std::string& transport, std::vecto
   FabricPeer& p = **f;
   for (uint64_t bytes : o.sizes) {
     const int n = Window(bytes);
-    std::vector<double> put_us, get_us, am_us;
+    std::vector<double> put_us, get_us, am_us, consumed_us;
     for (int it = 0; it < o.warmup + o.iters; ++it) {
       auto put = p.Timed(n + 1, [&] {
         for (int k = 0; k < n; ++k)
@@ -223,6 +260,25 @@ Status RunFabric(const BenchOptions& o, const std::string& transport, std::vecto
         put_us.push_back(*put / n);
         get_us.push_back(*get / n);
       }
+      if (bytes >= 4096) {
+        // One put, its flush, then the peer reads the bytes and answers:
+        // the least a push must do, since the shard reads what it applies.
+        auto consumed = p.Timed(2, [&] {
+          p.ep().Put(p.local(), bytes, p.remote(), p.remote().base(),
+                     [&p, bytes](const Status& st) {
+                       if (!st.ok()) return p.Complete(st);
+                       p.ep().Flush([&p, bytes](const Status& st2) {
+                         if (!st2.ok()) return p.Complete(st2);
+                         std::vector<uint8_t> length(sizeof(bytes));
+                         std::memcpy(length.data(), &bytes, sizeof(bytes));
+                         p.ep().Send(kConsumeMsg, std::move(length));
+                         p.Complete();
+                       });
+                     });
+        });
+        if (!consumed.ok()) return consumed.status();
+        if (it >= o.warmup) consumed_us.push_back(*consumed);
+      }
       if (bytes <= 65536) {
         auto am = p.Timed(
             1, [&] { p.ep().Send(kEchoMsg, std::vector<uint8_t>(p.local(), p.local() + bytes)); });
@@ -240,6 +296,10 @@ Status RunFabric(const BenchOptions& o, const std::string& transport, std::vecto
     }
     rows->push_back(put);
     rows->push_back(get);
+    if (!consumed_us.empty()) {
+      rows->push_back(
+          Row{"fabric-put-read", transport, bytes, 1, 0, 0, Summarise(consumed_us, bytes)});
+    }
     if (!am_us.empty()) {
       Row am{"fabric-msg-rtt", transport, bytes, 1, 0, 0, Summarise(am_us, bytes)};
       if (o.baseline) {
