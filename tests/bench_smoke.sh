@@ -5,7 +5,8 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 out=$(mktemp -d)
-trap 'rm -rf "$out"' EXIT
+server=
+trap '[ -n "$server" ] && kill "$server" 2>/dev/null; rm -rf "$out"' EXIT
 plot=()
 if "$here/../.venv/bin/python" -c "import matplotlib" 2>/dev/null; then
   plot=(--plot "$out/bench.png")
@@ -17,7 +18,8 @@ python3 - "$out/bench.json" <<'PY'
 import json, sys
 rows = json.load(open(sys.argv[1]))
 seen = {r["scenario"] for r in rows}
-want = {"fabric-put", "fabric-get", "fabric-msg-rtt", "push", "pull", "push_pull", "step"}
+want = {"fabric-put", "fabric-get", "fabric-put-read", "fabric-msg-rtt", "push", "pull",
+        "push_pull", "step"}
 assert want <= seen, f"missing scenarios: {want - seen}"
 for r in rows:
     assert r["p50_us"] > 0, r
@@ -33,3 +35,29 @@ if [ ${#plot[@]} -gt 0 ]; then
 else
   echo "bench smoke: no matplotlib in .venv; plot not drawn"
 fi
+
+# Against a running cluster (--cluster): one `tessera server` started here.
+port=$(python3 -c '
+import random, socket
+for _ in range(100):
+    p = random.randrange(20000, 30000)
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", p)); print(p); break
+        except OSError:
+            pass')
+printf '{"ps": ["127.0.0.1:%s"], "worker": ["127.0.0.1:%s"]}\n' "$port" "$((port + 1))" \
+  > "$out/cluster.json"
+head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$out/secret"
+chmod 600 "$out/secret"
+TESSERA_LOG_LEVEL=warn "$TESSERA_BIN" server --cluster "$out/cluster.json" --job ps --task 0 \
+  --secret-file "$out/secret" &
+server=$!
+"$TESSERA_BIN" bench push pull --cluster "$out/cluster.json" --secret-file "$out/secret" \
+  --transport tcp --sizes 8,64K --iters 5 --warmup 1 --check --json "$out/given.json"
+python3 - "$out/given.json" <<'PY'
+import json, sys
+rows = json.load(open(sys.argv[1]))
+assert {r["scenario"] for r in rows} == {"push", "pull"}, rows
+print(f"bench smoke: {len(rows)} rows against a given cluster")
+PY

@@ -57,6 +57,14 @@ int Plot(const std::string& json_path, const std::string& png) {
 
 }  // namespace
 
+namespace {
+
+bool has_scenario(const BenchOptions& o, const char* name) {
+  return std::find(o.scenarios.begin(), o.scenarios.end(), name) != o.scenarios.end();
+}
+
+}  // namespace
+
 int RunBench(const BenchOptions& in) {
   BenchOptions o = in;
   if (o.scenarios.empty()) o.scenarios = {"push", "pull"};
@@ -78,6 +86,25 @@ int RunBench(const BenchOptions& in) {
     fprintf(stderr, "bench: --shards, --workers and --iters must be at least 1\n");
     return 2;
   }
+  if (!o.cluster_file.empty()) {
+    if (has_scenario(o, "fabric")) {
+      fprintf(stderr,
+              "bench: the fabric scenario needs its own peer process; it is not run "
+              "against a given --cluster\n");
+      return 2;
+    }
+    auto spec = ClusterSpec::FromJsonFile(o.cluster_file);
+    if (!spec.ok()) {
+      fprintf(stderr, "bench: --cluster: %s\n", spec.status().ToString().c_str());
+      return 2;
+    }
+    o.shards = spec->num_tasks("ps");  // for the tables
+    if (o.baseline) {
+      fprintf(stderr,
+              "bench: note: with --cluster, ucx_perftest still runs on this host's loopback, not "
+              "between the cluster's hosts; compare its figures with care\n");
+    }
+  }
   if (o.pin) {
     // The bench and its worker threads on the last core; shards and peers
     // take the others.
@@ -86,9 +113,7 @@ int RunBench(const BenchOptions& in) {
     CPU_SET(std::max(1u, std::thread::hardware_concurrency()) - 1, &set);
     sched_setaffinity(0, sizeof(set), &set);
   }
-  auto has = [&](const char* s) {
-    return std::find(o.scenarios.begin(), o.scenarios.end(), s) != o.scenarios.end();
-  };
+  auto has = [&](const char* s) { return has_scenario(o, s); };
   std::vector<Row> rows;
   for (const auto& transport : o.transports) {
     fprintf(stderr, "bench: %s (UCX_TLS=%s)\n", transport.c_str(),

@@ -32,6 +32,11 @@ struct BenchOptions {
   bool check = false;              // verify every transferred byte
   bool pin = true;                 // shards on the first cores, the bench on the last
   bool busy_poll = false;
+  // A running cluster to measure (JSON spec, as `tessera server --cluster`),
+  // instead of shard processes started on loopback; the bench's workers are
+  // its worker tasks 0..workers-1.
+  std::string cluster_file;
+  std::string secret_file;  // else TESSERA_SECRET / TESSERA_SECRET_FILE
   std::string json_path;
   std::string plot_path;
 };

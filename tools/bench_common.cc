@@ -119,6 +119,7 @@ Perftest RunPerftest(const std::string& tls, const std::string& test, uint64_t s
 Result<std::unique_ptr<LocalCluster>> LocalCluster::Start(const BenchOptions& o,
                                                           const std::string& tls, int shards,
                                                           int workers) {
+  if (!o.cluster_file.empty()) return Attach(o, workers);
   std::unique_ptr<LocalCluster> c(new LocalCluster());
   std::vector<TaskAddress> ps, ws;
   for (int i = 0; i < shards; ++i) ps.push_back({"127.0.0.1", FreePort("127.0.0.1")});
@@ -143,6 +144,28 @@ Result<std::unique_ptr<LocalCluster>> LocalCluster::Start(const BenchOptions& o,
     c->shards_.push_back(SpawnProcess(
         argv, {"TESSERA_SECRET=" + secret, "TESSERA_LOG_LEVEL=warn", "UCX_TLS=" + tls}, cpu));
   }
+  TESSERA_RETURN_IF_ERROR(c->ConnectWorkers(o, spec, secret, workers));
+  return c;
+}
+
+Result<std::unique_ptr<LocalCluster>> LocalCluster::Attach(const BenchOptions& o, int workers) {
+  auto spec = ClusterSpec::FromJsonFile(o.cluster_file);
+  if (!spec.ok()) return spec.status().WithContext("--cluster");
+  auto secret = LoadSecret(o.secret_file);
+  if (!secret.ok()) return secret.status();
+  const int tasks = spec->num_tasks("worker");
+  if (tasks < workers) {
+    return Status::InvalidArgument("--workers " + std::to_string(workers) + " but " +
+                                   o.cluster_file + " has " + std::to_string(tasks) +
+                                   " worker tasks");
+  }
+  std::unique_ptr<LocalCluster> c(new LocalCluster());
+  TESSERA_RETURN_IF_ERROR(c->ConnectWorkers(o, *spec, *secret, workers));
+  return c;
+}
+
+Status LocalCluster::ConnectWorkers(const BenchOptions& o, const ClusterSpec& spec,
+                                    const std::string& secret, int workers) {
   for (int w = 0; w < workers; ++w) {
     ClientOptions copts;
     copts.cluster = spec;
@@ -152,9 +175,9 @@ Result<std::unique_ptr<LocalCluster>> LocalCluster::Start(const BenchOptions& o,
     copts.busy_poll = o.busy_poll;
     auto client = Client::Connect(copts);
     if (!client.ok()) return client.status();
-    c->clients_.push_back(std::move(*client));
+    clients_.push_back(std::move(*client));
   }
-  return c;
+  return Status::Ok();
 }
 
 LocalCluster::~LocalCluster() {

@@ -60,6 +60,8 @@ Perftest RunPerftest(const std::string& tls, const std::string& test, uint64_t s
                      int warmup, bool pin);
 
 // Shard processes (`tessera server`) and worker clients in this process.
+// The cluster a scenario runs on: shard processes it starts on loopback, or
+// the running cluster of --cluster; and one client per worker.
 class LocalCluster {
  public:
   static Result<std::unique_ptr<LocalCluster>> Start(const BenchOptions& o, const std::string& tls,
@@ -70,7 +72,10 @@ class LocalCluster {
 
  private:
   LocalCluster() = default;
-  std::vector<pid_t> shards_;
+  static Result<std::unique_ptr<LocalCluster>> Attach(const BenchOptions& o, int workers);
+  Status ConnectWorkers(const BenchOptions& o, const ClusterSpec& spec, const std::string& secret,
+                        int workers);
+  std::vector<pid_t> shards_;  // empty for a given cluster
   std::vector<std::unique_ptr<Client>> clients_;
 };
 

@@ -157,6 +157,10 @@ int main(int argc, char** argv) try {
   bench_cmd->add_flag("!--no-pin", bench.pin,
                       "do not pin shards to the first cores and the bench to the last");
   bench_cmd->add_flag("--busy-poll", bench.busy_poll, "spin instead of sleeping when idle");
+  bench_cmd->add_option("--cluster", bench.cluster_file,
+                        "measure this running cluster (JSON spec) instead of starting shards");
+  bench_cmd->add_option("--secret-file", bench.secret_file,
+                        "the cluster's secret (else TESSERA_SECRET / TESSERA_SECRET_FILE)");
   bench_cmd->add_option("--json", bench.json_path, "write the results as JSON");
   bench_cmd->add_option("--plot", bench.plot_path, "draw the results into this PNG (matplotlib)");
   uint16_t peer_port = 0;
