@@ -35,6 +35,7 @@ int main(int argc, char** argv) {
   options.cluster = cfg->cluster;
   options.task = cfg->task;
   options.secret = secret;
+  if (const char* transport = std::getenv("TESSERA_TRANSPORT")) options.transport = transport;
   auto client = Client::Connect(options);
   if (!client.ok()) {
     fprintf(stderr, "%s\n", client.status().ToString().c_str());

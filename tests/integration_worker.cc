@@ -6,6 +6,7 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "core/log.h"
@@ -79,6 +80,7 @@ int main(int argc, char** argv) {
   opts.secret = *secret;
   opts.chunk_bytes = chunk_kib << 10;
   opts.op_timeout = std::chrono::seconds(120);
+  if (const char* transport = std::getenv("TESSERA_TRANSPORT")) opts.transport = transport;
   auto client = Client::Connect(opts);
   if (!client.ok()) return Fail("connect", client.status());
   Client& c = **client;

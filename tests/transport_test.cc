@@ -1,6 +1,9 @@
 // The transport contract, run for each UCX transport: tcp, shared memory and
 // self (a context connected to itself).
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <cstring>
@@ -26,16 +29,35 @@ thread_local bool tls_is_driver = false;
 
 struct TransportCase {
   const char* name;
+  const char* backend;  // "ucx" or "verbs"
   const char* ucx_tls;
   bool loopback_self;           // connect a context to its own listener
-  const char* expect_rma_lane;  // what UCX must have chosen for put/get
+  const char* expect_rma_lane;  // what the backend must report for put/get
+  size_t max_bytes;             // largest transfer tried (software RDMA is slow)
+  bool needs_rdma;              // runs only where an RDMA device is (the VM)
 };
+
+// The address the verbs cases use: one an RDMA device carries. Set inside
+// the Soft-RoCE VM (tests/rdma-vm/run); elsewhere the verbs cases skip.
+const char* RdmaAddress() { return std::getenv("RDMA_VM_ADDR"); }
 
 class TransportTest : public ::testing::TestWithParam<TransportCase> {
  protected:
   void SetUp() override {
-    setenv("UCX_TLS", GetParam().ucx_tls, 1);
+    const bool rdma = GetParam().needs_rdma;
+    if (rdma && RdmaAddress() == nullptr) {
+      GTEST_SKIP() << "no RDMA device on this machine: this case runs inside the Soft-RoCE VM "
+                      "(meson test --suite rdma-vm, tests/rdma-vm/run)";
+    }
+    host_ = rdma ? RdmaAddress() : "127.0.0.1";
+    if (*GetParam().ucx_tls) setenv("UCX_TLS", GetParam().ucx_tls, 1);
+    if (rdma && std::string(GetParam().backend) == "ucx") {
+      // UCX on Soft-RoCE: rxe0's RoCE v2 IPv4 GID is index 1.
+      setenv("UCX_NET_DEVICES", "rxe0:1", 1);
+      setenv("UCX_IB_GID_INDEX", "1", 1);
+    }
     ContextOptions opts;
+    opts.backend = GetParam().backend;
     opts.name = "server";
     auto server = Context::Open(opts);
     ASSERT_TRUE(server.ok()) << server.status().ToString();
@@ -93,12 +115,12 @@ class TransportTest : public ::testing::TestWithParam<TransportCase> {
       cv_.notify_all();
     });
 
-    auto listener = server_->Listen("127.0.0.1", 0, [](const std::shared_ptr<Endpoint>&) {});
+    auto listener = server_->Listen(host_, 0, [](const std::shared_ptr<Endpoint>&) {});
     ASSERT_TRUE(listener.ok()) << listener.status().ToString();
     listener_ = std::move(*listener);
 
     Waiter<Result<std::shared_ptr<Endpoint>>> connected;
-    client_ctx_->Connect("127.0.0.1", listener_->port(), 10s, connected.callback());
+    client_ctx_->Connect(host_, listener_->port(), 10s, connected.callback());
     auto ep = connected.Wait();
     ASSERT_TRUE(ep.has_value()) << "connect did not call back";
     ASSERT_TRUE(ep->ok()) << ep->status().ToString();
@@ -140,6 +162,7 @@ class TransportTest : public ::testing::TestWithParam<TransportCase> {
   }
 
   static constexpr size_t kRegionSize = (64u << 20) + 64;
+  std::string host_;
   std::unique_ptr<Context> server_;
   std::unique_ptr<Context> client_owned_;
   Context* client_ctx_ = nullptr;
@@ -181,6 +204,7 @@ TEST_P(TransportTest, PutThenGetByteExactAtUnalignedOffsets) {
   const uint64_t base = remote_->base();
   for (size_t size :
        {size_t{1}, size_t{3}, size_t{4096}, size_t{65535}, size_t{1} << 20, size_t{64} << 20}) {
+    if (size > GetParam().max_bytes) continue;
     for (size_t offset : {size_t{1}, size_t{13}}) {
       if (offset + size > kRegionSize) continue;
       auto src = Pattern(size + 5, static_cast<uint32_t>(size * 31 + offset));
@@ -266,13 +290,13 @@ TEST_P(TransportTest, BadRemoteKeyRefused) {
 TEST_P(TransportTest, ConnectToDeadAddressFailsWithinTimeout) {
   Waiter<Result<std::shared_ptr<Endpoint>>> w;
   auto start = std::chrono::steady_clock::now();
-  client_ctx_->Connect("127.0.0.1", tessera::testing::UnusedPort(), 2s, w.callback());
+  client_ctx_->Connect(host_, tessera::testing::UnusedPort(), 2s, w.callback());
   auto r = w.Wait(10s);
   auto elapsed = std::chrono::steady_clock::now() - start;
   ASSERT_TRUE(r.has_value()) << "connect to a dead address never called back";
   EXPECT_FALSE(r->ok());
   EXPECT_LT(elapsed, 4s) << "failure took longer than the 2 s timeout";
-  EXPECT_NE(r->status().message().find("127.0.0.1"), std::string::npos) << r->status().ToString();
+  EXPECT_NE(r->status().message().find(host_), std::string::npos) << r->status().ToString();
 }
 
 TEST_P(TransportTest, CountersSeparateMessagesFromOneSidedBytes) {
@@ -320,12 +344,122 @@ TEST_P(TransportTest, DrivingThreadsRunHandlersOneAtATime) {
   EXPECT_GT(ran_on_drivers_.load(), 0) << "no handler ran on a driving thread";
 }
 
-INSTANTIATE_TEST_SUITE_P(Ucx, TransportTest,
-                         ::testing::Values(TransportCase{"tcp", "tcp", false, "tcp/"},
-                                           TransportCase{"shm", "posix,sysv,cma,tcp", false,
-                                                         "sysv/memory"},
-                                           TransportCase{"self", "self,tcp", true, "self/"}),
-                         [](const auto& test_info) { return std::string(test_info.param.name); });
+// A peer process killed in the middle of a stream of reads: the reads fail,
+// and the connection is reported lost, within a bound; nothing hangs.
+TEST(VerbsFailure, PeerKilledMidTransferFailsWithinBound) {
+  if (RdmaAddress() == nullptr) {
+    GTEST_SKIP() << "no RDMA device on this machine: runs inside the Soft-RoCE VM";
+  }
+  const std::string host = RdmaAddress();
+  const uint16_t port = tessera::testing::UnusedPort();
+  constexpr size_t kBytes = 8u << 20;
+  // The peer is forked before this process opens any RDMA resource.
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ContextOptions opts;
+    opts.backend = "verbs";
+    auto ctx = Context::Open(opts);
+    if (!ctx.ok()) _exit(2);
+    auto region = (*ctx)->Allocate(kBytes, MemoryKind::kHost);
+    if (!region.ok()) _exit(3);
+    auto listener = (*ctx)->Listen(host, port, [&](const std::shared_ptr<Endpoint>& ep) {
+      ep->Send(kDescribeMsg + 100, (*region)->Describe());
+    });
+    if (!listener.ok()) _exit(4);
+    pause();
+    _exit(0);
+  }
+  ContextOptions opts;
+  opts.backend = "verbs";
+  auto ctx = Context::Open(opts);
+  ASSERT_TRUE(ctx.ok()) << ctx.status().ToString();
+  Waiter<std::vector<uint8_t>> desc;
+  auto on_desc = desc.callback();
+  (*ctx)->SetHandler(kDescribeMsg + 100,
+                     [on_desc](const std::shared_ptr<Endpoint>&, std::span<const uint8_t> bytes) {
+                       on_desc(std::vector<uint8_t>(bytes.begin(), bytes.end()));
+                     });
+  Waiter<Status> lost;
+  auto on_lost = lost.callback();
+  (*ctx)->SetDisconnectHandler(
+      [on_lost](const std::shared_ptr<Endpoint>&, const Status& why) { on_lost(why); });
+  std::shared_ptr<Endpoint> ep;
+  for (int attempt = 0; attempt < 100 && !ep; ++attempt) {
+    Waiter<Result<std::shared_ptr<Endpoint>>> connected;
+    (*ctx)->Connect(host, port, 2s, connected.callback());
+    auto r = connected.Wait(5s);
+    if (r && r->ok()) {
+      ep = r->value();
+    } else {
+      std::this_thread::sleep_for(100ms);
+    }
+  }
+  ASSERT_TRUE(ep) << "could not connect to the forked peer";
+  auto d = desc.Wait(10s);
+  ASSERT_TRUE(d.has_value());
+  auto remote = ep->Attach(*d);
+  ASSERT_TRUE(remote.ok()) << remote.status().ToString();
+  std::vector<uint8_t> buf(kBytes);
+  std::atomic<int> ok{0}, failed{0};
+  std::atomic<bool> killed{false};
+  Status first_error;
+  std::mutex mu;
+  const auto start = std::chrono::steady_clock::now();
+  while (failed.load() == 0 && std::chrono::steady_clock::now() - start < 20s) {
+    Waiter<Status> w;
+    ep->Get(buf.data(), kBytes, **remote, (*remote)->base(), w.callback());
+    if (!killed.exchange(true)) kill(child, SIGKILL);
+    auto st = w.Wait(15s);
+    ASSERT_TRUE(st.has_value()) << "a read to a killed peer neither completed nor failed";
+    if (st->ok()) {
+      ok++;
+    } else {
+      failed++;
+      std::lock_guard<std::mutex> lock(mu);
+      first_error = *st;
+    }
+  }
+  waitpid(child, nullptr, 0);
+  EXPECT_GT(failed.load(), 0) << "reads kept succeeding after the peer was killed";
+  EXPECT_EQ(first_error.code(), StatusCode::kUnavailable) << first_error.ToString();
+  auto why = lost.Wait(15s);
+  ASSERT_TRUE(why.has_value()) << "the lost connection was never reported";
+  EXPECT_EQ(why->code(), StatusCode::kUnavailable) << why->ToString();
+  EXPECT_NE(why->message().find(host), std::string::npos) << why->ToString();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 30s);
+}
+
+// Registered memory is locked memory: past RLIMIT_MEMLOCK registration fails,
+// and the error says which limit and how to raise it. Run with a small
+// `ulimit -l` and without CAP_IPC_LOCK (tests/rdma_vm_suite.sh does).
+TEST(VerbsFailure, RegistrationBeyondTheLockedMemoryLimitNamesUlimit) {
+  if (RdmaAddress() == nullptr || std::getenv("TESSERA_TEST_MEMLOCK_LIMITED") == nullptr) {
+    GTEST_SKIP() << "needs an RDMA device and a lowered locked-memory limit (the Soft-RoCE VM "
+                    "suite runs it so)";
+  }
+  ContextOptions opts;
+  opts.backend = "verbs";
+  auto ctx = Context::Open(opts);
+  ASSERT_TRUE(ctx.ok()) << ctx.status().ToString();
+  auto region = (*ctx)->Allocate(256u << 20, MemoryKind::kHost);
+  ASSERT_FALSE(region.ok()) << "256 MiB registered past the locked-memory limit";
+  EXPECT_EQ(region.status().code(), StatusCode::kResourceExhausted) << region.status().ToString();
+  EXPECT_NE(region.status().message().find("ulimit -l"), std::string::npos)
+      << region.status().ToString();
+  auto small = (*ctx)->Allocate(64u << 10, MemoryKind::kHost);
+  EXPECT_TRUE(small.ok()) << "a small registration fails too: " << small.status().ToString();
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Backends, TransportTest,
+    ::testing::Values(
+        TransportCase{"tcp", "ucx", "tcp", false, "tcp/", 64u << 20, false},
+        TransportCase{"shm", "ucx", "posix,sysv,cma,tcp", false, "sysv/memory", 64u << 20, false},
+        TransportCase{"self", "ucx", "self,tcp", true, "self/", 64u << 20, false},
+        TransportCase{"verbs", "verbs", "", false, "verbs RC", 8u << 20, true},
+        TransportCase{"ucx_rc_verbs", "ucx", "rc_verbs", false, "rc_verbs/", 8u << 20, true}),
+    [](const auto& test_info) { return std::string(test_info.param.name); });
 
 }  // namespace
 }  // namespace tessera::transport

@@ -17,7 +17,7 @@ void ClusterFlags::Add(CLI::App* app, const std::string& default_job) {
   app->add_option("--task_index,--task", task_index, "this task's index in its job");
   app->add_option("--secret-file", secret_file,
                   "file holding the cluster secret (else TESSERA_SECRET / TESSERA_SECRET_FILE)");
-  app->add_option("--transport", transport, "ucx (verbs comes later)");
+  app->add_option("--transport", transport, "ucx, verbs, or auto (verbs where an RDMA device is)");
 }
 
 Result<TfConfig> ClusterFlags::Resolve() const {

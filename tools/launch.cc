@@ -168,6 +168,8 @@ int Launch(const LaunchOptions& options) {
   signal(SIGPIPE, SIG_IGN);
 
   std::vector<std::string> server_args = options.server_args;
+  server_args.insert(server_args.end(), {"--transport", options.transport});
+  const std::string transport_env = "TESSERA_TRANSPORT=" + options.transport;
   if (!options.checkpoint_dir.empty()) {
     server_args.insert(server_args.end(), {"--checkpoint-dir", options.checkpoint_dir});
   }
@@ -201,7 +203,7 @@ int Launch(const LaunchOptions& options) {
   for (int i = 0; i < options.num_workers; ++i) {
     children.push_back({"worker" + std::to_string(i), true});
     Spawn(children.back(), options.worker_command,
-          {"TF_CONFIG=" + ToTfConfigJson(spec, {"worker", i}), secret_env});
+          {"TF_CONFIG=" + ToTfConfigJson(spec, {"worker", i}), secret_env, transport_env});
   }
   for (const auto& c : children) {
     if (c.pid < 0) {

@@ -14,6 +14,9 @@ struct LaunchOptions {
   int num_ps = 1;
   int num_workers = 1;
   std::string host = "127.0.0.1";
+  // The transport backend: given to the servers (--transport) and to the
+  // workers (TESSERA_TRANSPORT in their environment).
+  std::string transport = "ucx";
   // Run the coordinator as its own task instead of inside ps task 0.
   bool separate_coordinator = false;
   // Extra arguments for each `tessera server` child.

@@ -110,6 +110,8 @@ int main(int argc, char** argv) try {
   launch_cmd->add_option("--workers", launch.num_workers, "number of workers")
       ->check(CLI::Range(1, 256));
   launch_cmd->add_option("--host", launch.host, "address the tasks use");
+  launch_cmd->add_option("--transport", launch.transport,
+                         "ucx, verbs or auto (workers get it as TESSERA_TRANSPORT)");
   launch_cmd->add_flag("--coordinator", launch.separate_coordinator,
                        "run the coordinator as its own task instead of inside ps task 0");
   launch_cmd->add_option("--checkpoint-dir", launch.checkpoint_dir,

@@ -222,11 +222,19 @@ void EventLoop::Run() {
       std::lock_guard<std::mutex> tasks_lock(mu_);
       have_tasks = !tasks_.empty();
     }
-    if (have_tasks || !hooks_.arm()) {
+    bool armed = false;
+    if (!have_tasks) {
+      DrivingScope scope(this);  // arming may find and handle a last completion
+      armed = hooks_.arm();
+    }
+    if (!armed) {
       sleeping_ = false;
       continue;
     }
-    const int timeout_ms = MillisToNextTimer();
+    int timeout_ms = MillisToNextTimer();
+    if (hooks_.max_sleep_ms >= 0 && (timeout_ms < 0 || timeout_ms > hooks_.max_sleep_ms)) {
+      timeout_ms = hooks_.max_sleep_ms;
+    }
     lock.unlock();
     int n = epoll_wait(epoll_fd_, events, kMaxEvents, timeout_ms);
     sleeping_ = false;

@@ -31,6 +31,9 @@ class EventLoop {
     std::function<bool()> arm;
     // The fabric's event fd (readable when it has work), or -1.
     int event_fd = -1;
+    // Wake at least this often even without an event (-1: never), for a
+    // fabric whose wake-ups are known to be missed now and then.
+    int max_sleep_ms = -1;
   };
 
   // `spin` keeps polling that long after the last work before sleeping: a

@@ -8,10 +8,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <future>
 
 #include "core/log.h"
 #include "transport/region_desc.h"
+#include "transport/run_on_loop.h"
+#include "transport/sockaddr.h"
 
 namespace tessera::transport {
 namespace {
@@ -52,69 +55,6 @@ Status FromUcs(ucs_status_t status, const std::string& what) {
   }
 }
 
-std::string SockaddrToString(const sockaddr_storage& addr) {
-  char host[INET6_ADDRSTRLEN] = {0};
-  uint16_t port = 0;
-  if (addr.ss_family == AF_INET) {
-    const auto* in = reinterpret_cast<const sockaddr_in*>(&addr);
-    inet_ntop(AF_INET, &in->sin_addr, host, sizeof(host));
-    port = ntohs(in->sin_port);
-  } else if (addr.ss_family == AF_INET6) {
-    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&addr);
-    inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof(host));
-    port = ntohs(in6->sin6_port);
-  }
-  return std::string(host) + ":" + std::to_string(port);
-}
-
-Result<sockaddr_storage> Resolve(const std::string& host, uint16_t port) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* res = nullptr;
-  int rc = getaddrinfo(host.empty() ? nullptr : host.c_str(), nullptr, &hints, &res);
-  if (rc != 0 || res == nullptr) {
-    return Status::InvalidArgument("cannot resolve host '" + host + "': " + gai_strerror(rc));
-  }
-  sockaddr_storage out{};
-  std::memcpy(&out, res->ai_addr, res->ai_addrlen);
-  freeaddrinfo(res);
-  if (out.ss_family == AF_INET) {
-    reinterpret_cast<sockaddr_in*>(&out)->sin_port = htons(port);
-  } else {
-    reinterpret_cast<sockaddr_in6*>(&out)->sin6_port = htons(port);
-  }
-  return out;
-}
-
-// True when addr is one of this host's addresses (loopback included).
-bool IsLocalAddress(const sockaddr_storage& addr) {
-  if (addr.ss_family == AF_INET) {
-    const auto& in = reinterpret_cast<const sockaddr_in&>(addr).sin_addr;
-    if ((ntohl(in.s_addr) >> 24) == 127) return true;
-  } else if (addr.ss_family == AF_INET6) {
-    const auto& in6 = reinterpret_cast<const sockaddr_in6&>(addr).sin6_addr;
-    if (IN6_IS_ADDR_LOOPBACK(&in6)) return true;
-  } else {
-    return false;
-  }
-  ifaddrs* list = nullptr;
-  if (getifaddrs(&list) != 0) return false;
-  bool local = false;
-  for (ifaddrs* i = list; i && !local; i = i->ifa_next) {
-    if (!i->ifa_addr || i->ifa_addr->sa_family != addr.ss_family) continue;
-    if (addr.ss_family == AF_INET) {
-      local = reinterpret_cast<const sockaddr_in*>(i->ifa_addr)->sin_addr.s_addr ==
-              reinterpret_cast<const sockaddr_in&>(addr).sin_addr.s_addr;
-    } else {
-      local = std::memcmp(&reinterpret_cast<const sockaddr_in6*>(i->ifa_addr)->sin6_addr,
-                          &reinterpret_cast<const sockaddr_in6&>(addr).sin6_addr, 16) == 0;
-    }
-  }
-  freeifaddrs(list);
-  return local;
-}
-
 // UCX 1.13's shared-memory transports (posix, sysv) cannot report peer
 // failure, so an endpoint that asks for it never uses them. Same-host peers
 // therefore skip it in auto mode; their loss is still seen through the
@@ -129,20 +69,6 @@ ucp_err_handling_mode_t ErrorModeFor(PeerFailureMode mode, const sockaddr_storag
       break;
   }
   return IsLocalAddress(peer) ? UCP_ERR_HANDLING_MODE_NONE : UCP_ERR_HANDLING_MODE_PEER;
-}
-
-socklen_t SockaddrLen(const sockaddr_storage& addr) {
-  return addr.ss_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
-}
-
-// Runs fn on the loop thread and waits for its result.
-template <typename Fn>
-auto RunOnLoop(Context& ctx, Fn fn) -> decltype(fn()) {
-  if (ctx.InProgressThread()) return fn();
-  std::promise<decltype(fn())> promise;
-  auto future = promise.get_future();
-  ctx.Post([&] { promise.set_value(fn()); });
-  return future.get();
 }
 
 // What a UCX request needs until its callback.
@@ -223,6 +149,16 @@ class UcxRemoteRegion final : public RemoteRegion {
   uint64_t base_;
   uint64_t size_;
 };
+
+// True for a UCX older than 1.15 on a host with RDMA devices (see Init).
+bool MissesRcWakeups() {
+  unsigned major = 0, minor = 0, release = 0;
+  ucp_get_version(&major, &minor, &release);
+  if (major > 1 || (major == 1 && minor >= 15)) return false;
+  std::error_code ec;
+  std::filesystem::directory_iterator devices("/sys/class/infiniband", ec);
+  return !ec && devices != std::filesystem::directory_iterator();
+}
 
 }  // namespace
 
@@ -339,6 +275,15 @@ Status UcxContext::Init() {
   hooks.progress = [this] { return ucp_worker_progress(worker_) != 0; };
   hooks.arm = [this] { return ucp_worker_arm(worker_) == UCS_OK; };
   hooks.event_fd = efd;
+  if (MissesRcWakeups()) {
+    // UCX before 1.15 can miss the event that should wake a sleeping worker
+    // on its RC (InfiniBand/RoCE) transports (fixed upstream by
+    // openucx/ucx#8959): measured on Soft-RoCE, an active message then sat
+    // unseen for 10 s and more. Bound every sleep instead.
+    hooks.max_sleep_ms = 1;
+    TLOG_DEBUG("{}: UCX {} may miss RC wake-ups; the progress thread wakes every 1 ms when idle",
+               options_.name, ucp_get_version_string());
+  }
   auto spin = options_.spin_before_sleep;
   if (const char* us = std::getenv("TESSERA_PROGRESS_SPIN_US")) {  // for measuring its effect
     spin = std::chrono::microseconds(std::atoll(us));

@@ -1,0 +1,36 @@
+#!/bin/sh
+# The tests that need a real kernel RDMA stack. tests/rdma-vm/run starts this
+# inside the Soft-RoCE VM (meson test --suite rdma-vm); BUILD is the build
+# directory. Each step must pass; the first failure ends the run.
+set -eu
+BUILD=$1
+# A sanitizer build under software emulation is slow: its run may ask for
+# longer steps and a smaller integration test (see tools/dev.sh).
+T="timeout ${TESSERA_VM_STEP_TIMEOUT:-300}"
+WORKER_ARGS=${TESSERA_VM_WORKER_ARGS:-}
+step() { echo "=== rdma-vm: $*"; }
+
+step "transport contract on verbs and on UCX over rxe (rc_verbs)"
+$T "$BUILD/tests/transport_test" --gtest_filter='*/verbs:*/ucx_rc_verbs'
+
+step "a peer killed mid-transfer (alone: it forks before opening RDMA resources)"
+$T "$BUILD/tests/transport_test" --gtest_filter='VerbsFailure.PeerKilledMidTransferFailsWithinBound'
+
+step "registration past a 1 MiB locked-memory limit, without CAP_IPC_LOCK"
+(
+  ulimit -l 1024
+  TESSERA_TEST_MEMLOCK_LIMITED=1 $T setpriv --inh-caps=-ipc_lock --bounding-set=-ipc_lock \
+    "$BUILD/tests/transport_test" \
+    --gtest_filter='VerbsFailure.RegistrationBeyondTheLockedMemoryLimitNamesUlimit'
+)
+
+step "2 shards, 3 workers, mixed tensors, exact sums: verbs"
+$T "$BUILD/tools/tessera" launch --ps 2 --workers 3 --transport verbs --host "$RDMA_VM_ADDR" \
+  -- "$BUILD/tests/integration_worker" $WORKER_ARGS
+
+step "the same over UCX on rxe (rc_verbs)"
+UCX_TLS=rc_verbs UCX_NET_DEVICES=rxe0:1 UCX_IB_GID_INDEX=1 \
+  $T "$BUILD/tools/tessera" launch --ps 2 --workers 3 --transport ucx --host "$RDMA_VM_ADDR" \
+  -- "$BUILD/tests/integration_worker" $WORKER_ARGS
+
+echo "=== rdma-vm: all passed"

@@ -1,0 +1,20 @@
+// Socket addresses for the backends' connection managers (UCX's sockaddr
+// listeners, rdma_cm): resolving, printing, and telling local peers apart.
+#pragma once
+
+#include <sys/socket.h>
+
+#include <cstdint>
+#include <string>
+
+#include "tessera/status.h"
+
+namespace tessera::transport {
+
+Result<sockaddr_storage> Resolve(const std::string& host, uint16_t port);
+std::string SockaddrToString(const sockaddr_storage& addr);
+socklen_t SockaddrLen(const sockaddr_storage& addr);
+// True when addr is one of this host's addresses (loopback included).
+bool IsLocalAddress(const sockaddr_storage& addr);
+
+}  // namespace tessera::transport

@@ -1,0 +1,590 @@
+#include "transport/verbs/verbs_context.h"
+
+#include <fcntl.h>
+#include <sys/epoll.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "core/log.h"
+#include "transport/run_on_loop.h"
+#include "transport/sockaddr.h"
+#include "transport/verbs/verbs_errors.h"
+
+namespace tessera::transport::verbs {
+namespace {
+
+constexpr uint32_t kConnectMagic = 0x54455353;  // "TESS"
+constexpr uint16_t kConnectVersion = 1;
+
+Status SetNonBlocking(int fd, const char* what) {
+  const int flags = fcntl(fd, F_GETFL);
+  if (flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0) {
+    return Status::Internal(std::string("making the ") + what +
+                            " non-blocking: " + std::strerror(errno));
+  }
+  return Status::Ok();
+}
+
+Status AddToEpoll(int epoll_fd, int fd) {
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.fd = fd;
+  if (epoll_ctl(epoll_fd, EPOLL_CTL_ADD, fd, &ev) != 0) {
+    return Status::Internal(std::string("epoll_ctl: ") + std::strerror(errno));
+  }
+  return Status::Ok();
+}
+
+ConnectPrivateData OurPrivateData(const Device& dev) {
+  return ConnectPrivateData{kConnectMagic, kConnectVersion,
+                            static_cast<uint16_t>(VerbsContext::kCredits), dev.node_guid};
+}
+
+// The peer's private data, if it is a Tessera peer's.
+bool ReadPrivateData(const rdma_conn_param& param, ConnectPrivateData* out) {
+  if (param.private_data == nullptr || param.private_data_len < sizeof(ConnectPrivateData)) {
+    return false;
+  }
+  std::memcpy(out, param.private_data, sizeof(*out));
+  return out->magic == kConnectMagic && out->version == kConnectVersion && out->credits > 0;
+}
+
+}  // namespace
+
+class VerbsListener final : public Listener {
+ public:
+  VerbsListener(VerbsContext* ctx, rdma_cm_id* id, uint16_t port)
+      : ctx_(ctx), id_(id), port_(port) {}
+  ~VerbsListener() override {
+    RunOnLoop(*ctx_, [this] {
+      ctx_->listeners_.erase(id_);
+      rdma_destroy_id(id_);
+      return 0;
+    });
+  }
+  uint16_t port() const override { return port_; }
+
+ private:
+  VerbsContext* ctx_;
+  rdma_cm_id* id_;
+  uint16_t port_;
+};
+
+Result<std::unique_ptr<Context>> VerbsContext::Create(const ContextOptions& options) {
+  std::unique_ptr<VerbsContext> ctx(new VerbsContext(options));
+  Status st = ctx->Init();
+  if (!st.ok()) return st;
+  return std::unique_ptr<Context>(std::move(ctx));
+}
+
+Status VerbsContext::Init() {
+  int num = 0;
+  ibv_context** list = rdma_get_devices(&num);
+  if (list == nullptr || num == 0) {
+    if (list) rdma_free_devices(list);
+    return Status::Unavailable(
+        "verbs backend: no RDMA devices (rdma_get_devices found none); load a driver or "
+        "Soft-RoCE (rdma link add rxe0 type rxe netdev IFACE), run `tessera doctor`, or use "
+        "--transport ucx");
+  }
+  epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
+  Status st = epoll_fd_ < 0 ? Status::Internal(std::string("epoll_create1: ") + strerror(errno))
+                            : Status::Ok();
+  for (int i = 0; i < num && st.ok(); ++i) st = OpenDevice(list[i]);
+  rdma_free_devices(list);
+  if (!st.ok()) return st;
+  cm_channel_ = rdma_create_event_channel();
+  if (cm_channel_ == nullptr) {
+    return Status::Internal(std::string("rdma_create_event_channel: ") + std::strerror(errno) +
+                            " (is rdma_ucm loaded? /dev/infiniband/rdma_cm must exist)");
+  }
+  TESSERA_RETURN_IF_ERROR(SetNonBlocking(cm_channel_->fd, "rdma_cm event channel"));
+  TESSERA_RETURN_IF_ERROR(AddToEpoll(epoll_fd_, cm_channel_->fd));
+
+  EventLoop::Hooks hooks;
+  hooks.progress = [this] { return Progress(); };
+  hooks.arm = [this] { return Arm(); };
+  hooks.event_fd = options_.busy_poll ? -1 : epoll_fd_;
+  loop_ = std::make_unique<EventLoop>(options_.name, options_.busy_poll, std::move(hooks),
+                                      options_.spin_before_sleep);
+  loop_->Start();
+  std::string names;
+  for (const auto& d : devices_) names += (names.empty() ? "" : ", ") + d->name;
+  TLOG_DEBUG("{}: verbs backend on {}", options_.name, names);
+  return Status::Ok();
+}
+
+Status VerbsContext::OpenDevice(ibv_context* verbs) {
+  auto dev = std::make_unique<Device>();
+  dev->verbs = verbs;
+  dev->name = ibv_get_device_name(verbs->device);
+  dev->node_guid = ibv_get_device_guid(verbs->device);
+  ibv_port_attr port{};
+  if (ibv_query_port(verbs, 1, &port) == 0 && port.max_msg_sz > 0) {
+    dev->max_msg_size = port.max_msg_sz;
+  }
+  dev->pd = ibv_alloc_pd(verbs);
+  if (dev->pd == nullptr) return Status::Internal(dev->name + ": ibv_alloc_pd failed");
+  dev->channel = ibv_create_comp_channel(verbs);
+  if (dev->channel == nullptr) {
+    return Status::Internal(dev->name + ": ibv_create_comp_channel failed");
+  }
+  TESSERA_RETURN_IF_ERROR(SetNonBlocking(dev->channel->fd, "completion channel"));
+  TESSERA_RETURN_IF_ERROR(AddToEpoll(epoll_fd_, dev->channel->fd));
+  ibv_device_attr attr{};
+  const int max_cqe = ibv_query_device(verbs, &attr) == 0 ? attr.max_cqe : 4096;
+  dev->cq = ibv_create_cq(verbs, std::min(max_cqe, 16384), nullptr, dev->channel, 0);
+  if (dev->cq == nullptr) return Status::Internal(dev->name + ": ibv_create_cq failed");
+  ibv_srq_init_attr srq_attr{};
+  srq_attr.attr.max_wr = std::min<uint32_t>(attr.max_srq_wr ? attr.max_srq_wr : 4096, 16384);
+  srq_attr.attr.max_sge = 1;
+  dev->srq = ibv_create_srq(dev->pd, &srq_attr);
+  if (dev->srq == nullptr) {
+    return Status::Internal(dev->name + ": ibv_create_srq failed: " + std::strerror(errno));
+  }
+  dev->srq_capacity = srq_attr.attr.max_wr;
+  devices_.push_back(std::move(dev));
+  return Status::Ok();
+}
+
+Device* VerbsContext::DeviceOf(ibv_context* verbs) {
+  for (auto& d : devices_) {
+    if (d->verbs == verbs) return d.get();
+  }
+  return nullptr;
+}
+
+VerbsContext::~VerbsContext() {
+  if (loop_) {
+    RunOnLoop(*this, [this] {
+      std::vector<std::shared_ptr<VerbsEndpoint>> eps;
+      for (auto& [id, ep] : by_id_) eps.push_back(ep);
+      for (auto& ep : eps) ep->MarkDead(Status::Aborted("context closing"), /*report=*/false);
+      return 0;
+    });
+    loop_->Stop();
+  }
+  stopped_ = true;
+  // The flushed work requests' completions free their ops and let each
+  // endpoint tear down its queue pair; wait for them, within a bound.
+  const auto limit = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  auto busy = [this] {
+    for (auto& [id, ep] : by_id_) {
+      if (ep->outstanding_ > 0) return true;
+    }
+    return false;
+  };
+  while (busy() && std::chrono::steady_clock::now() < limit) {
+    for (auto& dev : devices_) PollCompletions(*dev);
+  }
+  for (auto& [id, ep] : by_id_) {
+    if (ep->qp_) rdma_destroy_qp(id);
+    rdma_destroy_id(id);
+  }
+  by_id_.clear();
+  by_qp_.clear();
+  if (cm_channel_) rdma_destroy_event_channel(cm_channel_);
+  if (epoll_fd_ >= 0) close(epoll_fd_);
+  // The devices go with the last region (DeviceSet).
+}
+
+DeviceSet::~DeviceSet() {
+  for (auto& dev : devices) {
+    if (dev->cq_events_unacked > 0) ibv_ack_cq_events(dev->cq, dev->cq_events_unacked);
+    if (dev->srq) ibv_destroy_srq(dev->srq);
+    for (auto& c : dev->recv_chunks) ibv_dereg_mr(c.mr);
+    for (auto& c : dev->send_chunks) ibv_dereg_mr(c.mr);
+    if (dev->cq) ibv_destroy_cq(dev->cq);
+    if (dev->channel) ibv_destroy_comp_channel(dev->channel);
+    if (dev->pd) ibv_dealloc_pd(dev->pd);
+  }
+}
+
+void VerbsContext::SetHandler(uint16_t msg_id, MessageHandler handler) {
+  handlers_[msg_id] = std::move(handler);
+}
+
+void VerbsContext::SetDisconnectHandler(DisconnectHandler handler) {
+  on_disconnect_ = std::move(handler);
+}
+
+Result<std::unique_ptr<Listener>> VerbsContext::Listen(const std::string& host, uint16_t port,
+                                                       AcceptHandler on_accept) {
+  auto addr = Resolve(host.empty() ? "0.0.0.0" : host, port);
+  if (!addr.ok()) return addr.status();
+  return RunOnLoop(*this, [&]() -> Result<std::unique_ptr<Listener>> {
+    rdma_cm_id* id = nullptr;
+    if (rdma_create_id(cm_channel_, &id, nullptr, RDMA_PS_TCP) != 0) {
+      return Status::Internal(std::string("rdma_create_id: ") + std::strerror(errno));
+    }
+    const std::string where = host + ":" + std::to_string(port);
+    if (rdma_bind_addr(id, reinterpret_cast<sockaddr*>(&*addr)) != 0) {
+      const int err = errno;
+      rdma_destroy_id(id);
+      return Status::Unavailable(
+          "listen on " + where + ": rdma_bind_addr: " + std::strerror(err) +
+          (err == EADDRNOTAVAIL || err == ENODEV ? " (no RDMA device carries this address)" : ""));
+    }
+    if (rdma_listen(id, 128) != 0) {
+      const int err = errno;
+      rdma_destroy_id(id);
+      return Status::Unavailable("listen on " + where + ": rdma_listen: " + std::strerror(err));
+    }
+    listeners_[id] = std::move(on_accept);
+    return std::unique_ptr<Listener>(new VerbsListener(this, id, ntohs(rdma_get_src_port(id))));
+  });
+}
+
+void VerbsContext::Connect(const std::string& host, uint16_t port,
+                           std::chrono::milliseconds timeout, ConnectCallback done) {
+  const std::string peer = host + ":" + std::to_string(port);
+  Post([this, host, port, timeout, peer, done = std::move(done)]() mutable {
+    auto addr = Resolve(host, port);
+    if (!addr.ok()) return done(addr.status());
+    rdma_cm_id* id = nullptr;
+    if (rdma_create_id(cm_channel_, &id, nullptr, RDMA_PS_TCP) != 0) {
+      return done(Status::Internal(std::string("rdma_create_id: ") + std::strerror(errno)));
+    }
+    auto ep = std::make_shared<VerbsEndpoint>(this, peer);
+    ep->id_ = id;
+    ep->connect_done_ = std::move(done);
+    by_id_[id] = ep;
+    const int ms = static_cast<int>(std::max<int64_t>(1, timeout.count()));
+    if (rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&*addr), ms) != 0) {
+      ep->MarkDead(Status::Unavailable("connect to " + peer +
+                                       ": rdma_resolve_addr: " + std::strerror(errno)),
+                   /*report=*/true);
+      return;
+    }
+    std::weak_ptr<VerbsEndpoint> weak = ep;
+    PostAfter(timeout, [weak, peer, timeout] {
+      auto pending = weak.lock();
+      if (!pending || pending->announced_ || pending->dead_) return;
+      pending->MarkDead(Status::DeadlineExceeded("connect to " + peer + ": no answer within " +
+                                                 std::to_string(timeout.count()) + " ms"),
+                        /*report=*/true);
+    });
+  });
+}
+
+Status VerbsContext::SetUpQp(VerbsEndpoint& ep, rdma_cm_id* id) {
+  Device* dev = DeviceOf(id->verbs);
+  if (dev == nullptr) {
+    return Status::Internal("rdma_cm chose a device this context did not open");
+  }
+  TESSERA_RETURN_IF_ERROR(GrowReceives(*dev, kCredits + kSpareSlots));
+  ibv_qp_init_attr attr{};
+  attr.send_cq = dev->cq;
+  attr.recv_cq = dev->cq;
+  attr.srq = dev->srq;
+  attr.qp_type = IBV_QPT_RC;
+  attr.cap.max_send_wr = kSendQueueDepth;
+  attr.cap.max_send_sge = 1;
+  attr.cap.max_recv_wr = 0;
+  attr.cap.max_recv_sge = 1;
+  if (rdma_create_qp(id, dev->pd, &attr) != 0) {
+    return Status::ResourceExhausted("creating a queue pair on " + dev->name + ": " +
+                                     std::strerror(errno));
+  }
+  ep.dev_ = dev;
+  ep.qp_ = id->qp;
+  ep.sq_free_ = kSendQueueDepth;
+  by_qp_[id->qp->qp_num] = ep.shared_from_this();
+  return Status::Ok();
+}
+
+Status VerbsContext::GrowReceives(Device& dev, uint32_t slots) {
+  if (dev.recv_posted + slots > dev.srq_capacity) {
+    return Status::ResourceExhausted(dev.name + ": the shared receive queue is full (" +
+                                     std::to_string(dev.srq_capacity) + " buffers)");
+  }
+  Device::Chunk chunk;
+  const size_t bytes = static_cast<size_t>(slots) * kSlotBytes;
+  chunk.memory.reset(new uint8_t[bytes]);
+  chunk.mr = ibv_reg_mr(dev.pd, chunk.memory.get(), bytes, IBV_ACCESS_LOCAL_WRITE);
+  if (chunk.mr == nullptr) return RegistrationError(errno, bytes, "receive buffers");
+  chunk.slots.reserve(slots);
+  for (uint32_t i = 0; i < slots; ++i) {
+    chunk.slots.push_back(
+        {chunk.memory.get() + static_cast<size_t>(i) * kSlotBytes, chunk.mr->lkey});
+  }
+  for (auto& slot : chunk.slots) {
+    ibv_sge sge{reinterpret_cast<uintptr_t>(slot.data), kSlotBytes, slot.lkey};
+    ibv_recv_wr wr{};
+    wr.wr_id = reinterpret_cast<uintptr_t>(&slot);
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    ibv_recv_wr* bad = nullptr;
+    if (ibv_post_srq_recv(dev.srq, &wr, &bad) != 0) {
+      return Status::Internal(dev.name + ": ibv_post_srq_recv failed");
+    }
+  }
+  dev.recv_posted += slots;
+  dev.recv_chunks.push_back(std::move(chunk));
+  return Status::Ok();
+}
+
+Device::Slot* VerbsContext::TakeSendSlot(Device& dev) {
+  if (dev.free_send_slots.empty()) {
+    constexpr uint32_t kGrow = 64;
+    Device::Chunk chunk;
+    const size_t bytes = static_cast<size_t>(kGrow) * kSlotBytes;
+    chunk.memory.reset(new uint8_t[bytes]);
+    chunk.mr = ibv_reg_mr(dev.pd, chunk.memory.get(), bytes, IBV_ACCESS_LOCAL_WRITE);
+    if (chunk.mr == nullptr) return nullptr;
+    for (uint32_t i = 0; i < kGrow; ++i) {
+      chunk.slots.push_back(
+          {chunk.memory.get() + static_cast<size_t>(i) * kSlotBytes, chunk.mr->lkey});
+    }
+    for (auto& s : chunk.slots) dev.free_send_slots.push_back(&s);
+    dev.send_chunks.push_back(std::move(chunk));
+  }
+  Device::Slot* slot = dev.free_send_slots.back();
+  dev.free_send_slots.pop_back();
+  return slot;
+}
+
+// ---------------------------------------------------------------------------
+// Progress
+
+bool VerbsContext::Progress() {
+  bool worked = false;
+  for (auto& dev : devices_) {
+    // Consume completion-channel events (the CQ is polled below either way).
+    ibv_cq* cq = nullptr;
+    void* cq_ctx = nullptr;
+    while (ibv_get_cq_event(dev->channel, &cq, &cq_ctx) == 0) {
+      if (++dev->cq_events_unacked >= 64) {
+        ibv_ack_cq_events(dev->cq, dev->cq_events_unacked);
+        dev->cq_events_unacked = 0;
+      }
+    }
+    worked |= PollCompletions(*dev);
+  }
+  worked |= PollCmEvents();
+  return worked;
+}
+
+bool VerbsContext::Arm() {
+  for (auto& dev : devices_) {
+    if (ibv_req_notify_cq(dev->cq, 0) != 0) return false;
+    // A completion that arrived before arming raises no event: look once more.
+    if (PollCompletions(*dev)) return false;
+  }
+  return true;
+}
+
+bool VerbsContext::PollCompletions(Device& dev) {
+  ibv_wc wcs[32];
+  const int n = ibv_poll_cq(dev.cq, 32, wcs);
+  for (int i = 0; i < n; ++i) {
+    const ibv_wc& wc = wcs[i];
+    if (wc.opcode & IBV_WC_RECV) {
+      auto* slot = reinterpret_cast<Device::Slot*>(wc.wr_id);
+      auto it = by_qp_.find(wc.qp_num);
+      if (wc.status == IBV_WC_SUCCESS && it != by_qp_.end()) {
+        std::shared_ptr<VerbsEndpoint> ep = it->second;
+        ep->OnReceive(slot->data, wc.byte_len);
+      }
+      // Back to the SRQ at once: credits count buffers, not messages handled.
+      ibv_sge sge{reinterpret_cast<uintptr_t>(slot->data), kSlotBytes, slot->lkey};
+      ibv_recv_wr wr{};
+      wr.wr_id = wc.wr_id;
+      wr.sg_list = &sge;
+      wr.num_sge = 1;
+      ibv_recv_wr* bad = nullptr;
+      if (ibv_post_srq_recv(dev.srq, &wr, &bad) != 0) {
+        TLOG_ERROR("{}: reposting a receive buffer failed", options_.name);
+      }
+      continue;
+    }
+    auto* op = reinterpret_cast<VerbsEndpoint::Op*>(wc.wr_id);
+    std::shared_ptr<VerbsEndpoint> keep = op->ep->shared_from_this();
+    op->ep->OnCompletion(wc, op);
+  }
+  return n > 0;
+}
+
+bool VerbsContext::PollCmEvents() {
+  bool worked = false;
+  rdma_cm_event* event = nullptr;
+  while (rdma_get_cm_event(cm_channel_, &event) == 0) {
+    worked = true;
+    OnCmEvent(event);
+  }
+  return worked;
+}
+
+void VerbsContext::OnCmEvent(rdma_cm_event* event) {
+  if (event->event == RDMA_CM_EVENT_CONNECT_REQUEST) return OnConnectRequest(event);
+  rdma_cm_id* id = event->id;
+  auto it = by_id_.find(id);
+  if (it == by_id_.end()) {
+    rdma_ack_cm_event(event);
+    return;
+  }
+  std::shared_ptr<VerbsEndpoint> ep = it->second;
+  const rdma_cm_event_type type = event->event;
+  const int status = event->status;
+  ConnectPrivateData theirs{};
+  const bool tessera_peer = ReadPrivateData(event->param.conn, &theirs);
+  rdma_ack_cm_event(event);  // before anything below may destroy the id
+
+  switch (type) {
+    case RDMA_CM_EVENT_ADDR_RESOLVED:
+      if (rdma_resolve_route(id, 2000) != 0) {
+        ep->MarkDead(Status::Unavailable("connect to " + ep->peer_ +
+                                         ": rdma_resolve_route: " + std::strerror(errno)),
+                     true);
+      }
+      return;
+    case RDMA_CM_EVENT_ROUTE_RESOLVED: {
+      Status st = SetUpQp(*ep, id);
+      if (!st.ok()) return ep->MarkDead(st.WithContext("connect to " + ep->peer_), true);
+      ConnectPrivateData ours = OurPrivateData(*ep->dev_);
+      rdma_conn_param param{};
+      param.private_data = &ours;
+      param.private_data_len = sizeof(ours);
+      param.responder_resources = 16;
+      param.initiator_depth = 16;
+      param.retry_count = 7;
+      param.rnr_retry_count = 7;  // a backstop; credits keep receives posted
+      if (rdma_connect(id, &param) != 0) {
+        ep->MarkDead(Status::Unavailable("connect to " + ep->peer_ +
+                                         ": rdma_connect: " + std::strerror(errno)),
+                     true);
+      }
+      return;
+    }
+    case RDMA_CM_EVENT_ESTABLISHED:
+      if (!ep->passive_) {
+        if (!tessera_peer) {
+          return ep->MarkDead(Status::Unavailable("connect to " + ep->peer_ +
+                                                  ": the peer is not a Tessera verbs endpoint"),
+                              true);
+        }
+        ep->send_credits_ = theirs.credits;
+        ep->remote_guid_ = theirs.node_guid;
+      }
+      ep->alive_ = true;
+      if (!ep->announced_) {
+        ep->announced_ = true;
+        if (ep->passive_) {
+          if (ep->on_accept_) ep->on_accept_(ep);
+        } else if (ep->connect_done_) {
+          auto cb = std::move(ep->connect_done_);
+          ep->connect_done_ = nullptr;
+          cb(std::shared_ptr<Endpoint>(ep));
+        }
+      }
+      ep->Pump();
+      return;
+    case RDMA_CM_EVENT_REJECTED:
+      return ep->MarkDead(
+          Status::Unavailable("connect to " + ep->peer_ +
+                              ": refused (no Tessera listener there, or it turned us away; "
+                              "rdma_cm status " +
+                              std::to_string(status) + ")"),
+          true);
+    case RDMA_CM_EVENT_ADDR_ERROR:
+    case RDMA_CM_EVENT_ROUTE_ERROR:
+    case RDMA_CM_EVENT_UNREACHABLE:
+    case RDMA_CM_EVENT_CONNECT_ERROR:
+      return ep->MarkDead(
+          Status::Unavailable("connect to " + ep->peer_ + ": " + rdma_event_str(type) + " (" +
+                              std::strerror(status < 0 ? -status : status) + ")"),
+          true);
+    case RDMA_CM_EVENT_DISCONNECTED:
+      return ep->MarkDead(Status::Unavailable("connection to " + ep->peer_ + " closed by the peer"),
+                          true);
+    case RDMA_CM_EVENT_DEVICE_REMOVAL:
+      return ep->MarkDead(
+          Status::Unavailable("connection to " + ep->peer_ + ": the RDMA device was removed"),
+          true);
+    default:
+      return;  // TIMEWAIT_EXIT, ADDR_CHANGE, ...
+  }
+}
+
+void VerbsContext::OnConnectRequest(rdma_cm_event* event) {
+  rdma_cm_id* id = event->id;
+  auto listener = listeners_.find(event->listen_id);
+  ConnectPrivateData theirs{};
+  const bool tessera_peer = ReadPrivateData(event->param.conn, &theirs);
+  rdma_ack_cm_event(event);
+  sockaddr_storage from{};
+  std::memcpy(&from, rdma_get_peer_addr(id), sizeof(sockaddr_in6));
+  const std::string peer = SockaddrToString(from);
+  if (listener == listeners_.end() || !tessera_peer) {
+    TLOG_WARN("{}: connection from {} refused: {}", options_.name, peer,
+              tessera_peer ? "no listener" : "not a Tessera verbs peer");
+    rdma_reject(id, nullptr, 0);
+    rdma_destroy_id(id);
+    return;
+  }
+  auto ep = std::make_shared<VerbsEndpoint>(this, peer);
+  ep->id_ = id;
+  ep->passive_ = true;
+  ep->on_accept_ = listener->second;
+  ep->send_credits_ = theirs.credits;
+  ep->remote_guid_ = theirs.node_guid;
+  by_id_[id] = ep;
+  Status st = SetUpQp(*ep, id);
+  if (!st.ok()) {
+    TLOG_WARN("{}: connection from {} refused: {}", options_.name, peer, st.ToString());
+    rdma_reject(id, nullptr, 0);
+    by_id_.erase(id);
+    if (ep->qp_) {
+      by_qp_.erase(ep->qp_->qp_num);
+      rdma_destroy_qp(id);
+    }
+    rdma_destroy_id(id);
+    return;
+  }
+  ConnectPrivateData ours = OurPrivateData(*ep->dev_);
+  rdma_conn_param param{};
+  param.private_data = &ours;
+  param.private_data_len = sizeof(ours);
+  param.responder_resources = 16;
+  param.initiator_depth = 16;
+  param.rnr_retry_count = 7;
+  if (rdma_accept(id, &param) != 0) {
+    ep->MarkDead(Status::Unavailable("accepting " + peer + ": " + std::strerror(errno)), false);
+  }
+}
+
+void VerbsContext::Dispatch(const std::shared_ptr<VerbsEndpoint>& ep, uint16_t msg_id,
+                            std::span<const uint8_t> bytes) {
+  counters_.messages_received++;
+  counters_.message_bytes_received += bytes.size();
+  auto handler = handlers_.find(msg_id);
+  if (handler == handlers_.end()) {
+    TLOG_WARN("{}: no handler for message {} from {}; dropped", options_.name, msg_id, ep->peer_);
+    return;
+  }
+  handler->second(ep, bytes);
+}
+
+Counters VerbsContext::counters() const {
+  Counters c;
+  c.messages_sent = counters_.messages_sent;
+  c.message_bytes_sent = counters_.message_bytes_sent;
+  c.messages_received = counters_.messages_received;
+  c.message_bytes_received = counters_.message_bytes_received;
+  c.puts = counters_.puts;
+  c.put_bytes = counters_.put_bytes;
+  c.gets = counters_.gets;
+  c.get_bytes = counters_.get_bytes;
+  return c;
+}
+
+std::string VerbsContext::Describe() const {
+  std::string names;
+  for (const auto& d : devices_) names += (names.empty() ? "" : ", ") + d->name;
+  return "verbs (rdma-core; devices " + names + ", " +
+         (options_.busy_poll ? "busy-poll" : "sleeping progress") + ")";
+}
+
+}  // namespace tessera::transport::verbs

@@ -1,0 +1,282 @@
+// The verbs backend: libibverbs RC queue pairs connected through rdma_cm.
+//
+// - Control messages are SENDs into a shared receive queue (one per device)
+//   of registered buffers. A message larger than a buffer travels in
+//   fragments, reassembled in order (RC delivers in order). Credits keep a
+//   sender from overrunning the peer's buffers: each connection is granted
+//   kCredits buffers, returned in the header of every fragment going the
+//   other way, or by a credit-only fragment when nothing else is sent.
+// - Data moves one-sided: RDMA WRITE for puts, RDMA READ for gets, between
+//   registered regions and local buffers (registered regions are looked up;
+//   other local memory is registered for the one operation).
+// - Progress: one completion queue and completion channel per device, and the
+//   rdma_cm event channel, all in one epoll set that the EventLoop sleeps on.
+#pragma once
+
+#include <infiniband/verbs.h>
+#include <rdma/rdma_cma.h>
+
+#include <atomic>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "transport/event_loop.h"
+#include "transport/transport.h"
+
+namespace tessera::transport::verbs {
+
+class VerbsContext;
+class VerbsEndpoint;
+
+// Fragment header, at the start of every SEND.
+struct FragmentHeader {
+  uint16_t msg_id;
+  uint8_t flags;  // kFirst | kLast | kCreditOnly
+  uint8_t reserved;
+  uint32_t credits;    // receive buffers the sender freed for the receiver
+  uint32_t total_len;  // whole message (first fragment)
+  uint32_t frag_len;   // payload bytes in this fragment
+};
+static_assert(sizeof(FragmentHeader) == 16);
+
+// What travels in rdma_cm's private data on connect and accept.
+struct ConnectPrivateData {
+  uint32_t magic;  // kConnectMagic
+  uint16_t version;
+  uint16_t credits;    // receive buffers granted to the peer
+  uint64_t node_guid;  // the device this end's QP is on (for picking rkeys)
+};
+
+// One RDMA device as librdmacm opened it, and what Tessera keeps on it.
+struct Device {
+  ibv_context* verbs = nullptr;
+  std::string name;
+  uint64_t node_guid = 0;
+  uint32_t max_msg_size = 1u << 30;
+  ibv_pd* pd = nullptr;
+  ibv_comp_channel* channel = nullptr;
+  ibv_cq* cq = nullptr;
+  ibv_srq* srq = nullptr;
+  int cq_events_unacked = 0;
+  // Receive buffers (posted to the SRQ) and send buffers, in registered
+  // chunks that grow as connections come.
+  struct Slot {
+    uint8_t* data;
+    uint32_t lkey;
+  };
+  struct Chunk {
+    std::unique_ptr<uint8_t[]> memory;
+    ibv_mr* mr = nullptr;
+    std::vector<Slot> slots;
+  };
+  std::vector<Chunk> recv_chunks, send_chunks;
+  std::vector<Slot*> free_send_slots;
+  uint32_t srq_capacity = 0;
+  uint32_t recv_posted = 0;
+};
+
+class VerbsRegion;
+
+// The devices and the registered regions on them. Shared by the context and
+// its regions: a region may outlive its context (its memory registration
+// then keeps the protection domain alive until it goes).
+struct DeviceSet {
+  ~DeviceSet();
+  std::vector<std::unique_ptr<Device>> devices;  // fixed after the context's Init
+  // Registered regions by base address, for FindLkey; any thread.
+  std::mutex regions_mu;
+  std::map<uintptr_t, VerbsRegion*> regions;
+};
+
+class VerbsContext final : public Context {
+ public:
+  // Fragment buffers and credits: 32 buffers of 16 KiB per connection.
+  static constexpr uint32_t kSlotBytes = 16 * 1024;
+  static constexpr uint32_t kCredits = 32;
+  // Buffers beyond the credits for credit-only fragments in flight.
+  static constexpr uint32_t kSpareSlots = 4;
+  static constexpr uint32_t kSendQueueDepth = 256;
+
+  static Result<std::unique_ptr<Context>> Create(const ContextOptions& options);
+  ~VerbsContext() override;
+
+  Result<std::unique_ptr<Region>> Allocate(size_t size, MemoryKind kind,
+                                           RemoteAccess access) override;
+  Result<std::unique_ptr<Region>> Register(void* data, size_t size, MemoryKind kind,
+                                           RemoteAccess access) override;
+  void SetHandler(uint16_t msg_id, MessageHandler handler) override;
+  void SetDisconnectHandler(DisconnectHandler handler) override;
+  Result<std::unique_ptr<Listener>> Listen(const std::string& host, uint16_t port,
+                                           AcceptHandler on_accept) override;
+  void Connect(const std::string& host, uint16_t port, std::chrono::milliseconds timeout,
+               ConnectCallback done) override;
+  void Post(std::function<void()> fn) override { loop_->Post(std::move(fn)); }
+  void PostAfter(std::chrono::milliseconds delay, std::function<void()> fn) override {
+    loop_->PostAfter(delay, std::move(fn));
+  }
+  bool InProgressThread() const override { return loop_->InLoopThread(); }
+  bool Drive() override { return loop_->Drive(); }
+  void StopDriving() override { loop_->StopDriving(); }
+  Counters counters() const override;
+  std::string Describe() const override;
+
+ private:
+  friend class VerbsEndpoint;
+  friend class VerbsListener;
+  friend class VerbsRegion;
+
+  explicit VerbsContext(ContextOptions options) : options_(std::move(options)) {}
+  Status Init();
+  Status OpenDevice(ibv_context* verbs);
+  Device* DeviceOf(ibv_context* verbs);
+  Result<std::unique_ptr<Region>> MapRegion(void* data, size_t size, MemoryKind kind,
+                                            RemoteAccess access, bool owned);
+
+  // Progress-thread side.
+  bool Progress();
+  bool Arm();
+  bool PollCompletions(Device& dev);
+  bool PollCmEvents();
+  void OnCmEvent(rdma_cm_event* event);
+  void OnConnectRequest(rdma_cm_event* event);
+  Status SetUpQp(VerbsEndpoint& ep, rdma_cm_id* id);
+  Status GrowReceives(Device& dev, uint32_t slots);
+  Device::Slot* TakeSendSlot(Device& dev);
+  void Dispatch(const std::shared_ptr<VerbsEndpoint>& ep, uint16_t msg_id,
+                std::span<const uint8_t> bytes);
+  // Local memory for a one-sided operation: the lkey of a registered region
+  // holding it, or 0 when there is none (the caller registers it).
+  uint32_t FindLkey(const Device& dev, const void* data, size_t len) const;
+
+  ContextOptions options_;
+  std::unique_ptr<EventLoop> loop_;
+  bool stopped_ = false;  // the loop has stopped: the destructor tears down
+  rdma_event_channel* cm_channel_ = nullptr;
+  int epoll_fd_ = -1;
+  std::shared_ptr<DeviceSet> devs_ = std::make_shared<DeviceSet>();
+  std::vector<std::unique_ptr<Device>>& devices_ = devs_->devices;
+
+  struct AtomicCounters {
+    std::atomic<uint64_t> messages_sent{0}, message_bytes_sent{0}, messages_received{0},
+        message_bytes_received{0}, puts{0}, put_bytes{0}, gets{0}, get_bytes{0};
+  };
+  AtomicCounters counters_;
+
+  // Set before connections exist, then only read.
+  std::unordered_map<uint16_t, MessageHandler> handlers_;
+  DisconnectHandler on_disconnect_;
+
+  // Progress thread only.
+  std::unordered_map<rdma_cm_id*, std::shared_ptr<VerbsEndpoint>> by_id_;
+  std::unordered_map<uint32_t, std::shared_ptr<VerbsEndpoint>> by_qp_;
+  std::unordered_map<rdma_cm_id*, AcceptHandler> listeners_;
+};
+
+class VerbsEndpoint final : public Endpoint, public std::enable_shared_from_this<VerbsEndpoint> {
+ public:
+  VerbsEndpoint(VerbsContext* ctx, std::string peer) : ctx_(ctx), peer_(std::move(peer)) {}
+  ~VerbsEndpoint() override = default;
+
+  void Send(uint16_t msg_id, std::vector<uint8_t> bytes, Completion done) override;
+  Result<std::unique_ptr<RemoteRegion>> Attach(std::span<const uint8_t> description) override;
+  void Put(const void* local, size_t len, const RemoteRegion& remote, uint64_t remote_addr,
+           Completion done) override;
+  void Get(void* local, size_t len, const RemoteRegion& remote, uint64_t remote_addr,
+           Completion done) override;
+  void Flush(Completion done) override;
+  void Close() override { CloseWith(/*force=*/false); }
+  void Abort() override { CloseWith(/*force=*/true); }
+  bool alive() const override { return alive_.load(); }
+  std::string peer() const override { return peer_; }
+  std::string DescribeLanes() override;
+
+ private:
+  friend class VerbsContext;
+
+  // A work request's context until its completion.
+  struct Op {
+    enum Kind : uint8_t { kSend, kWrite, kRead } kind;
+    VerbsEndpoint* ep;
+    Device::Slot* slot = nullptr;  // kSend: the send buffer
+    ibv_mr* temp_mr = nullptr;     // memory registered for this operation
+    Completion done;               // the last piece of a message or RMA
+    uint64_t rma_seq = 0;          // kWrite/kRead: for Flush
+    std::shared_ptr<int> pieces;   // RMA split by max_msg_size: pieces left
+    std::shared_ptr<Status> first_error;
+  };
+  // Work waiting for credits or send-queue room, in issue order.
+  struct Pending {
+    bool is_message = false;
+    // Message
+    uint16_t msg_id = 0;
+    std::vector<uint8_t> bytes;
+    size_t sent = 0;
+    bool credit_only = false;
+    // RMA
+    Op::Kind rma = Op::kWrite;
+    void* local = nullptr;
+    size_t len = 0;
+    uint64_t remote_addr = 0;
+    uint32_t rkey = 0;
+    uint64_t rma_seq = 0;
+    Completion done;
+  };
+
+  void SendNow(uint16_t msg_id, std::vector<uint8_t> bytes, Completion done);
+  void RmaNow(Op::Kind kind, void* local, size_t len, const RemoteRegion& remote,
+              uint64_t remote_addr, Completion done);
+  void FlushNow(Completion done);
+  // Posts what is pending while credits and send-queue room last.
+  void Pump();
+  bool PostFragment(Pending& msg);
+  bool PostRma(Pending& rma);
+  void OnCompletion(const ibv_wc& wc, Op* op);
+  void OnReceive(const uint8_t* data, uint32_t len);
+  void ReturnCreditsIfDue();
+  void FailPending(const Status& why);
+  void CloseWith(bool force);
+  // Gone: fail what is pending, report (unless we closed it), tear down once
+  // the queue pair has no work requests left.
+  void MarkDead(const Status& why, bool report);
+  void MaybeDestroy();
+  Status DeadStatus() const;
+
+  VerbsContext* ctx_;
+  std::string peer_;
+  std::atomic<bool> alive_{false};
+
+  // Progress thread only.
+  rdma_cm_id* id_ = nullptr;
+  Device* dev_ = nullptr;
+  ibv_qp* qp_ = nullptr;
+  uint64_t remote_guid_ = 0;
+  bool announced_ = false;  // connect_done_ / accept handler called
+  bool passive_ = false;    // accepted from a listener
+  bool closing_ = false;    // graceful close requested: disconnect when drained
+  bool dead_ = false;
+  bool reported_ = false;
+  Status close_reason_;
+  ConnectCallback connect_done_;
+  AcceptHandler on_accept_;
+  uint32_t send_credits_ = 0;
+  uint32_t credits_to_return_ = 0;
+  uint32_t sq_free_ = VerbsContext::kSendQueueDepth;
+  uint32_t outstanding_ = 0;  // work requests posted and not completed
+  std::deque<Pending> pending_;
+  std::vector<uint8_t> inbox_;  // the message being reassembled
+  uint16_t inbox_msg_ = 0;
+  uint32_t inbox_total_ = 0;
+  bool inbox_open_ = false;
+  uint64_t rma_issued_ = 0, rma_completed_ = 0;
+  std::vector<std::pair<uint64_t, Completion>> flush_waiters_;
+};
+
+// The rkey of `remote` when it was attached to `ep` and holds [addr, +len).
+Result<uint32_t> RemoteKeyFor(const VerbsEndpoint* ep, const RemoteRegion& remote, uint64_t addr,
+                              size_t len, const std::string& peer);
+
+}  // namespace tessera::transport::verbs

@@ -1,0 +1,169 @@
+// Registered memory for the verbs backend: regions registered on every device
+// the context opened, their self-checking descriptions (one rkey per device,
+// named by its node GUID), and attached remote regions.
+#include <cstdlib>
+#include <cstring>
+
+#include "transport/region_desc.h"
+#include "transport/run_on_loop.h"
+#include "transport/verbs/verbs_context.h"
+#include "transport/verbs/verbs_errors.h"
+
+namespace tessera::transport::verbs {
+
+class VerbsRegion final : public Region {
+ public:
+  VerbsRegion(std::shared_ptr<DeviceSet> devs, void* data, size_t size, MemoryKind kind, bool owned)
+      : devs_(std::move(devs)), data_(data), size_(size), kind_(kind), owned_(owned) {}
+  ~VerbsRegion() override {
+    {
+      std::lock_guard<std::mutex> lock(devs_->regions_mu);
+      devs_->regions.erase(reinterpret_cast<uintptr_t>(data_));
+    }
+    for (auto& [dev, mr] : mrs_) ibv_dereg_mr(mr);
+    if (owned_) std::free(data_);
+  }
+  void* data() const override { return data_; }
+  size_t size() const override { return size_; }
+  MemoryKind kind() const override { return kind_; }
+  std::vector<uint8_t> Describe() const override { return desc_; }
+
+  uint32_t lkey(const Device* dev) const {
+    for (const auto& [d, mr] : mrs_) {
+      if (d == dev) return mr->lkey;
+    }
+    return 0;
+  }
+
+ private:
+  friend class VerbsContext;
+  std::shared_ptr<DeviceSet> devs_;
+  void* data_;
+  size_t size_;
+  MemoryKind kind_;
+  bool owned_;
+  std::vector<std::pair<const Device*, ibv_mr*>> mrs_;
+  std::vector<uint8_t> desc_;
+};
+
+class VerbsRemoteRegion final : public RemoteRegion {
+ public:
+  VerbsRemoteRegion(const VerbsEndpoint* owner, uint64_t base, uint64_t size, uint32_t rkey)
+      : owner_(owner), base_(base), size_(size), rkey_(rkey) {}
+  uint64_t base() const override { return base_; }
+  uint64_t size() const override { return size_; }
+  uint32_t rkey() const { return rkey_; }
+  const VerbsEndpoint* owner() const { return owner_; }
+
+ private:
+  const VerbsEndpoint* owner_;
+  uint64_t base_, size_;
+  uint32_t rkey_;
+};
+
+Result<std::unique_ptr<Region>> VerbsContext::Allocate(size_t size, MemoryKind kind,
+                                                       RemoteAccess access) {
+  if (kind != MemoryKind::kHost) return MapRegion(nullptr, size, kind, access, false);
+  if (size == 0) return Status::InvalidArgument("cannot allocate an empty region");
+  void* data = std::aligned_alloc(4096, (size + 4095) / 4096 * 4096);
+  if (data == nullptr) return Status::ResourceExhausted("allocating " + std::to_string(size));
+  std::memset(data, 0, size);
+  return MapRegion(data, size, kind, access, /*owned=*/true);
+}
+
+Result<std::unique_ptr<Region>> VerbsContext::Register(void* data, size_t size, MemoryKind kind,
+                                                       RemoteAccess access) {
+  if (data == nullptr) return Status::InvalidArgument("register: null buffer");
+  return MapRegion(data, size, kind, access, /*owned=*/false);
+}
+
+Result<std::unique_ptr<Region>> VerbsContext::MapRegion(void* data, size_t size, MemoryKind kind,
+                                                        RemoteAccess access, bool owned) {
+  if (kind != MemoryKind::kHost) {
+    // Where GPU memory registration goes: find the allocation's base, export
+    // a dmabuf and ibv_reg_dmabuf_mr it, else ibv_reg_mr with peer memory.
+    if (owned) std::free(data);
+    return Status::Unimplemented(
+        "verbs backend: registering GPU memory (dmabuf or peer memory) is not built yet; "
+        "use host memory");
+  }
+  if (size == 0) return Status::InvalidArgument("cannot register an empty region");
+  int flags = IBV_ACCESS_LOCAL_WRITE;
+  if (static_cast<uint8_t>(access) & static_cast<uint8_t>(RemoteAccess::kRead)) {
+    flags |= IBV_ACCESS_REMOTE_READ;
+  }
+  if (static_cast<uint8_t>(access) & static_cast<uint8_t>(RemoteAccess::kWrite)) {
+    flags |= IBV_ACCESS_REMOTE_WRITE;
+  }
+  std::unique_ptr<VerbsRegion> region(new VerbsRegion(devs_, data, size, kind, owned));
+  std::vector<uint8_t> keys;
+  for (const auto& dev : devices_) {
+    ibv_mr* mr = ibv_reg_mr(dev->pd, data, size, flags);
+    if (mr == nullptr) return RegistrationError(errno, size, "a region on " + dev->name);
+    region->mrs_.push_back({dev.get(), mr});
+    // Per device: its node GUID (8 bytes) and the rkey (4), little endian.
+    uint8_t entry[12];
+    std::memcpy(entry, &dev->node_guid, 8);
+    std::memcpy(entry + 8, &mr->rkey, 4);
+    keys.insert(keys.end(), entry, entry + sizeof(entry));
+  }
+  region->desc_ = EncodeRegionDesc(BackendId::kVerbs, reinterpret_cast<uint64_t>(data), size, keys);
+  {
+    std::lock_guard<std::mutex> lock(devs_->regions_mu);
+    devs_->regions[reinterpret_cast<uintptr_t>(data)] = region.get();
+  }
+  return std::unique_ptr<Region>(std::move(region));
+}
+
+uint32_t VerbsContext::FindLkey(const Device& dev, const void* data, size_t len) const {
+  const auto addr = reinterpret_cast<uintptr_t>(data);
+  std::lock_guard<std::mutex> lock(devs_->regions_mu);
+  auto it = devs_->regions.upper_bound(addr);
+  if (it == devs_->regions.begin()) return 0;
+  --it;
+  const VerbsRegion* r = it->second;
+  if (addr - it->first > r->size() || len > r->size() - (addr - it->first)) return 0;
+  return r->lkey(&dev);
+}
+
+Result<std::unique_ptr<RemoteRegion>> VerbsEndpoint::Attach(std::span<const uint8_t> description) {
+  auto desc = DecodeRegionDesc(description);
+  if (!desc.ok()) return desc.status().WithContext("from " + peer_);
+  if (desc->backend != BackendId::kVerbs) {
+    return Status::InvalidArgument("remote key from " + peer_ + " is not a verbs key");
+  }
+  if (desc->key.size() % 12 != 0 || desc->key.empty()) {
+    return Status::InvalidArgument("remote key from " + peer_ + " is malformed");
+  }
+  return RunOnLoop(*ctx_, [&]() -> Result<std::unique_ptr<RemoteRegion>> {
+    if (dead_ || qp_ == nullptr) return DeadStatus();
+    for (size_t i = 0; i < desc->key.size(); i += 12) {
+      uint64_t guid;
+      uint32_t rkey;
+      std::memcpy(&guid, desc->key.data() + i, 8);
+      std::memcpy(&rkey, desc->key.data() + i + 8, 4);
+      if (guid == remote_guid_) {
+        return std::unique_ptr<RemoteRegion>(
+            new VerbsRemoteRegion(this, desc->base, desc->size, rkey));
+      }
+    }
+    return Status::InvalidArgument("remote key from " + peer_ +
+                                   " has no key for the device this connection uses");
+  });
+}
+
+// The rkey of a region attached to `ep`, or an error.
+Result<uint32_t> RemoteKeyFor(const VerbsEndpoint* ep, const RemoteRegion& remote, uint64_t addr,
+                              size_t len, const std::string& peer) {
+  const auto* r = dynamic_cast<const VerbsRemoteRegion*>(&remote);
+  if (r == nullptr || r->owner() != ep) {
+    return Status::InvalidArgument("remote region was not attached to the endpoint of " + peer);
+  }
+  if (!remote.Contains(addr, len)) {
+    return Status::OutOfRange("one-sided access of " + std::to_string(len) + " bytes at " +
+                              std::to_string(addr) + " lies outside the region of " + peer);
+  }
+  return r->rkey();
+}
+
+}  // namespace tessera::transport::verbs
