@@ -24,6 +24,9 @@ step "registration past a 1 MiB locked-memory limit, without CAP_IPC_LOCK"
     --gtest_filter='VerbsFailure.RegistrationBeyondTheLockedMemoryLimitNamesUlimit'
 )
 
+step "tessera doctor sees rxe0 and tells the truth about it"
+"$BUILD/tools/tessera" doctor --json | python3 "$(dirname "$0")/doctor_check.py"
+
 step "2 shards, 3 workers, mixed tensors, exact sums: verbs"
 $T "$BUILD/tools/tessera" launch --ps 2 --workers 3 --transport verbs --host "$RDMA_VM_ADDR" \
   -- "$BUILD/tests/integration_worker" $WORKER_ARGS

@@ -11,6 +11,7 @@
 #include "tools/ckpt_cmd.h"
 #include "tools/cluster_flags.h"
 #include "tools/demo.h"
+#include "tools/doctor.h"
 #include "tools/launch.h"
 
 namespace {
@@ -176,9 +177,12 @@ int main(int argc, char** argv) try {
 
   tools::CkptOptions ckpt_opts;
   auto run_ckpt = tools::AddCkptCommand(&app, &ckpt_opts);
+  tools::DoctorOptions doctor_opts;
+  auto run_doctor = tools::AddDoctorCommand(&app, &doctor_opts);
 
   CLI11_PARSE(app, argc, argv);
   if (app.got_subcommand("ckpt")) return run_ckpt();
+  if (app.got_subcommand("doctor")) return run_doctor();
   if (app.got_subcommand(bench_cmd)) {
     InitLogging("bench");
     if (!bench_sizes.empty()) {

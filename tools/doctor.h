@@ -1,0 +1,25 @@
+// `tessera doctor`: checks the set-up problems users of RDMA parameter servers
+// hit most, and says for each what is wrong and how to fix it.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <functional>
+#include <string>
+
+namespace tessera::tools {
+
+struct DoctorOptions {
+  bool json = false;
+  // What the locked-memory check sizes: a shard's parameters plus one
+  // staging slot per worker.
+  double params_mib = 1024;
+  double staging_mib = 16;
+  int workers = 8;
+  std::string cluster_file;  // else TF_CONFIG, if set: which address each task uses
+};
+
+// Adds the `doctor` subcommand; the returned function runs it.
+std::function<int()> AddDoctorCommand(CLI::App* app, DoctorOptions* options);
+
+}  // namespace tessera::tools
