@@ -36,4 +36,17 @@ UCX_TLS=rc_verbs UCX_NET_DEVICES=rxe0:1 UCX_IB_GID_INDEX=1 \
   $T "$BUILD/tools/tessera" launch --ps 2 --workers 3 --transport ucx --host "$RDMA_VM_ADDR" \
   -- "$BUILD/tests/integration_worker" $WORKER_ARGS
 
+step "tessera bench over verbs beside perftest (ib_write_bw, ib_read_bw, ib_send_lat)"
+$T "$BUILD/tools/tessera" bench fabric push pull --transport verbs --host "$RDMA_VM_ADDR" \
+  --sizes 8,64K --iters 3 --warmup 1 --baseline --check --json /tmp/bench-verbs.json
+python3 - /tmp/bench-verbs.json <<'PY'
+import json, sys
+rows = json.load(open(sys.argv[1]))
+compared = [r for r in rows if r["baseline"].startswith(("ib_", "2 x ib_"))]
+assert len(compared) >= 6, [r["scenario"] for r in rows]
+for r in compared:
+    assert r["baseline_us"] > 0 and r["ratio"] > 0, r
+print(f"bench: {len(compared)} rows beside perftest (figures are functional only here)")
+PY
+
 echo "=== rdma-vm: all passed"

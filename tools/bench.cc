@@ -86,6 +86,14 @@ int RunBench(const BenchOptions& in) {
     fprintf(stderr, "bench: --shards, --workers and --iters must be at least 1\n");
     return 2;
   }
+  for (const auto& t : o.transports) {
+    if (t == "verbs" && (o.host.rfind("127.", 0) == 0 || o.host == "localhost")) {
+      fprintf(stderr,
+              "bench: --transport verbs needs --host with an address an RDMA device carries "
+              "(rdma_cm cannot use loopback); `tessera doctor` lists them\n");
+      return 2;
+    }
+  }
   if (!o.cluster_file.empty()) {
     if (has_scenario(o, "fabric")) {
       fprintf(stderr,
@@ -116,13 +124,17 @@ int RunBench(const BenchOptions& in) {
   auto has = [&](const char* s) { return has_scenario(o, s); };
   std::vector<Row> rows;
   for (const auto& transport : o.transports) {
-    fprintf(stderr, "bench: %s (UCX_TLS=%s)\n", transport.c_str(),
-            bench::UcxTls(transport).c_str());
-    setenv("UCX_TLS", bench::UcxTls(transport).c_str(), 1);
+    const bench::Fabric fabric = bench::FabricFor(o, transport);
+    if (fabric.backend == "verbs") {
+      fprintf(stderr, "bench: verbs on %s\n", fabric.host.c_str());
+    } else {
+      fprintf(stderr, "bench: %s (UCX_TLS=%s)\n", transport.c_str(), fabric.ucx_tls.c_str());
+      setenv("UCX_TLS", fabric.ucx_tls.c_str(), 1);
+    }
     Status st;
-    if (has("fabric")) st = bench::RunFabric(o, transport, &rows);
-    if (st.ok()) st = bench::RunOps(o, transport, &rows);
-    if (st.ok() && has("step")) st = bench::RunStep(o, transport, &rows);
+    if (has("fabric")) st = bench::RunFabric(o, fabric, &rows);
+    if (st.ok()) st = bench::RunOps(o, fabric, &rows);
+    if (st.ok() && has("step")) st = bench::RunStep(o, fabric, &rows);
     if (!st.ok()) {
       fprintf(stderr, "bench: %s: %s\n", transport.c_str(), st.ToString().c_str());
       PrintTable(rows);

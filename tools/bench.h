@@ -32,6 +32,9 @@ struct BenchOptions {
   bool check = false;              // verify every transferred byte
   bool pin = true;                 // shards on the first cores, the bench on the last
   bool busy_poll = false;
+  // Where the shards and the fabric peer listen: loopback for UCX's tcp and
+  // shared memory; an address an RDMA device carries for verbs.
+  std::string host = "127.0.0.1";
   // A running cluster to measure (JSON spec, as `tessera server --cluster`),
   // instead of shard processes started on loopback; the bench's workers are
   // its worker tasks 0..workers-1.
@@ -44,7 +47,14 @@ struct BenchOptions {
 int RunBench(const BenchOptions& options);
 
 // The hidden `tessera bench-peer` a fabric run talks to.
-int RunBenchPeer(uint16_t port, uint64_t region_bytes, bool busy_poll);
+struct BenchPeerOptions {
+  std::string host = "127.0.0.1";
+  uint16_t port = 0;
+  uint64_t region_bytes = 1u << 20;
+  std::string backend = "ucx";
+  bool busy_poll = false;
+};
+int RunBenchPeer(const BenchPeerOptions& options);
 
 // Heap allocations made by this process so far (tools/alloc_counter.cc).
 uint64_t HeapAllocations();

@@ -48,17 +48,25 @@ void CompareBandwidth(Row* row, const std::string& test, const Perftest& p) {
   row->note = p.error;
 }
 
-void CompareRoundTrip(Row* row, const Perftest& am_lat) {
-  row->baseline = "2 x ucp_am_lat";
-  row->baseline_us = 2 * am_lat.us;
-  row->ratio = am_lat.ok && am_lat.us > 0 ? row->tessera.p50_us / (2 * am_lat.us) : 0;
+void CompareRoundTrip(Row* row, const std::string& test, const Perftest& lat) {
+  row->baseline = "2 x " + test;
+  row->baseline_us = 2 * lat.us;
+  row->ratio = lat.ok && lat.us > 0 ? row->tessera.p50_us / (2 * lat.us) : 0;
   row->ratio_of = "time";
-  row->note = am_lat.error;
+  row->note = lat.error;
 }
 
-std::string UcxTls(const std::string& transport) {
-  if (transport == "shm") return "posix,sysv,cma,tcp";
-  return transport;
+Fabric FabricFor(const BenchOptions& o, const std::string& transport) {
+  Fabric f;
+  f.name = transport;
+  f.host = o.host;
+  if (transport == "verbs") {
+    f.backend = "verbs";
+    return f;
+  }
+  f.backend = "ucx";
+  f.ucx_tls = transport == "shm" ? "posix,sysv,cma,tcp" : transport;
+  return f;
 }
 
 std::string SizeName(uint64_t s) {
@@ -71,35 +79,48 @@ namespace {
 int NumCpus() { return std::max(1, static_cast<int>(std::thread::hardware_concurrency())); }
 }  // namespace
 
-Perftest RunPerftest(const std::string& tls, const std::string& test, uint64_t size, int iters,
-                     int warmup, bool pin) {
+namespace {
+
+// Runs a server command on core 0 and a client on the last core, retrying a
+// refused connect while the server comes up; returns the client's output.
+std::string RunPair(const std::vector<std::string>& server_argv,
+                    const std::vector<std::string>& server_env, const std::string& client_cmd,
+                    bool pin, int* rc) {
+  int server = SpawnProcess(server_argv, server_env, pin ? 0 : -1, /*quiet=*/true);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  std::string text;
+  for (int attempt = 0; attempt < 10; ++attempt) {
+    text.clear();
+    FILE* p = popen(client_cmd.c_str(), "r");
+    std::array<char, 4096> buf;
+    while (size_t n = fread(buf.data(), 1, buf.size(), p)) text.append(buf.data(), n);
+    *rc = pclose(p);
+    if (*rc == 0 || (text.find("refused") == std::string::npos &&
+                     text.find("Couldn't connect") == std::string::npos)) {
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  kill(server, SIGKILL);
+  waitpid(server, nullptr, 0);
+  return text;
+}
+
+Perftest RunUcxPerftest(const std::string& tls, const std::string& test, uint64_t size, int iters,
+                        int warmup, bool pin) {
   // perftest runs with the UCX settings Tessera gives itself (it inherits
   // this process's environment).
   transport::ApplyBackendDefaults("ucx");
   Perftest out;
   const int last = NumCpus() - 1;
   uint16_t port = FreePort("127.0.0.1");
-  int server = SpawnProcess({"ucx_perftest", "-p", std::to_string(port)}, {"UCX_TLS=" + tls},
-                            pin ? 0 : -1, /*quiet=*/true);
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
   std::string cmd = fmt::format(
       "UCX_TLS={} timeout 120 {} ucx_perftest 127.0.0.1 -p {} -t {} -s {} -n {} -w {} -f "
       "2>/dev/null",
       tls, pin ? fmt::format("taskset -c {}", last) : "", port, test, size, iters, warmup);
-  std::string text;
   int rc = 0;
-  // The server may not listen yet on a loaded machine: retry a refused connect.
-  for (int attempt = 0; attempt < 10; ++attempt) {
-    text.clear();
-    FILE* p = popen(cmd.c_str(), "r");
-    std::array<char, 4096> buf;
-    while (size_t n = fread(buf.data(), 1, buf.size(), p)) text.append(buf.data(), n);
-    rc = pclose(p);
-    if (rc == 0 || text.find("Connection refused") == std::string::npos) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  }
-  kill(server, SIGKILL);
-  waitpid(server, nullptr, 0);
+  std::string text =
+      RunPair({"ucx_perftest", "-p", std::to_string(port)}, {"UCX_TLS=" + tls}, cmd, pin, &rc);
   // With -f the last line is "iters typical avg overall bw_avg bw_overall
   // rate_avg rate_overall"; latency tests report one-way time (half a round trip).
   while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
@@ -116,14 +137,76 @@ Perftest RunPerftest(const std::string& tls, const std::string& test, uint64_t s
   return out;
 }
 
+// perftest's ib_* tools over rdma_cm (-R), server on core 0, client on the
+// last core, connecting to the address the bench uses.
+Perftest RunIbPerftest(const std::string& host, const std::string& test, uint64_t size, int iters,
+                       bool pin) {
+  Perftest out;
+  const int last = NumCpus() - 1;
+  const std::string port = std::to_string(FreePort(host));
+  const std::string common = fmt::format("-R -F -s {} -n {} -p {}", size, std::max(iters, 5), port);
+  std::vector<std::string> server = {
+      test, "-R", "-F", "-s", std::to_string(size), "-n", std::to_string(std::max(iters, 5)),
+      "-p", port};
+  std::string cmd = fmt::format("timeout 120 {} {} {} {} 2>&1",
+                                pin ? fmt::format("taskset -c {}", last) : "", test, common, host);
+  int rc = 0;
+  std::string text = RunPair(server, {}, cmd, pin, &rc);
+  // The result line starts with the size: "#bytes #iterations ..." then
+  // BW peak, BW average [MB/s, 2^20] for *_bw, or t_min t_max t_typical
+  // [usec, one way] for *_lat.
+  std::istringstream lines(text);
+  std::string line;
+  while (std::getline(lines, line)) {
+    std::istringstream in(line);
+    double bytes = 0, n = 0, a = 0, b = 0, c = 0;
+    if (!(in >> bytes >> n >> a >> b) || bytes != static_cast<double>(size)) continue;
+    if (test.find("_lat") != std::string::npos) {
+      if (!(in >> c)) continue;
+      out.us = c;  // typical
+    } else {
+      out.gbps = b * 1048576.0 / 1e9;  // average
+      out.us = out.gbps > 0 ? static_cast<double>(size) / (out.gbps * 1e3) : 0;
+    }
+    out.ok = rc == 0;
+  }
+  if (!out.ok) {
+    out.error = test + " failed (exit " + std::to_string(rc) +
+                "): " + text.substr(text.size() > 300 ? text.size() - 300 : 0);
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string BaselineName(const Fabric& f, Baseline kind) {
+  const bool verbs = f.backend == "verbs";
+  switch (kind) {
+    case Baseline::kPut:
+      return verbs ? "ib_write_bw" : "ucp_put_bw";
+    case Baseline::kGet:
+      return verbs ? "ib_read_bw" : "ucp_get";
+    case Baseline::kMessageLatency:
+      return verbs ? "ib_send_lat" : "ucp_am_lat";
+  }
+  return "";
+}
+
+Perftest RunBaseline(const Fabric& f, Baseline kind, uint64_t size, int iters, int warmup,
+                     bool pin) {
+  const std::string test = BaselineName(f, kind);
+  if (f.backend == "verbs") return RunIbPerftest(f.host, test, size, iters, pin);
+  return RunUcxPerftest(f.ucx_tls, test, size, iters, warmup, pin);
+}
+
 Result<std::unique_ptr<LocalCluster>> LocalCluster::Start(const BenchOptions& o,
-                                                          const std::string& tls, int shards,
+                                                          const Fabric& fabric, int shards,
                                                           int workers) {
-  if (!o.cluster_file.empty()) return Attach(o, workers);
+  if (!o.cluster_file.empty()) return Attach(o, fabric, workers);
   std::unique_ptr<LocalCluster> c(new LocalCluster());
   std::vector<TaskAddress> ps, ws;
-  for (int i = 0; i < shards; ++i) ps.push_back({"127.0.0.1", FreePort("127.0.0.1")});
-  for (int i = 0; i < workers; ++i) ws.push_back({"127.0.0.1", FreePort("127.0.0.1")});
+  for (int i = 0; i < shards; ++i) ps.push_back({fabric.host, FreePort(fabric.host)});
+  for (int i = 0; i < workers; ++i) ws.push_back({fabric.host, FreePort(fabric.host)});
   ClusterSpec spec;
   TESSERA_RETURN_IF_ERROR(spec.AddJob("ps", ps));
   TESSERA_RETURN_IF_ERROR(spec.AddJob("worker", ws));
@@ -136,19 +219,22 @@ Result<std::unique_ptr<LocalCluster>> LocalCluster::Start(const BenchOptions& o,
   const int cpus = NumCpus();
   for (int i = 0; i < shards; ++i) {
     std::vector<std::string> argv = {
-        SelfExecutable(), "server", "--ps_hosts", hosts(ps),         "--worker_hosts", hosts(ws),
-        "--job",          "ps",     "--task",     std::to_string(i), "--staging-mib",  "160"};
+        SelfExecutable(), "server", "--ps_hosts",  hosts(ps),     "--worker_hosts",
+        hosts(ws),        "--job",  "ps",          "--task",      std::to_string(i),
+        "--staging-mib",  "160",    "--transport", fabric.backend};
     if (o.busy_poll) argv.push_back("--busy-poll");
     // Shards on the first cores, the bench (workers) on the last one.
     const int cpu = o.pin ? (cpus > 1 ? i % (cpus - 1) : 0) : -1;
     c->shards_.push_back(SpawnProcess(
-        argv, {"TESSERA_SECRET=" + secret, "TESSERA_LOG_LEVEL=warn", "UCX_TLS=" + tls}, cpu));
+        argv, {"TESSERA_SECRET=" + secret, "TESSERA_LOG_LEVEL=warn", "UCX_TLS=" + fabric.ucx_tls},
+        cpu));
   }
-  TESSERA_RETURN_IF_ERROR(c->ConnectWorkers(o, spec, secret, workers));
+  TESSERA_RETURN_IF_ERROR(c->ConnectWorkers(o, spec, secret, fabric.backend, workers));
   return c;
 }
 
-Result<std::unique_ptr<LocalCluster>> LocalCluster::Attach(const BenchOptions& o, int workers) {
+Result<std::unique_ptr<LocalCluster>> LocalCluster::Attach(const BenchOptions& o,
+                                                           const Fabric& fabric, int workers) {
   auto spec = ClusterSpec::FromJsonFile(o.cluster_file);
   if (!spec.ok()) return spec.status().WithContext("--cluster");
   auto secret = LoadSecret(o.secret_file);
@@ -160,12 +246,13 @@ Result<std::unique_ptr<LocalCluster>> LocalCluster::Attach(const BenchOptions& o
                                    " worker tasks");
   }
   std::unique_ptr<LocalCluster> c(new LocalCluster());
-  TESSERA_RETURN_IF_ERROR(c->ConnectWorkers(o, *spec, *secret, workers));
+  TESSERA_RETURN_IF_ERROR(c->ConnectWorkers(o, *spec, *secret, fabric.backend, workers));
   return c;
 }
 
 Status LocalCluster::ConnectWorkers(const BenchOptions& o, const ClusterSpec& spec,
-                                    const std::string& secret, int workers) {
+                                    const std::string& secret, const std::string& backend,
+                                    int workers) {
   for (int w = 0; w < workers; ++w) {
     ClientOptions copts;
     copts.cluster = spec;
@@ -173,6 +260,7 @@ Status LocalCluster::ConnectWorkers(const BenchOptions& o, const ClusterSpec& sp
     copts.secret = secret;
     copts.startup_timeout = std::chrono::seconds(30);
     copts.busy_poll = o.busy_poll;
+    copts.transport = backend;
     auto client = Client::Connect(copts);
     if (!client.ok()) return client.status();
     clients_.push_back(std::move(*client));

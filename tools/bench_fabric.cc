@@ -38,7 +38,7 @@ uint64_t ReadAll(const uint8_t* data, uint64_t n) {
 
 }  // namespace
 
-int RunBenchPeer(uint16_t port, uint64_t region_bytes, bool busy_poll) {
+int RunBenchPeer(const BenchPeerOptions& peer) {
   sigset_t stop;
   sigemptyset(&stop);
   sigaddset(&stop, SIGTERM);
@@ -46,13 +46,14 @@ int RunBenchPeer(uint16_t port, uint64_t region_bytes, bool busy_poll) {
   pthread_sigmask(SIG_BLOCK, &stop, nullptr);
   transport::ContextOptions opts;
   opts.name = "bench-peer";
-  opts.busy_poll = busy_poll;
+  opts.backend = peer.backend;
+  opts.busy_poll = peer.busy_poll;
   auto ctx = transport::Context::Open(opts);
   if (!ctx.ok()) {
     fprintf(stderr, "bench-peer: %s\n", ctx.status().ToString().c_str());
     return 1;
   }
-  auto region = (*ctx)->Allocate(region_bytes, transport::MemoryKind::kHost);
+  auto region = (*ctx)->Allocate(peer.region_bytes, transport::MemoryKind::kHost);
   if (!region.ok()) {
     fprintf(stderr, "bench-peer: %s\n", region.status().ToString().c_str());
     return 1;
@@ -75,7 +76,7 @@ int RunBenchPeer(uint16_t port, uint64_t region_bytes, bool busy_poll) {
                      });
   std::vector<std::shared_ptr<transport::Endpoint>> peers;
   auto listener =
-      (*ctx)->Listen("127.0.0.1", port, [&](const std::shared_ptr<transport::Endpoint>& ep) {
+      (*ctx)->Listen(peer.host, peer.port, [&](const std::shared_ptr<transport::Endpoint>& ep) {
         peers.push_back(ep);
         ep->Send(kRegionMsg, (*region)->Describe());
       });
@@ -94,16 +95,19 @@ namespace {
 // A connection to a bench-peer process and a local buffer.
 class FabricPeer {
  public:
-  static Result<std::unique_ptr<FabricPeer>> Start(const BenchOptions& o, const std::string& tls,
+  static Result<std::unique_ptr<FabricPeer>> Start(const BenchOptions& o, const Fabric& fabric,
                                                    uint64_t max_bytes) {
     std::unique_ptr<FabricPeer> f(new FabricPeer());
-    const uint16_t port = FreePort("127.0.0.1");
-    std::vector<std::string> argv = {SelfExecutable(),     "bench-peer", "--port",
-                                     std::to_string(port), "--bytes",    std::to_string(max_bytes)};
+    const uint16_t port = FreePort(fabric.host);
+    std::vector<std::string> argv = {
+        SelfExecutable(),          "bench-peer", "--port",    std::to_string(port), "--bytes",
+        std::to_string(max_bytes), "--host",     fabric.host, "--transport",        fabric.backend};
     if (o.busy_poll) argv.push_back("--busy-poll");
-    f->pid_ = SpawnProcess(argv, {"UCX_TLS=" + tls, "TESSERA_LOG_LEVEL=warn"}, o.pin ? 0 : -1);
+    f->pid_ =
+        SpawnProcess(argv, {"UCX_TLS=" + fabric.ucx_tls, "TESSERA_LOG_LEVEL=warn"}, o.pin ? 0 : -1);
     transport::ContextOptions copts;
     copts.name = "bench";
+    copts.backend = fabric.backend;
     copts.busy_poll = o.busy_poll;
     auto ctx = transport::Context::Open(copts);
     if (!ctx.ok()) return ctx.status();
@@ -124,7 +128,7 @@ class FabricPeer {
     while (!f->ep_) {
       std::promise<Result<std::shared_ptr<transport::Endpoint>>> p;
       f->ctx_->Connect(
-          "127.0.0.1", port, std::chrono::milliseconds(1000),
+          fabric.host, port, std::chrono::milliseconds(1000),
           [&p](Result<std::shared_ptr<transport::Endpoint>> ep) { p.set_value(std::move(ep)); });
       auto ep = p.get_future().get();
       if (ep.ok()) {
@@ -213,8 +217,8 @@ int Window(uint64_t bytes) {
 
 }  // namespace
 
-Result<double> FabricPutGbps(const BenchOptions& o, const std::string& tls, uint64_t bytes) {
-  auto f = FabricPeer::Start(o, tls, bytes);
+Result<double> FabricPutGbps(const BenchOptions& o, const Fabric& fabric, uint64_t bytes) {
+  auto f = FabricPeer::Start(o, fabric, bytes);
   if (!f.ok()) return f.status();
   FabricPeer& p = **f;
   std::vector<double> us;
@@ -232,11 +236,11 @@ Result<double> FabricPutGbps(const BenchOptions& o, const std::string& tls, uint
   return Summarise(us, bytes).gbps;
 }
 
-Status RunFabric(const BenchOptions& o, const std::string& transport, std::vector<Row>* rows) {
-  const std::string tls = UcxTls(transport);
+Status RunFabric(const BenchOptions& o, const Fabric& fabric, std::vector<Row>* rows) {
+  const std::string& transport = fabric.name;
   uint64_t max_bytes = 1;
   for (uint64_t s : o.sizes) max_bytes = std::max(max_bytes, s);
-  auto f = FabricPeer::Start(o, tls, max_bytes);
+  auto f = FabricPeer::Start(o, fabric, max_bytes);
   if (!f.ok()) return f.status();
   FabricPeer& p = **f;
   for (uint64_t bytes : o.sizes) {
@@ -289,10 +293,10 @@ Status RunFabric(const BenchOptions& o, const std::string& transport, std::vecto
     Row put{"fabric-put", transport, bytes, 1, 0, 0, Summarise(put_us, bytes)};
     Row get{"fabric-get", transport, bytes, 1, 0, 0, Summarise(get_us, bytes)};
     if (o.baseline) {
-      auto pp = RunPerftest(tls, "ucp_put_bw", bytes, o.iters * n, o.warmup, o.pin);
-      auto pg = RunPerftest(tls, "ucp_get", bytes, o.iters * n, o.warmup, o.pin);
-      CompareBandwidth(&put, "ucp_put_bw", pp);
-      CompareBandwidth(&get, "ucp_get", pg);
+      auto pp = RunBaseline(fabric, Baseline::kPut, bytes, o.iters * n, o.warmup, o.pin);
+      auto pg = RunBaseline(fabric, Baseline::kGet, bytes, o.iters * n, o.warmup, o.pin);
+      CompareBandwidth(&put, BaselineName(fabric, Baseline::kPut), pp);
+      CompareBandwidth(&get, BaselineName(fabric, Baseline::kGet), pg);
     }
     rows->push_back(put);
     rows->push_back(get);
@@ -303,8 +307,9 @@ Status RunFabric(const BenchOptions& o, const std::string& transport, std::vecto
     if (!am_us.empty()) {
       Row am{"fabric-msg-rtt", transport, bytes, 1, 0, 0, Summarise(am_us, bytes)};
       if (o.baseline) {
-        auto pa = RunPerftest(tls, "ucp_am_lat", bytes, o.iters * 10, o.warmup, o.pin);
-        CompareRoundTrip(&am, pa);
+        auto pa =
+            RunBaseline(fabric, Baseline::kMessageLatency, bytes, o.iters * 10, o.warmup, o.pin);
+        CompareRoundTrip(&am, BaselineName(fabric, Baseline::kMessageLatency), pa);
       }
       rows->push_back(am);
     }

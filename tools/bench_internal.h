@@ -41,8 +41,16 @@ struct Row {
   nlohmann::json ToJson() const;
 };
 
-// "tcp" -> "tcp", "shm" -> "posix,sysv,cma,tcp"; anything else is a UCX_TLS value.
-std::string UcxTls(const std::string& transport);
+// Which fabric a scenario runs on, from a --transport value: "tcp", "shm"
+// (posix,sysv,cma,tcp) or another UCX_TLS value on the ucx backend, or
+// "verbs" (Tessera's own backend, on the address --host names).
+struct Fabric {
+  std::string name;
+  std::string backend;  // ucx | verbs
+  std::string ucx_tls;  // ucx only
+  std::string host;     // where shards and peers listen
+};
+Fabric FabricFor(const BenchOptions& o, const std::string& transport);
 
 struct Perftest {
   bool ok = false;
@@ -51,20 +59,26 @@ struct Perftest {
   std::string error;
 };
 // Sets a row's baseline from a perftest run: a bandwidth test (ratio of
-// GB/s), or ucp_am_lat as a round trip (2x its one-way time; ratio of times).
+// GB/s), or a latency test as a round trip (2x its one-way time; ratio of
+// times).
 void CompareBandwidth(Row* row, const std::string& test, const Perftest& p);
-void CompareRoundTrip(Row* row, const Perftest& am_lat);
+void CompareRoundTrip(Row* row, const std::string& test, const Perftest& lat);
 
-// ucx_perftest's server and client on the bench's cores, same UCX_TLS.
-Perftest RunPerftest(const std::string& tls, const std::string& test, uint64_t size, int iters,
-                     int warmup, bool pin);
+// The raw fabric's own figure for the same size, in the same run: a put
+// bandwidth, a get bandwidth, or a message round trip's one-way latency.
+// UCX: ucx_perftest (ucp_put_bw, ucp_get, ucp_am_lat) with the same UCX_TLS;
+// verbs: perftest (ib_write_bw, ib_read_bw, ib_send_lat) over rdma_cm.
+enum class Baseline { kPut, kGet, kMessageLatency };
+std::string BaselineName(const Fabric& f, Baseline kind);
+Perftest RunBaseline(const Fabric& f, Baseline kind, uint64_t size, int iters, int warmup,
+                     bool pin);
 
 // Shard processes (`tessera server`) and worker clients in this process.
 // The cluster a scenario runs on: shard processes it starts on loopback, or
 // the running cluster of --cluster; and one client per worker.
 class LocalCluster {
  public:
-  static Result<std::unique_ptr<LocalCluster>> Start(const BenchOptions& o, const std::string& tls,
+  static Result<std::unique_ptr<LocalCluster>> Start(const BenchOptions& o, const Fabric& fabric,
                                                      int shards, int workers);
   ~LocalCluster();
   Client& worker(int i) { return *clients_[static_cast<size_t>(i)]; }
@@ -72,21 +86,22 @@ class LocalCluster {
 
  private:
   LocalCluster() = default;
-  static Result<std::unique_ptr<LocalCluster>> Attach(const BenchOptions& o, int workers);
+  static Result<std::unique_ptr<LocalCluster>> Attach(const BenchOptions& o, const Fabric& fabric,
+                                                      int workers);
   Status ConnectWorkers(const BenchOptions& o, const ClusterSpec& spec, const std::string& secret,
-                        int workers);
+                        const std::string& backend, int workers);
   std::vector<pid_t> shards_;  // empty for a given cluster
   std::vector<std::unique_ptr<Client>> clients_;
 };
 
 // The scenarios; each appends its rows.
-Status RunFabric(const BenchOptions& o, const std::string& transport, std::vector<Row>* rows);
-Status RunOps(const BenchOptions& o, const std::string& transport, std::vector<Row>* rows);
-Status RunStep(const BenchOptions& o, const std::string& transport, std::vector<Row>* rows);
+Status RunFabric(const BenchOptions& o, const Fabric& fabric, std::vector<Row>* rows);
+Status RunOps(const BenchOptions& o, const Fabric& fabric, std::vector<Row>* rows);
+Status RunStep(const BenchOptions& o, const Fabric& fabric, std::vector<Row>* rows);
 
 // Tessera's own transport put bandwidth for `bytes` on this transport, for
 // the step's bound (GB/s).
-Result<double> FabricPutGbps(const BenchOptions& o, const std::string& tls, uint64_t bytes);
+Result<double> FabricPutGbps(const BenchOptions& o, const Fabric& fabric, uint64_t bytes);
 
 std::string SizeName(uint64_t bytes);
 

@@ -28,14 +28,14 @@ struct Sample {
 
 }  // namespace
 
-Status RunOps(const BenchOptions& o, const std::string& transport, std::vector<Row>* rows) {
+Status RunOps(const BenchOptions& o, const Fabric& fabric, std::vector<Row>* rows) {
+  const std::string& transport = fabric.name;
   std::vector<std::string> ops;
   for (const auto& s : o.scenarios) {
     if (s == "push" || s == "pull" || s == "push_pull") ops.push_back(s);
   }
   if (ops.empty()) return Status::Ok();
-  const std::string tls = UcxTls(transport);
-  auto cluster = LocalCluster::Start(o, tls, o.shards, o.workers);
+  auto cluster = LocalCluster::Start(o, fabric, o.shards, o.workers);
   if (!cluster.ok()) return cluster.status().WithContext("starting the shards");
   LocalCluster& c = **cluster;
 
@@ -166,12 +166,14 @@ Status RunOps(const BenchOptions& o, const std::string& transport, std::vector<R
       if (o.baseline && set.batch == 1 && c.num_workers() == 1) {
         const uint64_t b = set.bytes;
         if (b <= 65536) {
-          // Small: a Tessera call is one round trip; compare with UCX's own.
-          auto am = RunPerftest(tls, "ucp_am_lat", b, o.iters * 10, o.warmup, o.pin);
-          CompareRoundTrip(&row, am);
+          // Small: a Tessera call is one round trip; compare with the fabric's.
+          auto lat =
+              RunBaseline(fabric, Baseline::kMessageLatency, b, o.iters * 10, o.warmup, o.pin);
+          CompareRoundTrip(&row, BaselineName(fabric, Baseline::kMessageLatency), lat);
         } else {
-          const char* test = op == "pull" ? "ucp_get" : "ucp_put_bw";
-          CompareBandwidth(&row, test, RunPerftest(tls, test, b, o.iters, o.warmup, o.pin));
+          const Baseline kind = op == "pull" ? Baseline::kGet : Baseline::kPut;
+          CompareBandwidth(&row, BaselineName(fabric, kind),
+                           RunBaseline(fabric, kind, b, o.iters, o.warmup, o.pin));
         }
       }
       rows->push_back(row);

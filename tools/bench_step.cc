@@ -46,10 +46,10 @@ Result<std::vector<ModelTensor>> LoadModel(const std::string& model) {
 
 }  // namespace
 
-Status RunStep(const BenchOptions& o, const std::string& transport, std::vector<Row>* rows) {
+Status RunStep(const BenchOptions& o, const Fabric& fabric, std::vector<Row>* rows) {
+  const std::string& transport = fabric.name;
   auto model = LoadModel(o.model);
   if (!model.ok()) return model.status();
-  const std::string tls = UcxTls(transport);
   uint64_t model_bytes = 0;
   std::vector<TensorSpec> specs;
   for (const auto& t : *model) {
@@ -62,10 +62,10 @@ Status RunStep(const BenchOptions& o, const std::string& transport, std::vector<
   // The bound: each worker moves the model up and down once per step at the
   // fabric's put bandwidth for as many bytes as the model (streaming from
   // memory, not from cache), measured now.
-  auto fabric = FabricPutGbps(o, tls, std::min<uint64_t>(model_bytes, 512u << 20));
-  if (!fabric.ok()) return fabric.status().WithContext("measuring the fabric");
+  auto put_gbps = FabricPutGbps(o, fabric, std::min<uint64_t>(model_bytes, 512u << 20));
+  if (!put_gbps.ok()) return put_gbps.status().WithContext("measuring the fabric");
 
-  auto cluster = LocalCluster::Start(o, tls, o.shards, o.workers);
+  auto cluster = LocalCluster::Start(o, fabric, o.shards, o.workers);
   if (!cluster.ok()) return cluster.status().WithContext("starting the shards");
   LocalCluster& c = **cluster;
   std::vector<std::vector<Tensor>> tensors;
@@ -126,8 +126,8 @@ Status RunStep(const BenchOptions& o, const std::string& transport, std::vector<
           c.num_workers(),
           Summarise(all, 2 * model_bytes)};
   row.baseline = "bound (2 x model / fabric put)";
-  row.baseline_gbps = *fabric;
-  row.baseline_us = static_cast<double>(2 * model_bytes) / (*fabric * 1e3);
+  row.baseline_gbps = *put_gbps;
+  row.baseline_us = static_cast<double>(2 * model_bytes) / (*put_gbps * 1e3);
   row.ratio = row.tessera.p50_us / row.baseline_us;
   row.ratio_of = "time";
   row.note = o.model + ", " + std::to_string(specs.size()) + " tensors";

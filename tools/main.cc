@@ -142,7 +142,7 @@ int main(int argc, char** argv) try {
                         "fabric, push, pull, push_pull, step (default: push pull)");
   bench_cmd
       ->add_option("--transport", bench.transports,
-                   "tcp, shm, or a UCX_TLS value (repeat or comma-separate)")
+                   "tcp, shm or another UCX_TLS value (UCX), or verbs (repeat or comma-separate)")
       ->delimiter(';');
   std::vector<std::string> bench_sizes;
   bench_cmd->add_option("--sizes", bench_sizes, "bytes per tensor: 8,4K,1M,64M")->delimiter(',');
@@ -155,25 +155,28 @@ int main(int argc, char** argv) try {
   bench_cmd->add_option("--model", bench.model,
                         "step: resnet50, bert-large, or a file of 'name d1,d2,...' lines");
   bench_cmd->add_flag("--baseline", bench.baseline,
-                      "run ucx_perftest (ucp_put_bw, ucp_get, ucp_am_lat) for the same points");
+                      "run ucx_perftest (ucp_put_bw, ucp_get, ucp_am_lat), or perftest's "
+                      "ib_write_bw, ib_read_bw, ib_send_lat on verbs, for the same points");
   bench_cmd->add_flag("--check", bench.check, "verify every transferred byte");
   bench_cmd->add_flag("!--no-pin", bench.pin,
                       "do not pin shards to the first cores and the bench to the last");
   bench_cmd->add_flag("--busy-poll", bench.busy_poll, "spin instead of sleeping when idle");
+  bench_cmd->add_option("--host", bench.host,
+                        "address shards and peers listen on (verbs: one an RDMA device carries)");
   bench_cmd->add_option("--cluster", bench.cluster_file,
                         "measure this running cluster (JSON spec) instead of starting shards");
   bench_cmd->add_option("--secret-file", bench.secret_file,
                         "the cluster's secret (else TESSERA_SECRET / TESSERA_SECRET_FILE)");
   bench_cmd->add_option("--json", bench.json_path, "write the results as JSON");
   bench_cmd->add_option("--plot", bench.plot_path, "draw the results into this PNG (matplotlib)");
-  uint16_t peer_port = 0;
-  uint64_t peer_bytes = 1u << 20;
-  bool peer_busy = false;
+  tools::BenchPeerOptions peer;
   auto* peer_cmd = app.add_subcommand("bench-peer", "the fabric scenario's peer");
   peer_cmd->group("");  // hidden
-  peer_cmd->add_option("--port", peer_port)->required();
-  peer_cmd->add_option("--bytes", peer_bytes);
-  peer_cmd->add_flag("--busy-poll", peer_busy);
+  peer_cmd->add_option("--port", peer.port)->required();
+  peer_cmd->add_option("--bytes", peer.region_bytes);
+  peer_cmd->add_option("--host", peer.host);
+  peer_cmd->add_option("--transport", peer.backend);
+  peer_cmd->add_flag("--busy-poll", peer.busy_poll);
 
   tools::CkptOptions ckpt_opts;
   auto run_ckpt = tools::AddCkptCommand(&app, &ckpt_opts);
@@ -213,7 +216,7 @@ int main(int argc, char** argv) try {
   }
   if (app.got_subcommand(peer_cmd)) {
     InitLogging("bench-peer");
-    return tools::RunBenchPeer(peer_port, peer_bytes, peer_busy);
+    return tools::RunBenchPeer(peer);
   }
   if (app.got_subcommand(server)) return RunServer(server_flags, server_opts);
   if (app.got_subcommand(launch_cmd)) return tools::Launch(launch);
