@@ -37,9 +37,10 @@ UCX_TLS=rc_verbs UCX_NET_DEVICES=rxe0:1 UCX_IB_GID_INDEX=1 \
   -- "$BUILD/tests/integration_worker" $WORKER_ARGS
 
 step "tessera bench over verbs beside perftest (ib_write_bw, ib_read_bw, ib_send_lat)"
+out=$(mktemp)
 $T "$BUILD/tools/tessera" bench fabric push pull --transport verbs --host "$RDMA_VM_ADDR" \
-  --sizes 8,64K --iters 3 --warmup 1 --baseline --check --json /tmp/bench-verbs.json
-python3 - /tmp/bench-verbs.json <<'PY'
+  --sizes 8,64K --iters 3 --warmup 1 --baseline --check --json "$out"
+python3 - "$out" <<'PY'
 import json, sys
 rows = json.load(open(sys.argv[1]))
 compared = [r for r in rows if r["baseline"].startswith(("ib_", "2 x ib_"))]
@@ -49,4 +50,5 @@ for r in compared:
 print(f"bench: {len(compared)} rows beside perftest (figures are functional only here)")
 PY
 
+rm -f "$out"
 echo "=== rdma-vm: all passed"
