@@ -451,6 +451,33 @@ TEST(VerbsFailure, RegistrationBeyondTheLockedMemoryLimitNamesUlimit) {
   EXPECT_TRUE(small.ok()) << "a small registration fails too: " << small.status().ToString();
 }
 
+// Choosing the verbs device by name: an unknown name is refused naming the
+// devices there are; the right one works.
+TEST(VerbsSelection, DeviceByName) {
+  if (RdmaAddress() == nullptr) {
+    GTEST_SKIP() << "no RDMA device on this machine: runs inside the Soft-RoCE VM";
+  }
+  ContextOptions opts;
+  opts.backend = "verbs";
+  opts.device = "mlx9_nosuch";
+  auto bad = Context::Open(opts);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kNotFound) << bad.status().ToString();
+  EXPECT_NE(bad.status().message().find("rxe0"), std::string::npos) << bad.status().ToString();
+  opts.device = "rxe0";
+  auto ctx = Context::Open(opts);
+  ASSERT_TRUE(ctx.ok()) << ctx.status().ToString();
+  auto listener = (*ctx)->Listen(RdmaAddress(), 0, [](const std::shared_ptr<Endpoint>&) {});
+  ASSERT_TRUE(listener.ok()) << listener.status().ToString();
+  Waiter<Result<std::shared_ptr<Endpoint>>> connected;
+  (*ctx)->Connect(RdmaAddress(), (*listener)->port(), 10s, connected.callback());
+  auto ep = connected.Wait();
+  ASSERT_TRUE(ep.has_value());
+  ASSERT_TRUE(ep->ok()) << ep->status().ToString();
+  EXPECT_NE((**ep)->DescribeLanes().find("rxe0"), std::string::npos);
+  (**ep)->Close();
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Backends, TransportTest,
     ::testing::Values(

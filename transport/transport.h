@@ -48,6 +48,9 @@ struct ContextOptions {
   std::chrono::microseconds spin_before_sleep{50};
   // For logs: "shard 0", "worker 2".
   std::string name = "tessera";
+  // verbs: the one RDMA device to use ("mlx5_0"); empty: whichever device
+  // rdma_cm routes each address through (env TESSERA_VERBS_DEVICE when unset).
+  std::string device;
 };
 
 // Bytes moved, by kind. Used by tests to prove that payloads travel one-sided.

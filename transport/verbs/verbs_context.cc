@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 
 #include "core/log.h"
@@ -80,6 +81,9 @@ Result<std::unique_ptr<Context>> VerbsContext::Create(const ContextOptions& opti
 }
 
 Status VerbsContext::Init() {
+  if (options_.device.empty()) {
+    if (const char* dev = std::getenv("TESSERA_VERBS_DEVICE")) options_.device = dev;
+  }
   int num = 0;
   ibv_context** list = rdma_get_devices(&num);
   if (list == nullptr || num == 0) {
@@ -95,6 +99,12 @@ Status VerbsContext::Init() {
   for (int i = 0; i < num && st.ok(); ++i) st = OpenDevice(list[i]);
   rdma_free_devices(list);
   if (!st.ok()) return st;
+  if (!options_.device.empty() && DeviceByName(options_.device) == nullptr) {
+    std::string names;
+    for (const auto& d : devices_) names += (names.empty() ? "" : ", ") + d->name;
+    return Status::NotFound("verbs backend: no RDMA device named '" + options_.device +
+                            "' (this host has " + names + ")");
+  }
   cm_channel_ = rdma_create_event_channel();
   if (cm_channel_ == nullptr) {
     return Status::Internal(std::string("rdma_create_event_channel: ") + std::strerror(errno) +
@@ -147,6 +157,13 @@ Status VerbsContext::OpenDevice(ibv_context* verbs) {
   dev->srq_capacity = srq_attr.attr.max_wr;
   devices_.push_back(std::move(dev));
   return Status::Ok();
+}
+
+Device* VerbsContext::DeviceByName(const std::string& name) {
+  for (auto& d : devices_) {
+    if (d->name == name) return d.get();
+  }
+  return nullptr;
 }
 
 Device* VerbsContext::DeviceOf(ibv_context* verbs) {
@@ -227,6 +244,12 @@ Result<std::unique_ptr<Listener>> VerbsContext::Listen(const std::string& host, 
           "listen on " + where + ": rdma_bind_addr: " + std::strerror(err) +
           (err == EADDRNOTAVAIL || err == ENODEV ? " (no RDMA device carries this address)" : ""));
     }
+    if (Device* dev = id->verbs ? DeviceOf(id->verbs) : nullptr;
+        dev != nullptr && !options_.device.empty() && dev->name != options_.device) {
+      rdma_destroy_id(id);
+      return Status::FailedPrecondition("listen on " + where + ": that address is on " + dev->name +
+                                        ", not the requested " + options_.device);
+    }
     if (rdma_listen(id, 128) != 0) {
       const int err = errno;
       rdma_destroy_id(id);
@@ -273,6 +296,18 @@ Status VerbsContext::SetUpQp(VerbsEndpoint& ep, rdma_cm_id* id) {
   Device* dev = DeviceOf(id->verbs);
   if (dev == nullptr) {
     return Status::Internal("rdma_cm chose a device this context did not open");
+  }
+  if (!options_.device.empty() && dev->name != options_.device) {
+    return Status::FailedPrecondition("the route to " + ep.peer_ + " goes through " + dev->name +
+                                      ", not the requested " + options_.device +
+                                      "; use an address on " + options_.device + "'s interface");
+  }
+  if (!dev->announced) {
+    // Every automatic choice is said once.
+    dev->announced = true;
+    TLOG_INFO("{}: verbs connections to {} use {} port {} (rdma_cm's choice for the route{})",
+              options_.name, ep.peer_, dev->name, static_cast<int>(id->port_num),
+              options_.device.empty() ? "" : ", as requested");
   }
   TESSERA_RETURN_IF_ERROR(GrowReceives(*dev, kCredits + kSpareSlots));
   ibv_qp_init_attr attr{};

@@ -76,6 +76,7 @@ struct Device {
   std::vector<Chunk> recv_chunks, send_chunks;
   std::vector<Slot*> free_send_slots;
   uint32_t srq_capacity = 0;
+  bool announced = false;  // its first connection was logged
   uint32_t recv_posted = 0;
 };
 
@@ -133,6 +134,7 @@ class VerbsContext final : public Context {
   Status Init();
   Status OpenDevice(ibv_context* verbs);
   Device* DeviceOf(ibv_context* verbs);
+  Device* DeviceByName(const std::string& name);
   Result<std::unique_ptr<Region>> MapRegion(void* data, size_t size, MemoryKind kind,
                                             RemoteAccess access, bool owned);
 
