@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One entry point for a fresh Debian 12 machine (run as root):
 #   tools/dev.sh demo   install what is missing, build, run `tessera demo`
-#   tools/dev.sh test   install what is missing (Debian packages, and a .venv
+#   tools/dev.sh test   install what is missing (Debian packages, among them
+#                       qemu and a kernel for the Soft-RoCE VM, and a .venv
 #                       from PyPI for the Python interop tests), build, run
 #                       every test suite: the optimised build, then again
 #                       under ASan/UBSan
