@@ -311,6 +311,21 @@ TEST_P(TransportTest, CountersSeparateMessagesFromOneSidedBytes) {
   EXPECT_EQ(after.message_bytes_sent, before.message_bytes_sent);
 }
 
+// GPU memory this build cannot register is refused at registration, saying
+// why, never accepted and then failing at the first transfer.
+TEST_P(TransportTest, GpuMemoryIsRefusedAtRegistrationSayingWhy) {
+  auto allocated = server_->Allocate(1 << 20, MemoryKind::kCuda);
+  ASSERT_FALSE(allocated.ok()) << "CUDA memory accepted by a backend that cannot register it";
+  EXPECT_EQ(allocated.status().code(), StatusCode::kUnimplemented) << allocated.status().ToString();
+  EXPECT_NE(allocated.status().message().find("GPU"), std::string::npos)
+      << allocated.status().ToString();
+  std::vector<uint8_t> host(4096);
+  auto registered = server_->Register(host.data(), host.size(), MemoryKind::kCuda);
+  ASSERT_FALSE(registered.ok());
+  EXPECT_EQ(registered.status().code(), StatusCode::kUnimplemented)
+      << registered.status().ToString();
+}
+
 // Threads that call Drive() take the progress thread's place one at a time:
 // handlers run on them too, never two at once, and each sees itself as the
 // progress thread.
