@@ -8,32 +8,14 @@
 #include <cstring>
 #include <type_traits>
 
+#include "kernels/optimizer_params.h"
 #include "kernels/update.h"
 
 namespace tessera::kernels {
 namespace {
 
 template <typename T>
-struct Params {
-  T lr, wd, mu, b1, b2, eps, bc1, bc2;
-  bool nesterov;
-};
-
-template <typename T>
-Params<T> Prepare(const Hyperparams& h, uint64_t step) {
-  Params<T> p;
-  p.lr = static_cast<T>(h.learning_rate);
-  p.wd = static_cast<T>(h.weight_decay);
-  p.mu = static_cast<T>(h.momentum);
-  p.b1 = static_cast<T>(h.beta1);
-  p.b2 = static_cast<T>(h.beta2);
-  p.eps = static_cast<T>(h.epsilon);
-  const double t = static_cast<double>(step);
-  p.bc1 = static_cast<T>(1.0 - std::pow(static_cast<double>(h.beta1), t));
-  p.bc2 = static_cast<T>(1.0 - std::pow(static_cast<double>(h.beta2), t));
-  p.nesterov = h.nesterov;
-  return p;
-}
+using Params = OptimizerParams<T>;
 
 template <typename T>
 void Sgd(T* __restrict p, const T* __restrict g, size_t n, const Params<T>& k) {
@@ -195,13 +177,13 @@ Status ApplyOptimizerCpu(UpdateRule rule, const Hyperparams& h, DType dtype, voi
   }
   switch (dtype) {
     case DType::kF64: {
-      auto k = Prepare<double>(h, step);
+      auto k = PrepareOptimizer<double>(h, step);
       Step(rule, static_cast<double*>(param), static_cast<const double*>(grad),
            static_cast<double*>(state.slot0), static_cast<double*>(state.slot1), n, k);
       return Status::Ok();
     }
     case DType::kF32: {
-      auto k = Prepare<float>(h, step);
+      auto k = PrepareOptimizer<float>(h, step);
       Step(rule, static_cast<float*>(param), static_cast<const float*>(grad),
            static_cast<float*>(state.slot0), static_cast<float*>(state.slot1), n, k);
       return Status::Ok();
@@ -209,7 +191,7 @@ Status ApplyOptimizerCpu(UpdateRule rule, const Hyperparams& h, DType dtype, voi
     case DType::kF16:
     case DType::kBF16: {
       if (!state.master) return Status::Internal("f16/bf16 parameter without its master copy");
-      auto k = Prepare<float>(h, step);
+      auto k = PrepareOptimizer<float>(h, step);
       auto* p = static_cast<uint16_t*>(param);
       const auto* g = static_cast<const uint16_t*>(grad);
       auto* s0 = static_cast<float*>(state.slot0);

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "kernels/cuda/kernels_cuda.h"
+#include "kernels/optimizer_params.h"
 
 namespace tessera::kernels::cuda {
 namespace {
@@ -88,26 +89,7 @@ __global__ void RoundHalfKernel(const float* __restrict__ acc, uint16_t* __restr
 // --- optimizers ----------------------------------------------------------------
 
 template <typename T>
-struct Params {
-  T lr, wd, mu, b1, b2, eps, bc1, bc2;
-  bool nesterov;
-};
-
-template <typename T>
-Params<T> Prepare(const Hyperparams& h, uint64_t step) {
-  Params<T> p;
-  p.lr = static_cast<T>(h.learning_rate);
-  p.wd = static_cast<T>(h.weight_decay);
-  p.mu = static_cast<T>(h.momentum);
-  p.b1 = static_cast<T>(h.beta1);
-  p.b2 = static_cast<T>(h.beta2);
-  p.eps = static_cast<T>(h.epsilon);
-  const double t = static_cast<double>(step);
-  p.bc1 = static_cast<T>(1.0 - std::pow(static_cast<double>(h.beta1), t));
-  p.bc2 = static_cast<T>(1.0 - std::pow(static_cast<double>(h.beta2), t));
-  p.nesterov = h.nesterov;
-  return p;
-}
+using Params = OptimizerParams<T>;
 
 // One element of one rule, in the CPU's order of operations.
 template <typename T>
@@ -180,7 +162,7 @@ __global__ void OptimizerHalfKernel(UpdateRule rule, uint16_t* __restrict__ p,
 template <typename T>
 Status LaunchOptimizer(UpdateRule rule, const Hyperparams& h, T* p, const T* g, T* s0, T* s1,
                        size_t n, uint64_t step, cudaStream_t stream) {
-  const auto k = Prepare<T>(h, step);
+  const auto k = PrepareOptimizer<T>(h, step);
   // The same host-side constants as the CPU's Adam.
   const T step_size = k.lr / k.bc1;
   const T inv_sqrt_bc2 = T(1) / std::sqrt(k.bc2);
@@ -299,7 +281,7 @@ Status ApplyOptimizer(UpdateRule rule, const Hyperparams& h, DType dtype, void* 
     case DType::kF16:
     case DType::kBF16: {
       if (!state.master) return Status::Internal("f16/bf16 parameter without its master copy");
-      const auto k = Prepare<float>(h, step);
+      const auto k = PrepareOptimizer<float>(h, step);
       const float step_size = k.lr / k.bc1;
       const float inv_sqrt_bc2 = 1.0f / std::sqrt(k.bc2);
       const float decay = 1.0f - k.lr * k.wd;

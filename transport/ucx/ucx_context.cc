@@ -591,18 +591,7 @@ void UcxContext::Dispatch(const std::shared_ptr<UcxEndpoint>& ep, uint16_t msg_i
   handler->second(ep, bytes);
 }
 
-Counters UcxContext::counters() const {
-  Counters c;
-  c.messages_sent = counters_.messages_sent;
-  c.message_bytes_sent = counters_.message_bytes_sent;
-  c.messages_received = counters_.messages_received;
-  c.message_bytes_received = counters_.message_bytes_received;
-  c.puts = counters_.puts;
-  c.put_bytes = counters_.put_bytes;
-  c.gets = counters_.gets;
-  c.get_bytes = counters_.get_bytes;
-  return c;
-}
+Counters UcxContext::counters() const { return counters_.Snapshot(); }
 
 std::string UcxContext::Describe() const {
   const char* tls = std::getenv("UCX_TLS");

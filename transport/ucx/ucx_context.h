@@ -8,6 +8,7 @@
 #include <memory>
 #include <unordered_map>
 
+#include "transport/atomic_counters.h"
 #include "transport/event_loop.h"
 #include "transport/transport.h"
 
@@ -93,10 +94,6 @@ class UcxContext final : public Context {
  private:
   friend class UcxEndpoint;
   friend class UcxListener;
-  struct AtomicCounters {
-    std::atomic<uint64_t> messages_sent{0}, message_bytes_sent{0}, messages_received{0},
-        message_bytes_received{0}, puts{0}, put_bytes{0}, gets{0}, get_bytes{0};
-  };
 
   explicit UcxContext(ContextOptions options) : options_(std::move(options)) {}
   Status Init();

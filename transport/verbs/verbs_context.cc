@@ -43,6 +43,20 @@ ConnectPrivateData OurPrivateData(const Device& dev) {
                             static_cast<uint16_t>(VerbsContext::kCredits), dev.node_guid};
 }
 
+// What rdma_connect and rdma_accept both send: our hello, and the RDMA
+// READ depth. RNR retries stay at their maximum only as a backstop: credits
+// keep receives posted.
+rdma_conn_param ConnParam(const ConnectPrivateData* ours) {
+  rdma_conn_param param{};
+  param.private_data = ours;
+  param.private_data_len = sizeof(*ours);
+  param.responder_resources = 16;
+  param.initiator_depth = 16;
+  param.retry_count = 7;
+  param.rnr_retry_count = 7;
+  return param;
+}
+
 // The peer's private data, if it is a Tessera peer's.
 bool ReadPrivateData(const rdma_conn_param& param, ConnectPrivateData* out) {
   if (param.private_data == nullptr || param.private_data_len < sizeof(ConnectPrivateData)) {
@@ -478,14 +492,8 @@ void VerbsContext::OnCmEvent(rdma_cm_event* event) {
     case RDMA_CM_EVENT_ROUTE_RESOLVED: {
       Status st = SetUpQp(*ep, id);
       if (!st.ok()) return ep->MarkDead(st.WithContext("connect to " + ep->peer_), true);
-      ConnectPrivateData ours = OurPrivateData(*ep->dev_);
-      rdma_conn_param param{};
-      param.private_data = &ours;
-      param.private_data_len = sizeof(ours);
-      param.responder_resources = 16;
-      param.initiator_depth = 16;
-      param.retry_count = 7;
-      param.rnr_retry_count = 7;  // a backstop; credits keep receives posted
+      const ConnectPrivateData ours = OurPrivateData(*ep->dev_);
+      rdma_conn_param param = ConnParam(&ours);
       if (rdma_connect(id, &param) != 0) {
         ep->MarkDead(Status::Unavailable("connect to " + ep->peer_ +
                                          ": rdma_connect: " + std::strerror(errno)),
@@ -578,13 +586,8 @@ void VerbsContext::OnConnectRequest(rdma_cm_event* event) {
     rdma_destroy_id(id);
     return;
   }
-  ConnectPrivateData ours = OurPrivateData(*ep->dev_);
-  rdma_conn_param param{};
-  param.private_data = &ours;
-  param.private_data_len = sizeof(ours);
-  param.responder_resources = 16;
-  param.initiator_depth = 16;
-  param.rnr_retry_count = 7;
+  const ConnectPrivateData ours = OurPrivateData(*ep->dev_);
+  rdma_conn_param param = ConnParam(&ours);
   if (rdma_accept(id, &param) != 0) {
     ep->MarkDead(Status::Unavailable("accepting " + peer + ": " + std::strerror(errno)), false);
   }
@@ -602,18 +605,7 @@ void VerbsContext::Dispatch(const std::shared_ptr<VerbsEndpoint>& ep, uint16_t m
   handler->second(ep, bytes);
 }
 
-Counters VerbsContext::counters() const {
-  Counters c;
-  c.messages_sent = counters_.messages_sent;
-  c.message_bytes_sent = counters_.message_bytes_sent;
-  c.messages_received = counters_.messages_received;
-  c.message_bytes_received = counters_.message_bytes_received;
-  c.puts = counters_.puts;
-  c.put_bytes = counters_.put_bytes;
-  c.gets = counters_.gets;
-  c.get_bytes = counters_.get_bytes;
-  return c;
-}
+Counters VerbsContext::counters() const { return counters_.Snapshot(); }
 
 std::string VerbsContext::Describe() const {
   std::string names;

@@ -24,6 +24,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "transport/atomic_counters.h"
 #include "transport/event_loop.h"
 #include "transport/transport.h"
 
@@ -162,10 +163,6 @@ class VerbsContext final : public Context {
   std::shared_ptr<DeviceSet> devs_ = std::make_shared<DeviceSet>();
   std::vector<std::unique_ptr<Device>>& devices_ = devs_->devices;
 
-  struct AtomicCounters {
-    std::atomic<uint64_t> messages_sent{0}, message_bytes_sent{0}, messages_received{0},
-        message_bytes_received{0}, puts{0}, put_bytes{0}, gets{0}, get_bytes{0};
-  };
   AtomicCounters counters_;
 
   // Set before connections exist, then only read.

@@ -252,8 +252,6 @@ void VerbsEndpoint::OnCompletion(const ibv_wc& wc, Op* op) {
         w.second(Status::Ok());
         return true;
       });
-    } else if (op->temp_mr) {
-      ibv_dereg_mr(op->temp_mr);  // only the last piece holds it; unreachable
     }
   }
   delete op;
