@@ -14,9 +14,11 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "gpu/cuda.h"
 #include "tessera/cluster.h"
 #include "tessera_config.h"
 #include "transport/sockaddr.h"
+#include "transport/ucx/ucx_context.h"
 
 #if TESSERA_HAVE_VERBS
 #include <infiniband/verbs.h>
@@ -243,8 +245,11 @@ Finding CheckUcx() {
   for (const auto& t : tls) list += (list.empty() ? "" : ", ") + t;
   unsigned major = 0, minor = 0, release = 0;
   ucp_get_version(&major, &minor, &release);
-  f.data = {{"version", ucp_get_version_string()}, {"cuda", cuda}, {"transports", tls}};
-  f.detail = "UCX " + std::string(ucp_get_version_string()) + ", " +
+  f.data = {{"version", ucp_get_version_string()},
+            {"loaded", transport::DescribeUcxLibrary()},
+            {"cuda", cuda},
+            {"transports", tls}};
+  f.detail = transport::DescribeUcxLibrary() + ", " +
              (cuda ? "built with CUDA" : "without CUDA support") + "; transports: " + list;
   if (!cuda) {
     f.level = "info";
@@ -274,18 +279,29 @@ Finding CheckGpu() {
   int kmaj = 0, kmin = 0;
   std::sscanf(u.release, "%d.%d", &kmaj, &kmin);
   const bool dmabuf_kernel = kmaj > 5 || (kmaj == 5 && kmin >= 12);
+  const Status usable = gpu::Available();
   f.data = {{"nvidia_driver", gpu},
+            {"built_with_cuda", gpu::Built()},
+            {"cuda", usable.ok() ? "ok" : usable.message()},
             {"peer_memory_module", peermem},
             {"kernel", u.release},
             {"kernel_dmabuf", dmabuf_kernel}};
   if (!gpu) {
     f.detail =
         "no NVIDIA driver (/proc/driver/nvidia is absent): GPU memory registration does "
-        "not apply here";
+        "not apply here (" + (usable.ok() ? std::string("yet CUDA answers") : usable.message()) + ")";
     return f;
   }
-  f.detail = std::string("NVIDIA driver present; dmabuf registration ") +
-             (dmabuf_kernel ? "possible (kernel " : "impossible (kernel ") + u.release +
+  if (!usable.ok()) {
+    f.level = "problem";
+    f.detail = "NVIDIA driver present, but " + usable.message();
+    f.fix = gpu::Built() ? "check the driver (nvidia-smi) and CUDA_VISIBLE_DEVICES"
+                         : "rebuild with CUDA (meson -Dcuda=enabled, nvcc on PATH)";
+    return f;
+  }
+  auto device = gpu::DescribeDevice(0);
+  f.detail = (device.ok() ? *device : device.status().message()) + "; dmabuf registration " +
+             (dmabuf_kernel ? std::string("possible (kernel ") : std::string("impossible (kernel ")) + u.release +
              "); peer-memory module " + (peermem ? "loaded" : "not loaded");
   if (!dmabuf_kernel && !peermem) {
     f.level = "problem";

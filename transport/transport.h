@@ -154,8 +154,15 @@ class Context {
   static Result<std::unique_ptr<Context>> Open(const ContextOptions& options);
   virtual ~Context() = default;
 
+  // OK when this context can register memory of `kind` with its fabric, so
+  // that peers reach it one-sided; otherwise what is missing (e.g. a UCX
+  // built without CUDA), for callers to refuse early or stage through host
+  // memory where the user allowed it.
+  virtual Status CanRegister(MemoryKind kind) const = 0;
+
   // Memory the fabric allocates itself; shared-memory transports can map it
-  // directly into peers (faster than registering malloc'd memory).
+  // directly into peers (faster than registering malloc'd memory). kCuda:
+  // cudaMalloc on the calling thread's current GPU.
   virtual Result<std::unique_ptr<Region>> Allocate(
       size_t size, MemoryKind kind, RemoteAccess access = RemoteAccess::kReadWrite) = 0;
   // Registers memory the caller owns; it must outlive the Region.

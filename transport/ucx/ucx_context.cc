@@ -1,6 +1,7 @@
 #include "transport/ucx/ucx_context.h"
 
 #include <arpa/inet.h>
+#include <dlfcn.h>
 #include <ifaddrs.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -12,6 +13,7 @@
 #include <future>
 
 #include "core/log.h"
+#include "gpu/cuda.h"
 #include "transport/region_desc.h"
 #include "transport/run_on_loop.h"
 #include "transport/sockaddr.h"
@@ -108,21 +110,49 @@ void FinishImmediate(ucs_status_ptr_t sp, Req* req, const char* what) {
   // Otherwise the callback owns req.
 }
 
+uint64_t QueryMemoryTypes(ucp_context_h context) {
+  ucp_context_attr_t attr{};
+  attr.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES;
+  if (ucp_context_query(context, &attr) != UCS_OK) return UCS_BIT(UCS_MEMORY_TYPE_HOST);
+  return attr.memory_types;
+}
+
+std::string MemoryTypeNames(uint64_t types) {
+  std::string out;
+  for (int t = 0; t < UCS_MEMORY_TYPE_LAST; ++t) {
+    if ((types & UCS_BIT(t)) == 0) continue;
+    if (!out.empty()) out += ", ";
+    out += ucs_memory_type_names[t];
+  }
+  return out.empty() ? "none" : out;
+}
+
+std::string UcpLibraryPath() {
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(&ucp_get_version_string), &info) == 0 ||
+      info.dli_fname == nullptr) {
+    return "an unknown path";
+  }
+  return info.dli_fname;
+}
+
 class UcxRegion final : public Region {
  public:
   UcxRegion(std::shared_ptr<UcpContextHolder> ctx, ucp_mem_h memh, void* data, size_t size,
-            MemoryKind kind, std::vector<uint8_t> desc)
+            MemoryKind kind, std::vector<uint8_t> desc, gpu::DeviceBuffer owned_gpu)
       : ctx_(std::move(ctx)),
         memh_(memh),
         data_(data),
         size_(size),
         kind_(kind),
-        desc_(std::move(desc)) {}
+        desc_(std::move(desc)),
+        owned_gpu_(std::move(owned_gpu)) {}
   ~UcxRegion() override { ucp_mem_unmap(ctx_->handle, memh_); }
   void* data() const override { return data_; }
   size_t size() const override { return size_; }
   MemoryKind kind() const override { return kind_; }
   std::vector<uint8_t> Describe() const override { return desc_; }
+  void AdoptGpuBuffer(gpu::DeviceBuffer buffer) { owned_gpu_ = std::move(buffer); }
 
  private:
   std::shared_ptr<UcpContextHolder> ctx_;
@@ -131,6 +161,7 @@ class UcxRegion final : public Region {
   size_t size_;
   MemoryKind kind_;
   std::vector<uint8_t> desc_;
+  gpu::DeviceBuffer owned_gpu_;  // Allocate(kCuda): freed after the unmap
 };
 
 class UcxRemoteRegion final : public RemoteRegion {
@@ -247,6 +278,7 @@ Status UcxContext::Init() {
   st = ucp_init(&params, config, &context_->handle);
   ucp_config_release(config);
   if (st != UCS_OK) return FromUcs(st, "ucp_init");
+  memory_types_ = QueryMemoryTypes(context_->handle);
 
   ucp_worker_params_t wparams{};
   wparams.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
@@ -318,9 +350,46 @@ UcxContext::~UcxContext() {
   }
 }
 
+std::string DescribeUcxLibrary() {
+  ucp_params_t params{};
+  params.field_mask = UCP_PARAM_FIELD_FEATURES;
+  params.features = UCP_FEATURE_RMA;
+  ucp_context_h context = nullptr;
+  std::string types = "unknown";
+  if (ucp_init(&params, nullptr, &context) == UCS_OK) {
+    types = MemoryTypeNames(QueryMemoryTypes(context));
+    ucp_cleanup(context);
+  }
+  return std::string("UCX ") + ucp_get_version_string() + " from " + UcpLibraryPath() +
+         " (memory types: " + types + ")";
+}
+
+Status UcxContext::CanRegister(MemoryKind kind) const {
+  if (kind == MemoryKind::kHost) return Status::Ok();
+  if ((memory_types_ & UCS_BIT(UCS_MEMORY_TYPE_CUDA)) == 0) {
+    return Status::Unimplemented(
+        std::string("UCX backend: this UCX cannot register GPU memory: UCX ") +
+        ucp_get_version_string() + " from " + UcpLibraryPath() + " was built without CUDA (its " +
+        "memory types: " + MemoryTypeNames(memory_types_) +
+        "); build Tessera against a CUDA-capable UCX (meson -Ducx_prefix=..., e.g. PyPI's "
+        "libucx-cu12: see docs/gpu.md)");
+  }
+  return gpu::Available();
+}
+
 Result<std::unique_ptr<Region>> UcxContext::Allocate(size_t size, MemoryKind kind,
                                                      RemoteAccess access) {
-  return Map(nullptr, size, kind, access, /*allocate=*/true);
+  if (kind == MemoryKind::kHost) return Map(nullptr, size, kind, access, /*allocate=*/true);
+  if (Status st = CanRegister(kind); !st.ok()) return st;
+  // Plain cudaMalloc (never managed memory), registered like the caller's own.
+  auto device = gpu::CurrentDevice();
+  if (!device.ok()) return device.status();
+  auto buffer = gpu::DeviceBuffer::Allocate(size, *device);
+  if (!buffer.ok()) return buffer.status();
+  auto region = Map(buffer->data(), size, kind, access, /*allocate=*/false);
+  if (!region.ok()) return region.status();
+  static_cast<UcxRegion*>(region->get())->AdoptGpuBuffer(std::move(*buffer));
+  return region;
 }
 
 Result<std::unique_ptr<Region>> UcxContext::Register(void* data, size_t size, MemoryKind kind,
@@ -331,10 +400,7 @@ Result<std::unique_ptr<Region>> UcxContext::Register(void* data, size_t size, Me
 
 Result<std::unique_ptr<Region>> UcxContext::Map(void* data, size_t size, MemoryKind kind,
                                                 RemoteAccess access, bool allocate) {
-  if (kind != MemoryKind::kHost) {
-    return Status::Unimplemented("UCX backend: GPU memory needs a UCX built with CUDA; this UCX (" +
-                                 std::string(ucp_get_version_string()) + ") was loaded without it");
-  }
+  if (Status st = CanRegister(kind); !st.ok()) return st;
   if (size == 0) return Status::InvalidArgument("cannot map an empty region");
   ucp_mem_map_params_t params{};
   params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
@@ -349,6 +415,10 @@ Result<std::unique_ptr<Region>> UcxContext::Map(void* data, size_t size, MemoryK
   params.address = data;
   params.length = size;
   params.flags = allocate ? UCP_MEM_MAP_ALLOCATE : 0;
+  if (kind == MemoryKind::kCuda) {
+    params.field_mask |= UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE;
+    params.memory_type = UCS_MEMORY_TYPE_CUDA;
+  }
   ucp_mem_h memh = nullptr;
   ucs_status_t st = ucp_mem_map(context_->handle, &params, &memh);
   if (st != UCS_OK) {
@@ -373,7 +443,8 @@ Result<std::unique_ptr<Region>> UcxContext::Map(void* data, size_t size, MemoryK
   auto desc = EncodeRegionDesc(BackendId::kUcx, reinterpret_cast<uint64_t>(base), size,
                                {static_cast<const uint8_t*>(rkey_buf), rkey_len});
   ucp_rkey_buffer_release(rkey_buf);
-  return std::unique_ptr<Region>(new UcxRegion(context_, memh, base, size, kind, std::move(desc)));
+  return std::unique_ptr<Region>(
+      new UcxRegion(context_, memh, base, size, kind, std::move(desc), gpu::DeviceBuffer{}));
 }
 
 void UcxContext::SetHandler(uint16_t msg_id, MessageHandler handler) {
@@ -596,7 +667,8 @@ Counters UcxContext::counters() const { return counters_.Snapshot(); }
 std::string UcxContext::Describe() const {
   const char* tls = std::getenv("UCX_TLS");
   return std::string("ucx ") + ucp_get_version_string() + " (UCX_TLS=" + (tls ? tls : "all") +
-         (options_.busy_poll ? ", busy-poll" : ", sleeping progress") + ")";
+         (options_.busy_poll ? ", busy-poll" : ", sleeping progress") +
+         ", memory types: " + MemoryTypeNames(memory_types_) + ")";
 }
 
 // ---------------------------------------------------------------------------

@@ -66,11 +66,17 @@ class UcxEndpoint final : public Endpoint, public std::enable_shared_from_this<U
   Status close_reason_;           // loop thread only
 };
 
+// Which UCX this process loaded and what it can map: "UCX 1.13.1 from
+// /usr/lib/x86_64-linux-gnu/libucp.so.0 (memory types: host)". The UCX is
+// chosen at build time (meson -Ducx_prefix=...); this says which one ran.
+std::string DescribeUcxLibrary();
+
 class UcxContext final : public Context {
  public:
   static Result<std::unique_ptr<Context>> Create(const ContextOptions& options);
   ~UcxContext() override;
 
+  Status CanRegister(MemoryKind kind) const override;
   Result<std::unique_ptr<Region>> Allocate(size_t size, MemoryKind kind,
                                            RemoteAccess access) override;
   Result<std::unique_ptr<Region>> Register(void* data, size_t size, MemoryKind kind,
@@ -114,6 +120,7 @@ class UcxContext final : public Context {
 
   ContextOptions options_;
   std::shared_ptr<UcpContextHolder> context_;
+  uint64_t memory_types_ = 0;  // UCS_BIT(ucs_memory_type_t) this UCX can map
   ucp_worker_h worker_ = nullptr;
   std::unique_ptr<EventLoop> loop_;
   AtomicCounters counters_;

@@ -106,6 +106,7 @@ class VerbsContext final : public Context {
   static Result<std::unique_ptr<Context>> Create(const ContextOptions& options);
   ~VerbsContext() override;
 
+  Status CanRegister(MemoryKind kind) const override;
   Result<std::unique_ptr<Region>> Allocate(size_t size, MemoryKind kind,
                                            RemoteAccess access) override;
   Result<std::unique_ptr<Region>> Register(void* data, size_t size, MemoryKind kind,

@@ -1,9 +1,14 @@
 // Registered memory for the verbs backend: regions registered on every device
 // the context opened, their self-checking descriptions (one rkey per device,
 // named by its node GUID), and attached remote regions.
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 
+#include "gpu/cuda.h"
 #include "transport/region_desc.h"
 #include "transport/run_on_loop.h"
 #include "transport/verbs/verbs_context.h"
@@ -22,6 +27,7 @@ class VerbsRegion final : public Region {
     }
     for (auto& [dev, mr] : mrs_) ibv_dereg_mr(mr);
     if (owned_) std::free(data_);
+    // owned_gpu_, a member, is freed after this: after the deregistrations.
   }
   void* data() const override { return data_; }
   size_t size() const override { return size_; }
@@ -44,7 +50,55 @@ class VerbsRegion final : public Region {
   bool owned_;
   std::vector<std::pair<const Device*, ibv_mr*>> mrs_;
   std::vector<uint8_t> desc_;
+  gpu::DeviceBuffer owned_gpu_;  // Allocate(kCuda)
 };
+
+namespace {
+
+// The peer-memory modules that let ibv_reg_mr take GPU addresses.
+std::string LoadedPeerMemoryModule() {
+  for (const char* m : {"nvidia_peermem", "nv_peer_mem"}) {
+    std::error_code ec;
+    if (std::filesystem::exists(std::string("/sys/module/") + m, ec)) return m;
+  }
+  return "";
+}
+
+// GPU memory on one device: a dmabuf export registered with
+// ibv_reg_dmabuf_mr where the driver and kernel allow it, else plain
+// ibv_reg_mr where a peer-memory module resolves GPU addresses; otherwise an
+// error that names both attempts, so that nothing fails later instead.
+Result<ibv_mr*> RegisterGpuMemory(const Device& dev, void* data, size_t size, int flags) {
+  std::string dmabuf_why;
+  auto dmabuf = gpu::ExportDmabuf(data, size);
+  if (dmabuf.ok()) {
+    ibv_mr* mr = ibv_reg_dmabuf_mr(dev.pd, dmabuf->offset, size,
+                                   reinterpret_cast<uint64_t>(data), dmabuf->fd, flags);
+    const int err = errno;
+    ::close(dmabuf->fd);  // the MR holds its own reference
+    if (mr != nullptr) return mr;
+    dmabuf_why = std::string("ibv_reg_dmabuf_mr failed: ") + std::strerror(err) +
+                 (err == EOPNOTSUPP || err == EPROTONOSUPPORT
+                      ? " (this device or kernel cannot map dmabufs; Linux >= 5.12 and a "
+                        "dmabuf-capable RDMA driver are needed)"
+                      : "");
+  } else {
+    dmabuf_why = dmabuf.status().message();
+  }
+  std::string peer_why;
+  if (const std::string module = LoadedPeerMemoryModule(); !module.empty()) {
+    ibv_mr* mr = ibv_reg_mr(dev.pd, data, size, flags);
+    if (mr != nullptr) return mr;
+    peer_why = "ibv_reg_mr with " + module + " loaded failed: " + std::strerror(errno);
+  } else {
+    peer_why = "no peer-memory module is loaded (modprobe nvidia_peermem)";
+  }
+  return Status::Unimplemented("verbs backend: cannot register " + std::to_string(size) +
+                               " bytes of GPU memory on " + dev.name + ": dmabuf: " + dmabuf_why +
+                               "; peer memory: " + peer_why);
+}
+
+}  // namespace
 
 class VerbsRemoteRegion final : public RemoteRegion {
  public:
@@ -63,7 +117,17 @@ class VerbsRemoteRegion final : public RemoteRegion {
 
 Result<std::unique_ptr<Region>> VerbsContext::Allocate(size_t size, MemoryKind kind,
                                                        RemoteAccess access) {
-  if (kind != MemoryKind::kHost) return MapRegion(nullptr, size, kind, access, false);
+  if (kind == MemoryKind::kCuda) {
+    if (Status st = CanRegister(kind); !st.ok()) return st;
+    auto device = gpu::CurrentDevice();
+    if (!device.ok()) return device.status();
+    auto buffer = gpu::DeviceBuffer::Allocate(size, *device);
+    if (!buffer.ok()) return buffer.status();
+    auto region = MapRegion(buffer->data(), size, kind, access, /*owned=*/false);
+    if (!region.ok()) return region.status();
+    static_cast<VerbsRegion*>(region->get())->owned_gpu_ = std::move(*buffer);
+    return region;
+  }
   if (size == 0) return Status::InvalidArgument("cannot allocate an empty region");
   void* data = std::aligned_alloc(4096, (size + 4095) / 4096 * 4096);
   if (data == nullptr) return Status::ResourceExhausted("allocating " + std::to_string(size));
@@ -79,13 +143,9 @@ Result<std::unique_ptr<Region>> VerbsContext::Register(void* data, size_t size, 
 
 Result<std::unique_ptr<Region>> VerbsContext::MapRegion(void* data, size_t size, MemoryKind kind,
                                                         RemoteAccess access, bool owned) {
-  if (kind != MemoryKind::kHost) {
-    // Where GPU memory registration goes: find the allocation's base, export
-    // a dmabuf and ibv_reg_dmabuf_mr it, else ibv_reg_mr with peer memory.
+  if (Status st = CanRegister(kind); !st.ok()) {
     if (owned) std::free(data);
-    return Status::Unimplemented(
-        "verbs backend: registering GPU memory (dmabuf or peer memory) is not built yet; "
-        "use host memory");
+    return st;
   }
   if (size == 0) return Status::InvalidArgument("cannot register an empty region");
   int flags = IBV_ACCESS_LOCAL_WRITE;
@@ -98,7 +158,14 @@ Result<std::unique_ptr<Region>> VerbsContext::MapRegion(void* data, size_t size,
   std::unique_ptr<VerbsRegion> region(new VerbsRegion(devs_, data, size, kind, owned));
   std::vector<uint8_t> keys;
   for (const auto& dev : devices_) {
-    ibv_mr* mr = ibv_reg_mr(dev->pd, data, size, flags);
+    ibv_mr* mr = nullptr;
+    if (kind == MemoryKind::kCuda) {
+      auto gpu_mr = RegisterGpuMemory(*dev, data, size, flags);
+      if (!gpu_mr.ok()) return gpu_mr.status();
+      mr = *gpu_mr;
+    } else {
+      mr = ibv_reg_mr(dev->pd, data, size, flags);
+    }
     if (mr == nullptr) return RegistrationError(errno, size, "a region on " + dev->name);
     region->mrs_.push_back({dev.get(), mr});
     // Per device: its node GUID (8 bytes) and the rkey (4), little endian.
@@ -113,6 +180,13 @@ Result<std::unique_ptr<Region>> VerbsContext::MapRegion(void* data, size_t size,
     devs_->regions[reinterpret_cast<uintptr_t>(data)] = region.get();
   }
   return std::unique_ptr<Region>(std::move(region));
+}
+
+Status VerbsContext::CanRegister(MemoryKind kind) const {
+  if (kind == MemoryKind::kHost) return Status::Ok();
+  // Whether dmabuf or peer memory works shows only when an allocation is
+  // registered (RegisterGpuMemory says which failed and why).
+  return gpu::Available().WithContext("verbs backend: registering GPU memory");
 }
 
 uint32_t VerbsContext::FindLkey(const Device& dev, const void* data, size_t len) const {

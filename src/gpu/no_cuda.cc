@@ -1,0 +1,44 @@
+// src/gpu/cuda.h in a build without CUDA: every GPU operation reports that
+// this build has none, and every pointer is host memory.
+#include "gpu/cuda.h"
+
+namespace tessera::gpu {
+namespace {
+
+Status NotBuilt() {
+  return Status::Unimplemented(
+      "this build of Tessera has no CUDA (configure with meson -Dcuda=enabled and nvcc on PATH)");
+}
+
+}  // namespace
+
+bool Built() { return false; }
+Status Available() { return NotBuilt(); }
+Result<int> DeviceCount() { return NotBuilt(); }
+Result<int> CurrentDevice() { return NotBuilt(); }
+Status SetDevice(int) { return NotBuilt(); }
+Result<std::string> DescribeDevice(int) { return NotBuilt(); }
+PointerInfo QueryPointer(const void*) { return {}; }
+
+Result<DeviceBuffer> DeviceBuffer::Allocate(size_t, int) { return NotBuilt(); }
+DeviceBuffer::~DeviceBuffer() = default;
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&&) noexcept { return *this; }
+
+Result<Stream> Stream::Create(int) { return NotBuilt(); }
+Stream::~Stream() = default;
+Stream& Stream::operator=(Stream&&) noexcept { return *this; }
+Status Stream::Synchronize() const { return NotBuilt(); }
+
+Status Copy(void*, const void*, size_t, const Stream&) { return NotBuilt(); }
+Status Zero(void*, size_t, const Stream&) { return NotBuilt(); }
+
+Result<PinnedBuffer> PinnedBuffer::Allocate(size_t) { return NotBuilt(); }
+PinnedBuffer::~PinnedBuffer() = default;
+PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&&) noexcept { return *this; }
+
+Result<IpcHandle> ExportIpc(void*) { return NotBuilt(); }
+Result<void*> OpenIpc(const IpcHandle&, int) { return NotBuilt(); }
+Status CloseIpc(void*) { return NotBuilt(); }
+Result<Dmabuf> ExportDmabuf(const void*, size_t) { return NotBuilt(); }
+
+}  // namespace tessera::gpu
