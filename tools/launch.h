@@ -17,6 +17,10 @@ struct LaunchOptions {
   // The transport backend: given to the servers (--transport) and to the
   // workers (TESSERA_TRANSPORT in their environment).
   std::string transport = "ucx";
+  // Where the ps tasks keep parameters (--memory), and whether they may
+  // stage GPU-resident ones through host memory.
+  std::string memory = "host";
+  bool allow_host_staging = false;
   // Run the coordinator as its own task instead of inside ps task 0.
   bool separate_coordinator = false;
   // Extra arguments for each `tessera server` child.

@@ -84,6 +84,11 @@ int main(int argc, char** argv) try {
       },
       "each worker's staging slot, MiB (default 32)");
   server->add_flag("--busy-poll", server_opts.busy_poll, "spin instead of sleeping when idle");
+  server->add_option("--memory", server_opts.memory,
+                     "where parameters live: host, cuda or cuda:N (default host)");
+  server->add_flag("--allow-host-staging", server_opts.allow_host_staging,
+                   "with --memory cuda on a fabric that cannot reach GPU memory: let workers "
+                   "reach host copies (every staged byte is counted and logged)");
   server->add_option("--checkpoint-dir", server_opts.checkpoint_dir,
                      "coordinator: write checkpoints here (shared by every ps task) and resume "
                      "from the newest complete one");
@@ -113,6 +118,10 @@ int main(int argc, char** argv) try {
   launch_cmd->add_option("--host", launch.host, "address the tasks use");
   launch_cmd->add_option("--transport", launch.transport,
                          "ucx, verbs or auto (workers get it as TESSERA_TRANSPORT)");
+  launch_cmd->add_option("--memory", launch.memory,
+                         "where the ps tasks keep parameters: host, cuda or cuda:N");
+  launch_cmd->add_flag("--allow-host-staging", launch.allow_host_staging,
+                       "ps tasks may stage GPU-resident parameters through host memory");
   launch_cmd->add_flag("--coordinator", launch.separate_coordinator,
                        "run the coordinator as its own task instead of inside ps task 0");
   launch_cmd->add_option("--checkpoint-dir", launch.checkpoint_dir,

@@ -31,6 +31,13 @@ struct ServerOptions {
   // worker that stalls between its pull reply and its release cannot block
   // updates forever.
   std::chrono::milliseconds lease_timeout{30'000};
+  // Where parameters, optimizer state and step sums live: "host", "cuda"
+  // (GPU 0) or "cuda:N". GPU memory needs a fabric that can reach it (a
+  // CUDA-capable UCX; verbs with dmabuf or peer memory), unless
+  // allow_host_staging lets workers reach host copies instead (counted in
+  // ServerStats::host_staged_bytes). See docs/gpu.md.
+  std::string memory = "host";
+  bool allow_host_staging = false;
   // Log small tensors' values as they change (the demo uses it).
   bool log_updates = false;
   bool busy_poll = false;
@@ -59,6 +66,9 @@ struct ServerStats {
   uint64_t duplicate_pushes_dropped = 0;  // sync: a worker's second push of a step
   uint64_t chunks_restored = 0;           // chunks loaded from a checkpoint
   uint64_t checkpoints_written = 0;       // coordinator: complete checkpoints written
+  // GPU memory with --allow-host-staging: bytes copied between the GPU and
+  // the host copies workers reach (gradients in, values out).
+  uint64_t host_staged_bytes = 0;
 };
 
 class Server {

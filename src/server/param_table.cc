@@ -27,7 +27,8 @@ Result<std::pair<uint32_t, uint64_t>> ParamTable::AllocateBytes(uint64_t bytes) 
   uint64_t size =
       std::max<uint64_t>(arena_bytes_, (need + kAlignment - 1) / kAlignment * kAlignment);
   // Workers only ever read parameters.
-  auto region = ctx_->Allocate(size, transport::MemoryKind::kHost, transport::RemoteAccess::kRead);
+  if (arena_kind_ != transport::MemoryKind::kHost) TESSERA_RETURN_IF_ERROR(memory_->MakeCurrent());
+  auto region = ctx_->Allocate(size, arena_kind_, transport::RemoteAccess::kRead);
   if (!region.ok()) {
     return region.status().WithContext("allocating a " + std::to_string(size) + "-byte arena");
   }
@@ -62,16 +63,32 @@ Result<Param*> ParamTable::Create(const wire::CreateEntry& entry) {
   p->arena_id = place->first;
   p->arena_offset = place->second;
   p->bytes = bytes;
-  p->data = static_cast<uint8_t*>(arenas_[place->first].region->data()) + place->second;
-  std::fill(p->data, p->data + bytes, uint8_t{0});
+  p->published = static_cast<uint8_t*>(arenas_[place->first].region->data()) + place->second;
+  p->data = p->published;
+  auto zeroed = [&](size_t n, StateBuffer* out) -> Status {
+    auto b = memory_->Allocate(n);
+    if (!b.ok()) return b.status().WithContext("tensor '" + p->display_name + "'");
+    *out = std::move(*b);
+    return Status::Ok();
+  };
+  if (staged()) {
+    std::fill(p->published, p->published + bytes, uint8_t{0});
+    TESSERA_RETURN_IF_ERROR(zeroed(bytes, &p->staged_value));
+    p->data = p->staged_value.data();
+  } else {
+    TESSERA_RETURN_IF_ERROR(memory_->Zero(p->data, bytes));
+  }
   p->hyper = t.hyper;
   const size_t state_bytes = entry.elem_count * kernels::StateElementSize(t.dtype);
   const int slots = kernels::StateSlots(t.rule);
-  if (slots >= 1) p->state0.assign(state_bytes, 0);
-  if (slots >= 2) p->state1.assign(state_bytes, 0);
-  if (kernels::NeedsMaster(t.dtype, t.rule)) p->master.assign(entry.elem_count, 0.0f);
+  if (slots >= 1) TESSERA_RETURN_IF_ERROR(zeroed(state_bytes, &p->state0));
+  if (slots >= 2) TESSERA_RETURN_IF_ERROR(zeroed(state_bytes, &p->state1));
+  if (kernels::NeedsMaster(t.dtype, t.rule)) {
+    TESSERA_RETURN_IF_ERROR(zeroed(entry.elem_count * sizeof(float), &p->master));
+  }
   if (t.mode.kind == Consistency::kSync) {
-    p->agg.assign(entry.elem_count * kernels::AccumulatorElementSize(t.dtype), 0);
+    TESSERA_RETURN_IF_ERROR(
+        zeroed(entry.elem_count * kernels::AccumulatorElementSize(t.dtype), &p->agg));
     p->contributed.assign(static_cast<size_t>(num_workers_), false);
   }
   if (t.mode.kind == Consistency::kBounded) p->pushed_steps.assign(t.mode.total_num_replicas, 0);

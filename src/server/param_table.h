@@ -1,6 +1,8 @@
 // The parameters a shard holds: each chunk of each tensor at an offset in one
 // of a few large arenas the fabric allocated (remotely readable, never
-// remotely writable).
+// remotely writable), in the shard's memory (host or GPU). Where the fabric
+// cannot reach GPU memory and the user allowed host staging, the arenas are
+// host memory holding a published copy of each GPU-resident chunk.
 #pragma once
 
 #include <algorithm>
@@ -12,6 +14,7 @@
 #include <vector>
 
 #include "kernels/update.h"
+#include "server/param_memory.h"
 #include "transport/transport.h"
 #include "wire/messages.h"
 
@@ -24,23 +27,28 @@ struct Param {
   uint32_t arena_id = 0;
   uint64_t arena_offset = 0;
   uint64_t bytes = 0;
+  // Where the update kernels work on the value (the shard's memory), and
+  // what workers read one-sided (the arena). The same bytes, except with host
+  // staging: then `published` is a host copy refreshed after every change.
   uint8_t* data = nullptr;
+  uint8_t* published = nullptr;
+  StateBuffer staged_value;  // owns `data` when it is not in the arena
 
-  // Optimizer state, never remotely accessible (see kernels::RuleState).
+  // Optimizer state, in the shard's memory, never remotely accessible (see
+  // kernels::RuleState).
   Hyperparams hyper;
-  std::vector<uint8_t> state0, state1;
-  std::vector<float> master;
+  StateBuffer state0, state1;
+  StateBuffer master;  // f32
   uint64_t updates = 0;  // optimizer steps applied since init (Adam's t)
   kernels::RuleState rule_state() {
     return {state0.empty() ? nullptr : state0.data(), state1.empty() ? nullptr : state1.data(),
-            master.empty() ? nullptr : master.data()};
+            master.empty() ? nullptr : reinterpret_cast<float*>(master.data())};
   }
 
   // Sync: the step being aggregated (= steps applied) and its running sum
   // (f32 for f16/bf16 parameters, else the parameter's dtype).
   uint64_t step = 0;
-  std::vector<uint8_t> agg;
-  std::vector<uint8_t> agg_out;  // the sum in the parameter's dtype, for halves
+  StateBuffer agg;
   uint32_t agg_count = 0;
   std::vector<bool> contributed;  // by worker rank, this step
   // Bounded: steps each worker rank has pushed.
@@ -72,8 +80,18 @@ struct Param {
 
 class ParamTable {
  public:
-  ParamTable(transport::Context* ctx, size_t arena_bytes, int num_workers)
-      : ctx_(ctx), arena_bytes_(arena_bytes), num_workers_(num_workers) {}
+  // Arenas are allocated of `arena_kind`: the memory's own kind, or host
+  // memory for staging GPU-resident values.
+  ParamTable(transport::Context* ctx, ParamMemory* memory, transport::MemoryKind arena_kind,
+             size_t arena_bytes, int num_workers)
+      : ctx_(ctx),
+        memory_(memory),
+        arena_kind_(arena_kind),
+        arena_bytes_(arena_bytes),
+        num_workers_(num_workers) {}
+
+  // True when values live in GPU memory and workers read host copies.
+  bool staged() const { return arena_kind_ != memory_->spec().kind; }
 
   // Creates the chunk, or returns the existing one if it matches; a mismatch
   // is an error naming both declarations.
@@ -101,6 +119,8 @@ class ParamTable {
   Result<std::pair<uint32_t, uint64_t>> AllocateBytes(uint64_t bytes);
 
   transport::Context* ctx_;
+  ParamMemory* memory_;
+  transport::MemoryKind arena_kind_;
   size_t arena_bytes_;
   int num_workers_;
   std::vector<Arena> arenas_;

@@ -3,16 +3,18 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstring>
 #include <future>
 
 #include "core/log.h"
+#include "transport/run_on_loop.h"
 #include "kernels/update.h"
 
 namespace tessera::server {
 namespace {
 
-std::string FormatValues(const Param& p) {
-  const auto* d = p.data;
+// `d`: the chunk's value, in host memory.
+std::string FormatValues(const Param& p, const uint8_t* d) {
   std::string out;
   for (uint64_t i = 0; i < p.entry.elem_count; ++i) {
     if (i) out += ", ";
@@ -68,8 +70,9 @@ Status Shard::Start() {
   auto ctx = transport::Context::Open(topts);
   if (!ctx.ok()) return ctx.status();
   ctx_ = std::move(*ctx);
-  table_ = std::make_unique<ParamTable>(ctx_.get(), options_.arena_bytes,
-                                        options_.cluster.num_workers());
+  TESSERA_RETURN_IF_ERROR(OpenMemory());
+  table_ = std::make_unique<ParamTable>(ctx_.get(), memory_.get(), arena_kind_,
+                                        options_.arena_bytes, options_.cluster.num_workers());
   const bool separate_coordinator = options_.cluster.num_tasks("coordinator") > 0;
   if (is_coordinator_only() || (!separate_coordinator && options_.task_index == 0)) {
     coord_ = std::make_unique<coord::Coordinator>(options_.cluster.num_tasks("ps"));
@@ -96,9 +99,59 @@ Status Shard::Start() {
   ctx_->PostAfter(LeaseCheckInterval(), [this] { RevokeExpiredLeases(); });
   if (checkpointer_) ctx_->Post([this] { checkpointer_->Start(); });
   if (!hosts_coordinator()) ctx_->Post([this] { JoinCoordinator(); });
-  TLOG_INFO("{} serving on {}:{} over {}{}", self.ToString(), host, listener_->port(),
-            ctx_->Describe(), coord_ && !is_coordinator_only() ? " (and the coordinator)" : "");
+  TLOG_INFO("{} serving on {}:{} over {}{}; parameters in {}{}", self.ToString(), host,
+            listener_->port(), ctx_->Describe(),
+            coord_ && !is_coordinator_only() ? " (and the coordinator)" : "", memory_->Describe(),
+            table_->staged() ? ", staged through host memory" : "");
   return Status::Ok();
+}
+
+Status Shard::OpenMemory() {
+  auto spec = ParseMemorySpec(options_.memory);
+  if (!spec.ok()) return spec.status();
+  if (is_coordinator_only()) spec = MemorySpec{};  // it holds no parameters
+  auto memory = ParamMemory::Open(*spec);
+  if (!memory.ok()) return memory.status();
+  memory_ = std::move(*memory);
+  arena_kind_ = spec->kind;
+  if (memory_->is_host()) return Status::Ok();
+  // Kernels run on the progress thread: the GPU must be current there.
+  Status current = RunOnLoop(*ctx_, [this] { return memory_->MakeCurrent(); });
+  if (!current.ok()) return current;
+  // Can the fabric reach this GPU's memory? Asking is not enough (verbs
+  // learns it from a registration): register a small allocation.
+  Status reach = ctx_->CanRegister(transport::MemoryKind::kCuda);
+  if (reach.ok()) reach = memory_->MakeCurrent();
+  if (reach.ok()) {
+    auto probe = ctx_->Allocate(4096, transport::MemoryKind::kCuda, transport::RemoteAccess::kRead);
+    reach = probe.status();
+  }
+  if (reach.ok()) return Status::Ok();
+  if (!options_.allow_host_staging) {
+    return Status::FailedPrecondition(
+        "memory " + spec->ToString() + ": the fabric cannot reach GPU memory: " + reach.message() +
+        ". Allow staging through host memory (--allow-host-staging; every staged byte is "
+        "counted), or use a fabric that can (docs/gpu.md)");
+  }
+  arena_kind_ = transport::MemoryKind::kHost;
+  TLOG_WARN(
+      "parameters in {}, but workers reach them through host memory (--allow-host-staging): {}",
+      memory_->Describe(), reach.message());
+  return Status::Ok();
+}
+
+Status Shard::Publish(Param& p) {
+  if (!table_->staged()) return Status::Ok();
+  host_staged_bytes_ += p.bytes;
+  return memory_->ToHost(p.published, p.data, p.bytes);
+}
+
+Status Shard::ReadValue(const Param& p, void* host_dst) const {
+  if (table_->staged()) {
+    std::memcpy(host_dst, p.published, p.bytes);
+    return Status::Ok();
+  }
+  return memory_->ToHost(host_dst, p.data, p.bytes);
 }
 
 void Shard::Stop() {
@@ -155,6 +208,7 @@ ServerStats Shard::stats() const {
   s.duplicate_pushes_dropped = duplicate_dropped_;
   s.chunks_restored = chunks_restored_;
   s.checkpoints_written = checkpoints_written_;
+  s.host_staged_bytes = host_staged_bytes_;
   return s;
 }
 
@@ -377,7 +431,10 @@ Status Shard::OnAuth(Peer& peer, const wire::Header& h, std::span<const uint8_t>
     return Status::Ok();
   }
   if (!is_coordinator_only()) {
-    auto staging = ctx_->Allocate(options_.staging_bytes_per_worker, transport::MemoryKind::kHost,
+    if (arena_kind_ != transport::MemoryKind::kHost) {
+      TESSERA_RETURN_IF_ERROR(memory_->MakeCurrent());
+    }
+    auto staging = ctx_->Allocate(options_.staging_bytes_per_worker, arena_kind_,
                                   transport::RemoteAccess::kWrite);
     if (!staging.ok()) return staging.status().WithContext("staging slot for " + peer.hello.task);
     peer.staging = std::move(*staging);
@@ -469,24 +526,32 @@ bool Shard::TryApplyPush(PendingPush& push) {
   }
   const bool init = push.flags & wire::kFlagInit;
   const uint32_t rank = push.peer->hello.worker_rank;
-  const auto* staging = push.msg.payload.empty()
-                            ? static_cast<const uint8_t*>(push.peer->staging->data())
-                            : push.msg.payload.data();
+  const bool from_slot = push.msg.payload.empty();
+  const auto* staging = from_slot ? static_cast<const uint8_t*>(push.peer->staging->data())
+                                  : push.msg.payload.data();
   wire::PushReply reply;
   reply.versions.reserve(push.msg.entries.size());
   reply.outcomes.reserve(push.msg.entries.size());
   for (const auto& e : push.msg.entries) {
     Param* p = table_->Find(e.key_id);
     const auto& t = p->entry.tensor;
-    const uint8_t* grad = staging + e.staging_offset;
     auto outcome = wire::PushOutcome::kApplied;
-    Status st;
-    if (init) {
+    // The gradient where the kernels can read it (copied to the GPU when it
+    // came inline or through a host staging slot).
+    auto reachable = memory_->Reachable(staging + e.staging_offset, e.byte_length);
+    Status st = reachable.status();
+    const void* grad = reachable.ok() ? *reachable : nullptr;
+    if (from_slot && table_->staged()) host_staged_bytes_ += e.byte_length;
+    if (!st.ok()) {
+      // Reported below.
+    } else if (init) {
       // Initial value (or a restore): the optimizer starts afresh from it.
-      st =
-          kernels::ApplyUpdateCpu(UpdateRule::kAssign, t.dtype, p->data, grad, p->entry.elem_count);
-      kernels::ResetRuleState(t.rule, p->hyper, t.dtype, p->data, p->entry.elem_count,
-                              p->rule_state());
+      st = memory_->ApplyUpdate(UpdateRule::kAssign, t.dtype, p->data, grad, p->entry.elem_count);
+      if (st.ok()) {
+        st = memory_->ResetRuleState(t.rule, p->hyper, t.dtype, p->data, p->entry.elem_count,
+                                     p->rule_state());
+      }
+      if (st.ok()) st = Publish(*p);
       p->updates = 0;
       p->ResetAggregation();
       p->version++;
@@ -501,7 +566,8 @@ bool Shard::TryApplyPush(PendingPush& push) {
         outcome = wire::PushOutcome::kDuplicate;
         duplicate_dropped_++;
       } else {
-        kernels::Accumulate(t.dtype, p->agg.data(), grad, p->entry.elem_count, p->agg_count == 0);
+        st = memory_->Accumulate(t.dtype, p->agg.data(), grad, p->entry.elem_count,
+                                 p->agg_count == 0);
         p->contributed[rank] = true;
         if (++p->agg_count == t.mode.replicas_to_aggregate) pending_steps_.push_back(p->key_id);
       }
@@ -539,9 +605,10 @@ void Shard::CountStep(uint32_t worker_rank, uint64_t step, bool sync) {
 Status Shard::ApplyGradient(Param& p, const void* grad) {
   const auto& t = p.entry.tensor;
   Status st = IsOptimizer(t.rule)
-                  ? kernels::ApplyOptimizerCpu(t.rule, p.hyper, t.dtype, p.data, grad,
-                                               p.entry.elem_count, p.rule_state(), ++p.updates)
-                  : kernels::ApplyUpdateCpu(t.rule, t.dtype, p.data, grad, p.entry.elem_count);
+                  ? memory_->ApplyOptimizer(t.rule, p.hyper, t.dtype, p.data, grad,
+                                            p.entry.elem_count, p.rule_state(), ++p.updates)
+                  : memory_->ApplyUpdate(t.rule, t.dtype, p.data, grad, p.entry.elem_count);
+  if (st.ok()) st = Publish(p);
   if (st.ok()) p.version++;
   return st;
 }
@@ -550,17 +617,17 @@ bool Shard::TryApplyStep(Param& p) {
   if (p.readers > 0 || frozen_) return false;
   const auto& mode = p.entry.tensor.mode;
   const double scale = mode.average ? 1.0 / mode.replicas_to_aggregate : 1.0;
-  const void* grad = kernels::FinishAccumulation(p.entry.tensor.dtype, p.agg.data(),
-                                                 p.entry.elem_count, scale, &p.agg_out);
-  Status st = ApplyGradient(p, grad);
+  auto grad = memory_->FinishAccumulation(p.entry.tensor.dtype, p.agg.data(), p.entry.elem_count,
+                                          scale);
+  Status st = grad.ok() ? ApplyGradient(p, *grad) : grad.status();
   if (!st.ok()) TLOG_ERROR("{}: step {} not applied: {}", p.display_name, p.step, st.ToString());
   p.step++;
   steps_applied_++;
   p.ResetAggregation();
   p.writer_waiting = false;
   if (snapshot_ && p.step == snapshot_->step && snapshot_->behind.erase(p.key_id) > 0) {
-    Capture(p);  // this chunk just reached the checkpoint's step
-    if (snapshot_->behind.empty()) StartSnapshotWriter();
+    // This chunk just reached the checkpoint's step.
+    if (Capture(p) && snapshot_->behind.empty()) StartSnapshotWriter();
   }
   if (options_.log_updates && p.entry.elem_count <= 8) {
     LogUpdate(p, "step " + std::to_string(p.step - 1) + " of " +
@@ -582,7 +649,13 @@ void Shard::MarkWaitingWriters() {
 }
 
 void Shard::LogUpdate(const Param& p, const std::string& by) const {
-  TLOG_INFO("{} = {}  (version {}, {} by {})", p.display_name, FormatValues(p), p.version,
+  std::vector<uint8_t> value(p.bytes);
+  if (Status st = ReadValue(p, value.data()); !st.ok()) {
+    TLOG_WARN("{}: cannot read its value to log it: {}", p.display_name, st.message());
+    return;
+  }
+  TLOG_INFO("{} = {}  (version {}, {} by {})", p.display_name, FormatValues(p, value.data()),
+            p.version,
             p.version == 1 ? "initialised" : UpdateRuleName(p.entry.tensor.rule), by);
 }
 
@@ -642,10 +715,15 @@ bool Shard::TryGrantPull(PendingPull& pull) {
   uint64_t total = 0;
   for (const auto& e : pull.msg.entries) total += table_->Find(e.key_id)->bytes;
   if (total <= std::min<uint64_t>(pull.msg.inline_max, wire::kMaxInlineBytes)) {
-    reply.data.reserve(total);
+    reply.data.resize(total);
+    uint64_t at = 0;
     for (const auto& e : pull.msg.entries) {
       const Param* p = table_->Find(e.key_id);
-      reply.data.insert(reply.data.end(), p->data, p->data + p->bytes);
+      if (Status st = ReadValue(*p, reply.data.data() + at); !st.ok()) {
+        SendError(*pull.peer, pull.request_id, st.WithContext("reading '" + p->display_name + "'"));
+        return true;
+      }
+      at += p->bytes;
       reply.versions.push_back(p->version);
     }
     pulls_served_++;

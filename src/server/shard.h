@@ -99,10 +99,20 @@ class Shard {
   void SendToCoordinator(std::vector<uint8_t> frame);
   void OnCkptPrepare(const wire::CkptPrepare& m);
   void OnCkptWrite(wire::CkptWrite m);
-  void Capture(Param& p);
+  // Copies the chunk's slots into the round; false when that failed and
+  // the round was abandoned (snapshot_ is gone).
+  bool Capture(Param& p);
   void StartSnapshotWriter();
   void FailSnapshot(uint64_t round, const Status& st);
   void Unfreeze();
+
+  // Opens the shard's memory (--memory) and decides whether the fabric
+  // reaches it or values are staged through host memory.
+  Status OpenMemory();
+  // Staging: refreshes the host copy workers read after the value changed.
+  Status Publish(Param& p);
+  // The chunk's value into host memory (an inline pull, a log line).
+  Status ReadValue(const Param& p, void* host_dst) const;
 
   Status ValidatePush(const Peer& peer, uint32_t flags, const wire::Push& msg);
   bool TryApplyPush(PendingPush& push);
@@ -125,6 +135,8 @@ class Shard {
 
   ServerOptions options_;
   std::unique_ptr<transport::Context> ctx_;
+  std::unique_ptr<ParamMemory> memory_;
+  transport::MemoryKind arena_kind_ = transport::MemoryKind::kHost;  // what workers reach
   std::unique_ptr<ParamTable> table_;
   std::unique_ptr<coord::Coordinator> coord_;  // shard 0 only
   std::unique_ptr<transport::Listener> listener_;
@@ -171,7 +183,7 @@ class Shard {
 
   std::atomic<uint64_t> pushes_applied_{0}, pulls_served_{0}, refused_{0}, tensors_{0},
       leases_revoked_{0}, steps_applied_{0}, stale_dropped_{0}, duplicate_dropped_{0},
-      chunks_restored_{0}, checkpoints_written_{0};
+      chunks_restored_{0}, checkpoints_written_{0}, host_staged_bytes_{0};
 };
 
 }  // namespace tessera::server

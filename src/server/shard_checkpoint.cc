@@ -247,24 +247,32 @@ void Shard::RestoreChunk(Param& p) {
     return;
   }
   const uint64_t first = p.entry.elem_offset;
-  Status st =
-      restore_->ReadSlot(t.name, ckpt::Slot::kParam, first * DTypeSize(t.dtype), p.bytes, p.data);
+  // Reads a slot into the shard's memory: directly into host memory, through
+  // a host buffer into a GPU's.
+  std::vector<uint8_t> host;
+  auto read = [&](ckpt::Slot slot, uint64_t offset, uint64_t bytes, uint8_t* dst) -> Status {
+    if (memory_->is_host()) return restore_->ReadSlot(t.name, slot, offset, bytes, dst);
+    host.resize(bytes);
+    TESSERA_RETURN_IF_ERROR(restore_->ReadSlot(t.name, slot, offset, bytes, host.data()));
+    return memory_->FromHost(dst, host.data(), bytes);
+  };
+  Status st = read(ckpt::Slot::kParam, first * DTypeSize(t.dtype), p.bytes, p.data);
   const bool same_rule = rec->rule == t.rule;
   if (st.ok() && same_rule) {
     const uint64_t ssize = kernels::StateElementSize(t.dtype);
     if (st.ok() && !p.state0.empty())
-      st = restore_->ReadSlot(t.name, ckpt::Slot::kState0, first * ssize, p.state0.size(),
-                              p.state0.data());
+      st = read(ckpt::Slot::kState0, first * ssize, p.state0.size(), p.state0.data());
     if (st.ok() && !p.state1.empty())
-      st = restore_->ReadSlot(t.name, ckpt::Slot::kState1, first * ssize, p.state1.size(),
-                              p.state1.data());
+      st = read(ckpt::Slot::kState1, first * ssize, p.state1.size(), p.state1.data());
     if (st.ok() && !p.master.empty())
-      st = restore_->ReadSlot(t.name, ckpt::Slot::kMaster, first * 4, p.master.size() * 4,
-                              p.master.data());
+      st = read(ckpt::Slot::kMaster, first * 4, p.master.size(), p.master.data());
   }
+  if (st.ok()) st = Publish(p);
   if (!st.ok()) {
     TLOG_ERROR("'{}' not restored: {}", p.display_name, st.message());
-    std::fill(p.data, p.data + p.bytes, uint8_t{0});
+    Status zeroed = memory_->Zero(p.data, p.bytes);
+    if (zeroed.ok()) zeroed = Publish(p);
+    if (!zeroed.ok()) TLOG_ERROR("'{}': {}", p.display_name, zeroed.message());
     return;
   }
   if (same_rule) {
@@ -274,7 +282,11 @@ void Shard::RestoreChunk(Param& p) {
         "'{}' was saved with rule {} and is now declared with {}: its value is restored, "
         "its optimizer state starts afresh",
         t.name, UpdateRuleName(rec->rule), UpdateRuleName(t.rule));
-    kernels::ResetRuleState(t.rule, p.hyper, t.dtype, p.data, p.entry.elem_count, p.rule_state());
+    if (Status reset = memory_->ResetRuleState(t.rule, p.hyper, t.dtype, p.data,
+                                               p.entry.elem_count, p.rule_state());
+        !reset.ok()) {
+      TLOG_ERROR("'{}': optimizer state not reset: {}", p.display_name, reset.message());
+    }
     p.updates = 0;
   }
   p.version = 1;
@@ -407,14 +419,16 @@ void Shard::OnCkptWrite(wire::CkptWrite m) {
     }
     now.push_back(p);
   }
-  for (Param* p : now) Capture(*p);  // still frozen: one consistent cut
+  for (Param* p : now) {
+    if (!Capture(*p)) return;  // still frozen: one consistent cut
+  }
   const bool complete = snapshot_->behind.empty();
   if (complete) StartSnapshotWriter();
   // Resume; chunks behind are captured as their steps apply (TryApplyStep).
   Unfreeze();
 }
 
-void Shard::Capture(Param& p) {
+bool Shard::Capture(Param& p) {
   for (size_t i : snapshot_->entries_of[p.key_id]) {
     const auto& e = snapshot_->entries[i];
     const uint8_t* src = nullptr;
@@ -430,11 +444,19 @@ void Shard::Capture(Param& p) {
         src = p.state1.data();
         break;
       case ckpt::Slot::kMaster:
-        src = reinterpret_cast<const uint8_t*>(p.master.data());
+        src = p.master.data();
         break;
     }
-    snapshot_->pieces[i].bytes.assign(src, src + e.bytes);
+    // From the shard's memory (a GPU's too) into the host bytes the writer
+    // thread writes: the cut is taken here, while updates are held.
+    auto& bytes = snapshot_->pieces[i].bytes;
+    bytes.resize(e.bytes);
+    if (Status st = memory_->ToHost(bytes.data(), src, e.bytes); !st.ok()) {
+      FailSnapshot(snapshot_->round, st.WithContext("reading '" + p.display_name + "'"));
+      return false;
+    }
   }
+  return true;
 }
 
 void Shard::StartSnapshotWriter() {

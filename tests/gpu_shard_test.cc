@@ -1,0 +1,298 @@
+// A shard whose parameters live on a GPU (ServerOptions::memory "cuda")
+// against one in host memory: the same initial values, pushes and pulls must
+// give the same bytes for every update rule and dtype, inline and one-sided,
+// for sync steps and across a checkpoint. Where no GPU can be used (CI), the
+// GPU cases skip with CUDA's own reason, and what a shard says when asked for
+// GPU memory it cannot have is tested instead.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "gpu/cuda.h"
+#include "kernels/update.h"
+#include "tessera/client.h"
+#include "tessera/server.h"
+#include "test_util.h"
+
+namespace tessera {
+namespace {
+
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+
+const char kSecret[] = "gpu-shard-test-secret-0123456789";
+
+// One ps task and `workers` workers on loopback, its parameters in `memory`.
+class OneShard {
+ public:
+  OneShard(const std::string& memory, int workers, const std::string& checkpoint_dir = "") {
+    std::vector<TaskAddress> w;
+    for (int i = 0; i < workers; ++i) w.push_back({"127.0.0.1", testing::UnusedPort()});
+    status_ = spec_.AddJob("ps", {{"127.0.0.1", testing::UnusedPort()}});
+    if (status_.ok()) status_ = spec_.AddJob("worker", w);
+    if (!status_.ok()) return;
+    ServerOptions o;
+    o.cluster = spec_;
+    o.secret = kSecret;
+    o.memory = memory;
+    // Debian's UCX cannot reach GPU memory: stage where it must (counted).
+    o.allow_host_staging = true;
+    o.staging_bytes_per_worker = 8u << 20;
+    o.checkpoint_dir = checkpoint_dir;
+    auto s = Server::Start(o);
+    status_ = s.status();
+    if (s.ok()) server_ = std::move(*s);
+  }
+  ~OneShard() {
+    clients_.clear();
+    if (server_) server_->Stop();
+  }
+  const Status& status() const { return status_; }
+  Server& server() { return *server_; }
+
+  Client& Connect(int worker) {
+    ClientOptions o;
+    o.cluster = spec_;
+    o.task = {"worker", worker};
+    o.secret = kSecret;
+    o.startup_timeout = 10s;
+    o.op_timeout = 30s;
+    auto c = Client::Connect(o);
+    EXPECT_TRUE(c.ok()) << c.status().ToString();
+    if (!c.ok()) std::abort();
+    clients_.push_back(std::move(*c));
+    return *clients_.back();
+  }
+
+ private:
+  ClusterSpec spec_;
+  Status status_;
+  std::unique_ptr<Server> server_;
+  std::vector<std::unique_ptr<Client>> clients_;
+};
+
+// The memory compared with host memory: "cuda", or what
+// TESSERA_TEST_COMPARED_MEMORY names ("host" checks these tests themselves
+// on a machine without a GPU).
+std::string ComparedMemory() {
+  const char* m = std::getenv("TESSERA_TEST_COMPARED_MEMORY");
+  return m != nullptr ? m : "cuda";
+}
+
+// Skips a GPU case where this process cannot use a GPU, saying why.
+#define SKIP_WITHOUT_GPU()                                                  \
+  do {                                                                      \
+    Status gpu_st = gpu::Available();                                       \
+    if (ComparedMemory() != "host" && !gpu_st.ok()) {                       \
+      GTEST_SKIP() << "needs a GPU: " << gpu_st.message();                  \
+    }                                                                       \
+  } while (0)
+
+TEST(GpuShardStart, SaysWhyItCannotHoldParametersOnAGpu) {
+  {
+    OneShard bad("gpu", 1);
+    EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument) << bad.status().ToString();
+    EXPECT_NE(bad.status().message().find("expected host, cuda or cuda:N"), std::string::npos);
+  }
+  const Status gpu_st = gpu::Available();
+  OneShard shard("cuda", 1);
+  if (!gpu_st.ok()) {
+    // No GPU here: the shard refuses at start with CUDA's reason.
+    ASSERT_FALSE(shard.status().ok());
+    EXPECT_NE(shard.status().message().find(gpu_st.message()), std::string::npos)
+        << shard.status().ToString();
+    EXPECT_NE(shard.status().message().find("cuda:0"), std::string::npos);
+    return;
+  }
+  ASSERT_TRUE(shard.status().ok()) << shard.status().ToString();
+  auto count = gpu::DeviceCount();
+  ASSERT_TRUE(count.ok());
+  OneShard missing("cuda:" + std::to_string(*count), 1);
+  EXPECT_EQ(missing.status().code(), StatusCode::kInvalidArgument) << missing.status().ToString();
+  EXPECT_NE(missing.status().message().find("does not exist"), std::string::npos);
+}
+
+// Without --allow-host-staging a fabric that cannot reach GPU memory is an
+// error naming what is missing; with it, every staged byte is counted.
+TEST(GpuShardStart, HostStagingOnlyWhenAllowed) {
+  if (Status gpu_st = gpu::Available(); !gpu_st.ok()) {
+    GTEST_SKIP() << "needs a GPU: " << gpu_st.message();
+  }
+  ClusterSpec spec;
+  ASSERT_TRUE(spec.AddJob("ps", {{"127.0.0.1", testing::UnusedPort()}}).ok());
+  ASSERT_TRUE(spec.AddJob("worker", {{"127.0.0.1", testing::UnusedPort()}}).ok());
+  ServerOptions o;
+  o.cluster = spec;
+  o.secret = kSecret;
+  o.memory = "cuda";
+  auto strict = Server::Start(o);
+  if (strict.ok()) {
+    (*strict)->Stop();
+    GTEST_SKIP() << "this fabric reaches GPU memory: nothing is staged";
+  }
+  EXPECT_EQ(strict.status().code(), StatusCode::kFailedPrecondition) << strict.status().ToString();
+  EXPECT_NE(strict.status().message().find("--allow-host-staging"), std::string::npos);
+
+  OneShard shard("cuda", 1);
+  ASSERT_TRUE(shard.status().ok()) << shard.status().ToString();
+  Client& c = shard.Connect(0);
+  const size_t n = 100000;  // one-sided, through the staging slot
+  TensorSpec t{"w", DType::kF32, {static_cast<int64_t>(n)}, UpdateRule::kAdd, {}, -1};
+  t.initial.assign(n * 4, 0);
+  auto w = c.Declare(t);
+  ASSERT_TRUE(w.ok());
+  ASSERT_TRUE(c.Initialize().ok());
+  const uint64_t before = shard.server().stats().host_staged_bytes;
+  std::vector<float> g(n, 1.5f), got(n);
+  ASSERT_TRUE(c.Push({PushItem::Of<float>(*w, g)}).ok());
+  ASSERT_TRUE(c.Pull({PullItem::Of<float>(*w, got, 2)}).ok());
+  EXPECT_EQ(got, g);
+  // The gradient in, the new value out.
+  EXPECT_EQ(shard.server().stats().host_staged_bytes - before, 2 * n * 4);
+}
+
+struct RuleCase {
+  UpdateRule rule;
+  DType dtype;
+};
+
+std::string CaseName(const ::testing::TestParamInfo<RuleCase>& info) {
+  return std::string(UpdateRuleName(info.param.rule)) + "_" + DTypeName(info.param.dtype);
+}
+
+// Deterministic values of `dtype` (floats in about [-1, 1]).
+std::vector<uint8_t> Values(DType dtype, size_t n, int seed) {
+  std::vector<uint8_t> out(n * DTypeSize(dtype));
+  for (size_t i = 0; i < n; ++i) {
+    const double v = std::sin(static_cast<double>(i * 7 + seed * 13) * 0.01);
+    const bool floating = dtype != DType::kI32 && dtype != DType::kI64;
+    kernels::StoreAs(dtype, floating ? v : std::round(v * 100), out.data() + i * DTypeSize(dtype));
+  }
+  return out;
+}
+
+class GpuShardRules : public ::testing::TestWithParam<RuleCase> {};
+
+// Three pushes to a large (one-sided) and a small (inline) tensor, on a
+// host shard and a GPU shard: the pulled bytes are the same.
+TEST_P(GpuShardRules, MatchTheHostShardBitForBit) {
+  SKIP_WITHOUT_GPU();
+  const auto [rule, dtype] = GetParam();
+  auto run = [&](const std::string& memory) {
+    OneShard shard(memory, 1);
+    EXPECT_TRUE(shard.status().ok()) << shard.status().ToString();
+    if (!shard.status().ok()) return std::vector<uint8_t>{};
+    Client& c = shard.Connect(0);
+    std::vector<uint8_t> out;
+    std::vector<Tensor> ts;
+    for (size_t n : {size_t{70000}, size_t{24}}) {
+      TensorSpec t{"t" + std::to_string(n), dtype, {static_cast<int64_t>(n)}, rule, {}, -1};
+      t.hyper.learning_rate = 0.01f;
+      t.hyper.weight_decay = 0.001f;
+      t.hyper.epsilon = 1e-6f;
+      t.hyper.initial_accumulator = 0.1f;
+      t.initial = Values(dtype, n, 1);
+      auto h = c.Declare(t);
+      EXPECT_TRUE(h.ok()) << h.status().ToString();
+      if (!h.ok()) return out;
+      ts.push_back(*h);
+    }
+    EXPECT_TRUE(c.Initialize().ok());
+    for (int step = 0; step < 3; ++step) {
+      for (size_t i = 0; i < ts.size(); ++i) {
+        const size_t n = i == 0 ? 70000 : 24;
+        auto g = Values(dtype, n, 2 + step);
+        EXPECT_TRUE(c.Push({{ts[i], g.data(), g.size(), dtype}}).ok());
+      }
+    }
+    for (size_t i = 0; i < ts.size(); ++i) {
+      std::vector<uint8_t> got((i == 0 ? 70000 : 24) * DTypeSize(dtype));
+      EXPECT_TRUE(c.Pull({{ts[i], got.data(), got.size(), 4, dtype}}).ok());
+      out.insert(out.end(), got.begin(), got.end());
+    }
+    return out;
+  };
+  const auto host = run("host");
+  const auto gpu = run(ComparedMemory());
+  ASSERT_EQ(host.size(), gpu.size());
+  size_t first_diff = host.size();
+  for (size_t i = 0; i < host.size(); ++i) {
+    if (host[i] != gpu[i]) {
+      first_diff = i;
+      break;
+    }
+  }
+  EXPECT_EQ(first_diff, host.size()) << "GPU shard differs from the host shard at byte " << first_diff;
+}
+
+std::vector<RuleCase> AllCases() {
+  std::vector<RuleCase> out;
+  for (UpdateRule r : {UpdateRule::kAssign, UpdateRule::kAdd, UpdateRule::kSgd,
+                       UpdateRule::kMomentum, UpdateRule::kAdam, UpdateRule::kAdamW,
+                       UpdateRule::kAdagrad}) {
+    for (DType d : {DType::kF32, DType::kF16, DType::kBF16, DType::kF64}) out.push_back({r, d});
+  }
+  out.push_back({UpdateRule::kAdd, DType::kI32});
+  out.push_back({UpdateRule::kAssign, DType::kI64});
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(All, GpuShardRules, ::testing::ValuesIn(AllCases()), CaseName);
+
+// Sync steps (averaged f16 gradients summed in f32 on the GPU) and a
+// checkpoint of GPU-resident parameters, restored by a new GPU shard.
+TEST(GpuShard, SyncStepsAndACheckpointRoundTrip) {
+  SKIP_WITHOUT_GPU();
+  const fs::path dir = fs::temp_directory_path() /
+                       ("tessera-gpu-ckpt-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  const size_t n = 50000;
+  TensorSpec t{"w", DType::kF16, {static_cast<int64_t>(n)}, UpdateRule::kAdam, {}, -1};
+  t.initial = Values(DType::kF16, n, 3);
+  t.mode = ConsistencyMode::Sync(2, 2, /*average=*/true);
+  auto train = [&](const std::string& memory, const std::string& ckpt) {
+    OneShard shard(memory, 2, ckpt);
+    EXPECT_TRUE(shard.status().ok()) << shard.status().ToString();
+    Client& a = shard.Connect(0);
+    Client& b = shard.Connect(1);
+    auto ta = a.Declare(t).value();
+    auto tb = b.Declare(t).value();
+    EXPECT_TRUE(a.Initialize().ok());
+    EXPECT_TRUE(b.WaitForInit(10s).ok());
+    for (uint64_t step = 0; step < 3; ++step) {
+      auto ga = Values(DType::kF16, n, 10 + static_cast<int>(step));
+      auto gb = Values(DType::kF16, n, 20 + static_cast<int>(step));
+      EXPECT_TRUE(a.Push({{ta, ga.data(), ga.size(), DType::kF16}}, step).ok());
+      EXPECT_TRUE(b.Push({{tb, gb.data(), gb.size(), DType::kF16}}, step).ok());
+    }
+    std::vector<uint8_t> got(n * 2);
+    PullItem item{ta, got.data(), got.size(), 1, DType::kF16, 3};
+    EXPECT_TRUE(a.Pull({item}).ok());
+    if (!ckpt.empty()) {
+      EXPECT_TRUE(a.SaveCheckpoint().ok());
+    }
+    return got;
+  };
+  const auto host = train("host", "");
+  const auto gpu = train(ComparedMemory(), dir.string());
+  EXPECT_TRUE(host == gpu) << "sync steps on the GPU differ from the host's";
+
+  OneShard restored(ComparedMemory(), 2, dir.string());
+  ASSERT_TRUE(restored.status().ok()) << restored.status().ToString();
+  Client& c = restored.Connect(0);
+  auto w = c.Declare(t).value();
+  EXPECT_EQ(c.restored_step(), std::optional<uint64_t>(3));
+  std::vector<uint8_t> got(n * 2);
+  ASSERT_TRUE(c.Pull({{w, got.data(), got.size(), 1, DType::kF16}}).ok());
+  EXPECT_TRUE(got == gpu) << "the restored GPU shard holds other values";
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace tessera
