@@ -69,6 +69,8 @@ struct ServerStats {
   // GPU memory with --allow-host-staging: bytes copied between the GPU and
   // the host copies workers reach (gradients in, values out).
   uint64_t host_staged_bytes = 0;
+  // Workers on this node given CUDA IPC handles (GPU memory only).
+  uint64_t cuda_ipc_workers = 0;
 };
 
 class Server {

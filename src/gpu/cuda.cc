@@ -89,13 +89,17 @@ Result<int> CurrentDevice() {
 }
 
 Status SetDevice(int device) {
-  auto count = DeviceCount();
-  if (!count.ok()) return count.status();
-  if (device < 0 || device >= *count) {
-    return Status::InvalidArgument("GPU " + std::to_string(device) + " does not exist (this machine has " +
-                                   std::to_string(*count) + ")");
+  const cudaError_t err = cudaSetDevice(device);
+  if (err == cudaSuccess) return Status::Ok();
+  cudaGetLastError();
+  int count = 0;
+  if (err == cudaErrorInvalidDevice && cudaGetDeviceCount(&count) == cudaSuccess) {
+    return Status::InvalidArgument("GPU " + std::to_string(device) +
+                                   " does not exist (this machine has " + std::to_string(count) +
+                                   ")");
   }
-  return Check(cudaSetDevice(device), "cudaSetDevice(" + std::to_string(device) + ")");
+  if (Status st = Available(); !st.ok()) return st;
+  return Check(err, "cudaSetDevice(" + std::to_string(device) + ")");
 }
 
 Result<std::string> DescribeDevice(int device) {
@@ -222,18 +226,34 @@ Result<IpcHandle> ExportIpc(void* device_ptr) {
   return out;
 }
 
-Result<void*> OpenIpc(const IpcHandle& handle, int device) {
-  if (Status st = SetDevice(device); !st.ok()) return st;
+Result<IpcMapping> IpcMapping::Open(const uint8_t* handle, size_t handle_bytes, int device) {
   cudaIpcMemHandle_t h{};
-  std::memcpy(&h, handle.data(), handle.size());
+  if (handle_bytes != sizeof(h)) {
+    return Status::InvalidArgument("a CUDA IPC handle has " + std::to_string(sizeof(h)) +
+                                   " bytes, not " + std::to_string(handle_bytes));
+  }
+  if (Status st = SetDevice(device); !st.ok()) return st;
+  std::memcpy(&h, handle, sizeof(h));
   void* mapped = nullptr;
   Status st = Check(cudaIpcOpenMemHandle(&mapped, h, cudaIpcMemLazyEnablePeerAccess),
                     "cudaIpcOpenMemHandle");
   if (!st.ok()) return st;
-  return mapped;
+  IpcMapping m;
+  m.data_ = static_cast<uint8_t*>(mapped);
+  return m;
 }
 
-Status CloseIpc(void* mapped) { return Check(cudaIpcCloseMemHandle(mapped), "cudaIpcCloseMemHandle"); }
+IpcMapping::~IpcMapping() {
+  if (data_ != nullptr) cudaIpcCloseMemHandle(data_);
+}
+
+IpcMapping& IpcMapping::operator=(IpcMapping&& other) noexcept {
+  if (this != &other) {
+    if (data_ != nullptr) cudaIpcCloseMemHandle(data_);
+    data_ = std::exchange(other.data_, nullptr);
+  }
+  return *this;
+}
 
 Result<Dmabuf> ExportDmabuf(const void* ptr, size_t bytes) {
   if (Status st = Available(); !st.ok()) return st;

@@ -113,9 +113,24 @@ class PinnedBuffer {
 // handle (cudaIpcGetMemHandle of the allocation's base).
 using IpcHandle = std::array<uint8_t, 64>;
 Result<IpcHandle> ExportIpc(void* device_ptr);
-// Maps a peer's allocation into this process on `device`; Close unmaps it.
-Result<void*> OpenIpc(const IpcHandle& handle, int device);
-Status CloseIpc(void* mapped);
+
+// A peer's allocation mapped into this process (cudaIpcOpenMemHandle on
+// `device`), unmapped on destruction. A process cannot map its own memory.
+class IpcMapping {
+ public:
+  IpcMapping() = default;
+  static Result<IpcMapping> Open(const uint8_t* handle, size_t handle_bytes, int device);
+  ~IpcMapping();
+  IpcMapping(IpcMapping&& other) noexcept { *this = std::move(other); }
+  IpcMapping& operator=(IpcMapping&& other) noexcept;
+  IpcMapping(const IpcMapping&) = delete;
+  IpcMapping& operator=(const IpcMapping&) = delete;
+
+  uint8_t* data() const { return data_; }
+
+ private:
+  uint8_t* data_ = nullptr;
+};
 
 // A dmabuf file descriptor for device memory, so that an RDMA NIC can
 // register it (ibv_reg_dmabuf_mr) without the peer-memory module. The fd

@@ -37,8 +37,9 @@ PinnedBuffer::~PinnedBuffer() = default;
 PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&&) noexcept { return *this; }
 
 Result<IpcHandle> ExportIpc(void*) { return NotBuilt(); }
-Result<void*> OpenIpc(const IpcHandle&, int) { return NotBuilt(); }
-Status CloseIpc(void*) { return NotBuilt(); }
+Result<IpcMapping> IpcMapping::Open(const uint8_t*, size_t, int) { return NotBuilt(); }
+IpcMapping::~IpcMapping() = default;
+IpcMapping& IpcMapping::operator=(IpcMapping&&) noexcept { return *this; }
 Result<Dmabuf> ExportDmabuf(const void*, size_t) { return NotBuilt(); }
 
 }  // namespace tessera::gpu

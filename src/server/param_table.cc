@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "gpu/cuda.h"
+
 namespace tessera::server {
 namespace {
 
@@ -26,14 +28,39 @@ Result<std::pair<uint32_t, uint64_t>> ParamTable::AllocateBytes(uint64_t bytes) 
   }
   uint64_t size =
       std::max<uint64_t>(arena_bytes_, (need + kAlignment - 1) / kAlignment * kAlignment);
+  Arena arena;
+  arena.used = need;
   // Workers only ever read parameters.
-  if (arena_kind_ != transport::MemoryKind::kHost) TESSERA_RETURN_IF_ERROR(memory_->MakeCurrent());
-  auto region = ctx_->Allocate(size, arena_kind_, transport::RemoteAccess::kRead);
+  const auto access = transport::RemoteAccess::kRead;
+  if (!memory_->is_host()) {
+    // Plain cudaMalloc, so that a worker on this node can map it (CUDA IPC).
+    auto values = memory_->Allocate(size);
+    if (!values.ok()) {
+      return values.status().WithContext("allocating a " + std::to_string(size) + "-byte arena");
+    }
+    arena.values = std::move(*values);
+  }
+  auto region = arena.values.empty() || staged()
+                    ? ctx_->Allocate(size, transport::MemoryKind::kHost, access)
+                    : ctx_->Register(arena.values.data(), size, transport::MemoryKind::kCuda,
+                                     access);
   if (!region.ok()) {
     return region.status().WithContext("allocating a " + std::to_string(size) + "-byte arena");
   }
-  arenas_.push_back(Arena{std::move(*region), need});
+  arena.region = std::move(*region);
+  arenas_.push_back(std::move(arena));
   return std::make_pair(static_cast<uint32_t>(arenas_.size() - 1), uint64_t{0});
+}
+
+Result<std::vector<uint8_t>> ParamTable::ArenaIpcHandle(uint32_t arena_id) {
+  Arena& a = arenas_[arena_id];
+  if (a.values.empty()) return Status::FailedPrecondition("host arenas have no CUDA IPC handle");
+  if (a.ipc_handle.empty()) {
+    auto h = gpu::ExportIpc(a.values.data());
+    if (!h.ok()) return h.status();
+    a.ipc_handle.assign(h->begin(), h->end());
+  }
+  return a.ipc_handle;
 }
 
 Result<Param*> ParamTable::Create(const wire::CreateEntry& entry) {
@@ -63,21 +90,17 @@ Result<Param*> ParamTable::Create(const wire::CreateEntry& entry) {
   p->arena_id = place->first;
   p->arena_offset = place->second;
   p->bytes = bytes;
-  p->published = static_cast<uint8_t*>(arenas_[place->first].region->data()) + place->second;
-  p->data = p->published;
+  const Arena& arena = arenas_[place->first];
+  p->published = static_cast<uint8_t*>(arena.region->data()) + place->second;
+  p->data = (arena.values.empty() ? p->published : arena.values.data()) + place->second;
   auto zeroed = [&](size_t n, StateBuffer* out) -> Status {
     auto b = memory_->Allocate(n);
     if (!b.ok()) return b.status().WithContext("tensor '" + p->display_name + "'");
     *out = std::move(*b);
     return Status::Ok();
   };
-  if (staged()) {
-    std::fill(p->published, p->published + bytes, uint8_t{0});
-    TESSERA_RETURN_IF_ERROR(zeroed(bytes, &p->staged_value));
-    p->data = p->staged_value.data();
-  } else {
-    TESSERA_RETURN_IF_ERROR(memory_->Zero(p->data, bytes));
-  }
+  if (staged()) std::fill(p->published, p->published + bytes, uint8_t{0});
+  TESSERA_RETURN_IF_ERROR(memory_->Zero(p->data, bytes));
   p->hyper = t.hyper;
   const size_t state_bytes = entry.elem_count * kernels::StateElementSize(t.dtype);
   const int slots = kernels::StateSlots(t.rule);

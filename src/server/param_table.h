@@ -32,7 +32,6 @@ struct Param {
   // staging: then `published` is a host copy refreshed after every change.
   uint8_t* data = nullptr;
   uint8_t* published = nullptr;
-  StateBuffer staged_value;  // owns `data` when it is not in the arena
 
   // Optimizer state, in the shard's memory, never remotely accessible (see
   // kernels::RuleState).
@@ -110,10 +109,18 @@ class ParamTable {
   uint64_t arena_base(uint32_t arena_id) const {
     return reinterpret_cast<uint64_t>(arenas_[arena_id].region->data());
   }
+  // A GPU arena's CUDA IPC handle (exported once), for workers on this node.
+  Result<std::vector<uint8_t>> ArenaIpcHandle(uint32_t arena_id);
 
  private:
   struct Arena {
+    // GPU memory: the allocation holding the values. Empty for host memory,
+    // whose values are the region's bytes.
+    StateBuffer values;
+    // What the fabric reaches: the host arena, `values` registered, or (host
+    // staging) a host copy of `values`.
     std::unique_ptr<transport::Region> region;
+    std::vector<uint8_t> ipc_handle;  // exported on first request
     uint64_t used = 0;
   };
   Result<std::pair<uint32_t, uint64_t>> AllocateBytes(uint64_t bytes);

@@ -7,6 +7,8 @@
 #include <future>
 
 #include "core/log.h"
+#include "core/node_id.h"
+#include "gpu/cuda.h"
 #include "transport/run_on_loop.h"
 #include "kernels/update.h"
 
@@ -140,6 +142,28 @@ Status Shard::OpenMemory() {
   return Status::Ok();
 }
 
+Status Shard::OfferIpcSlot(Peer& peer, wire::Welcome* welcome) {
+  if (arena_kind_ == transport::MemoryKind::kCuda) {
+    // The fabric's slot is GPU memory of its own allocation: map that.
+    peer.ipc_slot = static_cast<uint8_t*>(peer.staging->data());
+  } else {
+    auto slot = memory_->Allocate(peer.staging->size());
+    if (!slot.ok()) return slot.status();
+    peer.ipc_slot_owner = std::move(*slot);
+    peer.ipc_slot = peer.ipc_slot_owner.data();
+  }
+  auto handle = gpu::ExportIpc(peer.ipc_slot);
+  if (!handle.ok()) {
+    peer.ipc_slot = nullptr;
+    peer.ipc_slot_owner = StateBuffer{};
+    return handle.status();
+  }
+  peer.same_node = true;
+  welcome->staging_ipc.assign(handle->begin(), handle->end());
+  cuda_ipc_workers_++;
+  return Status::Ok();
+}
+
 Status Shard::Publish(Param& p) {
   if (!table_->staged()) return Status::Ok();
   host_staged_bytes_ += p.bytes;
@@ -209,6 +233,7 @@ ServerStats Shard::stats() const {
   s.chunks_restored = chunks_restored_;
   s.checkpoints_written = checkpoints_written_;
   s.host_staged_bytes = host_staged_bytes_;
+  s.cuda_ipc_workers = cuda_ipc_workers_;
   return s;
 }
 
@@ -439,6 +464,14 @@ Status Shard::OnAuth(Peer& peer, const wire::Header& h, std::span<const uint8_t>
     if (!staging.ok()) return staging.status().WithContext("staging slot for " + peer.hello.task);
     peer.staging = std::move(*staging);
     welcome.staging_region = peer.staging->Describe();
+    if (!memory_->is_host() && !peer.hello.node_id.empty() && peer.hello.node_id == NodeId()) {
+      // Same node: the worker may map a GPU slot and the arenas instead.
+      Status ipc = OfferIpcSlot(peer, &welcome);
+      if (!ipc.ok()) {
+        TLOG_WARN("{} shares this node, but CUDA IPC is not offered: {}", peer.hello.task,
+                  ipc.message());
+      }
+    }
   }
   peer.authenticated = true;
   connected_ranks_[peer.hello.worker_rank]++;
@@ -462,7 +495,17 @@ void Shard::OnCreate(Peer& peer, uint64_t request_id, const wire::Create& msg) {
     reply.keys.push_back(
         {(*p)->key_id, (*p)->arena_id, (*p)->arena_offset, (*p)->bytes, (*p)->version});
     if (peer.known_arenas.insert((*p)->arena_id).second) {
-      reply.arenas.push_back({(*p)->arena_id, table_->DescribeArena((*p)->arena_id)});
+      wire::ArenaKey key{(*p)->arena_id, table_->DescribeArena((*p)->arena_id), {}};
+      if (peer.same_node) {
+        auto ipc = table_->ArenaIpcHandle((*p)->arena_id);
+        if (ipc.ok()) {
+          key.ipc = std::move(*ipc);
+        } else {
+          TLOG_WARN("arena {}: no CUDA IPC handle for {}: {}", (*p)->arena_id, peer.hello.task,
+                    ipc.status().message());
+        }
+      }
+      reply.arenas.push_back(std::move(key));
     }
   }
   tensors_ = table_->size();
@@ -470,8 +513,12 @@ void Shard::OnCreate(Peer& peer, uint64_t request_id, const wire::Create& msg) {
 }
 
 Status Shard::ValidatePush(const Peer& peer, uint32_t flags, const wire::Push& msg) {
-  // The bytes are inline, or in the sender's staging slot.
+  // The bytes are inline, or in the sender's staging slot (fabric or IPC).
   const bool inline_bytes = !msg.payload.empty();
+  if (!inline_bytes && (flags & wire::kFlagIpcSlot) && peer.ipc_slot == nullptr) {
+    return Status::FailedPrecondition("push from the CUDA IPC slot, but " + peer.hello.task +
+                                      " was offered none");
+  }
   const uint64_t slot = inline_bytes ? msg.payload.size() : peer.staging->size();
   for (const auto& e : msg.entries) {
     const Param* p = table_->Find(e.key_id);
@@ -527,8 +574,10 @@ bool Shard::TryApplyPush(PendingPush& push) {
   const bool init = push.flags & wire::kFlagInit;
   const uint32_t rank = push.peer->hello.worker_rank;
   const bool from_slot = push.msg.payload.empty();
-  const auto* staging = from_slot ? static_cast<const uint8_t*>(push.peer->staging->data())
-                                  : push.msg.payload.data();
+  const bool from_ipc = from_slot && (push.flags & wire::kFlagIpcSlot);
+  const auto* staging = !from_slot ? push.msg.payload.data()
+                        : from_ipc ? push.peer->ipc_slot
+                                   : static_cast<const uint8_t*>(push.peer->staging->data());
   wire::PushReply reply;
   reply.versions.reserve(push.msg.entries.size());
   reply.outcomes.reserve(push.msg.entries.size());
@@ -541,7 +590,7 @@ bool Shard::TryApplyPush(PendingPush& push) {
     auto reachable = memory_->Reachable(staging + e.staging_offset, e.byte_length);
     Status st = reachable.status();
     const void* grad = reachable.ok() ? *reachable : nullptr;
-    if (from_slot && table_->staged()) host_staged_bytes_ += e.byte_length;
+    if (from_slot && !from_ipc && table_->staged()) host_staged_bytes_ += e.byte_length;
     if (!st.ok()) {
       // Reported below.
     } else if (init) {

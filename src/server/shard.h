@@ -40,6 +40,12 @@ class Shard {
     wire::Hello hello;
     Nonce server_nonce{};
     std::unique_ptr<transport::Region> staging;
+    // A worker on this node of a GPU shard: it maps the arenas and a GPU slot
+    // of the staging slot's size with CUDA IPC (ipc_slot: that slot; it is
+    // the staging region itself where the fabric reaches GPU memory).
+    bool same_node = false;
+    uint8_t* ipc_slot = nullptr;
+    StateBuffer ipc_slot_owner;
     std::set<uint32_t> known_arenas;
     bool is_shard = false;  // a ps task's link to this coordinator
   };
@@ -109,6 +115,8 @@ class Shard {
   // Opens the shard's memory (--memory) and decides whether the fabric
   // reaches it or values are staged through host memory.
   Status OpenMemory();
+  // Same node, GPU memory: a GPU slot for `peer` and its IPC handle.
+  Status OfferIpcSlot(Peer& peer, wire::Welcome* welcome);
   // Staging: refreshes the host copy workers read after the value changed.
   Status Publish(Param& p);
   // The chunk's value into host memory (an inline pull, a log line).
@@ -183,7 +191,7 @@ class Shard {
 
   std::atomic<uint64_t> pushes_applied_{0}, pulls_served_{0}, refused_{0}, tensors_{0},
       leases_revoked_{0}, steps_applied_{0}, stale_dropped_{0}, duplicate_dropped_{0},
-      chunks_restored_{0}, checkpoints_written_{0}, host_staged_bytes_{0};
+      chunks_restored_{0}, checkpoints_written_{0}, host_staged_bytes_{0}, cuda_ipc_workers_{0};
 };
 
 }  // namespace tessera::server

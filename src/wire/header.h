@@ -17,7 +17,7 @@ namespace tessera::wire {
 constexpr uint16_t kProtocolMsg = 1;
 
 constexpr uint32_t kMagic = 0x41525354;  // "TSRA" read as little-endian
-constexpr uint16_t kVersion = 1;
+constexpr uint16_t kVersion = 2;  // 2: CUDA IPC (node ids, IPC handles)
 constexpr size_t kHeaderSize = 24;
 // No control message is larger: tensor data never travels in messages.
 constexpr uint32_t kMaxBodyLength = 16u << 20;
@@ -65,7 +65,10 @@ constexpr uint32_t kFlagInit = 1u << 0;  // a push that initialises (the chief's
 // that step was a synchronous one.
 constexpr uint32_t kFlagStepDone = 1u << 1;
 constexpr uint32_t kFlagSyncStep = 1u << 2;
-constexpr uint32_t kKnownFlags = kFlagInit | kFlagStepDone | kFlagSyncStep;
+// A push whose bytes the worker copied into its CUDA IPC slot (same node,
+// GPU shard) instead of putting them into its fabric staging slot.
+constexpr uint32_t kFlagIpcSlot = 1u << 3;
+constexpr uint32_t kKnownFlags = kFlagInit | kFlagStepDone | kFlagSyncStep | kFlagIpcSlot;
 
 struct Header {
   uint16_t version = kVersion;

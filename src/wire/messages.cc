@@ -142,6 +142,7 @@ void Hello::EncodeBody(ByteWriter& w) const {
   w.Put(worker_rank);
   w.PutString(task);
   w.PutBytes(client_nonce);
+  w.PutString(node_id);
 }
 Result<Hello> Hello::DecodeBody(ByteReader& r) {
   Hello m;
@@ -153,6 +154,7 @@ Result<Hello> Hello::DecodeBody(ByteReader& r) {
   if (!r.Get(&m.worker_rank)) return Truncated("worker_rank");
   if (!r.GetString(&m.task, kMaxNameLength)) return Truncated("task");
   if (!GetArray(r, &m.client_nonce)) return Truncated("client_nonce");
+  if (!r.GetString(&m.node_id, 64)) return Truncated("node_id");
   return m;
 }
 
@@ -176,12 +178,29 @@ Result<Auth> Auth::DecodeBody(ByteReader& r) {
   return m;
 }
 
-void Welcome::EncodeBody(ByteWriter& w) const { w.PutBlob(staging_region); }
+namespace {
+
+// An IPC handle: empty, or exactly kIpcHandleBytes.
+bool GetIpcHandle(ByteReader& r, std::vector<uint8_t>* out) {
+  std::span<const uint8_t> blob;
+  if (!r.GetBlob(&blob, kIpcHandleBytes)) return false;
+  if (!blob.empty() && blob.size() != kIpcHandleBytes) return false;
+  out->assign(blob.begin(), blob.end());
+  return true;
+}
+
+}  // namespace
+
+void Welcome::EncodeBody(ByteWriter& w) const {
+  w.PutBlob(staging_region);
+  w.PutBlob(staging_ipc);
+}
 Result<Welcome> Welcome::DecodeBody(ByteReader& r) {
   Welcome m;
   std::span<const uint8_t> blob;
   if (!r.GetBlob(&blob, kMaxRegionDescription)) return Truncated("staging_region");
   m.staging_region.assign(blob.begin(), blob.end());
+  if (!GetIpcHandle(r, &m.staging_ipc)) return Truncated("staging_ipc");
   return m;
 }
 
@@ -305,6 +324,7 @@ void CreateReply::EncodeBody(ByteWriter& w) const {
   for (const auto& a : arenas) {
     w.Put(a.arena_id);
     w.PutBlob(a.region);
+    w.PutBlob(a.ipc);
   }
 }
 Result<CreateReply> CreateReply::DecodeBody(ByteReader& r) {
@@ -324,6 +344,7 @@ Result<CreateReply> CreateReply::DecodeBody(ByteReader& r) {
     std::span<const uint8_t> blob;
     if (!r.Get(&a.arena_id) || !r.GetBlob(&blob, kMaxRegionDescription)) return Truncated("arena");
     a.region.assign(blob.begin(), blob.end());
+    if (!GetIpcHandle(r, &a.ipc)) return Truncated("arena ipc handle");
   }
   return m;
 }

@@ -32,6 +32,9 @@ struct Hello {
   uint32_t worker_rank = 0;  // workers; a shard's task index
   std::string task;          // "/job:worker/task:1", for messages that name it
   Nonce client_nonce{};
+  // The worker's node (NodeId) when it can use CUDA IPC, else empty: a GPU
+  // shard on the same node then hands out IPC handles.
+  std::string node_id;
   void EncodeBody(ByteWriter& w) const;
   static Result<Hello> DecodeBody(ByteReader& r);
 };
@@ -58,6 +61,9 @@ struct Auth {
 struct Welcome {
   static constexpr Opcode kOpcode = Opcode::kWelcome;
   std::vector<uint8_t> staging_region;  // the worker's own slot, the only writable memory
+  // Same node, GPU shard: a CUDA IPC handle of a GPU slot of the same size
+  // (pushes flagged kFlagIpcSlot are read from it); else empty.
+  std::vector<uint8_t> staging_ipc;
   void EncodeBody(ByteWriter& w) const;
   static Result<Welcome> DecodeBody(ByteReader& r);
 };
@@ -128,7 +134,11 @@ struct KeyLocation {
 struct ArenaKey {
   uint32_t arena_id = 0;
   std::vector<uint8_t> region;
+  std::vector<uint8_t> ipc;  // same node, GPU shard: the arena's CUDA IPC handle
 };
+
+// A CUDA IPC handle's size (cudaIpcMemHandle_t).
+constexpr size_t kIpcHandleBytes = 64;
 
 struct CreateReply {
   static constexpr Opcode kOpcode = Opcode::kCreateReply;

@@ -94,6 +94,10 @@ struct DeviceSet {
   std::map<uintptr_t, VerbsRegion*> regions;
 };
 
+// Registers GPU memory on `dev`: a dmabuf export (ibv_reg_dmabuf_mr), else
+// ibv_reg_mr where a peer-memory module is loaded; else an error naming both.
+Result<ibv_mr*> RegisterGpuMemory(const Device& dev, void* data, size_t size, int flags);
+
 class VerbsContext final : public Context {
  public:
   // Fragment buffers and credits: 32 buffers of 16 KiB per connection.

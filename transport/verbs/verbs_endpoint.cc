@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "core/log.h"
+#include "gpu/cuda.h"
 #include "transport/run_on_loop.h"
 #include "transport/verbs/verbs_context.h"
 #include "transport/verbs/verbs_errors.h"
@@ -182,7 +183,17 @@ bool VerbsEndpoint::PostRma(Pending& rma) {
     // (Caching such registrations would be faster, but the memory may be
     // freed and reused by the caller, and a stale registration would then
     // move the wrong pages.)
-    temp = ibv_reg_mr(dev_->pd, rma.local, rma.len, IBV_ACCESS_LOCAL_WRITE);
+    if (gpu::QueryPointer(rma.local).device) {
+      auto mr = RegisterGpuMemory(*dev_, rma.local, rma.len, IBV_ACCESS_LOCAL_WRITE);
+      if (!mr.ok()) {
+        auto done = std::move(rma.done);
+        done(mr.status().WithContext("a local GPU buffer"));
+        return true;
+      }
+      temp = *mr;
+    } else {
+      temp = ibv_reg_mr(dev_->pd, rma.local, rma.len, IBV_ACCESS_LOCAL_WRITE);
+    }
     if (temp == nullptr) {
       auto done = std::move(rma.done);
       done(RegistrationError(errno, rma.len, "a local buffer"));

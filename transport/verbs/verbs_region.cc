@@ -64,6 +64,8 @@ std::string LoadedPeerMemoryModule() {
   return "";
 }
 
+}  // namespace
+
 // GPU memory on one device: a dmabuf export registered with
 // ibv_reg_dmabuf_mr where the driver and kernel allow it, else plain
 // ibv_reg_mr where a peer-memory module resolves GPU addresses; otherwise an
@@ -97,8 +99,6 @@ Result<ibv_mr*> RegisterGpuMemory(const Device& dev, void* data, size_t size, in
                                " bytes of GPU memory on " + dev.name + ": dmabuf: " + dmabuf_why +
                                "; peer memory: " + peer_why);
 }
-
-}  // namespace
 
 class VerbsRemoteRegion final : public RemoteRegion {
  public:
