@@ -56,13 +56,16 @@ class OneShard {
   const Status& status() const { return status_; }
   Server& server() { return *server_; }
 
-  Client& Connect(int worker) {
+  Client& Connect(int worker, bool allow_host_staging = false) {
     ClientOptions o;
     o.cluster = spec_;
     o.task = {"worker", worker};
     o.secret = kSecret;
     o.startup_timeout = 10s;
     o.op_timeout = 30s;
+    o.allow_host_staging = allow_host_staging;
+    // In one process CUDA IPC cannot map the shard's memory: the fabric.
+    o.cuda_ipc = false;
     auto c = Client::Connect(o);
     EXPECT_TRUE(c.ok()) << c.status().ToString();
     if (!c.ok()) std::abort();
@@ -292,6 +295,142 @@ TEST(GpuShard, SyncStepsAndACheckpointRoundTrip) {
   ASSERT_TRUE(c.Pull({{w, got.data(), got.size(), 1, DType::kF16}}).ok());
   EXPECT_TRUE(got == gpu) << "the restored GPU shard holds other values";
   fs::remove_all(dir);
+}
+
+ClientOptions WorkerOptions(const ClusterSpec& spec, int worker) {
+  ClientOptions o;
+  o.cluster = spec;
+  o.task = {"worker", worker};
+  o.secret = kSecret;
+  o.startup_timeout = 20s;
+  o.op_timeout = 30s;
+  return o;
+}
+
+// Runs everywhere: a buffer said to be GPU memory that CUDA does not know
+// as such is refused, naming both.
+TEST(GpuBuffers, AWrongMemoryKindIsNamed) {
+  OneShard shard("host", 1);
+  ASSERT_TRUE(shard.status().ok()) << shard.status().ToString();
+  Client& c = shard.Connect(0);
+  TensorSpec t{"w", DType::kF32, {4}, UpdateRule::kAssign, {}, -1};
+  auto w = c.Declare(t).value();
+  ASSERT_TRUE(c.Initialize().ok());
+  std::vector<float> host(4, 1.0f);
+  PushItem item{w, host.data(), 16, DType::kF32, BufferMemory::kCuda};
+  Status st = c.Push({item});
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
+  EXPECT_NE(st.message().find("given as GPU memory"), std::string::npos) << st.ToString();
+  EXPECT_NE(st.message().find("push"), std::string::npos) << st.ToString();
+}
+
+// A GPU buffer and a fabric that cannot reach GPU memory (Debian's UCX):
+// refused, naming the way out, unless staging through host memory is
+// allowed; then exact, and every staged byte counted.
+TEST(GpuBuffers, StagedThroughHostOnlyWhenAllowed) {
+  if (Status gpu_st = gpu::Available(); !gpu_st.ok()) {
+    GTEST_SKIP() << "needs a GPU: " << gpu_st.message();
+  }
+  OneShard shard("host", 2);
+  ASSERT_TRUE(shard.status().ok()) << shard.status().ToString();
+  const size_t n = 100000;  // one-sided
+  TensorSpec t{"w", DType::kF32, {static_cast<int64_t>(n)}, UpdateRule::kAdd, {}, -1};
+  t.initial.assign(n * 4, 0);
+  std::vector<float> ones(n, 1.0f), got(n);
+  auto dev = gpu::DeviceBuffer::Allocate(n * 4, 0).value();
+  auto stream = gpu::Stream::Create(0).value();
+  ASSERT_TRUE(gpu::Copy(dev.data(), ones.data(), n * 4, stream).ok());
+  ASSERT_TRUE(stream.Synchronize().ok());
+
+  Client& strict = shard.Connect(0);
+  auto w = strict.Declare(t).value();
+  ASSERT_TRUE(strict.Initialize().ok());
+  Status refused = strict.Push({{w, dev.data(), n * 4, DType::kF32}});
+  if (refused.ok()) GTEST_SKIP() << "this fabric reaches GPU memory: nothing to stage";
+  EXPECT_EQ(refused.code(), StatusCode::kFailedPrecondition) << refused.ToString();
+  EXPECT_NE(refused.message().find("allow_host_staging"), std::string::npos) << refused.ToString();
+
+  Client& staged = shard.Connect(1, /*allow_host_staging=*/true);
+  auto w1 = staged.Declare(t).value();
+  ASSERT_TRUE(staged.WaitForInit(10s).ok());
+  ASSERT_TRUE(staged.Push({{w1, dev.data(), n * 4, DType::kF32}}).ok());
+  auto back = gpu::DeviceBuffer::Allocate(n * 4, 0).value();
+  ASSERT_TRUE(staged.Pull({{w1, back.data(), n * 4, 2, DType::kF32}}).ok());
+  ASSERT_TRUE(gpu::Copy(got.data(), back.data(), n * 4, stream).ok());
+  ASSERT_TRUE(stream.Synchronize().ok());
+  EXPECT_EQ(got, ones);
+  EXPECT_EQ(staged.counters().host_staged_bytes, 2 * n * 4);  // up and back down
+}
+
+// The same-node path: a GPU shard process and two workers here with GPU
+// buffers, through CUDA IPC: exact values, no host staging, no puts.
+TEST(GpuBuffers, CudaIpcToAShardProcessOnThisNode) {
+  if (Status gpu_st = gpu::Available(); !gpu_st.ok()) {
+    GTEST_SKIP() << "needs a GPU: " << gpu_st.message();
+  }
+  ASSERT_NE(std::getenv("TESSERA_BIN"), nullptr) << "run by meson, which sets TESSERA_BIN";
+  ClusterSpec spec;
+  ASSERT_TRUE(spec.AddJob("ps", {{"127.0.0.1", testing::UnusedPort()}}).ok());
+  ASSERT_TRUE(spec.AddJob("worker", {{"127.0.0.1", testing::UnusedPort()},
+                                     {"127.0.0.1", testing::UnusedPort()}})
+                  .ok());
+  testing::ShardProcesses shard(spec, kSecret, 1,
+                                {"--memory", "cuda", "--allow-host-staging", "--staging-mib", "8"});
+  ASSERT_TRUE(shard.started());
+  auto a = Client::Connect(WorkerOptions(spec, 0));
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  auto b = Client::Connect(WorkerOptions(spec, 1));
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  EXPECT_EQ((*a)->counters().cuda_ipc_shards, 1) << "the shard did not offer CUDA IPC";
+
+  const size_t n = 1 << 20;  // 4 MiB: one-sided; and a small inline tensor
+  TensorSpec big{"big", DType::kF32, {static_cast<int64_t>(n)}, UpdateRule::kAdd, {}, -1};
+  big.initial.assign(n * 4, 0);
+  TensorSpec small{"small", DType::kF32, {8}, UpdateRule::kAdd, {}, -1};
+  small.initial.assign(32, 0);
+  auto ta = (*a)->DeclareMany({big, small}).value();
+  auto tb = (*b)->DeclareMany({big, small}).value();
+  ASSERT_TRUE((*a)->Initialize().ok());
+  ASSERT_TRUE((*b)->WaitForInit(10s).ok());
+
+  // Integer-valued gradients: sums are exact in any order.
+  std::vector<float> ga(n), gb(n);
+  for (size_t i = 0; i < n; ++i) {
+    ga[i] = static_cast<float>(i % 1000);
+    gb[i] = static_cast<float>(7 - static_cast<int>(i % 13));
+  }
+  auto stream = gpu::Stream::Create(0).value();
+  auto da = gpu::DeviceBuffer::Allocate(n * 4, 0).value();
+  auto db = gpu::DeviceBuffer::Allocate(n * 4, 0).value();
+  ASSERT_TRUE(gpu::Copy(da.data(), ga.data(), n * 4, stream).ok());
+  ASSERT_TRUE(gpu::Copy(db.data(), gb.data(), n * 4, stream).ok());
+  ASSERT_TRUE(stream.Synchronize().ok());
+  const int rounds = 3;
+  for (int r = 0; r < rounds; ++r) {
+    ASSERT_TRUE((*a)->Push({{ta[0], da.data(), n * 4, DType::kF32},
+                            {ta[1], da.data(), 32, DType::kF32}})
+                    .ok());
+    ASSERT_TRUE((*b)->Push({{tb[0], db.data(), n * 4, DType::kF32},
+                            {tb[1], db.data(), 32, DType::kF32}})
+                    .ok());
+  }
+  auto out = gpu::DeviceBuffer::Allocate(n * 4, 0).value();
+  ASSERT_TRUE((*b)->Pull({{tb[0], out.data(), n * 4, 1 + 2 * rounds, DType::kF32}}).ok());
+  std::vector<float> got(n);
+  ASSERT_TRUE(gpu::Copy(got.data(), out.data(), n * 4, stream).ok());
+  ASSERT_TRUE(stream.Synchronize().ok());
+  size_t wrong = 0;
+  for (size_t i = 0; i < n; ++i) wrong += got[i] != rounds * (ga[i] + gb[i]);
+  EXPECT_EQ(wrong, 0u) << "elements differ from the sum of the pushes";
+  std::vector<float> small_got(8);
+  ASSERT_TRUE((*a)->Pull({{ta[1], small_got.data(), 32, 1 + 2 * rounds, DType::kF32}}).ok());
+  for (size_t i = 0; i < 8; ++i) EXPECT_EQ(small_got[i], rounds * (ga[i] + gb[i]));
+
+  const ClientCounters ca = (*a)->counters();
+  EXPECT_EQ(ca.host_staged_bytes, 0u);
+  EXPECT_EQ(ca.put_bytes, 0u) << "bytes went over the fabric instead of CUDA IPC";
+  EXPECT_GE(ca.cuda_ipc_bytes, rounds * n * 4);
+  EXPECT_GE((*b)->counters().cuda_ipc_bytes, (rounds + 1) * n * 4);
 }
 
 }  // namespace

@@ -123,12 +123,19 @@ constexpr DType DTypeOf<int64_t>() {
   return DType::kI64;
 }
 
+// What memory a buffer given to Push/Pull is: host memory, or GPU memory
+// from cudaMalloc (a raw device pointer). kDetect asks CUDA
+// (cudaPointerGetAttributes, well under a microsecond); kHost skips that;
+// kCuda is checked, and an error says what CUDA saw instead.
+enum class BufferMemory : uint8_t { kDetect, kHost, kCuda };
+
 struct PushItem {
   Tensor tensor;
   const void* data;
   size_t bytes;
   // When set, the push fails unless the tensor has this dtype.
   std::optional<DType> dtype;
+  BufferMemory memory = BufferMemory::kDetect;
 
   template <typename T>
   static PushItem Of(Tensor t, std::span<const T> values) {
@@ -148,6 +155,7 @@ struct PullItem {
   // step t, pull with t + 1). Bounded tensors: until every worker pushed this
   // many steps (a worker at step t pulls with t - s).
   uint64_t min_step = 0;
+  BufferMemory memory = BufferMemory::kDetect;
 
   template <typename T>
   static PullItem Of(Tensor t, std::span<T> values, uint64_t min_version = 1) {
@@ -165,6 +173,7 @@ struct PushPullItem {
   void* weights;  // receives the value after this push was applied
   size_t bytes;
   std::optional<DType> dtype;
+  BufferMemory memory = BufferMemory::kDetect;  // of both buffers
 };
 
 // Completion of an asynchronous call.
@@ -209,6 +218,14 @@ struct ClientOptions {
   // a second message; at most 65536. 0 always goes one-sided.
   size_t inline_bytes = 8192;
   bool busy_poll = false;
+  // GPU buffers (docs/gpu.md). A worker on a GPU shard's node maps the
+  // shard's memory with CUDA IPC and copies device to device, no host memory
+  // and no network (off with cuda_ipc = false). Elsewhere a GPU buffer needs
+  // a fabric that reaches GPU memory, or allow_host_staging, which copies it
+  // through host memory and counts every byte (ClientCounters).
+  bool cuda_ipc = true;
+  bool allow_host_staging = false;
+  int cuda_device = 0;  // the GPU of this worker's buffers and mappings
 };
 
 // Bytes this client moved, by kind (one-sided vs. messages).
@@ -219,6 +236,12 @@ struct ClientCounters {
   // Sync tensors: pushed chunks the shards dropped (their step was applied
   // already, or this worker had pushed that step).
   uint64_t chunks_dropped_stale = 0, chunks_dropped_duplicate = 0;
+  // GPU buffers: bytes copied through CUDA IPC mappings of a shard's memory;
+  // bytes staged through host memory because the fabric cannot reach GPU
+  // memory (allow_host_staging); bytes of small pushes and pulls that rode
+  // inside messages (host memory by nature).
+  uint64_t cuda_ipc_bytes = 0, host_staged_bytes = 0, gpu_inline_bytes = 0;
+  int cuda_ipc_shards = 0;  // shards reached through CUDA IPC now
 };
 
 class Client {

@@ -10,8 +10,10 @@
 
 #include "client/staging_allocator.h"
 #include "core/log.h"
+#include "core/node_id.h"
 #include "core/placement.h"
 #include "core/secret.h"
+#include "gpu/cuda.h"
 #include "transport/transport.h"
 #include "wire/messages.h"
 
@@ -196,6 +198,12 @@ class Client::Impl {
   std::shared_ptr<ProgressDriver> driver_;  // over ctx_, for Future::Wait
 
   std::atomic<uint64_t> dropped_stale_{0}, dropped_duplicate_{0};  // sync push outcomes
+  // GPU buffers (see ClientCounters).
+  Status fabric_gpu_;            // whether the fabric reaches GPU memory, else why not
+  std::string ipc_node_id_;      // sent in hellos when this worker can use CUDA IPC
+  gpu::Stream stream_;           // loop thread; created on first use
+  std::atomic<uint64_t> ipc_bytes_{0}, staged_bytes_{0}, gpu_inline_bytes_{0};
+  std::atomic<int> ipc_shards_{0};
   // From the coordinator's declare replies.
   std::optional<uint64_t> restored_step_;  // under tensors_mu_
 
@@ -215,6 +223,10 @@ class Client::Impl {
     std::unique_ptr<transport::RemoteRegion> staging;
     client::StagingAllocator alloc;
     std::unordered_map<uint32_t, std::unique_ptr<transport::RemoteRegion>> arenas;
+    // A GPU shard on this node: its slot for this worker and its arenas,
+    // mapped with CUDA IPC (pushes and pulls are device copies then).
+    gpu::IpcMapping ipc_slot;
+    std::unordered_map<uint32_t, gpu::IpcMapping> ipc_arenas;
     std::deque<std::function<void()>> waiting_for_staging;
     Status dead;                // non-OK once the connection is gone
     bool reconnecting = false;  // a restarted shard is being joined again
@@ -264,7 +276,19 @@ class Client::Impl {
     // Push: the tensor the chunk belongs to. A tensor's chunks on one shard
     // travel in one push-done, so that they are applied together.
     const TensorEntry* tensor = nullptr;
+    bool on_gpu = false;  // `local` is GPU memory
   };
+  // Whether `ptr` is GPU memory, checked against what the caller said.
+  static Result<bool> OnGpu(const void* ptr, BufferMemory said);
+  // Device copies (any direction) on this client's stream, on the loop
+  // thread; GpuWait waits for them and reports their error.
+  Status GpuCopyAsync(void* dst, const void* src, size_t bytes);
+  Status GpuWait();
+  // Why GPU chunks cannot move to or from shard `s` one-sided, or OK.
+  Status GpuPathTo(const ShardConn& s, const std::vector<ChunkIo>& ios) const;
+  // Maps an arena of a GPU shard on this node (loop thread).
+  void MapArena(ShardConn& s, const wire::ArenaKey& a);
+  void UnmapShard(ShardConn& s);
   // Whether a push of these chunks to one shard carries their bytes inside
   // its message (ClientOptions::inline_bytes).
   bool TravelsInline(const std::vector<ChunkIo>& ios) const {
@@ -318,6 +342,7 @@ Client::Impl::~Impl() {
     for (auto& s : shards_) {
       s.staging.reset();
       s.arenas.clear();
+      UnmapShard(s);
     }
     closed.set_value();
   });
@@ -427,6 +452,73 @@ void Client::Impl::OnShardLost(int shard, const Status& why) {
   for (auto& fn : waiting) fn();
 }
 
+Result<bool> Client::Impl::OnGpu(const void* ptr, BufferMemory said) {
+  if (said == BufferMemory::kHost) return false;  // taken as said: no CUDA call
+  const gpu::PointerInfo info = gpu::QueryPointer(ptr);
+  switch (said) {
+    case BufferMemory::kDetect:
+      return info.device;
+    case BufferMemory::kHost:
+      return false;
+    case BufferMemory::kCuda:
+      if (!info.device) {
+        return Status::InvalidArgument(
+            std::string("the buffer was given as GPU memory, but ") +
+            (gpu::Built() ? "CUDA does not know it as device memory (cudaMalloc it)"
+                          : "this build has no CUDA"));
+      }
+      return true;
+  }
+  return Status::InvalidArgument("unknown BufferMemory value");
+}
+
+Status Client::Impl::GpuCopyAsync(void* dst, const void* src, size_t bytes) {
+  TESSERA_RETURN_IF_ERROR(gpu::SetDevice(options_.cuda_device));  // per thread
+  if (stream_.handle() == nullptr) {
+    auto stream = gpu::Stream::Create(options_.cuda_device);
+    if (!stream.ok()) return stream.status();
+    stream_ = std::move(*stream);
+  }
+  return gpu::Copy(dst, src, bytes, stream_);
+}
+
+Status Client::Impl::GpuWait() {
+  if (stream_.handle() == nullptr) return Status::Ok();
+  return stream_.Synchronize();
+}
+
+Status Client::Impl::GpuPathTo(const ShardConn& s, const std::vector<ChunkIo>& ios) const {
+  if (s.ipc_slot.data() != nullptr || fabric_gpu_.ok() || options_.allow_host_staging) {
+    return Status::Ok();
+  }
+  for (const auto& io : ios) {
+    if (io.on_gpu) {
+      return Status::FailedPrecondition(
+          "a GPU buffer cannot move to or from " + s.name() + ": " + fabric_gpu_.message() +
+          "; run this worker on the shard's node (CUDA IPC), or set "
+          "ClientOptions::allow_host_staging to copy through host memory");
+    }
+  }
+  return Status::Ok();
+}
+
+void Client::Impl::MapArena(ShardConn& s, const wire::ArenaKey& a) {
+  if (a.ipc.empty() || s.ipc_slot.data() == nullptr) return;
+  auto m = gpu::IpcMapping::Open(a.ipc.data(), a.ipc.size(), options_.cuda_device);
+  if (!m.ok()) {
+    TLOG_WARN("{}: arena {} not mapped with CUDA IPC ({}): pulls use the fabric", s.name(),
+              a.arena_id, m.status().message());
+    return;
+  }
+  s.ipc_arenas[a.arena_id] = std::move(*m);
+}
+
+void Client::Impl::UnmapShard(ShardConn& s) {
+  if (s.ipc_slot.data() != nullptr) ipc_shards_--;
+  s.ipc_slot = gpu::IpcMapping{};
+  s.ipc_arenas.clear();
+}
+
 Status Client::Impl::Start() {
   TESSERA_RETURN_IF_ERROR(options_.cluster.Validate());
   task_ = options_.task;
@@ -445,6 +537,8 @@ Status Client::Impl::Start() {
   auto ctx = transport::Context::Open(topts);
   if (!ctx.ok()) return ctx.status();
   ctx_ = std::move(*ctx);
+  fabric_gpu_ = ctx_->CanRegister(transport::MemoryKind::kCuda);
+  if (options_.cuda_ipc && gpu::Available().ok()) ipc_node_id_ = NodeId();
   driver_ = std::make_shared<ProgressDriver>(ctx_.get());
   ctx_->SetHandler(kProtocolMsg, [this](const std::shared_ptr<transport::Endpoint>& ep,
                                         std::span<const uint8_t> frame) { OnFrame(ep, frame); });
@@ -588,6 +682,7 @@ void Client::Impl::Reconnect(int shard) {
                   // The old connection's regions go with it.
                   conn.staging.reset();
                   conn.arenas.clear();
+                  UnmapShard(conn);
                   if (conn.ep) shard_of_.erase(conn.ep.get());
                   conn.ep = *ep;
                   shard_of_[conn.ep.get()] = shard;
@@ -650,6 +745,7 @@ void Client::Impl::ReCreate(int shard) {
               auto r = conn.ep->Attach(a.region);
               if (!r.ok()) return finish(r.status());
               conn.arenas[a.arena_id] = std::move(*r);
+              MapArena(conn, a);
             }
             for (size_t k = 0; k < chunks.size(); ++k) {
               if (reply->keys[k].byte_length != chunks[k]->bytes)
@@ -668,6 +764,7 @@ void Client::Impl::Handshake(int shard, std::function<void(Status)> done) {
   hello.worker_rank = static_cast<uint32_t>(worker_rank_);
   hello.task = task_.ToString();
   hello.client_nonce = RandomNonce();
+  hello.node_id = ipc_node_id_;
   Request(shard, hello, 0,
           [this, shard, hello, fail](const Status& st, const wire::Header& h,
                                      std::span<const uint8_t> frame) {
@@ -707,6 +804,18 @@ void Client::Impl::Handshake(int shard, std::function<void(Status)> done) {
                     }
                     s.alloc.Reset((*staging)->size());
                     s.staging = std::move(*staging);
+                    if (!w->staging_ipc.empty()) {
+                      auto slot = gpu::IpcMapping::Open(w->staging_ipc.data(),
+                                                        w->staging_ipc.size(), options_.cuda_device);
+                      if (slot.ok()) {
+                        s.ipc_slot = std::move(*slot);
+                        ipc_shards_++;
+                        TLOG_INFO("{} shares this node: reached through CUDA IPC", s.name());
+                      } else {
+                        TLOG_WARN("{} offered CUDA IPC, which failed ({}): using the fabric",
+                                  s.name(), slot.status().message());
+                      }
+                    }
                   }
                   fail(Status::Ok());  // i.e. done
                 });
@@ -836,6 +945,7 @@ Result<std::vector<Tensor>> Client::Impl::DeclareMany(const std::vector<TensorSp
                                : Result<std::unique_ptr<transport::RemoteRegion>>(shards_[s].dead);
         if (!r.ok()) return attached.set_value(r.status());
         shards_[s].arenas[a.arena_id] = std::move(*r);
+        MapArena(shards_[s], a);
       }
       attached.set_value(Status::Ok());
     });
@@ -898,12 +1008,27 @@ void Client::Impl::PushToShard(int shard, std::vector<ChunkIo> ios, uint32_t fla
     msg.step = step;
     msg.entries.reserve(ios.size());
     msg.payload.reserve(raw);
+    bool from_gpu = false;
     for (const auto& io : ios) {
-      msg.entries.push_back({io.chunk->key_id, msg.payload.size(), io.chunk->bytes});
-      msg.payload.insert(msg.payload.end(), io.local, io.local + io.chunk->bytes);
+      const size_t at = msg.payload.size();
+      msg.entries.push_back({io.chunk->key_id, at, io.chunk->bytes});
+      if (!io.on_gpu) {
+        msg.payload.insert(msg.payload.end(), io.local, io.local + io.chunk->bytes);
+        continue;
+      }
+      msg.payload.resize(at + io.chunk->bytes);
+      if (Status st = GpuCopyAsync(msg.payload.data() + at, io.local, io.chunk->bytes); !st.ok()) {
+        return done(st.WithContext("push from GPU memory"), {});
+      }
+      gpu_inline_bytes_ += io.chunk->bytes;
+      from_gpu = true;
+    }
+    if (from_gpu) {
+      if (Status st = GpuWait(); !st.ok()) return done(st.WithContext("push from GPU memory"), {});
     }
     return Request(shard, msg, flags, on_reply(done));
   }
+  if (Status st = GpuPathTo(s, ios); !st.ok()) return done(st.WithContext("push"), {});
   uint64_t total = 0;
   for (const auto& io : ios) total += (io.chunk->bytes + 63) / 64 * 64;
   if (total > s.alloc.size()) {
@@ -981,6 +1106,49 @@ void Client::Impl::PushToShard(int shard, std::vector<ChunkIo> ios, uint32_t fla
   };
   s.in_flight[op_id] = [finish](const Status& why) { finish(why, {}); };
 
+  if (s.ipc_slot.data() != nullptr) {
+    // Same node, GPU shard: copy straight into the mapped slot (from GPU or
+    // host memory), wait for the copies, then say so in one push-done.
+    wire::Push msg;
+    msg.step = step;
+    uint64_t rel = *offset, bytes = 0;
+    Status st;
+    for (const auto& io : ios) {
+      msg.entries.push_back({io.chunk->key_id, rel, io.chunk->bytes});
+      if (st.ok()) st = GpuCopyAsync(s.ipc_slot.data() + rel, io.local, io.chunk->bytes);
+      rel += (io.chunk->bytes + 63) / 64 * 64;
+      bytes += io.chunk->bytes;
+    }
+    if (st.ok()) st = GpuWait();
+    if (!st.ok()) return finish(st.WithContext("copying into the CUDA IPC slot of " + s.name()), {});
+    ipc_bytes_ += bytes;
+    return Request(shard, msg, flags | wire::kFlagIpcSlot,
+                   on_reply([finish](const Status& st2, std::vector<uint64_t> versions) {
+                     finish(st2, std::move(versions));
+                   }));
+  }
+  // A fabric that cannot reach GPU memory, and the user allowed staging:
+  // the GPU chunks are copied to host memory first (counted).
+  std::shared_ptr<std::vector<uint8_t>> bounce;
+  if (!fabric_gpu_.ok()) {
+    uint64_t need = 0;
+    for (const auto& io : ios) need += io.on_gpu ? io.chunk->bytes : 0;
+    if (need > 0) {
+      bounce = std::make_shared<std::vector<uint8_t>>(need);
+      uint64_t at = 0;
+      Status st;
+      for (auto& io : ios) {
+        if (!io.on_gpu) continue;
+        if (st.ok()) st = GpuCopyAsync(bounce->data() + at, io.local, io.chunk->bytes);
+        io.local = bounce->data() + at;
+        at += io.chunk->bytes;
+      }
+      if (st.ok()) st = GpuWait();
+      if (!st.ok()) return finish(st.WithContext("staging a GPU buffer through host memory"), {});
+      staged_bytes_ += need;
+    }
+  }
+
   std::vector<std::shared_ptr<Group>> groups;
   uint64_t rel = *offset, group_bytes = 0;
   for (size_t i = 0; i < ios.size(); ++i) {
@@ -1019,7 +1187,9 @@ void Client::Impl::PushToShard(int shard, std::vector<ChunkIo> ios, uint32_t fla
   };
   for (const auto& g : groups) {
     g->outstanding = static_cast<int>(g->msg.entries.size()) + 1;
-    auto one_done = [progress, send, g](const Status& st) {
+    // `bounce` (if any) holds the bytes the puts read: it lives until they are done.
+    auto one_done = [progress, send, g, bounce](const Status& st) {
+      (void)bounce;
       if (!st.ok() && progress->status.ok()) progress->status = st;
       if (--g->outstanding == 0) send(g);
     };
@@ -1036,6 +1206,7 @@ void Client::Impl::PushToShard(int shard, std::vector<ChunkIo> ios, uint32_t fla
 
 void Client::Impl::PullFromShard(int shard, std::vector<ChunkIo> ios,
                                  const std::function<void(Status)>& done) {
+  if (Status st = GpuPathTo(shards_[shard], ios); !st.ok()) return done(st.WithContext("pull"));
   wire::Pull msg;
   for (const auto& io : ios) msg.entries.push_back({io.chunk->key_id, io.min_version, io.min_step});
   msg.inline_max = static_cast<uint32_t>(std::min(options_.inline_bytes, wire::kMaxInlineBytes));
@@ -1056,11 +1227,21 @@ void Client::Impl::PullFromShard(int shard, std::vector<ChunkIo> ios,
                                          std::to_string(total)));
           }
           const uint8_t* src = reply->data.data();
+          bool to_gpu = false;
           for (const auto& io : ios) {
-            std::memcpy(io.local, src, io.chunk->bytes);
+            if (io.on_gpu) {
+              if (Status st2 = GpuCopyAsync(io.local, src, io.chunk->bytes); !st2.ok()) {
+                return done(st2.WithContext("pull into GPU memory"));
+              }
+              gpu_inline_bytes_ += io.chunk->bytes;
+              to_gpu = true;
+            } else {
+              std::memcpy(io.local, src, io.chunk->bytes);
+            }
             src += io.chunk->bytes;
           }
-          return done(Status::Ok());
+          // The reply's bytes must stay until the copies are done.
+          return done(to_gpu ? GpuWait().WithContext("pull into GPU memory") : Status::Ok());
         }
         ShardConn& s = shards_[shard];
         struct Progress {
@@ -1079,24 +1260,72 @@ void Client::Impl::PullFromShard(int shard, std::vector<ChunkIo> ios,
           done(result);
         };
         s.in_flight[op_id] = finish;
-        auto step = [this, shard, progress, lease, finish](const Status& st2) {
+        // Same node, GPU shard: device copies out of the mapped arenas. Else,
+        // GPU chunks on a fabric that cannot reach GPU memory are read into
+        // host memory and copied up once the gets are done (counted).
+        std::shared_ptr<std::vector<uint8_t>> bounce;
+        std::vector<std::pair<uint8_t*, size_t>> bounce_to;  // (GPU destination, bytes)
+        bool all_mapped = !ios.empty();
+        for (const auto& io : ios) all_mapped &= s.ipc_arenas.count(io.chunk->arena_id) > 0;
+        if (all_mapped) {
+          Status copied;
+          uint64_t bytes = 0;
+          for (const auto& io : ios) {
+            const uint8_t* src =
+                s.ipc_arenas.at(io.chunk->arena_id).data() + io.chunk->arena_offset;
+            if (copied.ok()) copied = GpuCopyAsync(io.local, src, io.chunk->bytes);
+            bytes += io.chunk->bytes;
+          }
+          if (copied.ok()) copied = GpuWait();
+          ipc_bytes_ += copied.ok() ? bytes : 0;
+          if (s.dead.ok() && s.ep) s.ep->Send(kProtocolMsg, wire::Encode(wire::Release{lease}, 0));
+          return finish(copied.WithContext("copying from the CUDA IPC mapping of " + s.name()));
+        }
+        std::vector<uint8_t*> into(ios.size());  // where each get lands
+        for (size_t i = 0; i < ios.size(); ++i) into[i] = ios[i].local;
+        if (!fabric_gpu_.ok()) {
+          uint64_t need = 0;
+          for (const auto& io : ios) need += io.on_gpu ? io.chunk->bytes : 0;
+          if (need > 0) bounce = std::make_shared<std::vector<uint8_t>>(need);
+          uint64_t at = 0;
+          for (size_t i = 0; i < ios.size(); ++i) {
+            if (!ios[i].on_gpu) continue;
+            bounce_to.emplace_back(ios[i].local, ios[i].chunk->bytes);
+            into[i] = bounce->data() + at;
+            at += ios[i].chunk->bytes;
+          }
+        }
+        auto step = [this, shard, progress, lease, finish, bounce,
+                     bounce_to = std::move(bounce_to)](const Status& st2) {
           if (!st2.ok() && progress->status.ok()) progress->status = st2;
           if (--progress->outstanding > 0) return;
+          if (bounce && progress->status.ok()) {
+            const uint8_t* src = bounce->data();
+            Status up;
+            for (const auto& [dst, n] : bounce_to) {
+              if (up.ok()) up = GpuCopyAsync(dst, src, n);
+              src += n;
+            }
+            if (up.ok()) up = GpuWait();
+            if (up.ok()) staged_bytes_ += bounce->size();
+            progress->status = up.WithContext("staging into GPU memory through host memory");
+          }
           // The bytes are ours: let the shard update them again.
           ShardConn& conn = shards_[shard];
           if (conn.dead.ok() && conn.ep)
             conn.ep->Send(kProtocolMsg, wire::Encode(wire::Release{lease}, 0));
           finish(progress->status.ok() ? progress->status : ShardError(shard, progress->status));
         };
-        for (const auto& io : ios) {
-          auto arena = s.arenas.find(io.chunk->arena_id);
+        for (size_t i = 0; i < ios.size(); ++i) {
+          const Chunk* chunk = ios[i].chunk;
+          auto arena = s.arenas.find(chunk->arena_id);
           if (arena == s.arenas.end()) {
-            step(Status::Internal("no key for arena " + std::to_string(io.chunk->arena_id) +
-                                  " of " + s.name()));
+            step(Status::Internal("no key for arena " + std::to_string(chunk->arena_id) + " of " +
+                                  s.name()));
             continue;
           }
-          s.ep->Get(io.local, io.chunk->bytes, *arena->second,
-                    arena->second->base() + io.chunk->arena_offset, step);
+          s.ep->Get(into[i], chunk->bytes, *arena->second,
+                    arena->second->base() + chunk->arena_offset, step);
         }
       });
 }
@@ -1107,15 +1336,19 @@ Future Client::Impl::Push(const std::vector<PushItem>& items, uint32_t flags, ui
   {
     std::lock_guard<std::mutex> lock(tensors_mu_);
     for (const auto& item : items) {
+      auto on_gpu = OnGpu(item.data, item.memory);
+      if (!on_gpu.ok()) return FailedFuture(on_gpu.status().WithContext("push"));
       auto e = LookupLocked(item.tensor, item.bytes, item.dtype);
-      if (!e.ok()) return FailedFuture(e.status().WithContext("push"));
+      if (!e.ok()) {
+        return FailedFuture(e.status().WithContext(*on_gpu ? "push from GPU memory" : "push"));
+      }
       sync |= (*e)->spec.mode.kind == Consistency::kSync;
       for (const auto& c : (*e)->chunks) {
         auto& list = by_shard[c.shard];
         if (list.empty()) list.reserve(items.size());
         list.push_back(
             {&c, const_cast<uint8_t*>(static_cast<const uint8_t*>(item.data)) + c.byte_offset, 0, 0,
-             *e});
+             *e, *on_gpu});
       }
     }
   }
@@ -1161,13 +1394,17 @@ Future Client::Impl::Pull(const std::vector<PullItem>& items) {
   {
     std::lock_guard<std::mutex> lock(tensors_mu_);
     for (const auto& item : items) {
+      auto on_gpu = OnGpu(item.data, item.memory);
+      if (!on_gpu.ok()) return FailedFuture(on_gpu.status().WithContext("pull"));
       auto e = LookupLocked(item.tensor, item.bytes, item.dtype);
-      if (!e.ok()) return FailedFuture(e.status().WithContext("pull"));
+      if (!e.ok()) {
+        return FailedFuture(e.status().WithContext(*on_gpu ? "pull into GPU memory" : "pull"));
+      }
       for (const auto& c : (*e)->chunks) {
         auto& list = by_shard[c.shard];
         if (list.empty()) list.reserve(items.size());
         list.push_back({&c, static_cast<uint8_t*>(item.data) + c.byte_offset, item.min_version,
-                        item.min_step});
+                        item.min_step, nullptr, *on_gpu});
       }
     }
   }
@@ -1188,13 +1425,23 @@ Future Client::Impl::Pull(const std::vector<PullItem>& items) {
 Future Client::Impl::PushPull(const std::vector<PushPullItem>& items) {
   std::vector<std::vector<ChunkIo>> push(shards_.size()), pull(shards_.size());
   for (const auto& item : items) {
+    auto grad_gpu = OnGpu(item.gradient, item.memory);
+    auto weights_gpu = OnGpu(item.weights, item.memory);
+    if (!grad_gpu.ok()) return FailedFuture(grad_gpu.status().WithContext("push_pull (gradient)"));
+    if (!weights_gpu.ok()) {
+      return FailedFuture(weights_gpu.status().WithContext("push_pull (weights)"));
+    }
     auto e = Lookup(item.tensor, item.bytes, item.dtype);
-    if (!e.ok()) return FailedFuture(e.status().WithContext("push_pull"));
+    if (!e.ok()) {
+      return FailedFuture(
+          e.status().WithContext(*grad_gpu ? "push_pull from GPU memory" : "push_pull"));
+    }
     for (const auto& c : (*e)->chunks) {
       push[c.shard].push_back(
           {&c, const_cast<uint8_t*>(static_cast<const uint8_t*>(item.gradient)) + c.byte_offset, 0,
-           0, *e});
-      pull[c.shard].push_back({&c, static_cast<uint8_t*>(item.weights) + c.byte_offset});
+           0, *e, *grad_gpu});
+      pull[c.shard].push_back({&c, static_cast<uint8_t*>(item.weights) + c.byte_offset, 0, 0,
+                               nullptr, *weights_gpu});
     }
   }
   auto op = NewOp();
@@ -1383,6 +1630,10 @@ ClientCounters Client::counters() const {
   out.get_bytes = c.get_bytes;
   out.chunks_dropped_stale = impl_->dropped_stale_;
   out.chunks_dropped_duplicate = impl_->dropped_duplicate_;
+  out.cuda_ipc_bytes = impl_->ipc_bytes_;
+  out.host_staged_bytes = impl_->staged_bytes_;
+  out.gpu_inline_bytes = impl_->gpu_inline_bytes_;
+  out.cuda_ipc_shards = impl_->ipc_shards_;
   return out;
 }
 

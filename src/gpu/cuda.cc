@@ -120,6 +120,10 @@ Result<std::string> DescribeDevice(int device) {
 }
 
 PointerInfo QueryPointer(const void* ptr) {
+  // Without a usable GPU every pointer is host memory; asking CUDA each
+  // time would retry its initialisation on every call.
+  static const bool usable = Available().ok();
+  if (!usable) return {};
   cudaPointerAttributes attr{};
   if (ptr == nullptr || cudaPointerGetAttributes(&attr, ptr) != cudaSuccess) {
     cudaGetLastError();  // no driver, or memory CUDA never saw: host memory

@@ -92,7 +92,7 @@ Result<Param*> ParamTable::Create(const wire::CreateEntry& entry) {
   p->bytes = bytes;
   const Arena& arena = arenas_[place->first];
   p->published = static_cast<uint8_t*>(arena.region->data()) + place->second;
-  p->data = (arena.values.empty() ? p->published : arena.values.data()) + place->second;
+  p->data = arena.values.empty() ? p->published : arena.values.data() + place->second;
   auto zeroed = [&](size_t n, StateBuffer* out) -> Status {
     auto b = memory_->Allocate(n);
     if (!b.ok()) return b.status().WithContext("tensor '" + p->display_name + "'");
