@@ -2,6 +2,8 @@
 // of bounds, and never trust a length. Run under ASan in the sanitizer build.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -44,18 +46,23 @@ std::vector<Sample> Samples() {
                        {{"w", 0, 0, 0, 128, 24}, {"w", 0, 1, 0, 152, 48}}};
   Create create{
       {{Decl("w", DType::kF32, {3, 4}), 0, 2, 0, 6}, {Decl("w", DType::kF32, {3, 4}), 1, 2, 6, 6}}};
-  CreateReply create_reply{{{0, 0, 64, 24, 1}}, {{0, {1, 2, 3, 4}}}};
+  CreateReply create_reply{{{0, 0, 64, 24, 1}}, {{0, {1, 2, 3, 4}, {}}}};
+  CreateReply create_reply_ipc{{{0, 0, 64, 24, 1}},
+                               {{0, {1, 2, 3, 4}, std::vector<uint8_t>(kIpcHandleBytes, 5)}}};
+  hello.node_id = "0b6f1c7e-5b9a-4f2e-9d63-2f1d2a7c8e10";
   Push push{7, {{0, 0, 24}, {1, 64, 24}}};
   Pull pull{{{0, 2}, {1, 2}}};
   return {
       Make("hello", hello),
       Make("challenge", challenge),
       Make("auth", Auth{}),
-      Make("welcome", Welcome{{9, 9, 9}}),
+      Make("welcome", Welcome{{9, 9, 9}, {}}),
+      Make("welcome_ipc", Welcome{{9, 9, 9}, std::vector<uint8_t>(kIpcHandleBytes, 6)}),
       Make("declare", declare),
       Make("declare_reply", declare_reply),
       Make("create", create),
       Make("create_reply", create_reply),
+      Make("create_reply_ipc", create_reply_ipc),
       Make("push", push, kFlagInit),
       Make("push_reply", PushReply{{1, 2}, {0, 1}}),
       Make("pull", pull),
@@ -81,12 +88,33 @@ std::vector<Sample> Samples() {
 TEST(Wire, ValidFramesRoundTrip) {
   for (const auto& s : Samples())
     EXPECT_TRUE(s.decode(s.frame).ok()) << s.name << ": " << s.decode(s.frame).ToString();
-  auto declare = Decode<Declare>(Samples()[4].frame);
+  const auto samples = Samples();
+  auto it = std::find_if(samples.begin(), samples.end(),
+                         [](const Sample& s) { return s.name == std::string("declare"); });
+  ASSERT_NE(it, samples.end());
+  auto declare = Decode<Declare>(it->frame);
   ASSERT_TRUE(declare.ok());
   ASSERT_EQ(declare->tensors.size(), 2u);
   EXPECT_EQ(declare->tensors[0].name, "w");
   EXPECT_EQ(declare->tensors[0].shape, (Shape{3, 4}));
   EXPECT_EQ(declare->tensors[1].dtype, DType::kBF16);
+}
+
+// CUDA IPC fields: empty or exactly one handle; the node id is bounded.
+TEST(Wire, IpcHandlesAndNodeIdsValidated) {
+  auto welcome = Decode<Welcome>(Encode(Welcome{{1}, std::vector<uint8_t>(kIpcHandleBytes, 6)}, 1));
+  ASSERT_TRUE(welcome.ok()) << welcome.status().ToString();
+  EXPECT_EQ(welcome->staging_ipc, std::vector<uint8_t>(kIpcHandleBytes, 6));
+  EXPECT_FALSE(Decode<Welcome>(Encode(Welcome{{1}, std::vector<uint8_t>(63, 6)}, 1)).ok());
+  CreateReply bad{{{0, 0, 64, 24, 1}}, {{0, {1}, std::vector<uint8_t>(65, 5)}}};
+  EXPECT_FALSE(Decode<CreateReply>(Encode(bad, 1)).ok());
+  Hello hello{PeerRole::kWorker, 0, "w", {}};
+  hello.node_id = std::string(65, 'x');
+  EXPECT_FALSE(Decode<Hello>(Encode(hello, 1)).ok());
+  hello.node_id = std::string(64, 'x');
+  auto ok = Decode<Hello>(Encode(hello, 1));
+  ASSERT_TRUE(ok.ok());
+  EXPECT_EQ(ok->node_id, hello.node_id);
 }
 
 TEST(Wire, EveryTruncationRejected) {

@@ -1,5 +1,6 @@
-// src/gpu/cuda.h on the CUDA runtime (linked statically: the driver,
-// libcuda.so, is the only CUDA library a machine needs at run time).
+// src/gpu/cuda.h on the CUDA runtime. Driver calls go through
+// cudaGetDriverEntryPoint, so nothing links libcuda.so: a machine with the
+// toolkit and no driver runs the binaries and gets CUDA's reason instead.
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 

@@ -140,3 +140,45 @@ def test_package_reads_a_cluster_checkpoint(tmp_path):
     for f in json.loads(out):
         for t in f["tensors"]:
             assert hashlib.sha256(seen[t["name"]].tobytes()).hexdigest() == t["sha256"]
+
+
+def gpu_usable() -> str:
+    """'' when this machine's Tessera can use a GPU, else why not (`tessera doctor`)."""
+    out = subprocess.run([TESSERA, "doctor", "--json"], capture_output=True, text=True).stdout
+    for finding in json.loads(out):
+        if finding["check"] == "gpu-registration":
+            return "" if finding["data"].get("cuda") == "ok" else finding["data"].get("cuda", "?")
+    return "tessera doctor has no gpu-registration check"
+
+
+def train_and_checkpoint(tmp_path, memory: str):
+    """Trains the linear-regression example with parameters in `memory`; returns the
+    checkpoint's tensors as read by the safetensors package."""
+    ckpt = tmp_path / memory
+    subprocess.run([TESSERA, "launch", "--ps", "1", "--workers", "1", "--memory", memory,
+                    "--allow-host-staging", "--checkpoint-dir", str(ckpt), "--",
+                    os.environ["LINEAR_REGRESSION"], "60"], check=True, timeout=120)
+    steps = sorted(p for p in ckpt.iterdir() if p.name.startswith("step-"))
+    assert steps, f"no checkpoint in {ckpt}"
+    files = sorted(steps[-1].glob("*.safetensors"))
+    tensors = {}
+    for f in files:
+        tensors.update(dict(safetensors.deserialize(f.read_bytes())))
+    return steps[-1].name, tensors
+
+
+@pytest.mark.parametrize("memory", ["host", "cuda"])
+def test_package_reads_a_checkpoint_of_parameters_in(tmp_path, memory):
+    """A checkpoint of GPU-resident parameters is an ordinary safetensors file,
+    with the same bytes as the same training on host memory."""
+    if memory == "cuda" and (why := gpu_usable()):
+        pytest.skip(f"needs a GPU: {why}")
+    step, tensors = train_and_checkpoint(tmp_path, memory)
+    assert "w" in tensors and "b" in tensors, sorted(tensors)
+    w = np.frombuffer(bytes(tensors["w"]["data"]), dtype=np.float32)
+    assert abs(float(w.reshape(-1)[0]) - 2.0) < 0.5, w
+    if memory == "cuda":
+        host_step, host = train_and_checkpoint(tmp_path, "host")
+        assert host_step == step
+        for name, t in host.items():
+            assert bytes(tensors[name]["data"]) == bytes(t["data"]), name
