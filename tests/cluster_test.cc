@@ -593,6 +593,46 @@ TEST_P(ClusterTest, SgdOnTheShardMatchesReferenceExactly) {
   EXPECT_TRUE(got == ref) << "first element " << got[0] << " vs " << ref[0];
 }
 
+// ChunkPart: two workers each push and pull their own chunks of a tensor
+// (what NodeGroup's ranks do); the others are left alone.
+TEST_P(ClusterTest, ChunkPartsMoveOnlyTheirChunks) {
+  StartCluster(2, 2);
+  Client& a = Connect(0);
+  Client& b = Connect(1);
+  const size_t n = 1u << 20;  // 4 MiB: 4 chunks of 1 MiB
+  TensorSpec spec{"w", DType::kF32, {static_cast<int64_t>(n)}, UpdateRule::kAdd, {}, -1};
+  spec.initial.assign(n * 4, 0);
+  auto ta = a.Declare(spec).value();
+  auto tb = b.Declare(spec).value();
+  ASSERT_TRUE(a.Initialize().ok());
+  ASSERT_TRUE(b.WaitForInit(5s).ok());
+  const TensorInfo info = a.info(ta);
+  ASSERT_EQ(info.chunks.size(), 4u);
+  std::vector<float> ones(n, 1.0f), twos(n, 2.0f);
+  PushItem pa{ta, ones.data(), n * 4, DType::kF32, BufferMemory::kHost, ChunkPart{0, 2}};
+  PushItem pb{tb, twos.data(), n * 4, DType::kF32, BufferMemory::kHost, ChunkPart{1, 2}};
+  const uint64_t put_before = a.counters().put_bytes;  // the initial value's
+  ASSERT_TRUE(a.Push({pa}).ok());
+  ASSERT_TRUE(b.Push({pb}).ok());
+  EXPECT_EQ(a.counters().put_bytes - put_before, n * 2) << "worker 0 put more than chunks 0 and 2";
+
+  std::vector<float> part(n, -1.0f), all(n);
+  PullItem odd{ta, part.data(), n * 4, 2, DType::kF32, 0, BufferMemory::kHost, ChunkPart{1, 2}};
+  ASSERT_TRUE(a.Pull({odd}).ok());
+  ASSERT_TRUE(b.Pull({PullItem::Of<float>(tb, all, 2)}).ok());
+  for (size_t c = 0; c < 4; ++c) {
+    const size_t first = info.chunks[c].elem_offset, last = first + info.chunks[c].elem_count - 1;
+    EXPECT_EQ(all[first], c % 2 ? 2.0f : 1.0f) << "chunk " << c;
+    EXPECT_EQ(all[last], c % 2 ? 2.0f : 1.0f) << "chunk " << c;
+    EXPECT_EQ(part[first], c % 2 ? 2.0f : -1.0f) << "chunk " << c;
+    EXPECT_EQ(part[last], c % 2 ? 2.0f : -1.0f) << "chunk " << c;
+  }
+  PushItem bad{ta, ones.data(), n * 4, DType::kF32, BufferMemory::kHost, ChunkPart{2, 2}};
+  Status st = a.Push({bad});
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
+  EXPECT_NE(st.message().find("chunk part 2 of 2"), std::string::npos) << st.ToString();
+}
+
 TEST_P(ClusterTest, AdamOnBf16KeepsAnF32Master) {
   StartCluster(1, 1);
   Client& c = Connect(0);

@@ -5,7 +5,9 @@
 #                       qemu and a kernel for the Soft-RoCE VM, and a .venv
 #                       from PyPI for the Python interop tests), build, run
 #                       every test suite: the optimised build, then again
-#                       under ASan/UBSan
+#                       under ASan/UBSan, then the unit and integration
+#                       suites built against PyPI's CUDA-capable UCX
+#                       (libucx-cu12), the UCX a GPU deployment would use
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # The CUDA toolkit (nvcc) where it is installed: the CUDA kernels are then
@@ -53,6 +55,15 @@ python_env() {
   fi
 }
 
+# PyPI's UCX built with CUDA (libucx-cu12), in the venv; prints its prefix.
+ucx_cu12_prefix() {
+  if ! .venv/bin/python -c "import libucx" 2>/dev/null; then
+    echo "== installing libucx-cu12 into .venv" >&2
+    .venv/bin/pip install -q --disable-pip-version-check "libucx-cu12>=1.15,<2" >&2
+  fi
+  .venv/bin/python -c "import libucx, os; print(os.path.dirname(libucx.__file__))"
+}
+
 build() {  # build DIR [meson options...]
   local dir=$1
   shift
@@ -63,9 +74,10 @@ build() {  # build DIR [meson options...]
 }
 
 # meson's summary as the plain closing line CI reads: "N passed, N failed".
-run_suite() {  # run_suite DIR
+run_suite() {  # run_suite DIR [meson test options...]
   local dir=$1 rc=0
-  meson test -C "$dir" --print-errorlogs --num-processes 2 || rc=$?
+  shift
+  meson test -C "$dir" --print-errorlogs --num-processes 2 "$@" || rc=$?
   local log="$dir/meson-logs/testlog.json" passed failed skipped
   passed=$(grep -c '"result": "OK"' "$log" || true)
   failed=$(grep -Ec '"result": "(FAIL|TIMEOUT|ERROR|UNEXPECTEDPASS)"' "$log" || true)
@@ -91,6 +103,10 @@ case "${1:-}" in
     ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
       TESSERA_VM_WORKER_ARGS="--tensors 40 --big-mib 2" TESSERA_VM_STEP_TIMEOUT=600 \
       run_suite build-asan
+    # The same code against another UCX (1.22, with CUDA modules; no GPU
+    # here, so it reports host memory and the GPU tests skip saying so).
+    build build-ucx-cu12 -Ducx_prefix="$(ucx_cu12_prefix)" -Dbenchmarks=false
+    run_suite build-ucx-cu12 --suite unit --suite integration
     ;;
   *)
     echo "usage: tools/dev.sh demo|test" >&2

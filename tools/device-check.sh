@@ -13,7 +13,8 @@
 #   5. Adam against PyTorch's fused Adam on the same tensors, where PyTorch is;
 #   6. push/pull of GPU buffers over CUDA IPC against cudaMemcpy;
 #   7. a checkpoint of GPU-resident parameters read by the safetensors package;
-#   8. with .devdeps/ucx-cu12 (tools/device-deps.sh --ucx-cu12): the same
+#   8. NodeGroup (NCCL) with one rank, and one rank per GPU where several;
+#   9. with .devdeps/ucx-cu12 (tools/device-deps.sh --ucx-cu12): the same
 #      shards over PyPI's CUDA-capable UCX, which reaches GPU memory itself.
 #
 # Writes device-check.log and device-check.json (every step's outcome and the
@@ -99,13 +100,29 @@ build_tree() {
 export -f build_tree
 export root jobs
 
-step build 420 bash -c 'build_tree "$0" "$1"' "$build" "$out/meson-setup.log"
+# NCCL: CUDA's own, else PyTorch's (PyPI's nvidia-nccl), else none (the
+# NodeGroup test is then not built, and the log says so).
+nccl_opts=()
+if [[ ! -e /usr/local/cuda/include/nccl.h && ! -e /usr/include/nccl.h ]]; then
+  nccl_dir=$(python3 -c 'import nvidia.nccl as n; print(list(n.__path__)[0])' 2>/dev/null || true)
+  if [[ -n "$nccl_dir" && -e "$nccl_dir/include/nccl.h" ]]; then
+    nccl_opts=(-Dnccl_prefix="$nccl_dir")
+  else
+    echo "=== no NCCL found: NodeGroup is built without it"
+  fi
+fi
+export nccl_opts_str="${nccl_opts[*]:-}"
+
+step build 420 bash -c 'build_tree "$0" "$1" $nccl_opts_str' "$build" "$out/meson-setup.log"
 if [[ $? != 0 ]]; then
   echo "build failed: nothing else can run"
 else
   export UCX_TLS=${UCX_TLS:-tcp}
   step kernels-cuda-test 180 "$build/tests/kernels_cuda_test"
   step gpu-shard-test 400 env TESSERA_BIN="$build/tools/tessera" "$build/tests/gpu_shard_test"
+  if [[ -x "$build/tests/node_group_test" ]]; then
+    step node-group-test 300 "$build/tests/node_group_test"
+  fi
   step transport-gpu-refusal 60 "$build/tests/transport_test" --gtest_filter='*Gpu*'
   step doctor 30 "$build/tools/tessera" doctor
   step kernels-vs-memcpy 240 bash -c "'$build/tools/tessera-gpu-bench' --iters 20 kernels > '$out/kernels.json'"

@@ -252,10 +252,17 @@ Finding CheckUcx() {
   f.detail = transport::DescribeUcxLibrary() + ", " +
              (cuda ? "built with CUDA" : "without CUDA support") + "; transports: " + list;
   if (!cuda) {
+    // A UCX built with CUDA has its CUDA module beside it; without a driver
+    // it still reports host memory only.
+    const bool cuda_module = transport::UcxHasCudaModule();
+    const fs::path modules = fs::path(transport::UcxLibraryPath()).parent_path() / "ucx";
+    f.data["cuda_module"] = cuda_module;
     f.level = "info";
-    f.fix =
-        "for GPU-resident parameters over UCX, use a CUDA-enabled UCX (e.g. the libucx-cu12 "
-        "wheel); host memory works as is";
+    f.fix = cuda_module
+                ? "this UCX has CUDA modules (" + modules.string() +
+                      "), but no CUDA driver answered: GPU memory needs the NVIDIA driver"
+                : "for GPU-resident parameters over UCX, use a CUDA-enabled UCX (e.g. the "
+                  "libucx-cu12 wheel, meson -Ducx_prefix; docs/gpu.md); host memory works as is";
   }
   if (major == 1 && minor < 15 && fs::exists("/sys/class/infiniband")) {
     f.level = "warn";

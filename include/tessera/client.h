@@ -101,6 +101,18 @@ struct TensorInfo {
   UpdateRule rule;
   uint64_t bytes;
   std::vector<int> shards;  // the ps task of each chunk
+  struct ChunkRange {
+    uint64_t elem_offset = 0, elem_count = 0;
+  };
+  std::vector<ChunkRange> chunks;  // which elements each chunk holds
+  ConsistencyMode mode;
+};
+
+// Some chunks of a tensor instead of all: those whose index i has
+// i % parts == part (the buffer still covers the whole tensor). Workers that
+// split a tensor between them (NodeGroup) each move their part.
+struct ChunkPart {
+  uint32_t part = 0, parts = 1;
 };
 
 // C++ element type -> DType, for the typed helpers below.
@@ -136,6 +148,7 @@ struct PushItem {
   // When set, the push fails unless the tensor has this dtype.
   std::optional<DType> dtype;
   BufferMemory memory = BufferMemory::kDetect;
+  ChunkPart chunks = {};
 
   template <typename T>
   static PushItem Of(Tensor t, std::span<const T> values) {
@@ -156,6 +169,7 @@ struct PullItem {
   // many steps (a worker at step t pulls with t - s).
   uint64_t min_step = 0;
   BufferMemory memory = BufferMemory::kDetect;
+  ChunkPart chunks = {};
 
   template <typename T>
   static PullItem Of(Tensor t, std::span<T> values, uint64_t min_version = 1) {

@@ -278,6 +278,13 @@ class Client::Impl {
     const TensorEntry* tensor = nullptr;
     bool on_gpu = false;  // `local` is GPU memory
   };
+  static Status CheckPart(const ChunkPart& p, const TensorEntry& e) {
+    if (p.parts == 0 || p.part >= p.parts) {
+      return Status::InvalidArgument("tensor '" + e.spec.name + "': chunk part " +
+                                     std::to_string(p.part) + " of " + std::to_string(p.parts));
+    }
+    return Status::Ok();
+  }
   // Whether `ptr` is GPU memory, checked against what the caller said.
   static Result<bool> OnGpu(const void* ptr, BufferMemory said);
   // Device copies (any direction) on this client's stream, on the loop
@@ -1343,7 +1350,10 @@ Future Client::Impl::Push(const std::vector<PushItem>& items, uint32_t flags, ui
         return FailedFuture(e.status().WithContext(*on_gpu ? "push from GPU memory" : "push"));
       }
       sync |= (*e)->spec.mode.kind == Consistency::kSync;
-      for (const auto& c : (*e)->chunks) {
+      if (Status st = CheckPart(item.chunks, **e); !st.ok()) return FailedFuture(st);
+      for (size_t i = 0; i < (*e)->chunks.size(); ++i) {
+        if (i % item.chunks.parts != item.chunks.part) continue;
+        const Chunk& c = (*e)->chunks[i];
         auto& list = by_shard[c.shard];
         if (list.empty()) list.reserve(items.size());
         list.push_back(
@@ -1400,7 +1410,10 @@ Future Client::Impl::Pull(const std::vector<PullItem>& items) {
       if (!e.ok()) {
         return FailedFuture(e.status().WithContext(*on_gpu ? "pull into GPU memory" : "pull"));
       }
-      for (const auto& c : (*e)->chunks) {
+      if (Status st = CheckPart(item.chunks, **e); !st.ok()) return FailedFuture(st);
+      for (size_t i = 0; i < (*e)->chunks.size(); ++i) {
+        if (i % item.chunks.parts != item.chunks.part) continue;
+        const Chunk& c = (*e)->chunks[i];
         auto& list = by_shard[c.shard];
         if (list.empty()) list.reserve(items.size());
         list.push_back({&c, static_cast<uint8_t*>(item.data) + c.byte_offset, item.min_version,
@@ -1586,8 +1599,12 @@ Result<Tensor> Client::Find(const std::string& name) const {
 TensorInfo Client::info(Tensor t) const {
   std::lock_guard<std::mutex> lock(impl_->tensors_mu_);
   const auto& e = impl_->tensors_.at(t.index);
-  TensorInfo info{e.spec.name, e.spec.dtype, e.spec.shape, e.spec.rule, e.bytes, {}};
-  for (const auto& c : e.chunks) info.shards.push_back(c.shard);
+  TensorInfo info{e.spec.name, e.spec.dtype, e.spec.shape, e.spec.rule, e.bytes, {}, {},
+                  e.decl.mode};
+  for (const auto& c : e.chunks) {
+    info.shards.push_back(c.shard);
+    info.chunks.push_back({c.elem_offset, c.elem_count});
+  }
   return info;
 }
 

@@ -127,7 +127,9 @@ std::string MemoryTypeNames(uint64_t types) {
   return out.empty() ? "none" : out;
 }
 
-std::string UcpLibraryPath() {
+}  // namespace
+
+std::string UcxLibraryPath() {
   Dl_info info{};
   if (dladdr(reinterpret_cast<void*>(&ucp_get_version_string), &info) == 0 ||
       info.dli_fname == nullptr) {
@@ -135,6 +137,17 @@ std::string UcpLibraryPath() {
   }
   return info.dli_fname;
 }
+
+bool UcxHasCudaModule() {
+  std::error_code ec;
+  const auto modules = std::filesystem::path(UcxLibraryPath()).parent_path() / "ucx";
+  for (const auto& e : std::filesystem::directory_iterator(modules, ec)) {
+    if (e.path().filename().string().rfind("libuct_cuda", 0) == 0) return true;
+  }
+  return false;
+}
+
+namespace {
 
 class UcxRegion final : public Region {
  public:
@@ -360,16 +373,25 @@ std::string DescribeUcxLibrary() {
     types = MemoryTypeNames(QueryMemoryTypes(context));
     ucp_cleanup(context);
   }
-  return std::string("UCX ") + ucp_get_version_string() + " from " + UcpLibraryPath() +
+  return std::string("UCX ") + ucp_get_version_string() + " from " + UcxLibraryPath() +
          " (memory types: " + types + ")";
 }
 
 Status UcxContext::CanRegister(MemoryKind kind) const {
   if (kind == MemoryKind::kHost) return Status::Ok();
+  if ((memory_types_ & UCS_BIT(UCS_MEMORY_TYPE_CUDA)) == 0 && UcxHasCudaModule()) {
+    Status gpu_st = gpu::Available();
+    return Status::Unimplemented(
+        std::string("UCX backend: this UCX cannot register GPU memory here: UCX ") +
+        ucp_get_version_string() + " from " + UcxLibraryPath() +
+        " has CUDA modules, but its memory types are " + MemoryTypeNames(memory_types_) + " (" +
+        (gpu_st.ok() ? "CUDA answers, so UCX_TLS may leave out cuda_copy" : gpu_st.message()) +
+        ")");
+  }
   if ((memory_types_ & UCS_BIT(UCS_MEMORY_TYPE_CUDA)) == 0) {
     return Status::Unimplemented(
         std::string("UCX backend: this UCX cannot register GPU memory: UCX ") +
-        ucp_get_version_string() + " from " + UcpLibraryPath() + " was built without CUDA (its " +
+        ucp_get_version_string() + " from " + UcxLibraryPath() + " was built without CUDA (its " +
         "memory types: " + MemoryTypeNames(memory_types_) +
         "); build Tessera against a CUDA-capable UCX (meson -Ducx_prefix=..., e.g. PyPI's "
         "libucx-cu12: see docs/gpu.md)");

@@ -70,6 +70,11 @@ class UcxEndpoint final : public Endpoint, public std::enable_shared_from_this<U
 // /usr/lib/x86_64-linux-gnu/libucp.so.0 (memory types: host)". The UCX is
 // chosen at build time (meson -Ducx_prefix=...); this says which one ran.
 std::string DescribeUcxLibrary();
+// The path of the libucp this process loaded.
+std::string UcxLibraryPath();
+// Whether that UCX was built with CUDA (its CUDA module is beside it), which
+// it shows in its memory types only where a CUDA driver answers.
+bool UcxHasCudaModule();
 
 class UcxContext final : public Context {
  public:
