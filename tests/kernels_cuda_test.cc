@@ -31,29 +31,31 @@ TEST(CudaDevice, AvailableOrSaysWhy) {
   EXPECT_EQ(cuda::DeviceAvailable().message(), st.message());
 }
 
+// `bytes` of device memory starting `skew` bytes into an allocation, so that
+// a case can hand the kernels arrays that are not 16-byte aligned.
 class DeviceBuffer {
  public:
-  explicit DeviceBuffer(size_t bytes) : bytes_(bytes) {
-    if (bytes_ > 0 && cudaMalloc(&ptr_, bytes_) != cudaSuccess) ptr_ = nullptr;
+  explicit DeviceBuffer(size_t bytes, size_t skew = 0) : bytes_(bytes), skew_(skew) {
+    if (bytes_ > 0 && cudaMalloc(&base_, bytes_ + skew_) != cudaSuccess) base_ = nullptr;
   }
   ~DeviceBuffer() {
-    if (ptr_) cudaFree(ptr_);
+    if (base_) cudaFree(base_);
   }
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  void* get() const { return ptr_; }
+  void* get() const { return base_ ? static_cast<uint8_t*>(base_) + skew_ : nullptr; }
   void Upload(const void* host) {
-    ASSERT_EQ(cudaMemcpy(ptr_, host, bytes_, cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(get(), host, bytes_, cudaMemcpyHostToDevice), cudaSuccess);
   }
   std::vector<uint8_t> Download() const {
     std::vector<uint8_t> out(bytes_);
-    EXPECT_EQ(cudaMemcpy(out.data(), ptr_, bytes_, cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(out.data(), get(), bytes_, cudaMemcpyDeviceToHost), cudaSuccess);
     return out;
   }
 
  private:
-  void* ptr_ = nullptr;
-  size_t bytes_;
+  void* base_ = nullptr;
+  size_t bytes_, skew_;
 };
 
 struct Case {
@@ -83,9 +85,11 @@ class CudaKernelTest : public ::testing::TestWithParam<Case> {
   }
 };
 
-TEST_P(CudaKernelTest, ThreeStepsMatchTheCpuBitForBit) {
-  const auto [rule, dtype] = GetParam();
-  constexpr size_t n = 10007;  // not a multiple of any block size
+// Three steps on the GPU and on the CPU: the same bits. `skew`: the GPU's
+// arrays start that many elements past an aligned address (the kernels'
+// unaligned path instead of their vector loads).
+void ThreeStepsMatchTheCpu(UpdateRule rule, DType dtype, size_t skew) {
+  constexpr size_t n = 10007;  // not a multiple of any block size or vector width
   const size_t bytes = n * DTypeSize(dtype);
   Hyperparams h;
   h.learning_rate = 0.05f;
@@ -94,7 +98,7 @@ TEST_P(CudaKernelTest, ThreeStepsMatchTheCpuBitForBit) {
   h.nesterov = true;
   h.initial_accumulator = 0.1f;
   std::vector<uint8_t> cpu_param = Values(dtype, n, 1, 1.0);
-  DeviceBuffer param(bytes), grad(bytes);
+  DeviceBuffer param(bytes, skew * DTypeSize(dtype)), grad(bytes, skew * DTypeSize(dtype));
   param.Upload(cpu_param.data());
 
   // State on both sides.
@@ -107,7 +111,9 @@ TEST_P(CudaKernelTest, ThreeStepsMatchTheCpuBitForBit) {
   if (StateSlots(rule) >= 2) cpu_state.slot1 = s1.data();
   if (!master.empty()) cpu_state.master = master.data();
   if (optimizer) ResetRuleState(rule, h, dtype, cpu_param.data(), n, cpu_state);
-  DeviceBuffer d0(state_bytes), d1(state_bytes), dmaster(master.size() * 4);
+  const size_t state_skew = skew * StateElementSize(dtype);
+  DeviceBuffer d0(state_bytes, state_skew), d1(state_bytes, state_skew),
+      dmaster(master.size() * 4, skew * 4);
   d0.Upload(s0.data());
   d1.Upload(s1.data());
   if (!master.empty()) dmaster.Upload(master.data());
@@ -142,6 +148,14 @@ TEST_P(CudaKernelTest, ThreeStepsMatchTheCpuBitForBit) {
     auto got = dmaster.Download();
     EXPECT_EQ(std::memcmp(got.data(), master.data(), got.size()), 0) << "master copy differs";
   }
+}
+
+TEST_P(CudaKernelTest, ThreeStepsMatchTheCpuBitForBit) {
+  ThreeStepsMatchTheCpu(GetParam().rule, GetParam().dtype, 0);
+}
+
+TEST_P(CudaKernelTest, UnalignedArraysMatchTheCpuBitForBit) {
+  ThreeStepsMatchTheCpu(GetParam().rule, GetParam().dtype, 1);
 }
 
 // The sync-step sum of 4 gradients, averaged, as the shard does it.

@@ -6,6 +6,9 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <cstdint>
+#include <initializer_list>
+#include <type_traits>
 #include <string>
 
 #include "kernels/cuda/kernels_cuda.h"
@@ -46,13 +49,55 @@ struct BF16 {
   }
 };
 
+// --- vector loads ------------------------------------------------------------
+
+// V consecutive elements moved by one load or store. Each thread steps V
+// elements at a time: 16-byte loads of the parameter's type (4 floats, 2
+// doubles), and for f16/bf16 parameters 4 elements (8-byte loads of the
+// halves, 16-byte loads of their f32 master and moments). Arrays not aligned
+// to the pack, and the last n % V elements, go through V = 1.
+template <typename T, int V>
+struct alignas(sizeof(T) * V) Pack {
+  T x[V];
+};
+
+template <int V, typename T>
+__device__ __forceinline__ Pack<T, V> Load(const T* p, size_t i) {
+  return *reinterpret_cast<const Pack<T, V>*>(p + i);
+}
+template <int V, typename T>
+__device__ __forceinline__ void Store(T* p, size_t i, const Pack<T, V>& v) {
+  *reinterpret_cast<Pack<T, V>*>(p + i) = v;
+}
+
+bool Aligned(std::initializer_list<const void*> ptrs, size_t bytes) {
+  for (const void* p : ptrs) {
+    if (p != nullptr && reinterpret_cast<uintptr_t>(p) % bytes != 0) return false;
+  }
+  return true;
+}
+
 // --- assign/add and the sync-step sum ----------------------------------------
 
-template <typename T>
+// dst += src; n is a multiple of V.
+template <typename T, int V>
 __global__ void AddKernel(T* __restrict__ dst, const T* __restrict__ src, size_t n) {
-  for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x) {
-    dst[i] += src[i];
+  const size_t stride = static_cast<size_t>(blockDim.x) * gridDim.x;
+  for (size_t j = blockIdx.x * blockDim.x + threadIdx.x; j < n / V; j += stride) {
+    Pack<T, V> d = Load<V>(dst, j * V);
+    const Pack<T, V> a = Load<V>(src, j * V);
+#pragma unroll
+    for (int e = 0; e < V; ++e) d.x[e] += a.x[e];
+    Store(dst, j * V, d);
   }
+}
+
+template <typename T>
+void LaunchAdd(T* dst, const T* src, size_t n, cudaStream_t s) {
+  constexpr int V = 16 / sizeof(T);
+  const size_t head = Aligned({dst, src}, 16) ? n / V * V : 0;
+  if (head > 0) AddKernel<T, V><<<Blocks(head / V), kThreads, 0, s>>>(dst, src, head);
+  if (n > head) AddKernel<T, 1><<<Blocks(n - head), kThreads, 0, s>>>(dst + head, src + head, n - head);
 }
 
 template <typename H>
@@ -91,85 +136,156 @@ __global__ void RoundHalfKernel(const float* __restrict__ acc, uint16_t* __restr
 template <typename T>
 using Params = OptimizerParams<T>;
 
-// One element of one rule, in the CPU's order of operations.
+// Host-side constants, computed as the CPU computes them.
 template <typename T>
-__device__ void StepOne(UpdateRule rule, T& p, T g, T* s0, T* s1, const Params<T>& k, T step_size,
-                        T inv_sqrt_bc2, T decay) {
-  switch (rule) {
-    case UpdateRule::kSgd:
-      p -= k.lr * (g + k.wd * p);
-      return;
-    case UpdateRule::kMomentum:
-      if (k.nesterov) {
-        T gi = g + k.wd * p;
-        *s0 = k.mu * *s0 + gi;
-        p -= k.lr * (gi + k.mu * *s0);
-      } else {
-        *s0 = k.mu * *s0 + (g + k.wd * p);
-        p -= k.lr * *s0;
-      }
-      return;
-    case UpdateRule::kAdam:
-    case UpdateRule::kAdamW: {
-      const bool decoupled = rule == UpdateRule::kAdamW;
-      T gi = decoupled ? g : g + k.wd * p;
-      if (decoupled) p *= decay;
-      *s0 = k.b1 * *s0 + (T(1) - k.b1) * gi;
-      *s1 = k.b2 * *s1 + (T(1) - k.b2) * gi * gi;
-      p -= step_size * *s0 / (sqrt(*s1) * inv_sqrt_bc2 + k.eps);
-      return;
-    }
-    case UpdateRule::kAdagrad: {
+struct Consts {
+  Params<T> k;
+  T step_size, inv_sqrt_bc2, decay;
+};
+
+template <typename T>
+Consts<T> MakeConsts(const Hyperparams& h, uint64_t step) {
+  Consts<T> c;
+  c.k = PrepareOptimizer<T>(h, step);
+  c.step_size = c.k.lr / c.k.bc1;
+  c.inv_sqrt_bc2 = T(1) / std::sqrt(c.k.bc2);
+  c.decay = T(1) - c.k.lr * c.k.wd;
+  return c;
+}
+
+template <UpdateRule R>
+__host__ __device__ constexpr int Slots() {
+  return R == UpdateRule::kAdam || R == UpdateRule::kAdamW ? 2 : R == UpdateRule::kSgd ? 0 : 1;
+}
+
+// One element of rule R, in the CPU's order of operations (--fmad=false keeps
+// it: kernels/cpu gives the same bits).
+template <UpdateRule R, typename T>
+__device__ __forceinline__ void Step(T& p, T g, T& s0, T& s1, const Consts<T>& c) {
+  const Params<T>& k = c.k;
+  if constexpr (R == UpdateRule::kSgd) {
+    p -= k.lr * (g + k.wd * p);
+  } else if constexpr (R == UpdateRule::kMomentum) {
+    if (k.nesterov) {
       T gi = g + k.wd * p;
-      *s0 += gi * gi;
-      p -= k.lr * gi / (sqrt(*s0) + k.eps);
-      return;
+      s0 = k.mu * s0 + gi;
+      p -= k.lr * (gi + k.mu * s0);
+    } else {
+      s0 = k.mu * s0 + (g + k.wd * p);
+      p -= k.lr * s0;
     }
-    default:
-      return;
+  } else if constexpr (R == UpdateRule::kAdam || R == UpdateRule::kAdamW) {
+    constexpr bool kDecoupled = R == UpdateRule::kAdamW;
+    T gi = kDecoupled ? g : g + k.wd * p;
+    if (kDecoupled) p *= c.decay;
+    s0 = k.b1 * s0 + (T(1) - k.b1) * gi;
+    s1 = k.b2 * s1 + (T(1) - k.b2) * gi * gi;
+    p -= c.step_size * s0 / (sqrt(s1) * c.inv_sqrt_bc2 + k.eps);
+  } else if constexpr (R == UpdateRule::kAdagrad) {
+    T gi = g + k.wd * p;
+    s0 += gi * gi;
+    p -= k.lr * gi / (sqrt(s0) + k.eps);
   }
 }
 
-template <typename T>
-__global__ void OptimizerKernel(UpdateRule rule, T* __restrict__ p, const T* __restrict__ g,
-                                T* __restrict__ s0, T* __restrict__ s1, size_t n, Params<T> k,
-                                T step_size, T inv_sqrt_bc2, T decay) {
-  for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x) {
-    T pi = p[i];
-    StepOne(rule, pi, g[i], s0 ? s0 + i : nullptr, s1 ? s1 + i : nullptr, k, step_size,
-            inv_sqrt_bc2, decay);
-    p[i] = pi;
+// One fused kernel per rule and type: n is a multiple of V here.
+template <UpdateRule R, typename T, int V>
+__global__ void OptimizerKernel(T* __restrict__ p, const T* __restrict__ g, T* __restrict__ s0,
+                                T* __restrict__ s1, size_t n, Consts<T> c) {
+  const size_t stride = static_cast<size_t>(blockDim.x) * gridDim.x;
+  for (size_t j = blockIdx.x * blockDim.x + threadIdx.x; j < n / V; j += stride) {
+    const size_t i = j * V;
+    Pack<T, V> pv = Load<V>(p, i), s0v{}, s1v{};
+    const Pack<T, V> gv = Load<V>(g, i);
+    if constexpr (Slots<R>() >= 1) s0v = Load<V>(s0, i);
+    if constexpr (Slots<R>() >= 2) s1v = Load<V>(s1, i);
+#pragma unroll
+    for (int e = 0; e < V; ++e) Step<R>(pv.x[e], gv.x[e], s0v.x[e], s1v.x[e], c);
+    Store(p, i, pv);
+    if constexpr (Slots<R>() >= 1) Store(s0, i, s0v);
+    if constexpr (Slots<R>() >= 2) Store(s1, i, s1v);
   }
 }
 
 // f16/bf16 parameters: the step runs on the f32 master copy, and the
 // parameter is the master rounded.
-template <typename H>
-__global__ void OptimizerHalfKernel(UpdateRule rule, uint16_t* __restrict__ p,
-                                    const uint16_t* __restrict__ g, float* __restrict__ master,
-                                    float* __restrict__ s0, float* __restrict__ s1, size_t n,
-                                    Params<float> k, float step_size, float inv_sqrt_bc2,
-                                    float decay) {
-  for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x) {
-    float mi = master[i];
-    StepOne(rule, mi, H::ToFloat(g[i]), s0 ? s0 + i : nullptr, s1 ? s1 + i : nullptr, k, step_size,
-            inv_sqrt_bc2, decay);
-    master[i] = mi;
-    p[i] = H::FromFloat(mi);
+template <UpdateRule R, typename H, int V>
+__global__ void OptimizerHalfKernel(uint16_t* __restrict__ p, const uint16_t* __restrict__ g,
+                                    float* __restrict__ master, float* __restrict__ s0,
+                                    float* __restrict__ s1, size_t n, Consts<float> c) {
+  const size_t stride = static_cast<size_t>(blockDim.x) * gridDim.x;
+  for (size_t j = blockIdx.x * blockDim.x + threadIdx.x; j < n / V; j += stride) {
+    const size_t i = j * V;
+    Pack<float, V> mv = Load<V>(master, i), s0v{}, s1v{};
+    const Pack<uint16_t, V> gv = Load<V>(g, i);
+    Pack<uint16_t, V> pv;
+    if constexpr (Slots<R>() >= 1) s0v = Load<V>(s0, i);
+    if constexpr (Slots<R>() >= 2) s1v = Load<V>(s1, i);
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      Step<R>(mv.x[e], H::ToFloat(gv.x[e]), s0v.x[e], s1v.x[e], c);
+      pv.x[e] = H::FromFloat(mv.x[e]);
+    }
+    Store(master, i, mv);
+    Store(p, i, pv);
+    if constexpr (Slots<R>() >= 1) Store(s0, i, s0v);
+    if constexpr (Slots<R>() >= 2) Store(s1, i, s1v);
+  }
+}
+
+template <UpdateRule R, typename T>
+Status LaunchRule(T* p, const T* g, T* s0, T* s1, size_t n, const Consts<T>& c, cudaStream_t s) {
+  constexpr int V = 16 / sizeof(T);
+  const size_t head = Aligned({p, g, s0, s1}, sizeof(T) * V) ? n / V * V : 0;
+  if (head > 0) OptimizerKernel<R, T, V><<<Blocks(head / V), kThreads, 0, s>>>(p, g, s0, s1, head, c);
+  if (n > head) {
+    OptimizerKernel<R, T, 1><<<Blocks(n - head), kThreads, 0, s>>>(
+        p + head, g + head, s0 ? s0 + head : nullptr, s1 ? s1 + head : nullptr, n - head, c);
+  }
+  return Launched("optimizer kernel");
+}
+
+template <UpdateRule R, typename H>
+Status LaunchHalfRule(uint16_t* p, const uint16_t* g, float* m, float* s0, float* s1, size_t n,
+                      const Consts<float>& c, cudaStream_t s) {
+  constexpr int V = 4;
+  const size_t head =
+      Aligned({p, g}, 2 * V) && Aligned({m, s0, s1}, 4 * V) ? n / V * V : 0;
+  if (head > 0) {
+    OptimizerHalfKernel<R, H, V><<<Blocks(head / V), kThreads, 0, s>>>(p, g, m, s0, s1, head, c);
+  }
+  if (n > head) {
+    OptimizerHalfKernel<R, H, 1><<<Blocks(n - head), kThreads, 0, s>>>(
+        p + head, g + head, m + head, s0 ? s0 + head : nullptr, s1 ? s1 + head : nullptr,
+        n - head, c);
+  }
+  return Launched("optimizer kernel");
+}
+
+// The rule as a template argument: one kernel per rule, no branch on it per element.
+template <typename Fn>
+Status DispatchRule(UpdateRule rule, Fn&& fn) {
+  switch (rule) {
+    case UpdateRule::kSgd:
+      return fn(std::integral_constant<UpdateRule, UpdateRule::kSgd>{});
+    case UpdateRule::kMomentum:
+      return fn(std::integral_constant<UpdateRule, UpdateRule::kMomentum>{});
+    case UpdateRule::kAdam:
+      return fn(std::integral_constant<UpdateRule, UpdateRule::kAdam>{});
+    case UpdateRule::kAdamW:
+      return fn(std::integral_constant<UpdateRule, UpdateRule::kAdamW>{});
+    case UpdateRule::kAdagrad:
+      return fn(std::integral_constant<UpdateRule, UpdateRule::kAdagrad>{});
+    default:
+      return Status::InvalidArgument("not an optimizer rule");
   }
 }
 
 template <typename T>
 Status LaunchOptimizer(UpdateRule rule, const Hyperparams& h, T* p, const T* g, T* s0, T* s1,
                        size_t n, uint64_t step, cudaStream_t stream) {
-  const auto k = PrepareOptimizer<T>(h, step);
-  // The same host-side constants as the CPU's Adam.
-  const T step_size = k.lr / k.bc1;
-  const T inv_sqrt_bc2 = T(1) / std::sqrt(k.bc2);
-  const T decay = T(1) - k.lr * k.wd;
-  OptimizerKernel<T><<<Blocks(n), kThreads, 0, stream>>>(rule, p, g, s0, s1, n, k, step_size,
-                                                         inv_sqrt_bc2, decay);
-  return Launched("optimizer kernel");
+  const Consts<T> c = MakeConsts<T>(h, step);
+  return DispatchRule(rule, [&](auto r) { return LaunchRule<decltype(r)::value, T>(p, g, s0, s1, n, c, stream); });
 }
 
 }  // namespace
@@ -184,20 +300,17 @@ Status ApplyUpdate(UpdateRule rule, DType dtype, void* dst, const void* src, siz
   if (rule != UpdateRule::kAdd) return Status::InvalidArgument("unknown update rule");
   switch (dtype) {
     case DType::kF32:
-      AddKernel<<<Blocks(n), kThreads, 0, s>>>(static_cast<float*>(dst),
-                                               static_cast<const float*>(src), n);
+      LaunchAdd(static_cast<float*>(dst), static_cast<const float*>(src), n, s);
       break;
     case DType::kF64:
-      AddKernel<<<Blocks(n), kThreads, 0, s>>>(static_cast<double*>(dst),
-                                               static_cast<const double*>(src), n);
+      LaunchAdd(static_cast<double*>(dst), static_cast<const double*>(src), n, s);
       break;
     case DType::kI32:
-      AddKernel<<<Blocks(n), kThreads, 0, s>>>(static_cast<uint32_t*>(dst),
-                                               static_cast<const uint32_t*>(src), n);
+      LaunchAdd(static_cast<uint32_t*>(dst), static_cast<const uint32_t*>(src), n, s);
       break;
     case DType::kI64:
-      AddKernel<<<Blocks(n), kThreads, 0, s>>>(static_cast<unsigned long long*>(dst),
-                                               static_cast<const unsigned long long*>(src), n);
+      LaunchAdd(static_cast<unsigned long long*>(dst), static_cast<const unsigned long long*>(src),
+                n, s);
       break;
     case DType::kF16:
       AddHalfKernel<F16><<<Blocks(n), kThreads, 0, s>>>(static_cast<uint16_t*>(dst),
@@ -281,22 +394,17 @@ Status ApplyOptimizer(UpdateRule rule, const Hyperparams& h, DType dtype, void* 
     case DType::kF16:
     case DType::kBF16: {
       if (!state.master) return Status::Internal("f16/bf16 parameter without its master copy");
-      const auto k = PrepareOptimizer<float>(h, step);
-      const float step_size = k.lr / k.bc1;
-      const float inv_sqrt_bc2 = 1.0f / std::sqrt(k.bc2);
-      const float decay = 1.0f - k.lr * k.wd;
+      const Consts<float> c = MakeConsts<float>(h, step);
       auto* p = static_cast<uint16_t*>(param);
       const auto* g = static_cast<const uint16_t*>(grad);
       auto* s0 = static_cast<float*>(state.slot0);
       auto* s1 = static_cast<float*>(state.slot1);
-      if (dtype == DType::kF16) {
-        OptimizerHalfKernel<F16><<<Blocks(n), kThreads, 0, s>>>(
-            rule, p, g, state.master, s0, s1, n, k, step_size, inv_sqrt_bc2, decay);
-      } else {
-        OptimizerHalfKernel<BF16><<<Blocks(n), kThreads, 0, s>>>(
-            rule, p, g, state.master, s0, s1, n, k, step_size, inv_sqrt_bc2, decay);
-      }
-      return Launched("optimizer kernel");
+      const bool f16 = dtype == DType::kF16;
+      return DispatchRule(rule, [&](auto r) {
+        constexpr UpdateRule R = decltype(r)::value;
+        return f16 ? LaunchHalfRule<R, F16>(p, g, state.master, s0, s1, n, c, s)
+                   : LaunchHalfRule<R, BF16>(p, g, state.master, s0, s1, n, c, s);
+      });
     }
     case DType::kI32:
     case DType::kI64:
