@@ -61,3 +61,27 @@ rows = json.load(open(sys.argv[1]))
 assert {r["scenario"] for r in rows} == {"push", "pull"}, rows
 print(f"bench smoke: {len(rows)} rows against a given cluster")
 PY
+
+# `tessera status` against the same server: what it holds and has done.
+"$TESSERA_BIN" status --cluster "$out/cluster.json" --secret-file "$out/secret" \
+  --json > "$out/status.json"
+python3 - "$out/status.json" <<'PY'
+import json, sys
+tasks = json.load(open(sys.argv[1]))
+assert [t["task"] for t in tasks] == ["/job:ps/task:0"], tasks
+t = tasks[0]
+assert t["memory"] == "host memory" and t["staged_through_host"] is False, t
+assert t["stats"]["pushes_applied"] > 0 and t["stats"]["pulls_served"] > 0, t
+assert t["coordinator"] is True and t["global_step"] > 0, t
+print(f"status: {t['stats']['pushes_applied']} pushes, global step {t['global_step']}")
+PY
+# A wrong secret: the task is named unreachable, and the exit code says so.
+head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$out/wrong"
+chmod 600 "$out/wrong"
+if "$TESSERA_BIN" status --cluster "$out/cluster.json" --secret-file "$out/wrong" \
+    > "$out/wrong.txt"; then
+  echo "status with a wrong secret succeeded"; exit 1
+fi
+grep -q "could not prove it knows the cluster secret" "$out/wrong.txt" ||
+  { cat "$out/wrong.txt"; echo "status did not say why"; exit 1; }
+echo "status: a wrong secret is refused, naming why"

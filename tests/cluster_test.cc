@@ -60,8 +60,9 @@ class RawPeer {
     return f;
   }
   // Hello, then an auth proof made with `secret`; returns the shard's answer.
-  std::vector<uint8_t> Authenticate(const std::string& secret, const std::string& task) {
-    wire::Hello hello{wire::PeerRole::kWorker, 0, task, RandomNonce()};
+  std::vector<uint8_t> Authenticate(const std::string& secret, const std::string& task,
+                                    wire::PeerRole role = wire::PeerRole::kWorker) {
+    wire::Hello hello{role, 0, task, RandomNonce()};
     Send(hello, 1);
     auto challenge = wire::Decode<wire::Challenge>(Next());
     if (!challenge.ok()) return {};
@@ -384,6 +385,30 @@ TEST_P(ClusterTest, RequestsBeforeAuthenticationAreRefused) {
 }
 
 // A peer that speaks the protocol but forges its proof gets no memory key.
+// `tessera status` connects as an observer: it gets status and nothing else.
+TEST_P(ClusterTest, ObserversMayOnlyAskForStatus) {
+  StartCluster(1, 1);
+  RawPeer observer(spec_.address({"ps", 0}).value());
+  ASSERT_TRUE(observer.connected());
+  auto welcome = wire::Decode<wire::Welcome>(
+      observer.Authenticate(secret_, "/job:status/task:0", wire::PeerRole::kObserver));
+  ASSERT_TRUE(welcome.ok()) << welcome.status().ToString();
+  EXPECT_TRUE(welcome->staging_region.empty()) << "an observer was given memory";
+  observer.Send(wire::Push{0, {{0, 0, 4}}, {1, 2, 3, 4}}, 7);
+  auto refused = wire::Decode<wire::Error>(observer.Next());
+  ASSERT_TRUE(refused.ok()) << refused.status().ToString();
+  EXPECT_EQ(refused->code, StatusCode::kPermissionDenied);
+  EXPECT_NE(refused->message.find("may only ask for status"), std::string::npos)
+      << refused->message;
+  observer.Send(wire::StatusRequest{}, 8);
+  auto status = wire::Decode<wire::StatusReply>(observer.Next());
+  ASSERT_TRUE(status.ok()) << status.status().ToString();
+  EXPECT_NE(status->json.find("\"task\":\"/job:ps/task:0\""), std::string::npos) << status->json;
+  // Workers still work beside it.
+  Client& c = Connect(0);
+  EXPECT_TRUE(c.Declare({"w", DType::kF32, {4}, UpdateRule::kAssign, {}, -1}).ok());
+}
+
 TEST_P(ClusterTest, BadProofIsRefused) {
   StartCluster(1, 1);
   RawPeer raw(spec_.tasks("ps")[0]);

@@ -82,6 +82,8 @@ std::vector<Sample> Samples() {
       Make("ckpt_written", CkptWritten{3, StatusCode::kOk, "", {5, 5}}),
       Make("ckpt_abort", CkptAbort{3}),
       Make("checkpoint_saved", CheckpointSaved{40, "/ckpt/step-00000040"}),
+      Make("status", StatusRequest{}),
+      Make("status_reply", StatusReply{R"({"task": "/job:ps/task:0"})"}),
   };
 }
 

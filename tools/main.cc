@@ -13,6 +13,7 @@
 #include "tools/demo.h"
 #include "tools/doctor.h"
 #include "tools/launch.h"
+#include "tools/status.h"
 
 namespace {
 
@@ -108,6 +109,13 @@ int main(int argc, char** argv) try {
       ->check(CLI::Range(1, 1000000));
   server->add_flag("!--no-restore", server_opts.restore,
                    "coordinator: start afresh even if a checkpoint exists");
+
+  tools::StatusOptions status;
+  auto* status_cmd = app.add_subcommand(
+      "status", "ask every ps task what it holds and has done (memory, workers, counters)");
+  status.cluster.Add(status_cmd, "ps");
+  status_cmd->add_flag("--json", status.json, "print JSON");
+  status_cmd->add_option("--timeout-ms", status.timeout_ms, "per task (default 5000)");
 
   tools::LaunchOptions launch;
   auto* launch_cmd = app.add_subcommand(
@@ -229,6 +237,10 @@ int main(int argc, char** argv) try {
   }
   if (app.got_subcommand(server)) return RunServer(server_flags, server_opts);
   if (app.got_subcommand(launch_cmd)) return tools::Launch(launch);
+  if (app.got_subcommand(status_cmd)) {
+    InitLogging("status");
+    return tools::RunStatus(status);
+  }
   if (app.got_subcommand(demo_cmd)) return tools::RunDemo(demo);
   if (app.got_subcommand(demo_worker)) return tools::RunDemoWorker(demo);
   return 2;

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <cstring>
 #include <future>
@@ -106,6 +108,39 @@ Status Shard::Start() {
             coord_ && !is_coordinator_only() ? " (and the coordinator)" : "", memory_->Describe(),
             table_->staged() ? ", staged through host memory" : "");
   return Status::Ok();
+}
+
+std::string Shard::StatusJson() const {
+  const ServerStats s = stats();
+  nlohmann::json workers = nlohmann::json::array();
+  for (const auto& [raw, peer] : peers_) {
+    if (!peer->authenticated || peer->is_shard || peer->is_observer) continue;
+    workers.push_back({{"task", peer->hello.task},
+                       {"address", peer->ep->peer()},
+                       {"cuda_ipc", peer->same_node}});
+  }
+  nlohmann::json j = {
+      {"task", TaskId{options_.job, options_.task_index}.ToString()},
+      {"coordinator", hosts_coordinator()},
+      {"transport", ctx_->Describe()},
+      {"memory", memory_->Describe()},
+      {"staged_through_host", table_->staged()},
+      {"workers", workers},
+      {"stats",
+       {{"tensors", s.tensors},
+        {"pushes_applied", s.pushes_applied},
+        {"pulls_served", s.pulls_served},
+        {"connections_refused", s.connections_refused},
+        {"leases_revoked", s.leases_revoked},
+        {"sync_steps_applied", s.sync_steps_applied},
+        {"stale_pushes_dropped", s.stale_pushes_dropped},
+        {"duplicate_pushes_dropped", s.duplicate_pushes_dropped},
+        {"chunks_restored", s.chunks_restored},
+        {"checkpoints_written", s.checkpoints_written},
+        {"host_staged_bytes", s.host_staged_bytes},
+        {"cuda_ipc_workers", s.cuda_ipc_workers}}}};
+  if (coord_) j["global_step"] = coord_->global_step();
+  return j.dump();
 }
 
 Status Shard::OpenMemory() {
@@ -264,7 +299,7 @@ void Shard::OnDisconnect(const EndpointPtr& ep, const Status& why) {
     TLOG_WARN("{} left the coordinator: {}", peer->hello.task, why.message());
     if (k < joined_shards_.size() && joined_shards_[k] == peer) joined_shards_[k] = nullptr;
     if (checkpointer_) checkpointer_->OnShardLost(static_cast<int>(k));
-  } else if (peer->authenticated) {
+  } else if (peer->authenticated && !peer->is_observer) {
     TLOG_INFO("{} disconnected: {}", peer->hello.task, why.message());
     const uint32_t rank = peer->hello.worker_rank;
     if (--connected_ranks_[rank] == 0) departed_[rank] = peer->hello.task;
@@ -304,6 +339,15 @@ void Shard::OnMessage(const EndpointPtr& ep, std::span<const uint8_t> frame) {
   }
 
   if (peer.is_shard) return OnShardPeerMessage(peer, *h, frame);
+  if (peer.is_observer) {
+    if (h->opcode == wire::Opcode::kPing) return Reply(peer, h->request_id, wire::Ack{});
+    if (h->opcode == wire::Opcode::kStatus) {
+      return Reply(peer, h->request_id, wire::StatusReply{StatusJson()});
+    }
+    return SendError(peer, h->request_id,
+                     Status::PermissionDenied(std::string(wire::OpcodeName(h->opcode)) +
+                                              " from an observer, which may only ask for status"));
+  }
 
   // A malformed message closes the connection; a well-formed request that
   // cannot be served gets an error reply.
@@ -422,6 +466,8 @@ Status Shard::OnHello(Peer& peer, const wire::Header& h, std::span<const uint8_t
       return Status::PermissionDenied(m->task + " joins as ps task " + std::to_string(k) +
                                       ", which the cluster spec does not name so");
     }
+  } else if (m->role == wire::PeerRole::kObserver) {
+    // No rank: an observer is not a worker and counts for nothing.
   } else if (static_cast<int>(m->worker_rank) >= options_.cluster.num_workers()) {
     return Status::PermissionDenied(m->task + " claims worker rank " +
                                     std::to_string(m->worker_rank) + " but the cluster has " +
@@ -449,6 +495,12 @@ Status Shard::OnAuth(Peer& peer, const wire::Header& h, std::span<const uint8_t>
                                     " does not know the cluster secret");
   }
   wire::Welcome welcome;
+  if (peer.hello.role == wire::PeerRole::kObserver) {
+    peer.authenticated = true;
+    peer.is_observer = true;
+    Reply(peer, h.request_id, welcome);  // no staging slot, no keys
+    return Status::Ok();
+  }
   if (peer.hello.role == wire::PeerRole::kShard) {
     peer.authenticated = true;
     peer.is_shard = true;

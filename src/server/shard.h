@@ -47,7 +47,8 @@ class Shard {
     uint8_t* ipc_slot = nullptr;
     StateBuffer ipc_slot_owner;
     std::set<uint32_t> known_arenas;
-    bool is_shard = false;  // a ps task's link to this coordinator
+    bool is_shard = false;     // a ps task's link to this coordinator
+    bool is_observer = false;  // `tessera status`: asks for status, nothing else
   };
   struct Lease {
     transport::Endpoint* owner;
@@ -85,6 +86,8 @@ class Shard {
   void OnSetHyper(Peer& peer, uint64_t request_id, const wire::SetHyper& msg);
   void OnShardPeerMessage(Peer& peer, const wire::Header& h, std::span<const uint8_t> frame);
   void OnSaveCheckpoint(Peer& peer, uint64_t request_id);
+  // What `tessera status` shows of this task, as JSON.
+  std::string StatusJson() const;
 
   // Membership: a ps task that is not the coordinator joins it (retrying
   // until it answers) and learns what to restore; creates wait for that.

@@ -70,6 +70,10 @@ const char* OpcodeName(Opcode op) {
       return "save-checkpoint";
     case Opcode::kCheckpointSaved:
       return "checkpoint-saved";
+    case Opcode::kStatus:
+      return "status";
+    case Opcode::kStatusReply:
+      return "status-reply";
   }
   return "unknown";
 }

@@ -54,8 +54,10 @@ enum class Opcode : uint16_t {
   kCkptAbort = 29,
   kSaveCheckpoint = 30,
   kCheckpointSaved = 31,
+  kStatus = 32,
+  kStatusReply = 33,
 };
-constexpr uint16_t kMaxOpcode = 31;
+constexpr uint16_t kMaxOpcode = 33;
 const char* OpcodeName(Opcode op);
 
 // Header flags.

@@ -148,7 +148,7 @@ Result<Hello> Hello::DecodeBody(ByteReader& r) {
   Hello m;
   uint8_t role = 0;
   if (!r.Get(&role)) return Truncated("role");
-  if (role > static_cast<uint8_t>(PeerRole::kShard))
+  if (role > static_cast<uint8_t>(PeerRole::kObserver))
     return Status::InvalidArgument("unknown role " + std::to_string(role));
   m.role = static_cast<PeerRole>(role);
   if (!r.Get(&m.worker_rank)) return Truncated("worker_rank");
@@ -614,6 +614,13 @@ Result<CheckpointSaved> CheckpointSaved::DecodeBody(ByteReader& r) {
   CheckpointSaved m;
   if (!r.Get(&m.global_step)) return Truncated("global_step");
   if (!r.GetString(&m.path, kMaxPathLength)) return Truncated("path");
+  return m;
+}
+
+void StatusReply::EncodeBody(ByteWriter& w) const { w.PutString(json); }
+Result<StatusReply> StatusReply::DecodeBody(ByteReader& r) {
+  StatusReply m;
+  if (!r.GetString(&m.json, 1u << 20)) return Truncated("json");
   return m;
 }
 

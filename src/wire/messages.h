@@ -24,7 +24,8 @@ constexpr size_t kMaxErrorMessage = 64 * 1024;
 constexpr size_t kMaxPathLength = 4096;
 
 // Who says hello: a worker, or a ps task joining the coordinator.
-enum class PeerRole : uint8_t { kWorker = 0, kShard = 1 };
+// kObserver: `tessera status`, which may only ask for status.
+enum class PeerRole : uint8_t { kWorker = 0, kShard = 1, kObserver = 2 };
 
 struct Hello {
   static constexpr Opcode kOpcode = Opcode::kHello;
@@ -370,6 +371,20 @@ struct CheckpointSaved {
   std::string path;
   void EncodeBody(ByteWriter& w) const;
   static Result<CheckpointSaved> DecodeBody(ByteReader& r);
+};
+
+// "status" (an observer asks) and its reply: what the task holds and has
+// done, as a JSON object (see `tessera status`).
+struct StatusRequest {
+  static constexpr Opcode kOpcode = Opcode::kStatus;
+  void EncodeBody(ByteWriter&) const {}
+  static Result<StatusRequest> DecodeBody(ByteReader&) { return StatusRequest{}; }
+};
+struct StatusReply {
+  static constexpr Opcode kOpcode = Opcode::kStatusReply;
+  std::string json;
+  void EncodeBody(ByteWriter& w) const;
+  static Result<StatusReply> DecodeBody(ByteReader& r);
 };
 
 struct Error {

@@ -13,8 +13,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-import numpy as np
-
 
 def main() -> int:
     ap = argparse.ArgumentParser()
@@ -24,9 +22,10 @@ def main() -> int:
     ap.add_argument("--iters", type=int, default=10)
     a = ap.parse_args()
     try:
+        import numpy as np
         import torch
-    except ImportError:
-        print(json.dumps({"mode": "adam_vs_torch", "skipped": "PyTorch is not installed"}))
+    except ImportError as e:
+        print(json.dumps({"mode": "adam_vs_torch", "skipped": f"not installed: {e.name}"}))
         return 77
     if not torch.cuda.is_available():
         print(json.dumps({"mode": "adam_vs_torch", "skipped": "torch sees no GPU"}))

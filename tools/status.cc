@@ -1,0 +1,175 @@
+#include "tools/status.h"
+
+#include <condition_variable>
+#include <cstdio>
+#include <deque>
+#include <future>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "core/secret.h"
+#include "transport/transport.h"
+#include "wire/messages.h"
+
+namespace tessera::tools {
+namespace {
+
+using namespace std::chrono_literals;
+using nlohmann::json;
+
+// Frames from the tasks, one connection at a time.
+class Inbox {
+ public:
+  void Put(std::span<const uint8_t> frame) {
+    std::lock_guard<std::mutex> lock(mu_);
+    frames_.emplace_back(frame.begin(), frame.end());
+    cv_.notify_all();
+  }
+  Result<std::vector<uint8_t>> Next(std::chrono::milliseconds timeout) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!cv_.wait_for(lock, timeout, [&] { return !frames_.empty(); })) {
+      return Status::DeadlineExceeded("no answer within " + std::to_string(timeout.count()) + " ms");
+    }
+    auto f = std::move(frames_.front());
+    frames_.pop_front();
+    return f;
+  }
+  void Clear() {
+    std::lock_guard<std::mutex> lock(mu_);
+    frames_.clear();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::vector<uint8_t>> frames_;
+};
+
+// Sends `msg` and decodes the answer as Reply (an error reply becomes its status).
+template <typename Reply, typename Msg>
+Result<Reply> Ask(transport::Endpoint& ep, Inbox& inbox, const Msg& msg, uint64_t id,
+                  std::chrono::milliseconds timeout) {
+  ep.Send(wire::kProtocolMsg, wire::Encode(msg, id));
+  auto frame = inbox.Next(timeout);
+  if (!frame.ok()) return frame.status();
+  if (auto err = wire::Decode<wire::Error>(*frame); err.ok()) return Status(err->code, err->message);
+  return wire::Decode<Reply>(*frame);
+}
+
+Result<json> AskTask(transport::Context& ctx, Inbox& inbox, const TaskAddress& addr,
+                     const std::string& secret, std::chrono::milliseconds timeout) {
+  inbox.Clear();
+  std::promise<Result<std::shared_ptr<transport::Endpoint>>> connected;
+  ctx.Connect(addr.host, addr.port, timeout,
+              [&](Result<std::shared_ptr<transport::Endpoint>> ep) { connected.set_value(ep); });
+  auto ep = connected.get_future().get();
+  if (!ep.ok()) return ep.status();
+  struct Closer {
+    std::shared_ptr<transport::Endpoint> ep;
+    ~Closer() { ep->Close(); }
+  } closer{*ep};
+  wire::Hello hello;
+  hello.role = wire::PeerRole::kObserver;
+  hello.task = "/job:status/task:0";
+  hello.client_nonce = RandomNonce();
+  auto challenge = Ask<wire::Challenge>(**ep, inbox, hello, 1, timeout);
+  if (!challenge.ok()) return challenge.status();
+  if (!ProofsEqual(MakeProof(secret, "tessera-shard", hello.client_nonce, challenge->server_nonce,
+                             hello.task),
+                   challenge->server_proof)) {
+    return Status::PermissionDenied("it could not prove it knows the cluster secret");
+  }
+  wire::Auth auth;
+  auth.client_proof =
+      MakeProof(secret, "tessera-worker", challenge->server_nonce, hello.client_nonce, hello.task);
+  auto welcome = Ask<wire::Welcome>(**ep, inbox, auth, 2, timeout);
+  if (!welcome.ok()) return welcome.status();
+  auto reply = Ask<wire::StatusReply>(**ep, inbox, wire::StatusRequest{}, 3, timeout);
+  if (!reply.ok()) return reply.status();
+  auto j = json::parse(reply->json, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return Status::Internal("its status is not JSON");
+  return j;
+}
+
+std::string Workers(const json& j) {
+  std::string out;
+  for (const auto& w : j["workers"]) {
+    if (!out.empty()) out += ", ";
+    out += w["task"].get<std::string>() + (w["cuda_ipc"].get<bool>() ? " (CUDA IPC)" : "");
+  }
+  return out.empty() ? "none" : out;
+}
+
+}  // namespace
+
+int RunStatus(const StatusOptions& o) {
+  auto cfg = o.cluster.Resolve();
+  if (!cfg.ok()) {
+    fprintf(stderr, "tessera status: %s\n", cfg.status().ToString().c_str());
+    return 2;
+  }
+  auto secret = o.cluster.Secret();
+  if (!secret.ok()) {
+    fprintf(stderr, "tessera status: %s\n", secret.status().ToString().c_str());
+    return 2;
+  }
+  transport::ContextOptions topts;
+  topts.backend = o.cluster.transport;
+  topts.name = "status";
+  auto ctx = transport::Context::Open(topts);
+  if (!ctx.ok()) {
+    fprintf(stderr, "tessera status: %s\n", ctx.status().ToString().c_str());
+    return 2;
+  }
+  Inbox inbox;
+  (*ctx)->SetHandler(wire::kProtocolMsg,
+                     [&](const std::shared_ptr<transport::Endpoint>&,
+                         std::span<const uint8_t> frame) { inbox.Put(frame); });
+  std::vector<TaskId> tasks;
+  for (int i = 0; i < cfg->cluster.num_tasks("ps"); ++i) tasks.push_back({"ps", i});
+  for (int i = 0; i < cfg->cluster.num_tasks("coordinator"); ++i) tasks.push_back({"coordinator", i});
+  json all = json::array();
+  int failed = 0;
+  for (const TaskId& t : tasks) {
+    const TaskAddress addr = cfg->cluster.address(t).value();
+    auto j = AskTask(**ctx, inbox, addr, *secret, std::chrono::milliseconds(o.timeout_ms));
+    if (!j.ok()) {
+      failed++;
+      all.push_back({{"task", t.ToString()}, {"address", addr.ToString()},
+                     {"error", j.status().ToString()}});
+      continue;
+    }
+    (*j)["address"] = addr.ToString();
+    all.push_back(*j);
+  }
+  if (o.json) {
+    printf("%s\n", all.dump(2).c_str());
+  } else {
+    for (const auto& j : all) {
+      printf("%s (%s)\n", j["task"].get<std::string>().c_str(),
+             j["address"].get<std::string>().c_str());
+      if (j.contains("error")) {
+        printf("  unreachable: %s\n", j["error"].get<std::string>().c_str());
+        continue;
+      }
+      const auto& s = j["stats"];
+      printf("  parameters: %s%s\n", j["memory"].get<std::string>().c_str(),
+             j["staged_through_host"].get<bool>() ? ", staged through host memory" : "");
+      printf("  transport:  %s\n", j["transport"].get<std::string>().c_str());
+      printf("  workers:    %s\n", Workers(j).c_str());
+      printf("  tensors %llu, pushes %llu, pulls %llu, sync steps %llu, host-staged bytes %llu\n",
+             s["tensors"].get<unsigned long long>(), s["pushes_applied"].get<unsigned long long>(),
+             s["pulls_served"].get<unsigned long long>(),
+             s["sync_steps_applied"].get<unsigned long long>(),
+             s["host_staged_bytes"].get<unsigned long long>());
+      if (j.contains("global_step")) {
+        printf("  global step %llu\n", j["global_step"].get<unsigned long long>());
+      }
+    }
+  }
+  return failed == 0 ? 0 : 1;
+}
+
+}  // namespace tessera::tools
