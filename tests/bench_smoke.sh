@@ -85,3 +85,13 @@ fi
 grep -q "could not prove it knows the cluster secret" "$out/wrong.txt" ||
   { cat "$out/wrong.txt"; echo "status did not say why"; exit 1; }
 echo "status: a wrong secret is refused, naming why"
+
+# GPU buffers: measured where a GPU is (tools/device-check.sh); elsewhere the
+# bench refuses, saying why.
+if "$TESSERA_BIN" bench push --memory cuda --sizes 8 --iters 2 --warmup 0 \
+    > "$out/gpu.txt" 2>&1; then
+  echo "bench: --memory cuda ran (a GPU is here)"
+else
+  grep -q "bench: --memory cuda: " "$out/gpu.txt" || { cat "$out/gpu.txt"; exit 1; }
+  echo "bench: --memory cuda refused: $(head -c 200 "$out/gpu.txt")"
+fi

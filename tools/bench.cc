@@ -1,3 +1,4 @@
+#include "gpu/cuda.h"
 #include "tools/bench.h"
 
 #include <sched.h>
@@ -75,12 +76,22 @@ int RunBench(const BenchOptions& in) {
       return 2;
     }
   }
-  if (o.memory != "host") {
-    fprintf(stderr,
-            "bench: --memory %s: GPU buffers are not supported by this build yet (CUDA arenas "
-            "and GPU client buffers come with the GPU issue); use --memory host\n",
-            o.memory.c_str());
+  if (o.memory != "host" && o.memory != "cuda") {
+    fprintf(stderr, "bench: --memory %s: expected host or cuda\n", o.memory.c_str());
     return 2;
+  }
+  if (o.memory == "cuda") {
+    if (Status gpu_st = gpu::Available(); !gpu_st.ok()) {
+      fprintf(stderr, "bench: --memory cuda: %s\n", gpu_st.message().c_str());
+      return 2;
+    }
+    for (const auto& s : o.scenarios) {
+      if (s == "fabric" || s == "step") {
+        fprintf(stderr, "bench: --memory cuda measures push, pull and push_pull; %s uses host "
+                        "buffers (run it without --memory cuda)\n", s.c_str());
+        return 2;
+      }
+    }
   }
   if (o.shards < 1 || o.workers < 1 || o.iters < 1 || o.warmup < 0) {
     fprintf(stderr, "bench: --shards, --workers and --iters must be at least 1\n");

@@ -26,7 +26,10 @@ struct BenchOptions {
   int workers = 1;
   int iters = 30;
   int warmup = 3;
-  std::string memory = "host";     // host | cuda
+  // host, or cuda: the shards keep parameters on GPU 0 (staging through
+  // host memory where the fabric cannot reach it) and the workers push from
+  // and pull into GPU buffers; --baseline then compares with cudaMemcpy.
+  std::string memory = "host";
   std::string model = "resnet50";  // step: bench/models/<model>.txt, or a path
   bool baseline = false;           // run ucx_perftest beside
   bool check = false;              // verify every transferred byte

@@ -36,6 +36,10 @@ nlohmann::json Row::ToJson() const {
       {"baseline", baseline},     {"baseline_us", baseline_us}, {"baseline_gbps", baseline_gbps},
       {"ratio", ratio},           {"ratio_of", ratio_of},       {"note", note}};
   if (allocs_per_op >= 0) j["allocs_per_op"] = allocs_per_op;
+  if (!gpu_path.empty()) {
+    j["gpu_path"] = gpu_path;
+    j["host_staged_bytes_per_op"] = host_staged_bytes_per_op;
+  }
   return j;
 }
 
@@ -223,6 +227,7 @@ Result<std::unique_ptr<LocalCluster>> LocalCluster::Start(const BenchOptions& o,
         hosts(ws),        "--job",  "ps",          "--task",      std::to_string(i),
         "--staging-mib",  "160",    "--transport", fabric.backend};
     if (o.busy_poll) argv.push_back("--busy-poll");
+    if (o.memory == "cuda") argv.insert(argv.end(), {"--memory", "cuda", "--allow-host-staging"});
     // Shards on the first cores, the bench (workers) on the last one.
     const int cpu = o.pin ? (cpus > 1 ? i % (cpus - 1) : 0) : -1;
     c->shards_.push_back(SpawnProcess(
@@ -261,6 +266,7 @@ Status LocalCluster::ConnectWorkers(const BenchOptions& o, const ClusterSpec& sp
     copts.startup_timeout = std::chrono::seconds(30);
     copts.busy_poll = o.busy_poll;
     copts.transport = backend;
+    copts.allow_host_staging = o.memory == "cuda";  // counted, and shown per row
     auto client = Client::Connect(copts);
     if (!client.ok()) return client.status();
     clients_.push_back(std::move(*client));

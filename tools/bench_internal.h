@@ -38,6 +38,10 @@ struct Row {
   double ratio = 0;
   std::string ratio_of;  // "GB/s" or "time"
   std::string note;
+  // --memory cuda: how the bytes went ("CUDA IPC", "fabric", "host-staged",
+  // "inline") and the bytes staged through host memory per call.
+  std::string gpu_path;
+  double host_staged_bytes_per_op = 0;
   nlohmann::json ToJson() const;
 };
 

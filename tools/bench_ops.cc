@@ -1,9 +1,11 @@
 // push, pull and push_pull through real shard processes: latency and
 // bandwidth over tensor sizes and batch sizes, beside ucx_perftest.
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <thread>
 
+#include "gpu/cuda.h"
 #include "tools/bench_internal.h"
 
 namespace tessera::tools::bench {
@@ -25,6 +27,48 @@ struct Sample {
   uint64_t ops = 0;
   Status status;
 };
+
+// --memory cuda's baseline: a device-to-device cudaMemcpy of `bytes`, median.
+Perftest MemcpyBaseline(uint64_t bytes, int iters) {
+  Perftest p;
+  auto stream = gpu::Stream::Create(0);
+  auto a = gpu::DeviceBuffer::Allocate(bytes, 0);
+  auto b = gpu::DeviceBuffer::Allocate(bytes, 0);
+  if (!stream.ok() || !a.ok() || !b.ok()) {
+    p.error = !stream.ok() ? stream.status().message()
+                           : (!a.ok() ? a.status().message() : b.status().message());
+    return p;
+  }
+  std::vector<double> us;
+  for (int i = -2; i < std::max(iters, 1); ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    Status st = gpu::Copy(b->data(), a->data(), bytes, *stream);
+    if (st.ok()) st = stream->Synchronize();
+    if (!st.ok()) {
+      p.error = st.message();
+      return p;
+    }
+    const auto t1 = std::chrono::steady_clock::now();
+    if (i >= 0) us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+  }
+  std::sort(us.begin(), us.end());
+  p.ok = true;
+  p.us = us[us.size() / 2];
+  p.gbps = static_cast<double>(bytes) / (p.us * 1e3);
+  return p;
+}
+
+// Sums the GPU counters of every worker.
+ClientCounters GpuCounters(LocalCluster& c) {
+  ClientCounters sum;
+  for (int w = 0; w < c.num_workers(); ++w) {
+    const ClientCounters x = c.worker(w).counters();
+    sum.cuda_ipc_bytes += x.cuda_ipc_bytes;
+    sum.host_staged_bytes += x.host_staged_bytes;
+    sum.gpu_inline_bytes += x.gpu_inline_bytes;
+  }
+  return sum;
+}
 
 }  // namespace
 
@@ -81,23 +125,53 @@ Status RunOps(const BenchOptions& o, const Fabric& fabric, std::vector<Row>* row
     std::map<uint64_t, double> single_us;  // size -> this op's batch-1 p50, for the batch ratio
     for (const auto& set : sets) {
       std::vector<Sample> samples(static_cast<size_t>(c.num_workers()));
+      const bool on_gpu = o.memory == "cuda";
+      const ClientCounters gpu_before = on_gpu ? GpuCounters(c) : ClientCounters{};
       auto run = [&](int w) {
         Client& client = c.worker(w);
         Sample& s = samples[static_cast<size_t>(w)];
         const auto& ts = set.tensors[static_cast<size_t>(w)];
         std::vector<std::vector<uint8_t>> out(ts.size(), std::vector<uint8_t>(set.bytes));
         std::vector<std::vector<uint8_t>> in(ts.size(), std::vector<uint8_t>(set.bytes));
+        // --memory cuda: the buffers the calls see are on the GPU; `out` and
+        // `in` are their host images for --check.
+        std::vector<gpu::DeviceBuffer> dout, din;
+        gpu::Stream stream;
+        if (on_gpu) {
+          auto st = gpu::Stream::Create(0);
+          if (!st.ok()) return void(s.status = st.status());
+          stream = std::move(*st);
+          for (size_t k = 0; k < ts.size(); ++k) {
+            auto a = gpu::DeviceBuffer::Allocate(set.bytes, 0);
+            auto b = gpu::DeviceBuffer::Allocate(set.bytes, 0);
+            if (!a.ok() || !b.ok()) return void(s.status = a.ok() ? b.status() : a.status());
+            dout.push_back(std::move(*a));
+            din.push_back(std::move(*b));
+          }
+        }
+        auto src = [&](size_t k) -> uint8_t* {
+          return on_gpu ? static_cast<uint8_t*>(dout[k].data()) : out[k].data();
+        };
+        auto dst = [&](size_t k) -> uint8_t* {
+          return on_gpu ? static_cast<uint8_t*>(din[k].data()) : in[k].data();
+        };
         std::vector<PushItem> push;
         std::vector<PullItem> pull;
         std::vector<PushPullItem> push_pull;
         for (size_t k = 0; k < ts.size(); ++k) {
-          push.push_back({ts[k], out[k].data(), set.bytes, std::nullopt});
-          pull.push_back({ts[k], in[k].data(), set.bytes, 1, std::nullopt});
-          push_pull.push_back({ts[k], out[k].data(), in[k].data(), set.bytes});
+          push.push_back({ts[k], src(k), set.bytes, std::nullopt});
+          pull.push_back({ts[k], dst(k), set.bytes, 1, std::nullopt});
+          push_pull.push_back({ts[k], src(k), dst(k), set.bytes});
         }
         for (int it = 0; it < o.warmup + o.iters; ++it) {
           if (o.check) {
-            for (size_t k = 0; k < ts.size(); ++k) Pattern(out[k], w, static_cast<int>(k), it);
+            for (size_t k = 0; k < ts.size(); ++k) {
+              Pattern(out[k], w, static_cast<int>(k), it);
+              if (!on_gpu) continue;
+              Status up = gpu::Copy(dout[k].data(), out[k].data(), set.bytes, stream);
+              if (up.ok()) up = stream.Synchronize();
+              if (!up.ok()) return void(s.status = up);
+            }
           }
           const uint64_t a0 = HeapAllocations();
           const auto t0 = std::chrono::steady_clock::now();
@@ -117,6 +191,10 @@ Status RunOps(const BenchOptions& o, const Fabric& fabric, std::vector<Row>* row
           }
           if (o.check && op != "pull") {
             if (op == "push") st = client.Pull(pull);
+            for (size_t k = 0; on_gpu && st.ok() && k < ts.size(); ++k) {
+              st = gpu::Copy(in[k].data(), din[k].data(), set.bytes, stream);
+              if (st.ok()) st = stream.Synchronize();
+            }
             for (size_t k = 0; st.ok() && k < ts.size(); ++k) {
               if (in[k] != out[k]) {
                 st = Status::DataLoss(op + " of " + SizeName(set.bytes) + ": tensor " +
@@ -163,7 +241,23 @@ Status RunOps(const BenchOptions& o, const Fabric& fabric, std::vector<Row>* row
       if (set.batch > 1 && single_us.count(set.bytes)) {
         row.note = "batch/1 = " + std::to_string(row.tessera.p50_us / single_us[set.bytes]);
       }
-      if (o.baseline && set.batch == 1 && c.num_workers() == 1) {
+      if (on_gpu) {
+        const ClientCounters after = GpuCounters(c);
+        const uint64_t ipc = after.cuda_ipc_bytes - gpu_before.cuda_ipc_bytes;
+        const uint64_t staged = after.host_staged_bytes - gpu_before.host_staged_bytes;
+        const uint64_t inl = after.gpu_inline_bytes - gpu_before.gpu_inline_bytes;
+        row.gpu_path = ipc > 0 ? "CUDA IPC" : staged > 0 ? "host-staged" : inl > 0 ? "inline" : "fabric";
+        // Per timed or untimed call, checks included: an upper bound.
+        const double calls = static_cast<double>(o.warmup + o.iters) * c.num_workers();
+        row.host_staged_bytes_per_op = static_cast<double>(staged) / calls;
+        row.note = "GPU buffers: " + row.gpu_path;
+      }
+      if (o.baseline && set.batch == 1 && c.num_workers() == 1 && on_gpu) {
+        if (set.bytes > 65536) {
+          CompareBandwidth(&row, "cudaMemcpy D2D", MemcpyBaseline(set.bytes, o.iters));
+          row.note = "GPU buffers: " + row.gpu_path + (row.note.empty() ? "" : "; " + row.note);
+        }
+      } else if (o.baseline && set.batch == 1 && c.num_workers() == 1) {
         const uint64_t b = set.bytes;
         if (b <= 65536) {
           // Small: a Tessera call is one round trip; compare with the fabric's.

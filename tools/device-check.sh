@@ -130,6 +130,9 @@ else
       --bench '$build/tools/tessera-gpu-bench' > '$out/adam.json'"
   step ipc-push-pull 240 bash -c "'$build/tools/tessera-gpu-bench' --iters 10 ipc \
       --tessera '$build/tools/tessera' --bytes 268435456 > '$out/ipc.json'"
+  step bench-gpu-buffers 300 "$build/tools/tessera" bench push pull --memory cuda --no-pin \
+      --transport tcp --sizes 8,64K,16M,256M --iters 10 --warmup 2 --baseline --check \
+      --json "$out/bench-gpu.json"
   if python3 -c "import pytest, safetensors, numpy" 2> /dev/null; then
     step safetensors-gpu-checkpoint 240 env TESSERA_BIN="$build/tools/tessera" \
         LINEAR_REGRESSION="$build/examples/linear_regression" \
@@ -165,7 +168,7 @@ python3 - "$out" << 'PY'
 import json, sys, pathlib
 out = pathlib.Path(sys.argv[1])
 summary = {"steps": [json.loads(l) for l in (out / "steps.jsonl").read_text().splitlines() if l]}
-for name in ("kernels", "adam", "ipc"):
+for name in ("kernels", "adam", "ipc", "bench-gpu"):
     f = out / f"{name}.json"
     if f.exists() and f.stat().st_size:
         try:
