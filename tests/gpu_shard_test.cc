@@ -89,12 +89,12 @@ std::string ComparedMemory() {
 }
 
 // Skips a GPU case where this process cannot use a GPU, saying why.
-#define SKIP_WITHOUT_GPU()                                                  \
-  do {                                                                      \
-    Status gpu_st = gpu::Available();                                       \
-    if (ComparedMemory() != "host" && !gpu_st.ok()) {                       \
-      GTEST_SKIP() << "needs a GPU: " << gpu_st.message();                  \
-    }                                                                       \
+#define SKIP_WITHOUT_GPU()                                 \
+  do {                                                     \
+    Status gpu_st = gpu::Available();                      \
+    if (ComparedMemory() != "host" && !gpu_st.ok()) {      \
+      GTEST_SKIP() << "needs a GPU: " << gpu_st.message(); \
+    }                                                      \
   } while (0)
 
 TEST(GpuShardStart, SaysWhyItCannotHoldParametersOnAGpu) {
@@ -231,14 +231,15 @@ TEST_P(GpuShardRules, MatchTheHostShardBitForBit) {
       break;
     }
   }
-  EXPECT_EQ(first_diff, host.size()) << "GPU shard differs from the host shard at byte " << first_diff;
+  EXPECT_EQ(first_diff, host.size())
+      << "GPU shard differs from the host shard at byte " << first_diff;
 }
 
 std::vector<RuleCase> AllCases() {
   std::vector<RuleCase> out;
-  for (UpdateRule r : {UpdateRule::kAssign, UpdateRule::kAdd, UpdateRule::kSgd,
-                       UpdateRule::kMomentum, UpdateRule::kAdam, UpdateRule::kAdamW,
-                       UpdateRule::kAdagrad}) {
+  for (UpdateRule r :
+       {UpdateRule::kAssign, UpdateRule::kAdd, UpdateRule::kSgd, UpdateRule::kMomentum,
+        UpdateRule::kAdam, UpdateRule::kAdamW, UpdateRule::kAdagrad}) {
     for (DType d : {DType::kF32, DType::kF16, DType::kBF16, DType::kF64}) out.push_back({r, d});
   }
   out.push_back({UpdateRule::kAdd, DType::kI32});
@@ -252,8 +253,8 @@ INSTANTIATE_TEST_SUITE_P(All, GpuShardRules, ::testing::ValuesIn(AllCases()), Ca
 // checkpoint of GPU-resident parameters, restored by a new GPU shard.
 TEST(GpuShard, SyncStepsAndACheckpointRoundTrip) {
   SKIP_WITHOUT_GPU();
-  const fs::path dir = fs::temp_directory_path() /
-                       ("tessera-gpu-ckpt-" + std::to_string(::getpid()));
+  const fs::path dir =
+      fs::temp_directory_path() / ("tessera-gpu-ckpt-" + std::to_string(::getpid()));
   fs::remove_all(dir);
   const size_t n = 50000;
   TensorSpec t{"w", DType::kF16, {static_cast<int64_t>(n)}, UpdateRule::kAdam, {}, -1};
@@ -407,12 +408,12 @@ TEST(GpuBuffers, CudaIpcToAShardProcessOnThisNode) {
   ASSERT_TRUE(stream.Synchronize().ok());
   const int rounds = 3;
   for (int r = 0; r < rounds; ++r) {
-    ASSERT_TRUE((*a)->Push({{ta[0], da.data(), n * 4, DType::kF32},
-                            {ta[1], da.data(), 32, DType::kF32}})
-                    .ok());
-    ASSERT_TRUE((*b)->Push({{tb[0], db.data(), n * 4, DType::kF32},
-                            {tb[1], db.data(), 32, DType::kF32}})
-                    .ok());
+    ASSERT_TRUE(
+        (*a)->Push({{ta[0], da.data(), n * 4, DType::kF32}, {ta[1], da.data(), 32, DType::kF32}})
+            .ok());
+    ASSERT_TRUE(
+        (*b)->Push({{tb[0], db.data(), n * 4, DType::kF32}, {tb[1], db.data(), 32, DType::kF32}})
+            .ok());
   }
   auto out = gpu::DeviceBuffer::Allocate(n * 4, 0).value();
   ASSERT_TRUE((*b)->Pull({{tb[0], out.data(), n * 4, 1 + 2 * rounds, DType::kF32}}).ok());

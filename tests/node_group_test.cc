@@ -48,7 +48,7 @@ std::unique_ptr<Client> Connect(const ClusterSpec& spec, int worker) {
   o.secret = kSecret;
   o.startup_timeout = 10s;
   o.op_timeout = 30s;
-  o.chunk_bytes = 64 << 10;  // several chunks, so that every rank owns some
+  o.chunk_bytes = 64 << 10;     // several chunks, so that every rank owns some
   o.allow_host_staging = true;  // the in-process shard's fabric is Debian's UCX
   o.cuda_ipc = false;
   auto c = Client::Connect(o);

@@ -1,5 +1,5 @@
-#include "gpu/cuda.h"
 #include "tools/bench.h"
+#include "gpu/cuda.h"
 
 #include <sched.h>
 #include <sys/wait.h>
@@ -87,8 +87,10 @@ int RunBench(const BenchOptions& in) {
     }
     for (const auto& s : o.scenarios) {
       if (s == "fabric" || s == "step") {
-        fprintf(stderr, "bench: --memory cuda measures push, pull and push_pull; %s uses host "
-                        "buffers (run it without --memory cuda)\n", s.c_str());
+        fprintf(stderr,
+                "bench: --memory cuda measures push, pull and push_pull; %s uses host "
+                "buffers (run it without --memory cuda)\n",
+                s.c_str());
         return 2;
       }
     }

@@ -246,7 +246,10 @@ Status RunOps(const BenchOptions& o, const Fabric& fabric, std::vector<Row>* row
         const uint64_t ipc = after.cuda_ipc_bytes - gpu_before.cuda_ipc_bytes;
         const uint64_t staged = after.host_staged_bytes - gpu_before.host_staged_bytes;
         const uint64_t inl = after.gpu_inline_bytes - gpu_before.gpu_inline_bytes;
-        row.gpu_path = ipc > 0 ? "CUDA IPC" : staged > 0 ? "host-staged" : inl > 0 ? "inline" : "fabric";
+        row.gpu_path = ipc > 0      ? "CUDA IPC"
+                       : staged > 0 ? "host-staged"
+                       : inl > 0    ? "inline"
+                                    : "fabric";
         // Per timed or untimed call, checks included: an upper bound.
         const double calls = static_cast<double>(o.warmup + o.iters) * c.num_workers();
         row.host_staged_bytes_per_op = static_cast<double>(staged) / calls;

@@ -296,7 +296,8 @@ Finding CheckGpu() {
   if (!gpu) {
     f.detail =
         "no NVIDIA driver (/proc/driver/nvidia is absent): GPU memory registration does "
-        "not apply here (" + (usable.ok() ? std::string("yet CUDA answers") : usable.message()) + ")";
+        "not apply here (" +
+        (usable.ok() ? std::string("yet CUDA answers") : usable.message()) + ")";
     return f;
   }
   if (!usable.ok()) {
@@ -307,9 +308,10 @@ Finding CheckGpu() {
     return f;
   }
   auto device = gpu::DescribeDevice(0);
-  f.detail = (device.ok() ? *device : device.status().message()) + "; dmabuf registration " +
-             (dmabuf_kernel ? std::string("possible (kernel ") : std::string("impossible (kernel ")) + u.release +
-             "); peer-memory module " + (peermem ? "loaded" : "not loaded");
+  f.detail =
+      (device.ok() ? *device : device.status().message()) + "; dmabuf registration " +
+      (dmabuf_kernel ? std::string("possible (kernel ") : std::string("impossible (kernel ")) +
+      u.release + "); peer-memory module " + (peermem ? "loaded" : "not loaded");
   if (!dmabuf_kernel && !peermem) {
     f.level = "problem";
     f.fix =

@@ -91,8 +91,7 @@ Result<json> KernelsVsMemcpy(size_t n, int iters) {
       TESSERA_RETURN_IF_ERROR(gpu::Zero(m->data(), m->size(), *stream));
       Hyperparams h;
       h.learning_rate = 1e-4f;
-      kernels::RuleState state{slots >= 1 ? s0->data() : nullptr,
-                               slots >= 2 ? s1->data() : nullptr,
+      kernels::RuleState state{slots >= 1 ? s0->data() : nullptr, slots >= 2 ? s1->data() : nullptr,
                                master ? static_cast<float*>(m->data()) : nullptr};
       uint64_t step = 0;
       auto kernel = [&]() -> Status {
@@ -113,9 +112,8 @@ Result<json> KernelsVsMemcpy(size_t n, int iters) {
       auto src = gpu::DeviceBuffer::Allocate(copy_bytes, 0);
       auto dst = gpu::DeviceBuffer::Allocate(copy_bytes, 0);
       if (!src.ok() || !dst.ok()) return src.ok() ? dst.status() : src.status();
-      auto t_copy = Time(*stream, iters, [&] {
-        return gpu::Copy(dst->data(), src->data(), copy_bytes, *stream);
-      });
+      auto t_copy = Time(*stream, iters,
+                         [&] { return gpu::Copy(dst->data(), src->data(), copy_bytes, *stream); });
       if (!t_copy.ok()) return t_copy.status();
       const double kernel_gbs = static_cast<double>(moved) / *t_kernel / 1e9;
       const double copy_gbs = static_cast<double>(moved) / *t_copy / 1e9;
@@ -194,10 +192,8 @@ Result<json> AdamFromFiles(const std::string& dir, size_t n, int steps, const Hy
   if (!t.ok()) return t.status();
   auto t_reset = Time(*stream, iters, reset);
   if (!t_reset.ok()) return t_reset.status();
-  return json{{"mode", "adam"},
-              {"elements", n},
-              {"steps", steps},
-              {"step_s", (*t - *t_reset) / steps}};
+  return json{
+      {"mode", "adam"}, {"elements", n}, {"steps", steps}, {"step_s", (*t - *t_reset) / steps}};
 }
 
 // A `tessera server --memory cuda` child on this node, killed on scope exit.
@@ -268,9 +264,8 @@ Result<json> IpcPushPull(const std::string& tessera_bin, size_t bytes, int iters
   TESSERA_RETURN_IF_ERROR(stream->Synchronize());
   const size_t wrong = static_cast<size_t>(std::count_if(
       got.begin(), got.end(), [&](float x) { return x != static_cast<float>(pushes); }));
-  auto t_copy = Time(*stream, iters, [&] {
-    return gpu::Copy(weights->data(), grad->data(), n * 4, *stream);
-  });
+  auto t_copy = Time(*stream, iters,
+                     [&] { return gpu::Copy(weights->data(), grad->data(), n * 4, *stream); });
   if (!t_copy.ok()) return t_copy.status();
   const ClientCounters c = (*client)->counters();
   const double gb = static_cast<double>(bytes) / 1e9;

@@ -168,7 +168,8 @@ int Launch(const LaunchOptions& options) {
   signal(SIGPIPE, SIG_IGN);
 
   std::vector<std::string> server_args = options.server_args;
-  server_args.insert(server_args.end(), {"--transport", options.transport, "--memory", options.memory});
+  server_args.insert(server_args.end(),
+                     {"--transport", options.transport, "--memory", options.memory});
   if (options.allow_host_staging) server_args.push_back("--allow-host-staging");
   const std::string transport_env = "TESSERA_TRANSPORT=" + options.transport;
   if (!options.checkpoint_dir.empty()) {

@@ -30,7 +30,8 @@ class Inbox {
   Result<std::vector<uint8_t>> Next(std::chrono::milliseconds timeout) {
     std::unique_lock<std::mutex> lock(mu_);
     if (!cv_.wait_for(lock, timeout, [&] { return !frames_.empty(); })) {
-      return Status::DeadlineExceeded("no answer within " + std::to_string(timeout.count()) + " ms");
+      return Status::DeadlineExceeded("no answer within " + std::to_string(timeout.count()) +
+                                      " ms");
     }
     auto f = std::move(frames_.front());
     frames_.pop_front();
@@ -54,7 +55,8 @@ Result<Reply> Ask(transport::Endpoint& ep, Inbox& inbox, const Msg& msg, uint64_
   ep.Send(wire::kProtocolMsg, wire::Encode(msg, id));
   auto frame = inbox.Next(timeout);
   if (!frame.ok()) return frame.status();
-  if (auto err = wire::Decode<wire::Error>(*frame); err.ok()) return Status(err->code, err->message);
+  if (auto err = wire::Decode<wire::Error>(*frame); err.ok())
+    return Status(err->code, err->message);
   return wire::Decode<Reply>(*frame);
 }
 
@@ -124,12 +126,12 @@ int RunStatus(const StatusOptions& o) {
     return 2;
   }
   Inbox inbox;
-  (*ctx)->SetHandler(wire::kProtocolMsg,
-                     [&](const std::shared_ptr<transport::Endpoint>&,
-                         std::span<const uint8_t> frame) { inbox.Put(frame); });
+  (*ctx)->SetHandler(wire::kProtocolMsg, [&](const std::shared_ptr<transport::Endpoint>&,
+                                             std::span<const uint8_t> frame) { inbox.Put(frame); });
   std::vector<TaskId> tasks;
   for (int i = 0; i < cfg->cluster.num_tasks("ps"); ++i) tasks.push_back({"ps", i});
-  for (int i = 0; i < cfg->cluster.num_tasks("coordinator"); ++i) tasks.push_back({"coordinator", i});
+  for (int i = 0; i < cfg->cluster.num_tasks("coordinator"); ++i)
+    tasks.push_back({"coordinator", i});
   json all = json::array();
   int failed = 0;
   for (const TaskId& t : tasks) {
@@ -137,8 +139,8 @@ int RunStatus(const StatusOptions& o) {
     auto j = AskTask(**ctx, inbox, addr, *secret, std::chrono::milliseconds(o.timeout_ms));
     if (!j.ok()) {
       failed++;
-      all.push_back({{"task", t.ToString()}, {"address", addr.ToString()},
-                     {"error", j.status().ToString()}});
+      all.push_back(
+          {{"task", t.ToString()}, {"address", addr.ToString()}, {"error", j.status().ToString()}});
       continue;
     }
     (*j)["address"] = addr.ToString();

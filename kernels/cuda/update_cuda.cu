@@ -8,8 +8,8 @@
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
-#include <type_traits>
 #include <string>
+#include <type_traits>
 
 #include "kernels/cuda/kernels_cuda.h"
 #include "kernels/optimizer_params.h"
@@ -41,9 +41,7 @@ struct F16 {
   static __device__ uint16_t FromFloat(float x) { return __half_as_ushort(__float2half_rn(x)); }
 };
 struct BF16 {
-  static __device__ float ToFloat(uint16_t x) {
-    return __bfloat162float(__ushort_as_bfloat16(x));
-  }
+  static __device__ float ToFloat(uint16_t x) { return __bfloat162float(__ushort_as_bfloat16(x)); }
   static __device__ uint16_t FromFloat(float x) {
     return __bfloat16_as_ushort(__float2bfloat16_rn(x));
   }
@@ -97,7 +95,8 @@ void LaunchAdd(T* dst, const T* src, size_t n, cudaStream_t s) {
   constexpr int V = 16 / sizeof(T);
   const size_t head = Aligned({dst, src}, 16) ? n / V * V : 0;
   if (head > 0) AddKernel<T, V><<<Blocks(head / V), kThreads, 0, s>>>(dst, src, head);
-  if (n > head) AddKernel<T, 1><<<Blocks(n - head), kThreads, 0, s>>>(dst + head, src + head, n - head);
+  if (n > head)
+    AddKernel<T, 1><<<Blocks(n - head), kThreads, 0, s>>>(dst + head, src + head, n - head);
 }
 
 template <typename H>
@@ -237,7 +236,8 @@ template <UpdateRule R, typename T>
 Status LaunchRule(T* p, const T* g, T* s0, T* s1, size_t n, const Consts<T>& c, cudaStream_t s) {
   constexpr int V = 16 / sizeof(T);
   const size_t head = Aligned({p, g, s0, s1}, sizeof(T) * V) ? n / V * V : 0;
-  if (head > 0) OptimizerKernel<R, T, V><<<Blocks(head / V), kThreads, 0, s>>>(p, g, s0, s1, head, c);
+  if (head > 0)
+    OptimizerKernel<R, T, V><<<Blocks(head / V), kThreads, 0, s>>>(p, g, s0, s1, head, c);
   if (n > head) {
     OptimizerKernel<R, T, 1><<<Blocks(n - head), kThreads, 0, s>>>(
         p + head, g + head, s0 ? s0 + head : nullptr, s1 ? s1 + head : nullptr, n - head, c);
@@ -249,15 +249,14 @@ template <UpdateRule R, typename H>
 Status LaunchHalfRule(uint16_t* p, const uint16_t* g, float* m, float* s0, float* s1, size_t n,
                       const Consts<float>& c, cudaStream_t s) {
   constexpr int V = 4;
-  const size_t head =
-      Aligned({p, g}, 2 * V) && Aligned({m, s0, s1}, 4 * V) ? n / V * V : 0;
+  const size_t head = Aligned({p, g}, 2 * V) && Aligned({m, s0, s1}, 4 * V) ? n / V * V : 0;
   if (head > 0) {
     OptimizerHalfKernel<R, H, V><<<Blocks(head / V), kThreads, 0, s>>>(p, g, m, s0, s1, head, c);
   }
   if (n > head) {
     OptimizerHalfKernel<R, H, 1><<<Blocks(n - head), kThreads, 0, s>>>(
-        p + head, g + head, m + head, s0 ? s0 + head : nullptr, s1 ? s1 + head : nullptr,
-        n - head, c);
+        p + head, g + head, m + head, s0 ? s0 + head : nullptr, s1 ? s1 + head : nullptr, n - head,
+        c);
   }
   return Launched("optimizer kernel");
 }
@@ -285,7 +284,8 @@ template <typename T>
 Status LaunchOptimizer(UpdateRule rule, const Hyperparams& h, T* p, const T* g, T* s0, T* s1,
                        size_t n, uint64_t step, cudaStream_t stream) {
   const Consts<T> c = MakeConsts<T>(h, step);
-  return DispatchRule(rule, [&](auto r) { return LaunchRule<decltype(r)::value, T>(p, g, s0, s1, n, c, stream); });
+  return DispatchRule(
+      rule, [&](auto r) { return LaunchRule<decltype(r)::value, T>(p, g, s0, s1, n, c, stream); });
 }
 
 }  // namespace
@@ -344,7 +344,8 @@ Status FinishAccumulation(DType dtype, void* acc, size_t n, double scale, void* 
   cudaStream_t s = AsStream(stream);
   switch (dtype) {
     case DType::kF64:
-      if (scale != 1.0) ScaleKernel<<<Blocks(n), kThreads, 0, s>>>(static_cast<double*>(acc), n, scale);
+      if (scale != 1.0)
+        ScaleKernel<<<Blocks(n), kThreads, 0, s>>>(static_cast<double*>(acc), n, scale);
       break;
     case DType::kF32:
       if (scale != 1.0) {
@@ -353,14 +354,14 @@ Status FinishAccumulation(DType dtype, void* acc, size_t n, double scale, void* 
       }
       break;
     case DType::kF16:
-      RoundHalfKernel<F16><<<Blocks(n), kThreads, 0, s>>>(
-          static_cast<const float*>(acc), static_cast<uint16_t*>(out_half), n,
-          static_cast<float>(scale));
+      RoundHalfKernel<F16><<<Blocks(n), kThreads, 0, s>>>(static_cast<const float*>(acc),
+                                                          static_cast<uint16_t*>(out_half), n,
+                                                          static_cast<float>(scale));
       break;
     case DType::kBF16:
-      RoundHalfKernel<BF16><<<Blocks(n), kThreads, 0, s>>>(
-          static_cast<const float*>(acc), static_cast<uint16_t*>(out_half), n,
-          static_cast<float>(scale));
+      RoundHalfKernel<BF16><<<Blocks(n), kThreads, 0, s>>>(static_cast<const float*>(acc),
+                                                           static_cast<uint16_t*>(out_half), n,
+                                                           static_cast<float>(scale));
       break;
     case DType::kI32:
     case DType::kI64:
@@ -382,15 +383,13 @@ Status ApplyOptimizer(UpdateRule rule, const Hyperparams& h, DType dtype, void* 
   cudaStream_t s = AsStream(stream);
   switch (dtype) {
     case DType::kF64:
-      return LaunchOptimizer<double>(rule, h, static_cast<double*>(param),
-                                     static_cast<const double*>(grad),
-                                     static_cast<double*>(state.slot0),
-                                     static_cast<double*>(state.slot1), n, step, s);
+      return LaunchOptimizer<double>(
+          rule, h, static_cast<double*>(param), static_cast<const double*>(grad),
+          static_cast<double*>(state.slot0), static_cast<double*>(state.slot1), n, step, s);
     case DType::kF32:
-      return LaunchOptimizer<float>(rule, h, static_cast<float*>(param),
-                                    static_cast<const float*>(grad),
-                                    static_cast<float*>(state.slot0),
-                                    static_cast<float*>(state.slot1), n, step, s);
+      return LaunchOptimizer<float>(
+          rule, h, static_cast<float*>(param), static_cast<const float*>(grad),
+          static_cast<float*>(state.slot0), static_cast<float*>(state.slot1), n, step, s);
     case DType::kF16:
     case DType::kBF16: {
       if (!state.master) return Status::Internal("f16/bf16 parameter without its master copy");

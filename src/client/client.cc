@@ -199,9 +199,9 @@ class Client::Impl {
 
   std::atomic<uint64_t> dropped_stale_{0}, dropped_duplicate_{0};  // sync push outcomes
   // GPU buffers (see ClientCounters).
-  Status fabric_gpu_;            // whether the fabric reaches GPU memory, else why not
-  std::string ipc_node_id_;      // sent in hellos when this worker can use CUDA IPC
-  gpu::Stream stream_;           // loop thread; created on first use
+  Status fabric_gpu_;        // whether the fabric reaches GPU memory, else why not
+  std::string ipc_node_id_;  // sent in hellos when this worker can use CUDA IPC
+  gpu::Stream stream_;       // loop thread; created on first use
   std::atomic<uint64_t> ipc_bytes_{0}, staged_bytes_{0}, gpu_inline_bytes_{0};
   std::atomic<int> ipc_shards_{0};
   // From the coordinator's declare replies.
@@ -812,8 +812,8 @@ void Client::Impl::Handshake(int shard, std::function<void(Status)> done) {
                     s.alloc.Reset((*staging)->size());
                     s.staging = std::move(*staging);
                     if (!w->staging_ipc.empty()) {
-                      auto slot = gpu::IpcMapping::Open(w->staging_ipc.data(),
-                                                        w->staging_ipc.size(), options_.cuda_device);
+                      auto slot = gpu::IpcMapping::Open(
+                          w->staging_ipc.data(), w->staging_ipc.size(), options_.cuda_device);
                       if (slot.ok()) {
                         s.ipc_slot = std::move(*slot);
                         ipc_shards_++;
@@ -1127,7 +1127,8 @@ void Client::Impl::PushToShard(int shard, std::vector<ChunkIo> ios, uint32_t fla
       bytes += io.chunk->bytes;
     }
     if (st.ok()) st = GpuWait();
-    if (!st.ok()) return finish(st.WithContext("copying into the CUDA IPC slot of " + s.name()), {});
+    if (!st.ok())
+      return finish(st.WithContext("copying into the CUDA IPC slot of " + s.name()), {});
     ipc_bytes_ += bytes;
     return Request(shard, msg, flags | wire::kFlagIpcSlot,
                    on_reply([finish](const Status& st2, std::vector<uint64_t> versions) {
@@ -1453,8 +1454,8 @@ Future Client::Impl::PushPull(const std::vector<PushPullItem>& items) {
       push[c.shard].push_back(
           {&c, const_cast<uint8_t*>(static_cast<const uint8_t*>(item.gradient)) + c.byte_offset, 0,
            0, *e, *grad_gpu});
-      pull[c.shard].push_back({&c, static_cast<uint8_t*>(item.weights) + c.byte_offset, 0, 0,
-                               nullptr, *weights_gpu});
+      pull[c.shard].push_back(
+          {&c, static_cast<uint8_t*>(item.weights) + c.byte_offset, 0, 0, nullptr, *weights_gpu});
     }
   }
   auto op = NewOp();
@@ -1599,8 +1600,8 @@ Result<Tensor> Client::Find(const std::string& name) const {
 TensorInfo Client::info(Tensor t) const {
   std::lock_guard<std::mutex> lock(impl_->tensors_mu_);
   const auto& e = impl_->tensors_.at(t.index);
-  TensorInfo info{e.spec.name, e.spec.dtype, e.spec.shape, e.spec.rule, e.bytes, {}, {},
-                  e.decl.mode};
+  TensorInfo info{e.spec.name, e.spec.dtype, e.spec.shape, e.spec.rule,
+                  e.bytes,     {},           {},           e.decl.mode};
   for (const auto& c : e.chunks) {
     info.shards.push_back(c.shard);
     info.chunks.push_back({c.elem_offset, c.elem_count});

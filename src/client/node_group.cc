@@ -18,7 +18,7 @@ Status FromNccl(ncclResult_t r, const std::string& what) {
     msg += std::string(" (") + last + ")";
   }
   return r == ncclInvalidArgument || r == ncclInvalidUsage ? Status::InvalidArgument(msg)
-                                                            : Status::Internal(msg);
+                                                           : Status::Internal(msg);
 }
 
 Result<ncclDataType_t> NcclType(DType d) {
@@ -102,9 +102,13 @@ class NodeGroup::Impl {
     TESSERA_RETURN_IF_ERROR(st);
     TESSERA_RETURN_IF_ERROR(end);
     TESSERA_RETURN_IF_ERROR(stream_.Synchronize());
-    PushItem item{t, sum_.data(), info.bytes, info.dtype, BufferMemory::kCuda,
-                  ChunkPart{static_cast<uint32_t>(o_.local_rank),
-                            static_cast<uint32_t>(o_.local_size)}};
+    PushItem item{
+        t,
+        sum_.data(),
+        info.bytes,
+        info.dtype,
+        BufferMemory::kCuda,
+        ChunkPart{static_cast<uint32_t>(o_.local_rank), static_cast<uint32_t>(o_.local_size)}};
     return client_.Push({item}, step);
   }
 
@@ -113,9 +117,15 @@ class NodeGroup::Impl {
     TESSERA_RETURN_IF_ERROR(CheckTensor(info));
     auto type = NcclType(info.dtype);
     if (!type.ok()) return type.status();
-    PullItem item{t, weights, info.bytes, min_version, info.dtype, min_step, BufferMemory::kCuda,
-                  ChunkPart{static_cast<uint32_t>(o_.local_rank),
-                            static_cast<uint32_t>(o_.local_size)}};
+    PullItem item{
+        t,
+        weights,
+        info.bytes,
+        min_version,
+        info.dtype,
+        min_step,
+        BufferMemory::kCuda,
+        ChunkPart{static_cast<uint32_t>(o_.local_rank), static_cast<uint32_t>(o_.local_size)}};
     TESSERA_RETURN_IF_ERROR(client_.Pull({item}));
     TESSERA_RETURN_IF_ERROR(gpu::SetDevice(o_.cuda_device));
     const size_t es = DTypeSize(info.dtype);

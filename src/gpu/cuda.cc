@@ -44,8 +44,9 @@ template <typename Fn>
 Result<Fn> DriverEntry(const char* symbol, unsigned int version) {
   void* fn = nullptr;
   cudaDriverEntryPointQueryResult found{};
-  Status st = Check(cudaGetDriverEntryPointByVersion(symbol, &fn, version, cudaEnableDefault, &found),
-                    std::string("finding the driver's ") + symbol);
+  Status st =
+      Check(cudaGetDriverEntryPointByVersion(symbol, &fn, version, cudaEnableDefault, &found),
+            std::string("finding the driver's ") + symbol);
   if (!st.ok()) return st;
   if (found != cudaDriverEntryPointSuccess || fn == nullptr) {
     return Status::Unimplemented(std::string("this CUDA driver has no ") + symbol +
@@ -113,7 +114,9 @@ Result<std::string> DescribeDevice(int device) {
   int runtime = 0, driver = 0;
   cudaRuntimeGetVersion(&runtime);
   cudaDriverGetVersion(&driver);
-  auto version = [](int v) { return std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10); };
+  auto version = [](int v) {
+    return std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10);
+  };
   return std::string(prop.name) + " (device " + std::to_string(device) + ", sm_" +
          std::to_string(prop.major) + std::to_string(prop.minor) + ", " +
          std::to_string(prop.totalGlobalMem >> 30) + " GiB), CUDA runtime " + version(runtime) +
@@ -137,8 +140,9 @@ PointerInfo QueryPointer(const void* ptr) {
 Result<DeviceBuffer> DeviceBuffer::Allocate(size_t bytes, int device) {
   if (Status st = SetDevice(device); !st.ok()) return st;
   DeviceBuffer b;
-  Status st = Check(cudaMalloc(&b.data_, bytes == 0 ? 1 : bytes),
-                    "cudaMalloc of " + std::to_string(bytes) + " bytes on GPU " + std::to_string(device));
+  Status st =
+      Check(cudaMalloc(&b.data_, bytes == 0 ? 1 : bytes),
+            "cudaMalloc of " + std::to_string(bytes) + " bytes on GPU " + std::to_string(device));
   if (!st.ok()) return st;
   b.size_ = bytes;
   b.device_ = device;
@@ -263,8 +267,8 @@ IpcMapping& IpcMapping::operator=(IpcMapping&& other) noexcept {
 Result<Dmabuf> ExportDmabuf(const void* ptr, size_t bytes) {
   if (Status st = Available(); !st.ok()) return st;
   using GetRange = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
-  using GetHandle = CUresult (*)(void*, CUdeviceptr, size_t, CUmemRangeHandleType,
-                                 unsigned long long);
+  using GetHandle =
+      CUresult (*)(void*, CUdeviceptr, size_t, CUmemRangeHandleType, unsigned long long);
   auto get_range = DriverEntry<GetRange>("cuMemGetAddressRange", 3020);
   if (!get_range.ok()) return get_range.status();
   auto get_handle = DriverEntry<GetHandle>("cuMemGetHandleForAddressRange", 11070);
@@ -281,11 +285,13 @@ Result<Dmabuf> ExportDmabuf(const void* ptr, size_t bytes) {
   }
   int fd = -1;
   // The dmabuf covers whole pages of the allocation: export all of it.
-  if (Status st = CheckDriver((*get_handle)(&fd, base, size, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0),
-                              "cuMemGetHandleForAddressRange(DMA_BUF_FD)");
+  if (Status st =
+          CheckDriver((*get_handle)(&fd, base, size, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0),
+                      "cuMemGetHandleForAddressRange(DMA_BUF_FD)");
       !st.ok()) {
     return st.WithContext(
-        "exporting GPU memory as a dmabuf (needs the NVIDIA open kernel modules and Linux >= 5.12)");
+        "exporting GPU memory as a dmabuf (needs the NVIDIA open kernel modules and Linux >= "
+        "5.12)");
   }
   return Dmabuf{fd, addr - base};
 }

@@ -47,8 +47,7 @@ class HostParamMemory final : public ParamMemory {
     kernels::Accumulate(dtype, acc, grad, n, first);
     return Status::Ok();
   }
-  Result<const void*> FinishAccumulation(DType dtype, void* acc, size_t n,
-                                         double scale) override {
+  Result<const void*> FinishAccumulation(DType dtype, void* acc, size_t n, double scale) override {
     return kernels::FinishAccumulation(dtype, acc, n, scale, &rounded_);
   }
   Status ResetRuleState(UpdateRule rule, const Hyperparams& h, DType dtype, const void* param,
@@ -78,7 +77,8 @@ Result<MemorySpec> ParseMemorySpec(const std::string& text) {
     spec.device = std::stoi(text.substr(5));
     return spec;
   }
-  return Status::InvalidArgument("memory '" + text + "': expected host, cuda or cuda:N (a GPU index)");
+  return Status::InvalidArgument("memory '" + text +
+                                 "': expected host, cuda or cuda:N (a GPU index)");
 }
 
 #if !TESSERA_HAVE_CUDA

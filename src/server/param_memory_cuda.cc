@@ -63,8 +63,7 @@ class CudaParamMemory final : public ParamMemory {
         kernels::cuda::Accumulate(dtype, acc, grad, n, first, stream_.handle()));
     return kernels::cuda::Synchronize(stream_.handle());
   }
-  Result<const void*> FinishAccumulation(DType dtype, void* acc, size_t n,
-                                         double scale) override {
+  Result<const void*> FinishAccumulation(DType dtype, void* acc, size_t n, double scale) override {
     const bool half = dtype == DType::kF16 || dtype == DType::kBF16;
     if (half) TESSERA_RETURN_IF_ERROR(Grow(&rounded_, n * 2));
     TESSERA_RETURN_IF_ERROR(kernels::cuda::FinishAccumulation(

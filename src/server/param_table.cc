@@ -40,10 +40,10 @@ Result<std::pair<uint32_t, uint64_t>> ParamTable::AllocateBytes(uint64_t bytes) 
     }
     arena.values = std::move(*values);
   }
-  auto region = arena.values.empty() || staged()
-                    ? ctx_->Allocate(size, transport::MemoryKind::kHost, access)
-                    : ctx_->Register(arena.values.data(), size, transport::MemoryKind::kCuda,
-                                     access);
+  auto region =
+      arena.values.empty() || staged()
+          ? ctx_->Allocate(size, transport::MemoryKind::kHost, access)
+          : ctx_->Register(arena.values.data(), size, transport::MemoryKind::kCuda, access);
   if (!region.ok()) {
     return region.status().WithContext("allocating a " + std::to_string(size) + "-byte arena");
   }

@@ -37,7 +37,7 @@ struct Param {
   // kernels::RuleState).
   Hyperparams hyper;
   StateBuffer state0, state1;
-  StateBuffer master;  // f32
+  StateBuffer master;    // f32
   uint64_t updates = 0;  // optimizer steps applied since init (Adam's t)
   kernels::RuleState rule_state() {
     return {state0.empty() ? nullptr : state0.data(), state1.empty() ? nullptr : state1.data(),

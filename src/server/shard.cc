@@ -11,8 +11,8 @@
 #include "core/log.h"
 #include "core/node_id.h"
 #include "gpu/cuda.h"
-#include "transport/run_on_loop.h"
 #include "kernels/update.h"
+#include "transport/run_on_loop.h"
 
 namespace tessera::server {
 namespace {
@@ -115,30 +115,28 @@ std::string Shard::StatusJson() const {
   nlohmann::json workers = nlohmann::json::array();
   for (const auto& [raw, peer] : peers_) {
     if (!peer->authenticated || peer->is_shard || peer->is_observer) continue;
-    workers.push_back({{"task", peer->hello.task},
-                       {"address", peer->ep->peer()},
-                       {"cuda_ipc", peer->same_node}});
+    workers.push_back(
+        {{"task", peer->hello.task}, {"address", peer->ep->peer()}, {"cuda_ipc", peer->same_node}});
   }
-  nlohmann::json j = {
-      {"task", TaskId{options_.job, options_.task_index}.ToString()},
-      {"coordinator", hosts_coordinator()},
-      {"transport", ctx_->Describe()},
-      {"memory", memory_->Describe()},
-      {"staged_through_host", table_->staged()},
-      {"workers", workers},
-      {"stats",
-       {{"tensors", s.tensors},
-        {"pushes_applied", s.pushes_applied},
-        {"pulls_served", s.pulls_served},
-        {"connections_refused", s.connections_refused},
-        {"leases_revoked", s.leases_revoked},
-        {"sync_steps_applied", s.sync_steps_applied},
-        {"stale_pushes_dropped", s.stale_pushes_dropped},
-        {"duplicate_pushes_dropped", s.duplicate_pushes_dropped},
-        {"chunks_restored", s.chunks_restored},
-        {"checkpoints_written", s.checkpoints_written},
-        {"host_staged_bytes", s.host_staged_bytes},
-        {"cuda_ipc_workers", s.cuda_ipc_workers}}}};
+  nlohmann::json j = {{"task", TaskId{options_.job, options_.task_index}.ToString()},
+                      {"coordinator", hosts_coordinator()},
+                      {"transport", ctx_->Describe()},
+                      {"memory", memory_->Describe()},
+                      {"staged_through_host", table_->staged()},
+                      {"workers", workers},
+                      {"stats",
+                       {{"tensors", s.tensors},
+                        {"pushes_applied", s.pushes_applied},
+                        {"pulls_served", s.pulls_served},
+                        {"connections_refused", s.connections_refused},
+                        {"leases_revoked", s.leases_revoked},
+                        {"sync_steps_applied", s.sync_steps_applied},
+                        {"stale_pushes_dropped", s.stale_pushes_dropped},
+                        {"duplicate_pushes_dropped", s.duplicate_pushes_dropped},
+                        {"chunks_restored", s.chunks_restored},
+                        {"checkpoints_written", s.checkpoints_written},
+                        {"host_staged_bytes", s.host_staged_bytes},
+                        {"cuda_ipc_workers", s.cuda_ipc_workers}}}};
   if (coord_) j["global_step"] = coord_->global_step();
   return j.dump();
 }
@@ -718,8 +716,8 @@ bool Shard::TryApplyStep(Param& p) {
   if (p.readers > 0 || frozen_) return false;
   const auto& mode = p.entry.tensor.mode;
   const double scale = mode.average ? 1.0 / mode.replicas_to_aggregate : 1.0;
-  auto grad = memory_->FinishAccumulation(p.entry.tensor.dtype, p.agg.data(), p.entry.elem_count,
-                                          scale);
+  auto grad =
+      memory_->FinishAccumulation(p.entry.tensor.dtype, p.agg.data(), p.entry.elem_count, scale);
   Status st = grad.ok() ? ApplyGradient(p, *grad) : grad.status();
   if (!st.ok()) TLOG_ERROR("{}: step {} not applied: {}", p.display_name, p.step, st.ToString());
   p.step++;
@@ -756,8 +754,7 @@ void Shard::LogUpdate(const Param& p, const std::string& by) const {
     return;
   }
   TLOG_INFO("{} = {}  (version {}, {} by {})", p.display_name, FormatValues(p, value.data()),
-            p.version,
-            p.version == 1 ? "initialised" : UpdateRuleName(p.entry.tensor.rule), by);
+            p.version, p.version == 1 ? "initialised" : UpdateRuleName(p.entry.tensor.rule), by);
 }
 
 void Shard::OnPull(Peer& peer, uint64_t request_id, wire::Pull msg) {

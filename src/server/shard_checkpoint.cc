@@ -282,8 +282,8 @@ void Shard::RestoreChunk(Param& p) {
         "'{}' was saved with rule {} and is now declared with {}: its value is restored, "
         "its optimizer state starts afresh",
         t.name, UpdateRuleName(rec->rule), UpdateRuleName(t.rule));
-    if (Status reset = memory_->ResetRuleState(t.rule, p.hyper, t.dtype, p.data,
-                                               p.entry.elem_count, p.rule_state());
+    if (Status reset = memory_->ResetRuleState(t.rule, p.hyper, t.dtype, p.data, p.entry.elem_count,
+                                               p.rule_state());
         !reset.ok()) {
       TLOG_ERROR("'{}': optimizer state not reset: {}", p.display_name, reset.message());
     }

@@ -74,8 +74,8 @@ Result<ibv_mr*> RegisterGpuMemory(const Device& dev, void* data, size_t size, in
   std::string dmabuf_why;
   auto dmabuf = gpu::ExportDmabuf(data, size);
   if (dmabuf.ok()) {
-    ibv_mr* mr = ibv_reg_dmabuf_mr(dev.pd, dmabuf->offset, size,
-                                   reinterpret_cast<uint64_t>(data), dmabuf->fd, flags);
+    ibv_mr* mr = ibv_reg_dmabuf_mr(dev.pd, dmabuf->offset, size, reinterpret_cast<uint64_t>(data),
+                                   dmabuf->fd, flags);
     const int err = errno;
     ::close(dmabuf->fd);  // the MR holds its own reference
     if (mr != nullptr) return mr;
