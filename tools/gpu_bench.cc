@@ -288,7 +288,7 @@ Result<json> IpcPushPull(const std::string& tessera_bin, size_t bytes, int iters
 }  // namespace
 }  // namespace tessera
 
-int main(int argc, char** argv) {
+int main(int argc, char** argv) try {
   using namespace tessera;
   CLI::App app{"tessera-gpu-bench: GPU kernels and paths against the GPU's own copies"};
   app.require_subcommand(1);
@@ -333,4 +333,7 @@ int main(int argc, char** argv) {
   (*out)["device"] = desc.ok() ? *desc : desc.status().message();
   printf("%s\n", out->dump(2).c_str());
   return 0;
+} catch (const std::exception& e) {
+  fprintf(stderr, "tessera-gpu-bench: %s\n", e.what());
+  return 1;
 }

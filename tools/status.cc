@@ -64,8 +64,9 @@ Result<json> AskTask(transport::Context& ctx, Inbox& inbox, const TaskAddress& a
                      const std::string& secret, std::chrono::milliseconds timeout) {
   inbox.Clear();
   std::promise<Result<std::shared_ptr<transport::Endpoint>>> connected;
-  ctx.Connect(addr.host, addr.port, timeout,
-              [&](Result<std::shared_ptr<transport::Endpoint>> ep) { connected.set_value(ep); });
+  ctx.Connect(
+      addr.host, addr.port, timeout,
+      [&](const Result<std::shared_ptr<transport::Endpoint>>& ep) { connected.set_value(ep); });
   auto ep = connected.get_future().get();
   if (!ep.ok()) return ep.status();
   struct Closer {
