@@ -141,6 +141,8 @@ Status RunOps(const BenchOptions& o, const Fabric& fabric, std::vector<Row>* row
           auto st = gpu::Stream::Create(0);
           if (!st.ok()) return void(s.status = st.status());
           stream = std::move(*st);
+          dout.reserve(ts.size());
+          din.reserve(ts.size());
           for (size_t k = 0; k < ts.size(); ++k) {
             auto a = gpu::DeviceBuffer::Allocate(set.bytes, 0);
             auto b = gpu::DeviceBuffer::Allocate(set.bytes, 0);
