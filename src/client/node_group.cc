@@ -84,24 +84,12 @@ class NodeGroup::Impl {
       if (!b.ok()) return b.status();
       sum_ = std::move(*b);
     }
-    const size_t es = DTypeSize(info.dtype);
     const ncclRedOp_t op = o_.average ? ncclAvg : ncclSum;
     const auto* src = static_cast<const uint8_t*>(gradient);
     auto* dst = static_cast<uint8_t*>(sum_.data());
-    auto stream = static_cast<cudaStream_t>(stream_.handle());
-    TESSERA_RETURN_IF_ERROR(FromNccl(ncclGroupStart(), "ncclGroupStart"));
-    Status st;
-    for (size_t i = 0; i < info.chunks.size() && st.ok(); ++i) {
-      const auto& c = info.chunks[i];
-      const int owner = static_cast<int>(i % static_cast<size_t>(o_.local_size));
-      st = FromNccl(ncclReduce(src + c.elem_offset * es, dst + c.elem_offset * es, c.elem_count,
-                               *type, op, owner, comm_, stream),
-                    "ncclReduce of '" + info.name + "'");
-    }
-    Status end = FromNccl(ncclGroupEnd(), "ncclGroupEnd");
-    TESSERA_RETURN_IF_ERROR(st);
-    TESSERA_RETURN_IF_ERROR(end);
-    TESSERA_RETURN_IF_ERROR(stream_.Synchronize());
+    TESSERA_RETURN_IF_ERROR(PerChunk(info, "ncclReduce", [&](size_t at, size_t count, int owner) {
+      return ncclReduce(src + at, dst + at, count, *type, op, owner, comm_, Stream());
+    }));
     PushItem item{
         t,
         sum_.data(),
@@ -128,22 +116,10 @@ class NodeGroup::Impl {
         ChunkPart{static_cast<uint32_t>(o_.local_rank), static_cast<uint32_t>(o_.local_size)}};
     TESSERA_RETURN_IF_ERROR(client_.Pull({item}));
     TESSERA_RETURN_IF_ERROR(gpu::SetDevice(o_.cuda_device));
-    const size_t es = DTypeSize(info.dtype);
     auto* w = static_cast<uint8_t*>(weights);
-    auto stream = static_cast<cudaStream_t>(stream_.handle());
-    TESSERA_RETURN_IF_ERROR(FromNccl(ncclGroupStart(), "ncclGroupStart"));
-    Status st;
-    for (size_t i = 0; i < info.chunks.size() && st.ok(); ++i) {
-      const auto& c = info.chunks[i];
-      const int owner = static_cast<int>(i % static_cast<size_t>(o_.local_size));
-      st = FromNccl(ncclBroadcast(w + c.elem_offset * es, w + c.elem_offset * es, c.elem_count,
-                                  *type, owner, comm_, stream),
-                    "ncclBroadcast of '" + info.name + "'");
-    }
-    Status end = FromNccl(ncclGroupEnd(), "ncclGroupEnd");
-    TESSERA_RETURN_IF_ERROR(st);
-    TESSERA_RETURN_IF_ERROR(end);
-    return stream_.Synchronize();
+    return PerChunk(info, "ncclBroadcast", [&](size_t at, size_t count, int owner) {
+      return ncclBroadcast(w + at, w + at, count, *type, owner, comm_, Stream());
+    });
   }
 
   int local_rank() const { return o_.local_rank; }
@@ -159,6 +135,28 @@ class NodeGroup::Impl {
           "group one rank per node pushes each chunk (use sync or async)");
     }
     return Status::Ok();
+  }
+
+  cudaStream_t Stream() const { return static_cast<cudaStream_t>(stream_.handle()); }
+
+  // One collective per chunk of the tensor, rooted at the chunk's owner
+  // (chunk i: local rank i % local_size), grouped into one NCCL launch;
+  // returns once they are done. `call(byte offset, elements, owner)`.
+  template <typename Call>
+  Status PerChunk(const TensorInfo& info, const char* what, Call call) {
+    const size_t es = DTypeSize(info.dtype);
+    TESSERA_RETURN_IF_ERROR(FromNccl(ncclGroupStart(), "ncclGroupStart"));
+    Status st;
+    for (size_t i = 0; i < info.chunks.size() && st.ok(); ++i) {
+      const auto& c = info.chunks[i];
+      st = FromNccl(call(c.elem_offset * es, c.elem_count,
+                         static_cast<int>(i % static_cast<size_t>(o_.local_size))),
+                    std::string(what) + " of '" + info.name + "'");
+    }
+    Status end = FromNccl(ncclGroupEnd(), "ncclGroupEnd");
+    TESSERA_RETURN_IF_ERROR(st);
+    TESSERA_RETURN_IF_ERROR(end);
+    return stream_.Synchronize();
   }
 
   Client& client_;

@@ -149,6 +149,12 @@ Result<DeviceBuffer> DeviceBuffer::Allocate(size_t bytes, int device) {
   return b;
 }
 
+Result<DeviceBuffer> DeviceBuffer::AllocateOnCurrentDevice(size_t bytes) {
+  auto device = CurrentDevice();
+  if (!device.ok()) return device.status();
+  return Allocate(bytes, *device);
+}
+
 DeviceBuffer::~DeviceBuffer() {
   if (data_ != nullptr) cudaFree(data_);
 }

@@ -44,6 +44,8 @@ class DeviceBuffer {
  public:
   DeviceBuffer() = default;
   static Result<DeviceBuffer> Allocate(size_t bytes, int device);
+  // On the calling thread's current device.
+  static Result<DeviceBuffer> AllocateOnCurrentDevice(size_t bytes);
   ~DeviceBuffer();
   DeviceBuffer(DeviceBuffer&& other) noexcept { *this = std::move(other); }
   DeviceBuffer& operator=(DeviceBuffer&& other) noexcept;

@@ -21,6 +21,7 @@ Result<std::string> DescribeDevice(int) { return NotBuilt(); }
 PointerInfo QueryPointer(const void*) { return {}; }
 
 Result<DeviceBuffer> DeviceBuffer::Allocate(size_t, int) { return NotBuilt(); }
+Result<DeviceBuffer> DeviceBuffer::AllocateOnCurrentDevice(size_t) { return NotBuilt(); }
 DeviceBuffer::~DeviceBuffer() = default;
 DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&&) noexcept { return *this; }
 

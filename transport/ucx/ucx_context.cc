@@ -404,9 +404,7 @@ Result<std::unique_ptr<Region>> UcxContext::Allocate(size_t size, MemoryKind kin
   if (kind == MemoryKind::kHost) return Map(nullptr, size, kind, access, /*allocate=*/true);
   if (Status st = CanRegister(kind); !st.ok()) return st;
   // Plain cudaMalloc (never managed memory), registered like the caller's own.
-  auto device = gpu::CurrentDevice();
-  if (!device.ok()) return device.status();
-  auto buffer = gpu::DeviceBuffer::Allocate(size, *device);
+  auto buffer = gpu::DeviceBuffer::AllocateOnCurrentDevice(size);
   if (!buffer.ok()) return buffer.status();
   auto region = Map(buffer->data(), size, kind, access, /*allocate=*/false);
   if (!region.ok()) return region.status();

@@ -119,9 +119,7 @@ Result<std::unique_ptr<Region>> VerbsContext::Allocate(size_t size, MemoryKind k
                                                        RemoteAccess access) {
   if (kind == MemoryKind::kCuda) {
     if (Status st = CanRegister(kind); !st.ok()) return st;
-    auto device = gpu::CurrentDevice();
-    if (!device.ok()) return device.status();
-    auto buffer = gpu::DeviceBuffer::Allocate(size, *device);
+    auto buffer = gpu::DeviceBuffer::AllocateOnCurrentDevice(size);
     if (!buffer.ok()) return buffer.status();
     auto region = MapRegion(buffer->data(), size, kind, access, /*owned=*/false);
     if (!region.ok()) return region.status();
