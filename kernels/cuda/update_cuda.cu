@@ -187,6 +187,20 @@ __device__ __forceinline__ void Step(T& p, T g, T& s0, T& s1, const Consts<T>& c
   }
 }
 
+// The moments rule R keeps, V elements at i (rules without them touch nothing).
+template <UpdateRule R, int V, typename T>
+__device__ __forceinline__ void LoadSlots(const T* s0, const T* s1, size_t i, Pack<T, V>& a,
+                                          Pack<T, V>& b) {
+  if constexpr (Slots<R>() >= 1) a = Load<V>(s0, i);
+  if constexpr (Slots<R>() >= 2) b = Load<V>(s1, i);
+}
+template <UpdateRule R, int V, typename T>
+__device__ __forceinline__ void StoreSlots(T* s0, T* s1, size_t i, const Pack<T, V>& a,
+                                           const Pack<T, V>& b) {
+  if constexpr (Slots<R>() >= 1) Store(s0, i, a);
+  if constexpr (Slots<R>() >= 2) Store(s1, i, b);
+}
+
 // One fused kernel per rule and type: n is a multiple of V here.
 template <UpdateRule R, typename T, int V>
 __global__ void OptimizerKernel(T* __restrict__ p, const T* __restrict__ g, T* __restrict__ s0,
@@ -196,13 +210,11 @@ __global__ void OptimizerKernel(T* __restrict__ p, const T* __restrict__ g, T* _
     const size_t i = j * V;
     Pack<T, V> pv = Load<V>(p, i), s0v{}, s1v{};
     const Pack<T, V> gv = Load<V>(g, i);
-    if constexpr (Slots<R>() >= 1) s0v = Load<V>(s0, i);
-    if constexpr (Slots<R>() >= 2) s1v = Load<V>(s1, i);
+    LoadSlots<R>(s0, s1, i, s0v, s1v);
 #pragma unroll
     for (int e = 0; e < V; ++e) Step<R>(pv.x[e], gv.x[e], s0v.x[e], s1v.x[e], c);
     Store(p, i, pv);
-    if constexpr (Slots<R>() >= 1) Store(s0, i, s0v);
-    if constexpr (Slots<R>() >= 2) Store(s1, i, s1v);
+    StoreSlots<R>(s0, s1, i, s0v, s1v);
   }
 }
 
@@ -218,8 +230,7 @@ __global__ void OptimizerHalfKernel(uint16_t* __restrict__ p, const uint16_t* __
     Pack<float, V> mv = Load<V>(master, i), s0v{}, s1v{};
     const Pack<uint16_t, V> gv = Load<V>(g, i);
     Pack<uint16_t, V> pv;
-    if constexpr (Slots<R>() >= 1) s0v = Load<V>(s0, i);
-    if constexpr (Slots<R>() >= 2) s1v = Load<V>(s1, i);
+    LoadSlots<R>(s0, s1, i, s0v, s1v);
 #pragma unroll
     for (int e = 0; e < V; ++e) {
       Step<R>(mv.x[e], H::ToFloat(gv.x[e]), s0v.x[e], s1v.x[e], c);
@@ -227,8 +238,7 @@ __global__ void OptimizerHalfKernel(uint16_t* __restrict__ p, const uint16_t* __
     }
     Store(master, i, mv);
     Store(p, i, pv);
-    if constexpr (Slots<R>() >= 1) Store(s0, i, s0v);
-    if constexpr (Slots<R>() >= 2) Store(s1, i, s1v);
+    StoreSlots<R>(s0, s1, i, s0v, s1v);
   }
 }
 
