@@ -10,9 +10,16 @@
 #                       (libucx-cu12), the UCX a GPU deployment would use
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# The CUDA toolkit (nvcc) where it is installed: the CUDA kernels are then
-# built, and their tests skip, saying why, where no GPU can be used.
-if [ -x /usr/local/cuda/bin/nvcc ]; then export PATH=/usr/local/cuda/bin:$PATH; fi
+# The CUDA toolkit (nvcc) where it is installed: the CUDA kernels, the GPU
+# shard paths and NCCL's NodeGroup are then built (a toolkit that cannot build
+# them fails the build instead of being skipped quietly), and their tests
+# skip, saying why, where no GPU can be used.
+GPU_OPTIONS=()
+if [ -x /usr/local/cuda/bin/nvcc ]; then
+  export PATH=/usr/local/cuda/bin:$PATH
+  GPU_OPTIONS=(-Dcuda=enabled)
+  if [ -e /usr/local/cuda/include/nccl.h ]; then GPU_OPTIONS+=(-Dnccl=enabled); fi
+fi
 
 PACKAGES=(
   build-essential meson ninja-build pkg-config
@@ -89,15 +96,16 @@ run_suite() {  # run_suite DIR [meson test options...]
 case "${1:-}" in
   demo)
     install_missing "${PACKAGES[@]}"
-    build build
+    build build "${GPU_OPTIONS[@]}"
     exec build/tools/tessera demo "${@:2}"
     ;;
   test)
     install_missing "${PACKAGES[@]}" "${VM_PACKAGES[@]}"
     python_env
-    build build
+    build build "${GPU_OPTIONS[@]}"
     run_suite build
-    build build-asan -Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debug
+    build build-asan -Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debug \
+      "${GPU_OPTIONS[@]}"
     # Under ASan and software emulation the Soft-RoCE VM's integration runs
     # 40 tensors instead of 200, with longer steps.
     ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
@@ -105,7 +113,7 @@ case "${1:-}" in
       run_suite build-asan
     # The same code against another UCX (1.22, with CUDA modules; no GPU
     # here, so it reports host memory and the GPU tests skip saying so).
-    build build-ucx-cu12 -Ducx_prefix="$(ucx_cu12_prefix)" -Dbenchmarks=false
+    build build-ucx-cu12 -Ducx_prefix="$(ucx_cu12_prefix)" -Dbenchmarks=false "${GPU_OPTIONS[@]}"
     run_suite build-ucx-cu12 --suite unit --suite integration
     ;;
   *)
