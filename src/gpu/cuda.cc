@@ -208,29 +208,6 @@ Status Zero(void* dst, size_t bytes, const Stream& stream) {
   return Check(cudaMemsetAsync(dst, 0, bytes, AsStream(stream)), "cudaMemsetAsync");
 }
 
-Result<PinnedBuffer> PinnedBuffer::Allocate(size_t bytes) {
-  if (Status st = Available(); !st.ok()) return st;
-  PinnedBuffer b;
-  Status st = Check(cudaHostAlloc(&b.data_, bytes == 0 ? 1 : bytes, cudaHostAllocPortable),
-                    "cudaHostAlloc of " + std::to_string(bytes) + " bytes");
-  if (!st.ok()) return st;
-  b.size_ = bytes;
-  return b;
-}
-
-PinnedBuffer::~PinnedBuffer() {
-  if (data_ != nullptr) cudaFreeHost(data_);
-}
-
-PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&& other) noexcept {
-  if (this != &other) {
-    if (data_ != nullptr) cudaFreeHost(data_);
-    data_ = std::exchange(other.data_, nullptr);
-    size_ = std::exchange(other.size_, 0);
-  }
-  return *this;
-}
-
 Result<IpcHandle> ExportIpc(void* device_ptr) {
   cudaIpcMemHandle_t handle{};
   Status st = Check(cudaIpcGetMemHandle(&handle, device_ptr), "cudaIpcGetMemHandle");

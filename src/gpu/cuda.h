@@ -91,26 +91,6 @@ class Stream {
 Status Copy(void* dst, const void* src, size_t bytes, const Stream& stream);
 Status Zero(void* dst, size_t bytes, const Stream& stream);
 
-// Pinned host memory (cudaHostAlloc): what host staging copies go through at
-// full speed. Freed on destruction.
-class PinnedBuffer {
- public:
-  PinnedBuffer() = default;
-  static Result<PinnedBuffer> Allocate(size_t bytes);
-  ~PinnedBuffer();
-  PinnedBuffer(PinnedBuffer&& other) noexcept { *this = std::move(other); }
-  PinnedBuffer& operator=(PinnedBuffer&& other) noexcept;
-  PinnedBuffer(const PinnedBuffer&) = delete;
-  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
-
-  void* data() const { return data_; }
-  size_t size() const { return size_; }
-
- private:
-  void* data_ = nullptr;
-  size_t size_ = 0;
-};
-
 // CUDA IPC: another process on the same node maps device memory by this
 // handle (cudaIpcGetMemHandle of the allocation's base).
 using IpcHandle = std::array<uint8_t, 64>;

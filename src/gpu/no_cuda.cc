@@ -33,10 +33,6 @@ Status Stream::Synchronize() const { return NotBuilt(); }
 Status Copy(void*, const void*, size_t, const Stream&) { return NotBuilt(); }
 Status Zero(void*, size_t, const Stream&) { return NotBuilt(); }
 
-Result<PinnedBuffer> PinnedBuffer::Allocate(size_t) { return NotBuilt(); }
-PinnedBuffer::~PinnedBuffer() = default;
-PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&&) noexcept { return *this; }
-
 Result<IpcHandle> ExportIpc(void*) { return NotBuilt(); }
 Result<IpcMapping> IpcMapping::Open(const uint8_t*, size_t, int) { return NotBuilt(); }
 IpcMapping::~IpcMapping() = default;
