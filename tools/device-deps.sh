@@ -4,15 +4,13 @@
 # files (unpacked there into a private prefix, never into /) and, with
 # --ucx-cu12, the CUDA-capable UCX from PyPI's libucx-cu12 wheel (its
 # libraries and headers only). Everything lands in .devdeps/, which git
-# ignores and the device tool carries:
+# ignores (.gitignore) and the device tool carries:
 #
 #   tools/device-deps.sh [--ucx-cu12]
 #   device run: carry [".devdeps"], command "bash tools/device-check.sh"
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 out="$root/.devdeps"
-grep -qx '/.devdeps/' "$root/.git/info/exclude" 2>/dev/null ||
-  echo '/.devdeps/' >> "$root/.git/info/exclude"
 rm -rf "$out" && mkdir -p "$out/debs"
 
 # Build dependencies (headers, static and shared libraries), their runtime
