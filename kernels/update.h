@@ -1,6 +1,6 @@
 // Update kernels: what a shard does to a parameter with the bytes a worker
 // pushed. One interface; the CPU implementation is in cpu/, the CUDA twin
-// (later) in cuda/.
+// in cuda/ (kernels_cuda.h).
 #pragma once
 
 #include <cstddef>
@@ -43,6 +43,10 @@ size_t StateElementSize(DType dtype);
 bool NeedsMaster(DType dtype, UpdateRule rule);
 // Checks that the rule can apply to the dtype (optimizers need floats).
 Status CheckRule(UpdateRule rule, DType dtype);
+// What every optimizer step checks first, on the CPU and on a GPU: the rule
+// is an optimizer that suits the dtype, steps count from 1, and the rule's
+// state buffers are there.
+Status CheckOptimizerStep(UpdateRule rule, DType dtype, const RuleState& state, uint64_t step);
 
 // Sets state for a freshly assigned parameter: zero moments, Adagrad's sum at
 // initial_accumulator, the master copy from the parameter's value.

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu/cuda.h"
 #include "kernels/cuda/kernels_cuda.h"
 #include "kernels/update.h"
 
@@ -18,7 +19,7 @@ namespace {
 
 // Without a usable GPU the probe says so, naming CUDA's error; it never crashes.
 TEST(CudaDevice, AvailableOrSaysWhy) {
-  Status st = cuda::DeviceAvailable();
+  Status st = gpu::Available();
   if (st.ok()) {
     int count = 0;
     ASSERT_EQ(cudaGetDeviceCount(&count), cudaSuccess);
@@ -28,7 +29,7 @@ TEST(CudaDevice, AvailableOrSaysWhy) {
   EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.ToString();
   EXPECT_NE(st.message().find("no usable GPU"), std::string::npos) << st.ToString();
   // A second probe answers the same (the first error was cleared, not sticky).
-  EXPECT_EQ(cuda::DeviceAvailable().message(), st.message());
+  EXPECT_EQ(gpu::Available().message(), st.message());
 }
 
 // `bytes` of device memory starting `skew` bytes into an allocation, so that
@@ -80,7 +81,7 @@ std::vector<uint8_t> Values(DType dtype, size_t n, uint32_t seed, double scale) 
 class CudaKernelTest : public ::testing::TestWithParam<Case> {
  protected:
   void SetUp() override {
-    Status st = cuda::DeviceAvailable();
+    Status st = gpu::Available();
     if (!st.ok()) GTEST_SKIP() << st.message();
   }
 };

@@ -166,8 +166,7 @@ void ResetRuleState(UpdateRule rule, const Hyperparams& h, DType dtype, const vo
   }
 }
 
-Status ApplyOptimizerCpu(UpdateRule rule, const Hyperparams& h, DType dtype, void* param,
-                         const void* grad, size_t n, const RuleState& state, uint64_t step) {
+Status CheckOptimizerStep(UpdateRule rule, DType dtype, const RuleState& state, uint64_t step) {
   TESSERA_RETURN_IF_ERROR(CheckRule(rule, dtype));
   if (!IsOptimizer(rule)) return Status::InvalidArgument("not an optimizer rule");
   if (step == 0) return Status::InvalidArgument("optimizer steps count from 1");
@@ -175,6 +174,12 @@ Status ApplyOptimizerCpu(UpdateRule rule, const Hyperparams& h, DType dtype, voi
   if ((slots >= 1 && !state.slot0) || (slots >= 2 && !state.slot1)) {
     return Status::Internal(std::string("rule ") + UpdateRuleName(rule) + " has no state buffers");
   }
+  return Status::Ok();
+}
+
+Status ApplyOptimizerCpu(UpdateRule rule, const Hyperparams& h, DType dtype, void* param,
+                         const void* grad, size_t n, const RuleState& state, uint64_t step) {
+  TESSERA_RETURN_IF_ERROR(CheckOptimizerStep(rule, dtype, state, step));
   switch (dtype) {
     case DType::kF64: {
       auto k = PrepareOptimizer<double>(h, step);

@@ -15,11 +15,6 @@
 
 namespace tessera::kernels::cuda {
 
-// OK when this process can use a GPU; otherwise why not, naming the CUDA
-// error (e.g. cudaErrorInsufficientDriver on a machine with the toolkit but
-// no driver), so that callers and tests can say it and skip.
-Status DeviceAvailable();
-
 Status ApplyUpdate(UpdateRule rule, DType dtype, void* dst, const void* src, size_t n,
                    void* stream);
 Status Accumulate(DType dtype, void* acc, const void* grad, size_t n, bool first, void* stream);

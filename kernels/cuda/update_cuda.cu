@@ -11,6 +11,7 @@
 #include <string>
 #include <type_traits>
 
+#include "gpu/cuda.h"
 #include "kernels/cuda/kernels_cuda.h"
 #include "kernels/optimizer_params.h"
 
@@ -27,9 +28,7 @@ int Blocks(size_t n) {
 }
 
 Status Check(cudaError_t err, const char* what) {
-  if (err == cudaSuccess) return Status::Ok();
-  return Status::Internal(std::string(what) + ": " + cudaGetErrorName(err) + " (" +
-                          cudaGetErrorString(err) + ")");
+  return gpu::CudaStatus(static_cast<int>(err), what);
 }
 
 Status Launched(const char* what) { return Check(cudaGetLastError(), what); }
@@ -383,13 +382,7 @@ Status FinishAccumulation(DType dtype, void* acc, size_t n, double scale, void* 
 Status ApplyOptimizer(UpdateRule rule, const Hyperparams& h, DType dtype, void* param,
                       const void* grad, size_t n, const RuleState& state, uint64_t step,
                       void* stream) {
-  TESSERA_RETURN_IF_ERROR(CheckRule(rule, dtype));
-  if (!IsOptimizer(rule)) return Status::InvalidArgument("not an optimizer rule");
-  if (step == 0) return Status::InvalidArgument("optimizer steps count from 1");
-  const int slots = StateSlots(rule);
-  if ((slots >= 1 && !state.slot0) || (slots >= 2 && !state.slot1)) {
-    return Status::Internal(std::string("rule ") + UpdateRuleName(rule) + " has no state buffers");
-  }
+  TESSERA_RETURN_IF_ERROR(CheckOptimizerStep(rule, dtype, state, step));
   cudaStream_t s = AsStream(stream);
   switch (dtype) {
     case DType::kF64:
@@ -424,18 +417,6 @@ Status ApplyOptimizer(UpdateRule rule, const Hyperparams& h, DType dtype, void* 
 
 Status Synchronize(void* stream) {
   return Check(cudaStreamSynchronize(AsStream(stream)), "cudaStreamSynchronize");
-}
-
-Status DeviceAvailable() {
-  int count = 0;
-  const cudaError_t err = cudaGetDeviceCount(&count);
-  if (err != cudaSuccess) {
-    cudaGetLastError();  // clear it: it is an answer, not a failure of later calls
-    return Status::Unavailable(std::string("no usable GPU: cudaGetDeviceCount returned ") +
-                               cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")");
-  }
-  if (count == 0) return Status::Unavailable("no usable GPU: cudaGetDeviceCount found none");
-  return Status::Ok();
 }
 
 }  // namespace tessera::kernels::cuda

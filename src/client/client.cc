@@ -461,22 +461,14 @@ void Client::Impl::OnShardLost(int shard, const Status& why) {
 
 Result<bool> Client::Impl::OnGpu(const void* ptr, BufferMemory said) {
   if (said == BufferMemory::kHost) return false;  // taken as said: no CUDA call
-  const gpu::PointerInfo info = gpu::QueryPointer(ptr);
-  switch (said) {
-    case BufferMemory::kDetect:
-      return info.device;
-    case BufferMemory::kHost:
-      return false;
-    case BufferMemory::kCuda:
-      if (!info.device) {
-        return Status::InvalidArgument(
-            std::string("the buffer was given as GPU memory, but ") +
-            (gpu::Built() ? "CUDA does not know it as device memory (cudaMalloc it)"
-                          : "this build has no CUDA"));
-      }
-      return true;
+  const bool device = gpu::QueryPointer(ptr).device;
+  if (said == BufferMemory::kCuda && !device) {
+    return Status::InvalidArgument(std::string("the buffer was given as GPU memory, but ") +
+                                   (gpu::Built()
+                                        ? "CUDA does not know it as device memory (cudaMalloc it)"
+                                        : "this build has no CUDA"));
   }
-  return Status::InvalidArgument("unknown BufferMemory value");
+  return device;
 }
 
 Status Client::Impl::GpuCopyAsync(void* dst, const void* src, size_t bytes) {
@@ -1289,18 +1281,19 @@ void Client::Impl::PullFromShard(int shard, std::vector<ChunkIo> ios,
           if (s.dead.ok() && s.ep) s.ep->Send(kProtocolMsg, wire::Encode(wire::Release{lease}, 0));
           return finish(copied.WithContext("copying from the CUDA IPC mapping of " + s.name()));
         }
-        std::vector<uint8_t*> into(ios.size());  // where each get lands
-        for (size_t i = 0; i < ios.size(); ++i) into[i] = ios[i].local;
+        std::vector<uint8_t*> into;  // where each get lands, when some are staged
         if (!fabric_gpu_.ok()) {
           uint64_t need = 0;
           for (const auto& io : ios) need += io.on_gpu ? io.chunk->bytes : 0;
-          if (need > 0) bounce = std::make_shared<std::vector<uint8_t>>(need);
-          uint64_t at = 0;
-          for (size_t i = 0; i < ios.size(); ++i) {
-            if (!ios[i].on_gpu) continue;
-            bounce_to.emplace_back(ios[i].local, ios[i].chunk->bytes);
-            into[i] = bounce->data() + at;
-            at += ios[i].chunk->bytes;
+          if (need > 0) {
+            bounce = std::make_shared<std::vector<uint8_t>>(need);
+            uint64_t at = 0;
+            for (const auto& io : ios) {
+              into.push_back(io.on_gpu ? bounce->data() + at : io.local);
+              if (!io.on_gpu) continue;
+              bounce_to.emplace_back(io.local, io.chunk->bytes);
+              at += io.chunk->bytes;
+            }
           }
         }
         auto step = [this, shard, progress, lease, finish, bounce,
@@ -1332,7 +1325,7 @@ void Client::Impl::PullFromShard(int shard, std::vector<ChunkIo> ios,
                                   s.name()));
             continue;
           }
-          s.ep->Get(into[i], chunk->bytes, *arena->second,
+          s.ep->Get(into.empty() ? ios[i].local : into[i], chunk->bytes, *arena->second,
                     arena->second->base() + chunk->arena_offset, step);
         }
       });

@@ -17,7 +17,12 @@ std::string Describe(cudaError_t err) {
   return std::string(cudaGetErrorName(err)) + " (" + cudaGetErrorString(err) + ")";
 }
 
-Status Check(cudaError_t err, const std::string& what) {
+Status Check(cudaError_t err, const std::string& what) { return CudaStatus(err, what); }
+
+}  // namespace
+
+Status CudaStatus(int cuda_error, const std::string& what) {
+  const auto err = static_cast<cudaError_t>(cuda_error);
   if (err == cudaSuccess) return Status::Ok();
   cudaGetLastError();  // the error is reported here; later calls must not see it
   switch (err) {
@@ -35,6 +40,8 @@ Status Check(cudaError_t err, const std::string& what) {
       return Status::Internal(what + ": " + Describe(err));
   }
 }
+
+namespace {
 
 cudaStream_t AsStream(const Stream& s) { return static_cast<cudaStream_t>(s.handle()); }
 

@@ -18,6 +18,10 @@ namespace tessera::gpu {
 // True when this build has CUDA (the answers below are then CUDA's own).
 bool Built();
 
+// A cudaError_t as a Status: OK for cudaSuccess, else `what` and CUDA's name
+// and description of the error (the sticky last error is cleared).
+Status CudaStatus(int cuda_error, const std::string& what);
+
 // OK when this process can use a GPU; otherwise why not, e.g. "no usable
 // GPU: cudaGetDeviceCount returned cudaErrorInsufficientDriver (...)" on a
 // machine with the toolkit but no driver.

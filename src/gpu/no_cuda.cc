@@ -13,6 +13,10 @@ Status NotBuilt() {
 }  // namespace
 
 bool Built() { return false; }
+Status CudaStatus(int cuda_error, const std::string& what) {
+  if (cuda_error == 0) return Status::Ok();
+  return Status::Internal(what + ": CUDA error " + std::to_string(cuda_error));
+}
 Status Available() { return NotBuilt(); }
 Result<int> DeviceCount() { return NotBuilt(); }
 Result<int> CurrentDevice() { return NotBuilt(); }
