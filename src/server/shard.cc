@@ -115,8 +115,9 @@ std::string Shard::StatusJson() const {
   nlohmann::json workers = nlohmann::json::array();
   for (const auto& [raw, peer] : peers_) {
     if (!peer->authenticated || peer->is_shard || peer->is_observer) continue;
-    workers.push_back(
-        {{"task", peer->hello.task}, {"address", peer->ep->peer()}, {"cuda_ipc", peer->same_node}});
+    workers.push_back({{"task", peer->hello.task},
+                       {"address", peer->ep->peer()},
+                       {"cuda_ipc", peer->ipc_slot != nullptr}});
   }
   nlohmann::json j = {{"task", TaskId{options_.job, options_.task_index}.ToString()},
                       {"coordinator", hosts_coordinator()},
@@ -191,7 +192,6 @@ Status Shard::OfferIpcSlot(Peer& peer, wire::Welcome* welcome) {
     peer.ipc_slot_owner = StateBuffer{};
     return handle.status();
   }
-  peer.same_node = true;
   welcome->staging_ipc.assign(handle->begin(), handle->end());
   cuda_ipc_workers_++;
   return Status::Ok();
@@ -546,7 +546,7 @@ void Shard::OnCreate(Peer& peer, uint64_t request_id, const wire::Create& msg) {
         {(*p)->key_id, (*p)->arena_id, (*p)->arena_offset, (*p)->bytes, (*p)->version});
     if (peer.known_arenas.insert((*p)->arena_id).second) {
       wire::ArenaKey key{(*p)->arena_id, table_->DescribeArena((*p)->arena_id), {}};
-      if (peer.same_node) {
+      if (peer.ipc_slot != nullptr) {
         auto ipc = table_->ArenaIpcHandle((*p)->arena_id);
         if (ipc.ok()) {
           key.ipc = std::move(*ipc);

@@ -40,10 +40,10 @@ class Shard {
     wire::Hello hello;
     Nonce server_nonce{};
     std::unique_ptr<transport::Region> staging;
-    // A worker on this node of a GPU shard: it maps the arenas and a GPU slot
-    // of the staging slot's size with CUDA IPC (ipc_slot: that slot; it is
-    // the staging region itself where the fabric reaches GPU memory).
-    bool same_node = false;
+    // A worker on this node of a GPU shard maps the arenas and a GPU slot of
+    // the staging slot's size with CUDA IPC. ipc_slot: that slot, set only
+    // for such a worker (the staging region itself where the fabric reaches
+    // GPU memory, else ipc_slot_owner).
     uint8_t* ipc_slot = nullptr;
     StateBuffer ipc_slot_owner;
     std::set<uint32_t> known_arenas;
