@@ -11,6 +11,7 @@
 #include <stdexcept>
 
 #include "core/log.h"
+#include "core/spin.h"
 
 namespace tessera::transport {
 namespace {
@@ -30,11 +31,7 @@ class DrivingScope {
   const EventLoop* previous_;
 };
 
-int64_t NowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
+int64_t NowNs() { return SteadyNowNs(); }
 
 }  // namespace
 
@@ -82,9 +79,11 @@ void EventLoop::Post(std::function<void()> fn) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     tasks_.push_back(std::move(fn));
-    has_tasks_.store(true, std::memory_order_release);
+    has_tasks_.store(true);  // sequentially consistent: see Nap
   }
-  if (sleeping_.load()) Wake();
+  // A napping progress thread is woken too: otherwise the task would wait
+  // for the nap's end whenever no other thread drives the loop any more.
+  if (sleeping_.load() || napping_.load()) Wake();
 }
 
 void EventLoop::PostAfter(std::chrono::milliseconds delay, std::function<void()> fn) {
@@ -99,12 +98,24 @@ void EventLoop::PostAfter(std::chrono::milliseconds delay, std::function<void()>
   }
 }
 
+bool EventLoop::DriverActive() const {
+  return NowNs() - last_foreign_drive_ns_.load() < kDriverActiveNs;
+}
+
 void EventLoop::Nap() {
+  // Announce the nap first, then look again: StopDriving and Post store
+  // their change first, then look for a napper. With sequentially consistent
+  // atomics on both sides one of the two sees the other, so no hand-back and
+  // no task is left waiting for the nap's bound.
+  napping_.store(true);
+  if (has_tasks_.load() || !DriverActive()) {
+    napping_.store(false);
+    return;
+  }
   pollfd pfd{wake_fd_, POLLIN, 0};
   const timespec nap{0, kNapNs};
-  napping_ = true;
   const int n = ppoll(&pfd, 1, &nap, nullptr);
-  napping_ = false;
+  napping_.store(false);
   if (n > 0) {
     uint64_t value;
     ssize_t r = read(wake_fd_, &value, sizeof(value));
@@ -150,7 +161,13 @@ int EventLoop::MillisToNextTimer() const {
 
 bool EventLoop::Turn() {
   bool worked = RunTasks();
-  RunTimers();
+  if (!timers_.empty() && timers_.top().deadline <= std::chrono::steady_clock::now()) {
+    // Timers judge time (heartbeats, deadlines): let them see everything
+    // that has arrived by now, however long this thread was away, instead
+    // of what is still unread in the fabric's queues.
+    for (int i = 0; i < kDrainLimit && hooks_.progress(); ++i) worked = true;
+    RunTimers();
+  }
   for (int i = 0; i < 64 && hooks_.progress(); ++i) worked = true;
   return worked;
 }
@@ -167,7 +184,6 @@ bool EventLoop::Drive() {
   }
   lock.unlock();
   if (worked) {
-    last_work_ns_.store(NowNs(), std::memory_order_relaxed);
     // The progress thread armed the fabric's fd before this thread took
     // work from under it; wake it so that it looks again (follow-up work
     // of what was just sent need not raise an event).
@@ -177,27 +193,34 @@ bool EventLoop::Drive() {
 }
 
 void EventLoop::StopDriving() {
-  last_foreign_drive_ns_.store(0, std::memory_order_relaxed);
+  last_foreign_drive_ns_.store(0);  // sequentially consistent: see Nap
   if (napping_.load()) Wake();
 }
 
 void EventLoop::Run() {
   constexpr int kMaxEvents = 4;
   epoll_event events[kMaxEvents];
-  last_work_ns_ = NowNs();
   const int64_t spin_ns = std::chrono::nanoseconds(spin_).count();
+  // When this thread last did work itself (not a driving thread: after it
+  // hands the loop back there is nothing to poll for), and when it last
+  // polled in vain while spinning.
+  int64_t own_work_ns = 0, idle_poll_ns = 0;
   while (running_) {
-    if (!busy_poll_ &&
-        NowNs() - last_foreign_drive_ns_.load(std::memory_order_relaxed) < kDriverActiveNs) {
+    if (!busy_poll_ && !has_tasks_.load(std::memory_order_acquire) && DriverActive()) {
       // Another thread is driving (waiting for a reply): leave the work to
       // it rather than take turns with it, which on a shared core costs a
-      // context switch per turn. Look again shortly, or when woken.
+      // context switch per turn. It hands the loop back (StopDriving); a
+      // posted task wakes this thread at once.
       Nap();
+      own_work_ns = idle_poll_ns = 0;
       continue;
     }
     std::unique_lock<std::mutex> lock(drive_mu_, std::try_to_lock);
     if (!lock.owns_lock()) {
-      sched_yield();  // another thread is inside Drive right now
+      // Another thread is inside Drive right now. Waiting for it with
+      // sched_yield would hand the core to any CPU hog for a whole slice.
+      Nap();
+      own_work_ns = idle_poll_ns = 0;
       continue;
     }
     bool worked;
@@ -206,15 +229,25 @@ void EventLoop::Run() {
       worked = Turn();
     }
     if (worked || busy_poll_ || !running_) {
-      if (worked && spin_ns > 0) last_work_ns_.store(NowNs(), std::memory_order_relaxed);
+      if (worked) own_work_ns = NowNs();
+      idle_poll_ns = 0;
       continue;
     }
-    if (spin_ns > 0 && NowNs() - last_work_ns_.load(std::memory_order_relaxed) < spin_ns) {
-      // Polling for a reply: let any other thread of this core run meanwhile.
-      lock.unlock();
-      sched_yield();
-      continue;
+    if (spin_ns > 0 && own_work_ns != 0) {
+      // Polling for a reply for a moment, without giving the core away, and
+      // only while this thread keeps the core: once it sees it was
+      // descheduled (a hog shares the core), sleeping on the fabric's fd is
+      // faster, since the scheduler wakes sleepers ahead of the hog.
+      const int64_t now = NowNs();
+      const bool descheduled = idle_poll_ns != 0 && now - idle_poll_ns > SpinWindow::kDescheduledNs;
+      if (!descheduled && now - own_work_ns < spin_ns) {
+        idle_poll_ns = now;
+        lock.unlock();
+        CpuRelax();
+        continue;
+      }
     }
+    own_work_ns = idle_poll_ns = 0;
 
     sleeping_ = true;
     bool have_tasks;

@@ -80,12 +80,19 @@ class EventLoop {
   void RunTimers();
   int MillisToNextTimer() const;
   void Wake();
-  // Sleeps kNapNs, or until woken.
+  // True while another thread drives the loop (called Drive() lately and
+  // has not handed it back).
+  bool DriverActive() const;
+  // Sleeps until woken (a hand-back, a posted task), kNapNs at most.
   void Nap();
 
   // A thread that called Drive() this recently counts as driving the loop.
   static constexpr int64_t kDriverActiveNs = 20'000;
+  // The nap's bound: a driver preempted between two Drive calls (it has not
+  // handed the loop back) leaves the fabric unpolled at most this long.
   static constexpr long kNapNs = 1'000'000;
+  // Before timers run, the fabric is polled until idle, at most this often.
+  static constexpr int kDrainLimit = 1 << 16;
 
   const std::string name_;
   const bool busy_poll_;
@@ -103,9 +110,6 @@ class EventLoop {
   // Held by whoever is driving the loop. Only ever try-locked while the loop
   // runs, so no thread sleeps on it (no futex wake-ups on a round trip).
   std::mutex drive_mu_;
-  // When the last work was done, by any driver (steady_clock nanoseconds):
-  // the progress thread keeps spinning while other threads drive.
-  std::atomic<int64_t> last_work_ns_{0};
   // When a thread other than the progress thread last called Drive().
   std::atomic<int64_t> last_foreign_drive_ns_{0};
   std::atomic<bool> napping_{false};

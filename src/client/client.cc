@@ -13,6 +13,7 @@
 #include "core/node_id.h"
 #include "core/placement.h"
 #include "core/secret.h"
+#include "core/spin.h"
 #include "gpu/cuda.h"
 #include "transport/transport.h"
 #include "wire/messages.h"
@@ -96,22 +97,22 @@ Status Future::WaitFor(std::chrono::milliseconds limit) const {
   if (!state_) return Status::FailedPrecondition("waiting on an empty Future");
   // A small call completes within microseconds: drive the client's progress
   // from this thread while work keeps coming, and for a moment after, before
-  // paying for a sleep and a wake-up on the condition variable. When the
-  // progress thread is driving instead, yield to it (it may share this core).
+  // paying for a sleep and a wake-up on the condition variable. The spin
+  // never yields its core (beside a CPU hog that costs a whole slice) and
+  // ends once this thread was descheduled (see core/spin.h).
   constexpr auto kSpin = std::chrono::microseconds(50);
-  auto spin_until = std::chrono::steady_clock::now() + kSpin;
+  SpinWindow spin(kSpin);
   while (!state_->ready.load(std::memory_order_acquire)) {
-    const bool worked = state_->driver && state_->driver->Drive();
-    const auto now = std::chrono::steady_clock::now();
-    if (worked) {
-      spin_until = now + kSpin;
-    } else if (now >= spin_until) {
-      if (state_->driver) state_->driver->StopDriving();
+    if (state_->driver && state_->driver->Drive()) {
+      spin.Restart();
+    } else if (!spin.Continue()) {
       break;
-    } else {
-      std::this_thread::yield();
     }
   }
+  // Hand progress back to the client's progress thread now, whether the
+  // answer came or this thread is about to sleep: nothing then waits for
+  // the progress thread to notice that nobody drives any more.
+  if (state_->driver) state_->driver->StopDriving();
   std::unique_lock<std::mutex> lock(state_->mu);
   if (!state_->cv.wait_for(lock, limit, [&] { return state_->done; })) {
     return Status::DeadlineExceeded("operation did not complete within " +
