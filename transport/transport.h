@@ -129,8 +129,27 @@ class Endpoint {
   void set_user_tag(uint64_t tag) { user_tag_.store(tag); }
   uint64_t user_tag() const { return user_tag_.load(); }
 
+  // When the peer last showed a sign of life (steady_clock): a message or a
+  // fragment of one from it arrived, or a one-sided operation or flush on
+  // this endpoint completed. Heartbeats judge a peer by this, so that a
+  // peer busy moving bulk data is never taken for a dead one. Counts from
+  // the endpoint's creation.
+  std::chrono::steady_clock::time_point last_traffic() const {
+    return std::chrono::steady_clock::time_point(
+        std::chrono::steady_clock::duration(last_traffic_.load(std::memory_order_relaxed)));
+  }
+
+ protected:
+  Endpoint() { NoteTraffic(); }
+  // Backends call this on every sign of life from the peer.
+  void NoteTraffic() {
+    last_traffic_.store(std::chrono::steady_clock::now().time_since_epoch().count(),
+                        std::memory_order_relaxed);
+  }
+
  private:
   std::atomic<uint64_t> user_tag_{0};
+  std::atomic<std::chrono::steady_clock::rep> last_traffic_{0};
 };
 
 using MessageHandler =

@@ -8,12 +8,14 @@
 #include <thread>
 #include <unordered_map>
 
+#include "client/silence_meter.h"
 #include "client/staging_allocator.h"
 #include "core/log.h"
 #include "core/node_id.h"
 #include "core/placement.h"
 #include "core/secret.h"
 #include "core/spin.h"
+#include "core/timeouts.h"
 #include "gpu/cuda.h"
 #include "transport/transport.h"
 #include "wire/messages.h"
@@ -193,6 +195,9 @@ class Client::Impl {
   };
 
   ClientOptions options_;
+  // When the next heartbeat is due (loop thread): a later one shows that
+  // the progress loop was held up.
+  std::chrono::steady_clock::time_point next_heartbeat_{};
   TaskId task_;
   int worker_rank_ = 0;
   std::unique_ptr<transport::Context> ctx_;
@@ -232,7 +237,8 @@ class Client::Impl {
     Status dead;                // non-OK once the connection is gone
     bool reconnecting = false;  // a restarted shard is being joined again
     std::chrono::steady_clock::time_point next_reconnect;
-    std::chrono::steady_clock::time_point last_heard;
+    // Listening time without any traffic from the shard (heartbeats).
+    SilenceMeter silence;
     // One-sided work in flight, failed by OnShardLost: a fabric may never
     // complete operations towards a peer that hangs.
     std::unordered_map<uint64_t, std::function<void(const Status&)>> in_flight;
@@ -411,7 +417,6 @@ void Client::Impl::OnFrame(const std::shared_ptr<transport::Endpoint>& ep,
     TLOG_WARN("bad message from {}: {}", shards_[sit->second].name(), h.status().ToString());
     return OnShardLost(sit->second, h.status().WithContext("bad message"));
   }
-  shards_[sit->second].last_heard = std::chrono::steady_clock::now();
   auto it = pending_.find(h->request_id);
   if (it == pending_.end()) {
     if (h->opcode == wire::Opcode::kPullReply) {
@@ -527,6 +532,17 @@ Status Client::Impl::Start() {
   worker_rank_ = *rank;
   if (options_.secret.empty()) return Status::InvalidArgument("the client needs a cluster secret");
   if (options_.chunk_bytes < 64) return Status::InvalidArgument("chunk_bytes must be at least 64");
+  // Liveness fits the fabric and the host: the environment may set both
+  // heartbeat times, and TESSERA_TIMEOUT_SCALE stretches them (emulation).
+  auto hb_timeout = TimeoutFromEnv("TESSERA_HEARTBEAT_TIMEOUT_MS", options_.heartbeat_timeout);
+  if (!hb_timeout.ok()) return hb_timeout.status();
+  auto hb_interval = TimeoutFromEnv("TESSERA_HEARTBEAT_INTERVAL_MS", options_.heartbeat_interval);
+  if (!hb_interval.ok()) return hb_interval.status();
+  options_.heartbeat_timeout = *hb_timeout;
+  options_.heartbeat_interval = *hb_interval;
+  if (options_.heartbeat_timeout.count() > 0 && options_.heartbeat_interval.count() <= 0) {
+    return Status::InvalidArgument("heartbeat_interval must be above 0 when heartbeats are on");
+  }
   auto placement = ParsePlacementPolicy(options_.placement);
   if (!placement.ok()) return placement.status();
 
@@ -560,6 +576,9 @@ Status Client::Impl::Start() {
   for (int i = 0; i < n; ++i) {
     shards_[i].task = i < num_ps ? TaskId{"ps", i} : TaskId{"coordinator", 0};
     shards_[i].addr = options_.cluster.address(shards_[i].task).value();
+    // A tick may count at most two intervals of listening: a later one
+    // means this process was busy, not that the shard was silent.
+    shards_[i].silence = SilenceMeter(options_.heartbeat_timeout, 2 * options_.heartbeat_interval);
   }
   const auto start = std::chrono::steady_clock::now();
   const auto deadline = start + options_.startup_timeout;
@@ -596,7 +615,7 @@ Status Client::Impl::Start() {
   }
   if (options_.heartbeat_timeout.count() > 0) {
     ctx_->Post([this] {
-      for (auto& conn : shards_) conn.last_heard = std::chrono::steady_clock::now();
+      for (auto& conn : shards_) conn.silence.Reset(std::chrono::steady_clock::now());
       ctx_->PostAfter(options_.heartbeat_interval, [this] { Heartbeat(); });
     });
   }
@@ -607,7 +626,18 @@ Status Client::Impl::Start() {
 
 void Client::Impl::Heartbeat() {
   if (stopping_) return;
+  // The event loop polled the fabric until idle before running this timer,
+  // so whatever the shards sent meanwhile has been seen.
   const auto now = std::chrono::steady_clock::now();
+  const auto late = now - next_heartbeat_;
+  if (next_heartbeat_.time_since_epoch().count() != 0 && late > options_.heartbeat_timeout) {
+    // Worth knowing (it explains slow calls), and not held against the
+    // shards: the silence meters count at most two intervals for it.
+    TLOG_WARN("{}: this worker's progress loop was held up for {} ms; heartbeats resume",
+              task_.ToString(),
+              std::chrono::duration_cast<std::chrono::milliseconds>(late).count());
+  }
+  next_heartbeat_ = now + options_.heartbeat_interval;
   for (int i = 0; i < static_cast<int>(shards_.size()); ++i) {
     ShardConn& s = shards_[i];
     if (!s.dead.ok()) {
@@ -615,10 +645,12 @@ void Client::Impl::Heartbeat() {
       continue;
     }
     if (!s.ep) continue;
-    if (now - s.last_heard > options_.heartbeat_timeout) {
+    if (s.silence.Tick(now, s.ep->last_traffic())) {
       OnShardLost(
-          i, Status::DeadlineExceeded("no answer to heartbeats for " +
-                                      std::to_string(options_.heartbeat_timeout.count()) + " ms"));
+          i, Status::DeadlineExceeded("no answer to heartbeats and no traffic at all for " +
+                                      std::to_string(s.silence.silent().count()) +
+                                      " ms of listening (heartbeat timeout " +
+                                      std::to_string(options_.heartbeat_timeout.count()) + " ms)"));
       continue;
     }
     Request(i, wire::Ping{}, 0,
@@ -686,7 +718,7 @@ void Client::Impl::Reconnect(int shard) {
                   if (conn.ep) shard_of_.erase(conn.ep.get());
                   conn.ep = *ep;
                   shard_of_[conn.ep.get()] = shard;
-                  conn.last_heard = std::chrono::steady_clock::now();
+                  conn.silence.Reset(std::chrono::steady_clock::now());
                   Handshake(shard, [this, shard](const Status& st) {
                     if (!st.ok()) {
                       TLOG_WARN("{} answers again but refused this worker: {}",

@@ -81,7 +81,14 @@ struct SendRequest {
 };
 struct RmaRequest {
   Completion done;
+  // Its completion is a sign of the peer's life (Endpoint::last_traffic).
+  std::shared_ptr<UcxEndpoint> ep;
 };
+
+void NoteSuccess(SendRequest*, const Status&) {}
+void NoteSuccess(RmaRequest* req, const Status& st) {
+  if (st.ok() && req->ep) req->ep->NoteTraffic();
+}
 
 void CompleteSend(void* request, ucs_status_t status, void* user_data) {
   auto* req = static_cast<SendRequest*>(user_data);
@@ -92,7 +99,9 @@ void CompleteSend(void* request, ucs_status_t status, void* user_data) {
 
 void CompleteRma(void* request, ucs_status_t status, void* user_data) {
   auto* req = static_cast<RmaRequest*>(user_data);
-  if (req->done) req->done(FromUcs(status, "one-sided operation"));
+  const Status st = FromUcs(status, "one-sided operation");
+  NoteSuccess(req, st);
+  if (req->done) req->done(st);
   delete req;
   ucp_request_free(request);
 }
@@ -101,6 +110,7 @@ void CompleteRma(void* request, ucs_status_t status, void* user_data) {
 template <typename Req>
 void FinishImmediate(ucs_status_ptr_t sp, Req* req, const char* what) {
   if (sp == nullptr) {
+    NoteSuccess(req, Status::Ok());
     if (req->done) req->done(Status::Ok());
     delete req;
   } else if (UCS_PTR_IS_ERR(sp)) {
@@ -610,7 +620,11 @@ ucs_status_t UcxContext::AmCallback(void* arg, const void* header, size_t header
     self->OnAmReceived(reply_ep, msg_id, {static_cast<const uint8_t*>(data), length});
     return UCS_OK;
   }
-  // Large message: fetch it into a buffer of our own, then dispatch.
+  // Large message: fetch it into a buffer of our own, then dispatch. Its
+  // announcement already shows that the peer is alive.
+  if (auto it = self->endpoints_.find(reply_ep); it != self->endpoints_.end()) {
+    it->second->NoteTraffic();
+  }
   struct RndvRecv {
     UcxContext* ctx;
     ucp_ep_h reply_ep;
@@ -648,6 +662,7 @@ void UcxContext::OnAmReceived(ucp_ep_h reply_ep, uint16_t msg_id, std::span<cons
   counters_.messages_received++;
   counters_.message_bytes_received += bytes.size();
   std::shared_ptr<UcxEndpoint> ep = it->second;
+  ep->NoteTraffic();
   Dispatch(ep, msg_id, bytes);
 }
 
@@ -787,7 +802,7 @@ void UcxEndpoint::RmaNow(Op op, void* local, size_t len, const RemoteRegion& rem
   auto& counters = ctx_->counters_;
   (op == Op::kPut ? counters.puts : counters.gets)++;
   (op == Op::kPut ? counters.put_bytes : counters.get_bytes) += len;
-  auto* req = new RmaRequest{std::move(done)};
+  auto* req = new RmaRequest{std::move(done), shared_from_this()};
   ucp_request_param_t param{};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   param.cb.send = &CompleteRma;
@@ -807,7 +822,7 @@ void UcxEndpoint::Flush(Completion done) {
 
 void UcxEndpoint::FlushNow(Completion done) {
   if (ep_ == nullptr) return done(DeadStatus());
-  auto* req = new RmaRequest{std::move(done)};
+  auto* req = new RmaRequest{std::move(done), shared_from_this()};
   ucp_request_param_t param{};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   param.cb.send = &CompleteRma;

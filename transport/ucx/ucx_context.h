@@ -44,6 +44,7 @@ class UcxEndpoint final : public Endpoint, public std::enable_shared_from_this<U
   bool alive() const override { return alive_.load(); }
   std::string peer() const override { return peer_; }
   std::string DescribeLanes() override;
+  using Endpoint::NoteTraffic;  // for the completion callbacks
 
  private:
   friend class UcxContext;

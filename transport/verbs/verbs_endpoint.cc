@@ -249,6 +249,9 @@ void VerbsEndpoint::OnCompletion(const ibv_wc& wc, Op* op) {
                                           op->kind == Op::kSend    ? "send"
                                           : op->kind == Op::kWrite ? "RDMA write"
                                                                    : "RDMA read");
+  // The peer's side acknowledged the work request: a sign of life, one-sided
+  // operations included (Endpoint::last_traffic).
+  if (st.ok()) NoteTraffic();
   if (op->kind == Op::kSend) {
     dev_->free_send_slots.push_back(op->slot);
     if (op->done) op->done(st);
@@ -280,6 +283,7 @@ void VerbsEndpoint::OnReceive(const uint8_t* data, uint32_t len) {
               peer_);
     return;
   }
+  NoteTraffic();  // every fragment, so a long message keeps its sender alive
   FragmentHeader h;
   std::memcpy(&h, data, sizeof(h));
   send_credits_ += h.credits;
