@@ -15,6 +15,7 @@
 
 #include "tessera_config.h"
 #include "tools/bench_internal.h"
+#include "tools/cpu_hog.h"
 
 namespace tessera::tools {
 namespace {
@@ -28,6 +29,15 @@ void PrintTable(const std::vector<Row>& rows) {
          "transport", "size", "batch", "S", "W", "p50 us", "p99 us", "GB/s", "alloc/op", "baseline",
          "base us", "base GB/s", "ratio", "");
   for (const auto& r : rows) {
+    if (!r.load.empty() && r.load != "quiet") {
+      // The loaded figure under its quiet one.
+      printf(
+          "%-15s %-10s %9s %5s %3s %3s | %10.1f %10.1f %9.3f %7s | beside a CPU hog: p50 %.2fx "
+          "quiet%s\n",
+          "  + cpu hog", "", "", "", "", "", r.tessera.p50_us, r.tessera.p99_us, r.tessera.gbps, "",
+          r.vs_quiet, r.note.empty() ? "" : ("; " + r.note).c_str());
+      continue;
+    }
     std::string allocs = r.allocs_per_op < 0 ? "-" : fmt::format("{:.1f}", r.allocs_per_op);
     std::string ratio = r.ratio > 0 ? fmt::format("{:.2f}", r.ratio) : "-";
     printf(
@@ -144,10 +154,27 @@ int RunBench(const BenchOptions& in) {
       fprintf(stderr, "bench: %s (UCX_TLS=%s)\n", transport.c_str(), fabric.ucx_tls.c_str());
       setenv("UCX_TLS", fabric.ucx_tls.c_str(), 1);
     }
-    Status st;
-    if (has("fabric")) st = bench::RunFabric(o, fabric, &rows);
-    if (st.ok()) st = bench::RunOps(o, fabric, &rows);
-    if (st.ok() && has("step")) st = bench::RunStep(o, fabric, &rows);
+    auto measure = [&](std::vector<Row>* out) {
+      Status st;
+      if (has("fabric")) st = bench::RunFabric(o, fabric, out);
+      if (st.ok()) st = bench::RunOps(o, fabric, out);
+      if (st.ok() && has("step")) st = bench::RunStep(o, fabric, out);
+      return st;
+    };
+    std::vector<Row> quiet;
+    Status st = measure(&quiet);
+    if (st.ok() && o.load) {
+      std::vector<Row> loaded;
+      {
+        tools::CpuHog hog;
+        fprintf(stderr, "bench: %s again beside a CPU hog (%d spinning processes)\n",
+                transport.c_str(), hog.processes());
+        st = measure(&loaded);
+      }
+      if (st.ok()) st = bench::PairWithQuiet(quiet, loaded, &rows);
+    } else {
+      rows.insert(rows.end(), quiet.begin(), quiet.end());
+    }
     if (!st.ok()) {
       fprintf(stderr, "bench: %s: %s\n", transport.c_str(), st.ToString().c_str());
       PrintTable(rows);

@@ -9,6 +9,8 @@
 //              (bench/models/*.txt) against its bandwidth bound
 // With --baseline each figure is printed beside ucx_perftest's for the same
 // transport and size (ucp_put_bw, ucp_get, ucp_am_lat) and their ratio.
+// With --load everything is measured again beside a CPU hog on every core,
+// each loaded row next to its quiet one, with the loaded/quiet ratio.
 #pragma once
 
 #include <cstdint>
@@ -35,6 +37,9 @@ struct BenchOptions {
   bool check = false;              // verify every transferred byte
   bool pin = true;                 // shards on the first cores, the bench on the last
   bool busy_poll = false;
+  // Each figure measured twice: quiet, then beside a CPU hog on every core
+  // (tools/cpu_hog.h), as on a training host whose cores are never idle.
+  bool load = false;
   // Where the shards and the fabric peer listen: loopback for UCX's tcp and
   // shared memory; an address an RDMA device carries for verbs.
   std::string host = "127.0.0.1";

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdio>
 #include <sstream>
 #include <thread>
@@ -37,11 +38,39 @@ nlohmann::json Row::ToJson() const {
       {"baseline", baseline},     {"baseline_us", baseline_us}, {"baseline_gbps", baseline_gbps},
       {"ratio", ratio},           {"ratio_of", ratio_of},       {"note", note}};
   if (allocs_per_op >= 0) j["allocs_per_op"] = allocs_per_op;
+  if (!load.empty()) {
+    j["load"] = load;
+    if (vs_quiet > 0) j["p50_vs_quiet"] = vs_quiet;
+  }
   if (!gpu_path.empty()) {
     j["gpu_path"] = gpu_path;
     j["host_staged_bytes_per_op"] = host_staged_bytes_per_op;
   }
   return j;
+}
+
+Status PairWithQuiet(const std::vector<Row>& quiet, const std::vector<Row>& loaded,
+                     std::vector<Row>* rows) {
+  if (quiet.size() != loaded.size()) {
+    return Status::Internal("the loaded run measured " + std::to_string(loaded.size()) +
+                            " points, the quiet one " + std::to_string(quiet.size()));
+  }
+  for (size_t i = 0; i < quiet.size(); ++i) {
+    Row q = quiet[i], l = loaded[i];
+    q.load = "quiet";
+    l.load = "hog";
+    l.vs_quiet = q.tessera.p50_us > 0 ? l.tessera.p50_us / q.tessera.p50_us : 0;
+    // A wake-up that waits for the scheduler's tick shows as a p50 on a
+    // whole number of milliseconds (1, 4 or 10 ms ticks), far above quiet.
+    const double ms = l.tessera.p50_us / 1000;
+    if (ms >= 0.95 && l.vs_quiet >= 5 && std::abs(ms - std::round(ms)) < 0.03 * ms) {
+      l.note = "CLIFF: p50 on a whole number of ms, " + fmt::format("{:.0f}", l.vs_quiet) +
+               "x quiet: a wake-up waiting for a clock tick?";
+    }
+    rows->push_back(std::move(q));
+    rows->push_back(std::move(l));
+  }
+  return Status::Ok();
 }
 
 void CompareBandwidth(Row* row, const std::string& test, const Perftest& p) {

@@ -38,6 +38,10 @@ struct Row {
   double ratio = 0;
   std::string ratio_of;  // "GB/s" or "time"
   std::string note;
+  // --load: "quiet", or "hog" for the figures measured beside the CPU hog,
+  // whose p50 is compared with the quiet row's (`vs_quiet`).
+  std::string load;
+  double vs_quiet = 0;
   // --memory cuda: how the bytes went ("CUDA IPC", "fabric", "host-staged",
   // "inline") and the bytes staged through host memory per call.
   std::string gpu_path;
@@ -99,6 +103,10 @@ class LocalCluster {
 };
 
 // The scenarios; each appends its rows.
+// --load: each loaded row after its quiet one, with its p50 over the quiet
+// p50, and a note where a loaded p50 looks bound to a clock tick.
+Status PairWithQuiet(const std::vector<Row>& quiet, const std::vector<Row>& loaded,
+                     std::vector<Row>* rows);
 Status RunFabric(const BenchOptions& o, const Fabric& fabric, std::vector<Row>* rows);
 Status RunOps(const BenchOptions& o, const Fabric& fabric, std::vector<Row>* rows);
 Status RunStep(const BenchOptions& o, const Fabric& fabric, std::vector<Row>* rows);

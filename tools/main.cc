@@ -178,6 +178,9 @@ int main(int argc, char** argv) try {
   bench_cmd->add_flag("!--no-pin", bench.pin,
                       "do not pin shards to the first cores and the bench to the last");
   bench_cmd->add_flag("--busy-poll", bench.busy_poll, "spin instead of sleeping when idle");
+  bench_cmd->add_flag("--load", bench.load,
+                      "measure everything again beside a CPU hog on every core, next to the "
+                      "quiet figures");
   bench_cmd->add_option("--host", bench.host,
                         "address shards and peers listen on (verbs: one an RDMA device carries)");
   bench_cmd->add_option("--cluster", bench.cluster_file,
