@@ -3,6 +3,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdlib>
 #include <thread>
@@ -12,6 +13,15 @@
 namespace tessera::testing {
 
 uint16_t UnusedPort() { return PickListenPort("127.0.0.1"); }
+
+bool WaitUntil(const std::function<bool()>& done, std::chrono::milliseconds limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (!done()) {
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return true;
+}
 
 ShardProcesses::ShardProcesses(const ClusterSpec& spec, const std::string& secret, int n,
                                std::vector<std::string> args,

@@ -4,6 +4,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <functional>
 #include <future>
 #include <map>
 #include <memory>
@@ -37,6 +38,10 @@ class Waiter {
 
 // A TCP port on 127.0.0.1 that nothing listens on right now.
 uint16_t UnusedPort();
+
+// Polls `done` until it holds or `limit` passes; whether it held. For tests
+// that wait for a condition instead of sleeping "long enough".
+bool WaitUntil(const std::function<bool()>& done, std::chrono::milliseconds limit);
 
 // ps tasks as real `tessera server` processes (the binary named by
 // TESSERA_BIN), for failures only a process has; killed when this goes.
