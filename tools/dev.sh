@@ -4,10 +4,13 @@
 #   tools/dev.sh test   install what is missing (Debian packages, among them
 #                       qemu and a kernel for the Soft-RoCE VM, and a .venv
 #                       from PyPI for the Python interop tests), build, run
-#                       every test suite: the optimised build, then again
-#                       under ASan/UBSan, then the unit and integration
+#                       every test suite: the optimised build; its launch,
+#                       cluster and checkpoint suites and the VM's cluster
+#                       runs again beside stress-ng on every core; everything
+#                       again under ASan/UBSan; then the unit and integration
 #                       suites built against PyPI's CUDA-capable UCX
-#                       (libucx-cu12), the UCX a GPU deployment would use
+#                       (libucx-cu12), the UCX a GPU deployment would use.
+#                       Each stage prints how long it took.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # The CUDA toolkit (nvcc) where it is installed: the CUDA kernels, the GPU
@@ -30,6 +33,8 @@ PACKAGES=(
   iproute2 procps
   python3 python3-venv
 )
+# A CPU hog on every core for the tests that must hold on a busy host.
+LOAD_PACKAGES=(stress-ng)
 # For the tests on a real kernel RDMA stack (tests/rdma-vm/run): Debian's
 # kernel with Soft-RoCE, booted under qemu; rdma-core's tools and perftest.
 VM_PACKAGES=(
@@ -93,6 +98,29 @@ run_suite() {  # run_suite DIR [meson test options...]
   return $rc
 }
 
+# Runs a stage and says how long it took, whether it passed or not.
+stage() {  # stage NAME COMMAND...
+  local name=$1 start=$SECONDS rc=0
+  shift
+  echo "== stage: $name"
+  "$@" || rc=$?
+  echo "== stage: $name: $((SECONDS - start)) s, exit $rc (total $((SECONDS - ci_start)) s)"
+  return $rc
+}
+
+# The suites that must hold on a busy host, beside stress-ng on every core:
+# a training host is never idle, and neither is every CI machine.
+under_load() {  # under_load DIR
+  local dir=$1 rc=0
+  stress-ng --cpu "$(nproc)" --timeout 3600s --quiet &
+  local hog=$!
+  TESSERA_VM_ONLY=cluster run_suite "$dir" launch cluster checkpoint rdma-vm || rc=$?
+  kill "$hog" 2>/dev/null
+  wait "$hog" 2>/dev/null || true
+  return $rc
+}
+
+ci_start=$SECONDS
 case "${1:-}" in
   demo)
     install_missing "${PACKAGES[@]}"
@@ -100,21 +128,24 @@ case "${1:-}" in
     exec build/tools/tessera demo "${@:2}"
     ;;
   test)
-    install_missing "${PACKAGES[@]}" "${VM_PACKAGES[@]}"
-    python_env
-    build build "${GPU_OPTIONS[@]}"
-    run_suite build
-    build build-asan -Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debug \
-      "${GPU_OPTIONS[@]}"
+    stage "packages" install_missing "${PACKAGES[@]}" "${VM_PACKAGES[@]}" "${LOAD_PACKAGES[@]}"
+    stage "python venv" python_env
+    stage "build" build build "${GPU_OPTIONS[@]}"
+    stage "tests" run_suite build
+    stage "tests beside a CPU hog" under_load build
+    stage "build: ASan/UBSan" build build-asan -Db_sanitize=address,undefined -Db_lundef=false \
+      -Dbuildtype=debug "${GPU_OPTIONS[@]}"
     # Under ASan and software emulation the Soft-RoCE VM's integration runs
     # 40 tensors instead of 200, with longer steps.
     ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
       TESSERA_VM_WORKER_ARGS="--tensors 40 --big-mib 2" TESSERA_VM_STEP_TIMEOUT=600 \
-      run_suite build-asan
+      stage "tests: ASan/UBSan" run_suite build-asan
     # The same code against another UCX (1.22, with CUDA modules; no GPU
     # here, so it reports host memory and the GPU tests skip saying so).
-    build build-ucx-cu12 -Ducx_prefix="$(ucx_cu12_prefix)" -Dbenchmarks=false "${GPU_OPTIONS[@]}"
-    run_suite build-ucx-cu12 --suite unit --suite integration
+    stage "build: UCX 1.22" build build-ucx-cu12 -Ducx_prefix="$(ucx_cu12_prefix)" \
+      -Dbenchmarks=false "${GPU_OPTIONS[@]}"
+    stage "tests: UCX 1.22" run_suite build-ucx-cu12 --suite unit --suite integration
+    echo "== all stages passed in $((SECONDS - ci_start)) s"
     ;;
   *)
     echo "usage: tools/dev.sh demo|test" >&2
