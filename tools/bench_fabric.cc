@@ -182,6 +182,7 @@ class FabricPeer {
       }
       if (!ctx_->Drive()) CpuRelax();  // never sched_yield: see core/spin.h
     }
+    ctx_->StopDriving();
     const auto t1 = std::chrono::steady_clock::now();
     std::lock_guard<std::mutex> lock(mu_);
     if (!failed_.ok()) return failed_;

@@ -102,13 +102,24 @@ bool EventLoop::DriverActive() const {
   return NowNs() - last_foreign_drive_ns_.load() < kDriverActiveNs;
 }
 
-void EventLoop::Nap() {
+void EventLoop::Nap(bool lock_held) {
   // Announce the nap first, then look again: StopDriving and Post store
   // their change first, then look for a napper. With sequentially consistent
   // atomics on both sides one of the two sees the other, so no hand-back and
   // no task is left waiting for the nap's bound.
   napping_.store(true);
-  if (has_tasks_.load() || !DriverActive()) {
+  bool stay;
+  if (lock_held) {
+    // Whoever holds the drive lock runs posted tasks too, and hands the
+    // loop back when it stops driving. Only a lock that was released
+    // meanwhile ends the nap early; otherwise this thread would try the lock
+    // in a hot loop, keeping the holder off a core they share.
+    stay = !drive_mu_.try_lock();
+    if (!stay) drive_mu_.unlock();
+  } else {
+    stay = !has_tasks_.load() && DriverActive();
+  }
+  if (!stay) {
     napping_.store(false);
     return;
   }
@@ -211,7 +222,7 @@ void EventLoop::Run() {
       // it rather than take turns with it, which on a shared core costs a
       // context switch per turn. It hands the loop back (StopDriving); a
       // posted task wakes this thread at once.
-      Nap();
+      Nap(/*lock_held=*/false);
       own_work_ns = idle_poll_ns = 0;
       continue;
     }
@@ -219,7 +230,7 @@ void EventLoop::Run() {
     if (!lock.owns_lock()) {
       // Another thread is inside Drive right now. Waiting for it with
       // sched_yield would hand the core to any CPU hog for a whole slice.
-      Nap();
+      Nap(/*lock_held=*/true);
       own_work_ns = idle_poll_ns = 0;
       continue;
     }

@@ -83,8 +83,10 @@ class EventLoop {
   // True while another thread drives the loop (called Drive() lately and
   // has not handed it back).
   bool DriverActive() const;
-  // Sleeps until woken (a hand-back, a posted task), kNapNs at most.
-  void Nap();
+  // Sleeps until woken (a hand-back, a posted task), kNapNs at most, unless
+  // the reason to nap is gone already: another thread drives (or, with
+  // `lock_held`, holds the drive lock).
+  void Nap(bool lock_held);
 
   // A thread that called Drive() this recently counts as driving the loop.
   static constexpr int64_t kDriverActiveNs = 20'000;

@@ -550,6 +550,10 @@ Status Client::Impl::Start() {
   topts.backend = options_.transport;
   topts.name = task_.job + std::to_string(task_.index);
   topts.busy_poll = options_.busy_poll;
+  // The caller waiting on a Future polls for its reply itself (WaitFor). A
+  // progress thread polling too, without yielding, would hold the core the
+  // caller needs whenever the two share one (pinned workers do).
+  topts.spin_before_sleep = std::chrono::microseconds(0);
   auto ctx = transport::Context::Open(topts);
   if (!ctx.ok()) return ctx.status();
   ctx_ = std::move(*ctx);
