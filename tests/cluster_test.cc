@@ -1040,7 +1040,7 @@ TEST_P(ClusterTest, OwnStalledLoopDoesNotKillLiveShards) {
   std::vector<float> got(4), one(4, 1.0f);
   std::atomic<bool> stall_over{false};
   auto pull = (*c)->PullAsync({PullItem::Of<float>((*t)[0], got, 2)});
-  pull.Then([&](Status) {
+  pull.Then([&](const Status&) {
     std::this_thread::sleep_for(1500ms);  // the stall itself, not a wait for a condition
     stall_over = true;
   });
