@@ -323,7 +323,14 @@ TEST_F(CheckpointTest, EveryNStepsKeepsTheLastK) {
     }
   }
   EXPECT_EQ(EventualGlobalStep(c, 10), 10u);
-  const auto dirs = ckpt::ListStepDirs(dir_.string());
+  // The newest directory appears before its round has pruned the oldest.
+  std::vector<std::string> dirs;
+  EXPECT_TRUE(testing::WaitUntil(
+      [&] {
+        dirs = ckpt::ListStepDirs(dir_.string());
+        return dirs.size() == 2 && newest_is(10);
+      },
+      60s));
   ASSERT_EQ(dirs.size(), 2u);
   EXPECT_TRUE(dirs[0].ends_with("step-00000010")) << dirs[0];
   EXPECT_TRUE(dirs[1].ends_with("step-00000008")) << dirs[1];
