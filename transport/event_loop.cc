@@ -154,8 +154,7 @@ bool EventLoop::RunTasks() {
   return ran;
 }
 
-void EventLoop::RunTimers() {
-  auto now = std::chrono::steady_clock::now();
+void EventLoop::RunTimers(std::chrono::steady_clock::time_point now) {
   while (!timers_.empty() && timers_.top().deadline <= now) {
     auto fn = std::move(const_cast<Timer&>(timers_.top()).fn);
     timers_.pop();
@@ -172,12 +171,15 @@ int EventLoop::MillisToNextTimer() const {
 
 bool EventLoop::Turn() {
   bool worked = RunTasks();
-  if (!timers_.empty() && timers_.top().deadline <= std::chrono::steady_clock::now()) {
+  // One clock read per turn, as before timers were preceded by a drain.
+  const auto now =
+      timers_.empty() ? std::chrono::steady_clock::time_point{} : std::chrono::steady_clock::now();
+  if (!timers_.empty() && timers_.top().deadline <= now) {
     // Timers judge time (heartbeats, deadlines): let them see everything
     // that has arrived by now, however long this thread was away, instead
     // of what is still unread in the fabric's queues.
     for (int i = 0; i < kDrainLimit && hooks_.progress(); ++i) worked = true;
-    RunTimers();
+    RunTimers(now);
   }
   for (int i = 0; i < 64 && hooks_.progress(); ++i) worked = true;
   return worked;

@@ -77,7 +77,8 @@ class EventLoop {
   // One turn of tasks, timers and progress; the caller holds drive_mu_.
   bool Turn();
   bool RunTasks();
-  void RunTimers();
+  // Runs the timers due at `now`.
+  void RunTimers(std::chrono::steady_clock::time_point now);
   int MillisToNextTimer() const;
   void Wake();
   // True while another thread drives the loop (called Drive() lately and
