@@ -115,7 +115,13 @@ class TransportTest : public ::testing::TestWithParam<TransportCase> {
       cv_.notify_all();
     });
 
-    auto listener = server_->Listen(host_, 0, [](const std::shared_ptr<Endpoint>&) {});
+    // The layer above marks a peer authenticated once it proved itself; the
+    // cases here stand in for that at once, except where a case says not.
+    auto listener = server_->Listen(host_, 0, [this](const std::shared_ptr<Endpoint>& ep) {
+      if (authenticate_accepted_) ep->MarkAuthenticated();
+      std::lock_guard<std::mutex> lock(mu_);
+      accepted_.push_back(ep);
+    });
     ASSERT_TRUE(listener.ok()) << listener.status().ToString();
     listener_ = std::move(*listener);
 
@@ -125,6 +131,7 @@ class TransportTest : public ::testing::TestWithParam<TransportCase> {
     ASSERT_TRUE(ep.has_value()) << "connect did not call back";
     ASSERT_TRUE(ep->ok()) << ep->status().ToString();
     ep_ = std::move(ep->value());
+    ep_->MarkAuthenticated();
 
     ep_->Send(kDescribeMsg, {});
     auto desc = NextReply();
@@ -139,6 +146,10 @@ class TransportTest : public ::testing::TestWithParam<TransportCase> {
     if (ep_) ep_->Close();
     ep_.reset();
     listener_.reset();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      accepted_.clear();
+    }
     // Contexts first: a progress thread may still be writing a late put into
     // the region (over tcp the target's thread does the write).
     client_owned_.reset();
@@ -175,6 +186,12 @@ class TransportTest : public ::testing::TestWithParam<TransportCase> {
   std::vector<std::vector<uint8_t>> replies_;
   std::atomic<int> inside_{0}, overlaps_{0}, outside_progress_{0}, ran_on_drivers_{0};
   std::atomic<int> serial_replies_{0};
+  std::atomic<bool> authenticate_accepted_{true};
+  std::vector<std::shared_ptr<Endpoint>> accepted_;  // the server's side, guarded by mu_
+  std::shared_ptr<Endpoint> Accepted(size_t i) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return i < accepted_.size() ? accepted_[i] : nullptr;
+  }
 };
 
 std::vector<uint8_t> Pattern(size_t n, uint32_t seed) {
@@ -198,6 +215,38 @@ TEST_P(TransportTest, MessagesRoundTripByteExact) {
     ASSERT_EQ(reply.size(), size) << "echo of " << size << " bytes";
     EXPECT_TRUE(reply == msg) << "echo of " << size << " bytes differs";
   }
+}
+
+// A peer that has not authenticated may announce only a small message: a
+// larger one closes its connection before anything is allocated for it
+// (UCX used to allocate whatever a rendezvous announced: 64 GiB killed a
+// server with std::bad_alloc).
+TEST_P(TransportTest, StrangersCannotAnnounceLargeMessages) {
+  authenticate_accepted_ = false;
+  auto connect = [&] {
+    Waiter<Result<std::shared_ptr<Endpoint>>> connected;
+    client_ctx_->Connect(host_, listener_->port(), 10s, connected.callback());
+    auto ep = connected.Wait();
+    EXPECT_TRUE(ep.has_value() && ep->ok());
+    return ep.has_value() && ep->ok() ? ep->value() : nullptr;
+  };
+  auto small = connect();
+  ASSERT_NE(small, nullptr);
+  small->MarkAuthenticated();  // its replies may be anything; the server's side is the test
+  auto msg = Pattern(1024, 5);
+  small->Send(kEchoMsg, msg);
+  EXPECT_TRUE(NextReply() == msg) << "a small message from a stranger is fine";
+
+  auto large = connect();
+  ASSERT_NE(large, nullptr);
+  large->Send(kEchoMsg, Pattern(ContextOptions{}.max_unauthenticated_message_bytes + 1, 6));
+  // The server's side of each connection (index 0 is SetUp's).
+  ASSERT_TRUE(::tessera::testing::WaitUntil([&] { return Accepted(2) != nullptr; }, 20s));
+  EXPECT_TRUE(::tessera::testing::WaitUntil([&] { return !Accepted(2)->alive(); }, 20s))
+      << "the server kept a connection that announced too much";
+  EXPECT_TRUE(Accepted(1)->alive()) << "another stranger's connection was closed too";
+  small->Close();
+  large->Close();
 }
 
 TEST_P(TransportTest, PutThenGetByteExactAtUnalignedOffsets) {

@@ -51,6 +51,12 @@ struct ContextOptions {
   // verbs: the one RDMA device to use ("mlx5_0"); empty: whichever device
   // rdma_cm routes each address through (env TESSERA_VERBS_DEVICE when unset).
   std::string device;
+  // The largest message a peer may send, before and after the layer above
+  // marks its endpoint authenticated (Endpoint::MarkAuthenticated). A larger
+  // one closes the connection before anything is allocated for it, so that a
+  // stranger cannot make a task allocate what it announces.
+  size_t max_message_bytes = (16u << 20) + 64;
+  size_t max_unauthenticated_message_bytes = 96u << 10;
 };
 
 // Bytes moved, by kind. Used by tests to prove that payloads travel one-sided.
@@ -125,6 +131,14 @@ class Endpoint {
   // (UCX: ucp_ep_print_info), so users and tests can check what is used.
   virtual std::string DescribeLanes() = 0;
 
+  // The layer above says the peer proved who it is: its messages may now be
+  // as large as max_message_bytes (ContextOptions).
+  void MarkAuthenticated() { authenticated_.store(true, std::memory_order_relaxed); }
+  // The largest message this endpoint accepts from its peer now.
+  size_t message_limit() const {
+    return authenticated_.load(std::memory_order_relaxed) ? limits_.after : limits_.before;
+  }
+
   // Opaque slot for the layer above (e.g. which worker this is).
   void set_user_tag(uint64_t tag) { user_tag_.store(tag); }
   uint64_t user_tag() const { return user_tag_.load(); }
@@ -140,7 +154,13 @@ class Endpoint {
   }
 
  protected:
-  Endpoint() { NoteTraffic(); }
+  struct MessageLimits {
+    size_t before = 0, after = 0;
+  };
+  explicit Endpoint(const ContextOptions& options)
+      : limits_{options.max_unauthenticated_message_bytes, options.max_message_bytes} {
+    NoteTraffic();
+  }
   // Backends call this on every sign of life from the peer.
   void NoteTraffic() {
     last_traffic_.store(std::chrono::steady_clock::now().time_since_epoch().count(),
@@ -148,6 +168,8 @@ class Endpoint {
   }
 
  private:
+  const MessageLimits limits_;
+  std::atomic<bool> authenticated_{false};
   std::atomic<uint64_t> user_tag_{0};
   std::atomic<std::chrono::steady_clock::rep> last_traffic_{0};
 };

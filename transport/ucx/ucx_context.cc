@@ -240,7 +240,7 @@ class UcxListener final : public Listener {
       attr.client_address = sockaddr_storage{};  // unknown: treated as remote
     }
 
-    auto ep = std::make_shared<UcxEndpoint>(ctx, peer);
+    auto ep = std::make_shared<UcxEndpoint>(ctx, peer, ctx->options_);
     ucp_ep_params_t params{};
     params.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLER |
                         UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
@@ -353,7 +353,11 @@ UcxContext::~UcxContext() {
     RunOnLoop(*this, [this] {
       std::vector<UcxEndpoint*> eps;
       for (auto& [handle, ep] : endpoints_) eps.push_back(ep.get());
-      for (UcxEndpoint* ep : eps) CloseEndpoint(ep, /*force=*/true);
+      // Gracefully: a forced close of an endpoint whose lanes are still
+      // wiring up leaves its queued sends behind, and UCX 1.13 then aborts
+      // in ucp_worker_destroy ("pending request ... should have been
+      // flushed"). A peer that never answers costs the bound below.
+      for (UcxEndpoint* ep : eps) CloseEndpoint(ep, /*force=*/false);
       return 0;
     });
     loop_->Stop();
@@ -523,7 +527,7 @@ void UcxContext::Connect(const std::string& host, uint16_t port, std::chrono::mi
       done(addr.status());
       return;
     }
-    auto ep = std::make_shared<UcxEndpoint>(this, peer);
+    auto ep = std::make_shared<UcxEndpoint>(this, peer, options_);
     ucp_ep_params_t params{};
     params.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
                         UCP_EP_PARAM_FIELD_ERR_HANDLER | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
@@ -616,15 +620,30 @@ ucs_status_t UcxContext::AmCallback(void* arg, const void* header, size_t header
   const auto* h = static_cast<const uint8_t*>(header);
   uint16_t msg_id = static_cast<uint16_t>(h[0] | (h[1] << 8));
   ucp_ep_h reply_ep = param->reply_ep;
+  auto it = self->endpoints_.find(reply_ep);
+  if (it == self->endpoints_.end()) {
+    TLOG_WARN("{}: a {}-byte message from an unknown endpoint dropped", self->options_.name,
+              length);
+    return UCS_OK;  // a rendezvous not received is released by UCX
+  }
+  if (length > it->second->message_limit()) {
+    // Refused before a byte is allocated for it (UCX holds an eager message
+    // in its own buffers; a rendezvous one is only announced).
+    TLOG_WARN("{}: {} announced a {}-byte message, over the {}-byte limit{}; closing",
+              self->options_.name, it->second->peer(), length, it->second->message_limit(),
+              it->second->message_limit() < self->options_.max_message_bytes
+                  ? " before authentication"
+                  : "");
+    self->Post([ep = it->second] { ep->Abort(); });
+    return UCS_OK;
+  }
   if (!(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
     self->OnAmReceived(reply_ep, msg_id, {static_cast<const uint8_t*>(data), length});
     return UCS_OK;
   }
   // Large message: fetch it into a buffer of our own, then dispatch. Its
   // announcement already shows that the peer is alive.
-  if (auto it = self->endpoints_.find(reply_ep); it != self->endpoints_.end()) {
-    it->second->NoteTraffic();
-  }
+  it->second->NoteTraffic();
   struct RndvRecv {
     UcxContext* ctx;
     ucp_ep_h reply_ep;

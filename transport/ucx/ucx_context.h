@@ -29,7 +29,8 @@ void ApplyUcxDefaults();
 
 class UcxEndpoint final : public Endpoint, public std::enable_shared_from_this<UcxEndpoint> {
  public:
-  UcxEndpoint(UcxContext* ctx, std::string peer) : ctx_(ctx), peer_(std::move(peer)) {}
+  UcxEndpoint(UcxContext* ctx, std::string peer, const ContextOptions& options)
+      : Endpoint(options), ctx_(ctx), peer_(std::move(peer)) {}
   ~UcxEndpoint() override;
 
   void Send(uint16_t msg_id, std::vector<uint8_t> bytes, Completion done) override;

@@ -284,7 +284,7 @@ void VerbsContext::Connect(const std::string& host, uint16_t port,
     if (rdma_create_id(cm_channel_, &id, nullptr, RDMA_PS_TCP) != 0) {
       return done(Status::Internal(std::string("rdma_create_id: ") + std::strerror(errno)));
     }
-    auto ep = std::make_shared<VerbsEndpoint>(this, peer);
+    auto ep = std::make_shared<VerbsEndpoint>(this, peer, options_);
     ep->id_ = id;
     ep->connect_done_ = std::move(done);
     by_id_[id] = ep;
@@ -567,7 +567,7 @@ void VerbsContext::OnConnectRequest(rdma_cm_event* event) {
     rdma_destroy_id(id);
     return;
   }
-  auto ep = std::make_shared<VerbsEndpoint>(this, peer);
+  auto ep = std::make_shared<VerbsEndpoint>(this, peer, options_);
   ep->id_ = id;
   ep->passive_ = true;
   ep->on_accept_ = listener->second;

@@ -182,7 +182,8 @@ class VerbsContext final : public Context {
 
 class VerbsEndpoint final : public Endpoint, public std::enable_shared_from_this<VerbsEndpoint> {
  public:
-  VerbsEndpoint(VerbsContext* ctx, std::string peer) : ctx_(ctx), peer_(std::move(peer)) {}
+  VerbsEndpoint(VerbsContext* ctx, std::string peer, const ContextOptions& options)
+      : Endpoint(options), ctx_(ctx), peer_(std::move(peer)) {}
   ~VerbsEndpoint() override = default;
 
   void Send(uint16_t msg_id, std::vector<uint8_t> bytes, Completion done) override;

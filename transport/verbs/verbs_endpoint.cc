@@ -309,11 +309,25 @@ void VerbsEndpoint::OnReceive(const uint8_t* data, uint32_t len) {
     ctx_->Dispatch(self, h.msg_id, payload);
   } else {
     if (h.flags & kFirst) {
+      if (h.total_len > message_limit()) {
+        TLOG_WARN("{}: {} announced a {}-byte message, over the {}-byte limit; closing",
+                  ctx_->options_.name, peer_, h.total_len, message_limit());
+        ctx_->Post([self] { self->Abort(); });
+        return;
+      }
       inbox_.clear();
       inbox_.reserve(h.total_len);
       inbox_msg_ = h.msg_id;
       inbox_total_ = h.total_len;
       inbox_open_ = true;
+    }
+    if (inbox_open_ && payload.size() > inbox_total_ - inbox_.size()) {
+      TLOG_WARN("{}: a message from {} ran past its announced {} bytes; closing",
+                ctx_->options_.name, peer_, inbox_total_);
+      inbox_open_ = false;
+      inbox_ = {};
+      ctx_->Post([self] { self->Abort(); });
+      return;
     }
     if (inbox_open_) inbox_.insert(inbox_.end(), payload.begin(), payload.end());
     if ((h.flags & kLast) && inbox_open_) {
