@@ -35,7 +35,7 @@ class InProcess {
     (void)spec.AddJob("worker", {{"127.0.0.1", 0}});
     ServerOptions so;
     so.cluster = spec;
-    so.secret = GenerateSecret();
+    so.secret = GenerateSecret().value();
     so.bind_host = "127.0.0.1";
     // Port 0 in the spec: listen anywhere, then tell the client where.
     server_ = Server::Start(so).value();

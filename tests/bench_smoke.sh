@@ -82,7 +82,7 @@ if "$TESSERA_BIN" status --cluster "$out/cluster.json" --secret-file "$out/wrong
     > "$out/wrong.txt"; then
   echo "status with a wrong secret succeeded"; exit 1
 fi
-grep -q "could not prove it knows the cluster secret" "$out/wrong.txt" ||
+grep -q "does not know the cluster secret" "$out/wrong.txt" ||
   { cat "$out/wrong.txt"; echo "status did not say why"; exit 1; }
 echo "status: a wrong secret is refused, naming why"
 

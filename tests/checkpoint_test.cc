@@ -106,7 +106,7 @@ class CheckpointTest : public ::testing::Test {
   }
 
   fs::path dir_;
-  std::string secret_ = GenerateSecret();
+  std::string secret_ = GenerateSecret().value();
   ClusterSpec spec_;
   std::function<void(ServerOptions&)> tweak_ = [](ServerOptions&) {};
   std::vector<std::unique_ptr<Server>> servers_;

@@ -19,6 +19,7 @@
 #include "kernels/update.h"
 #include "tessera/client.h"
 #include "tessera/server.h"
+#include "tests/cluster_fixture.h"
 #include "tests/test_util.h"
 #include "tools/cpu_hog.h"
 #include "transport/transport.h"
@@ -29,160 +30,9 @@ namespace {
 
 using namespace std::chrono_literals;
 
-// A peer that speaks the wire protocol by hand, for what a Client never sends.
-class RawPeer {
- public:
-  explicit RawPeer(const TaskAddress& addr) : ctx_(transport::Context::Open({}).value()) {
-    ctx_->SetHandler(
-        1, [this](const std::shared_ptr<transport::Endpoint>&, std::span<const uint8_t> f) {
-          std::lock_guard<std::mutex> lock(mu_);
-          frames_.emplace_back(f.begin(), f.end());
-          cv_.notify_all();
-        });
-    testing::Waiter<Result<std::shared_ptr<transport::Endpoint>>> connected;
-    ctx_->Connect(addr.host, addr.port, 5s, connected.callback());
-    auto ep = connected.Wait();
-    if (ep && ep->ok()) ep_ = ep->value();
-  }
-  ~RawPeer() {
-    if (ep_) ep_->Close();
-  }
-  bool connected() const { return ep_ != nullptr; }
-
-  template <typename Msg>
-  void Send(const Msg& msg, uint64_t request_id) {
-    ep_->Send(1, wire::Encode(msg, request_id));
-  }
-  // The next frame from the shard, or empty after 5 s.
-  std::vector<uint8_t> Next() {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait_for(lock, 5s, [&] { return !frames_.empty(); });
-    if (frames_.empty()) return {};
-    auto f = frames_.front();
-    frames_.erase(frames_.begin());
-    return f;
-  }
-  // Hello, then an auth proof made with `secret`; returns the shard's answer.
-  std::vector<uint8_t> Authenticate(const std::string& secret, const std::string& task,
-                                    wire::PeerRole role = wire::PeerRole::kWorker) {
-    wire::Hello hello{role, 0, task, RandomNonce()};
-    Send(hello, 1);
-    auto challenge = wire::Decode<wire::Challenge>(Next());
-    if (!challenge.ok()) return {};
-    wire::Auth auth;
-    auth.client_proof =
-        MakeProof(secret, "tessera-worker", challenge->server_nonce, hello.client_nonce, task);
-    Send(auth, 2);
-    return Next();
-  }
-
- private:
-  std::unique_ptr<transport::Context> ctx_;
-  std::shared_ptr<transport::Endpoint> ep_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<std::vector<uint8_t>> frames_;
-};
-
+using testing::ClusterTest;
+using testing::RawPeer;
 using testing::ShardProcesses;
-
-class ClusterTest : public ::testing::TestWithParam<const char*> {
- protected:
-  void SetUp() override { setenv("UCX_TLS", GetParam(), 1); }
-  void TearDown() override {
-    clients_.clear();
-    for (auto& s : servers_) s->Stop();
-    servers_.clear();
-  }
-
-  // Starts `running` of `num_ps` shards (the rest of the spec is never started).
-  void StartCluster(int num_ps, int num_workers, int running = -1) {
-    std::vector<TaskAddress> ps, workers;
-    for (int i = 0; i < num_ps; ++i) ps.push_back({"127.0.0.1", testing::UnusedPort()});
-    for (int i = 0; i < num_workers; ++i) workers.push_back({"127.0.0.1", testing::UnusedPort()});
-    ASSERT_TRUE(spec_.AddJob("ps", ps).ok());
-    ASSERT_TRUE(spec_.AddJob("worker", workers).ok());
-    for (int i = 0; i < (running < 0 ? num_ps : running); ++i) {
-      ServerOptions opts;
-      opts.cluster = spec_;
-      opts.task_index = i;
-      opts.secret = secret_;
-      opts.staging_bytes_per_worker = 16u << 20;
-      opts.lease_timeout = lease_timeout_;
-      auto server = Server::Start(opts);
-      ASSERT_TRUE(server.ok()) << server.status().ToString();
-      servers_.push_back(std::move(*server));
-    }
-  }
-
-  ClientOptions Options(int worker) {
-    ClientOptions opts;
-    opts.cluster = spec_;
-    opts.task = {"worker", worker};
-    opts.secret = secret_;
-    opts.startup_timeout = 10s;
-    opts.op_timeout = 30s;
-    opts.chunk_bytes = 1u << 20;
-    return opts;
-  }
-
-  Client& Connect(int worker) {
-    auto c = Client::Connect(Options(worker));
-    EXPECT_TRUE(c.ok()) << c.status().ToString();
-    if (!c.ok()) std::abort();
-    clients_.push_back(std::move(*c));
-    return *clients_.back();
-  }
-
-  // Two `tessera server` processes and one worker task in the spec.
-  std::unique_ptr<ShardProcesses> TwoShardProcesses();
-
-  // One shard, three workers and a summed sync tensor "w" (f32[4]); worker
-  // 2's client is returned separately so a test can make it go away.
-  struct SyncWorkers {
-    Client& c0;
-    Client& c1;
-    std::unique_ptr<Client> c2;
-    Tensor t0, t1;
-  };
-  SyncWorkers ThreeSyncWorkers(uint32_t replicas_to_aggregate) {
-    StartCluster(1, 3);
-    TensorSpec spec{"w", DType::kF32, {4}, UpdateRule::kAdd, {}, -1};
-    spec.mode = ConsistencyMode::Sync(replicas_to_aggregate, 3, /*average=*/false);
-    Client& c0 = Connect(0);
-    Client& c1 = Connect(1);
-    auto c2 = Client::Connect(Options(2)).value();
-    auto t0 = c0.Declare(spec).value();
-    auto t1 = c1.Declare(spec).value();
-    EXPECT_TRUE(c2->Declare(spec).ok());
-    EXPECT_TRUE(c0.Initialize().ok());
-    return {c0, c1, std::move(c2), t0, t1};
-  }
-
-  // The global step is reported to the coordinator after each push returns:
-  // poll briefly for it to reach `want`.
-  static uint64_t EventualGlobalStep(Client& c, uint64_t want) {
-    uint64_t got = 0;
-    for (int i = 0; i < 100; ++i) {
-      auto r = c.GlobalStep();
-      if (!r.ok()) return UINT64_MAX;
-      got = *r;
-      if (got >= want) break;
-      std::this_thread::sleep_for(20ms);
-    }
-    return got;
-  }
-
-  static TensorSpec F32(std::string name, int64_t n, UpdateRule rule = UpdateRule::kAdd) {
-    return {std::move(name), DType::kF32, {n}, rule, {}, -1};
-  }
-
-  std::chrono::milliseconds lease_timeout_{30'000};
-  std::string secret_ = GenerateSecret();
-  ClusterSpec spec_;
-  std::vector<std::unique_ptr<Server>> servers_;
-  std::vector<std::unique_ptr<Client>> clients_;
-};
 
 TEST_P(ClusterTest, ChiefInitialisesOthersWaitAndSeeIt) {
   StartCluster(2, 2);
@@ -350,7 +200,7 @@ TEST_P(ClusterTest, ShardMissingAtStartIsNamed) {
 TEST_P(ClusterTest, WrongSecretIsRefusedAndOthersKeepWorking) {
   StartCluster(1, 2);
   auto opts = Options(1);
-  opts.secret = "not the secret";
+  opts.secret = "not the cluster secret, but as long";
   auto bad = Client::Connect(opts);
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().code(), StatusCode::kPermissionDenied);
@@ -394,7 +244,7 @@ TEST_P(ClusterTest, ObserversMayOnlyAskForStatus) {
   RawPeer observer(spec_.address({"ps", 0}).value());
   ASSERT_TRUE(observer.connected());
   auto welcome = wire::Decode<wire::Welcome>(
-      observer.Authenticate(secret_, "/job:status/task:0", wire::PeerRole::kObserver));
+      observer.Authenticate(secret_, {wire::PeerRole::kObserver, 0, "/job:status/task:0"}));
   ASSERT_TRUE(welcome.ok()) << welcome.status().ToString();
   EXPECT_TRUE(welcome->staging_region.empty()) << "an observer was given memory";
   observer.Send(wire::Push{0, {{0, 0, 4}}, {1, 2, 3, 4}}, 7);
@@ -416,7 +266,7 @@ TEST_P(ClusterTest, BadProofIsRefused) {
   StartCluster(1, 1);
   RawPeer raw(spec_.tasks("ps")[0]);
   ASSERT_TRUE(raw.connected());
-  auto reply = raw.Authenticate("a guess", "/job:worker/task:0");
+  auto reply = raw.Authenticate("a guess", WorkerHello(0));
   auto err = wire::Decode<wire::Error>(reply);
   ASSERT_TRUE(err.ok()) << "expected an error, got " << reply.size() << " bytes";
   EXPECT_EQ(err->code, StatusCode::kPermissionDenied);
@@ -436,7 +286,7 @@ TEST_P(ClusterTest, StalledLeaseIsRevoked) {
 
   RawPeer raw(spec_.tasks("ps")[0]);
   ASSERT_TRUE(raw.connected());
-  ASSERT_TRUE(wire::Decode<wire::Welcome>(raw.Authenticate(secret_, "/job:worker/task:1")).ok());
+  ASSERT_TRUE(wire::Decode<wire::Welcome>(raw.Authenticate(secret_, WorkerHello(1))).ok());
   raw.Send(wire::Pull{{{0, 1}}}, 3);  // key 0 is "w": the only tensor
   auto lease = wire::Decode<wire::PullReply>(raw.Next());
   ASSERT_TRUE(lease.ok()) << lease.status().ToString();
@@ -950,15 +800,6 @@ TEST_P(ClusterTest, SeparateCoordinatorTask) {
   EXPECT_EQ(got, v);
   clients_.clear();
   (*coordinator)->Stop();
-}
-
-std::unique_ptr<ShardProcesses> ClusterTest::TwoShardProcesses() {
-  EXPECT_TRUE(spec_
-                  .AddJob("ps", {{"127.0.0.1", testing::UnusedPort()},
-                                 {"127.0.0.1", testing::UnusedPort()}})
-                  .ok());
-  EXPECT_TRUE(spec_.AddJob("worker", {{"127.0.0.1", testing::UnusedPort()}}).ok());
-  return std::make_unique<ShardProcesses>(spec_, secret_, 2);
 }
 
 // Pushes to tensor t until one fails (or 10 s pass); returns that status and

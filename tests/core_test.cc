@@ -131,12 +131,27 @@ TEST(Secret, ProofsBindBothNoncesAndTheSecret) {
   EXPECT_FALSE(ProofsEqual(p, MakeProof("other", "x", a, b, "/job:worker/task:0")));
   EXPECT_FALSE(ProofsEqual(p, MakeProof("s3cret", "x", b, a, "/job:worker/task:0")));
   EXPECT_FALSE(ProofsEqual(p, MakeProof("s3cret", "x", a, b, "/job:worker/task:1")));
-  EXPECT_EQ(GenerateSecret().size(), 64u);
+  EXPECT_EQ(GenerateSecret()->size(), 64u);
   setenv("TESSERA_SECRET", "from-env", 1);
   EXPECT_EQ(LoadSecret().value(), "from-env");
   unsetenv("TESSERA_SECRET");
   unsetenv("TESSERA_SECRET_FILE");
   EXPECT_EQ(LoadSecret().status().code(), StatusCode::kNotFound);
+}
+
+// A short secret can be guessed by whoever may try: refused unless allowed.
+TEST(Secret, ShortSecretsAreRefusedUnlessAllowed) {
+  unsetenv("TESSERA_ALLOW_WEAK_SECRET");
+  EXPECT_TRUE(CheckSecretStrength(std::string(16, 'k'), false).ok());
+  Status weak = CheckSecretStrength("hunter2hunter2", false);
+  EXPECT_EQ(weak.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(weak.message().find("has 14 bytes; at least 16"), std::string::npos) << weak.ToString();
+  EXPECT_NE(weak.message().find("tessera secret"), std::string::npos) << weak.ToString();
+  EXPECT_TRUE(CheckSecretStrength("hunter2hunter2", true).ok());
+  setenv("TESSERA_ALLOW_WEAK_SECRET", "1", 1);
+  EXPECT_TRUE(CheckSecretStrength("hunter2hunter2", false).ok());
+  unsetenv("TESSERA_ALLOW_WEAK_SECRET");
+  EXPECT_FALSE(CheckSecretStrength("", true).ok()) << "an empty secret is never allowed";
 }
 
 TEST(Kernels, HalfConversionsRoundTripEveryValue) {

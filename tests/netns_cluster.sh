@@ -44,7 +44,7 @@ done
 
 ps_hosts="${net}1:7000,${net}2:7000"
 worker_hosts="${net}3:7000,${net}4:7000,${net}5:7000"
-export TESSERA_SECRET=netns-test-$$ UCX_TLS=tcp
+export TESSERA_SECRET=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n') UCX_TLS=tcp
 cluster="{\"ps\": [\"${net}1:7000\", \"${net}2:7000\"], \"worker\": [\"${net}3:7000\", \"${net}4:7000\", \"${net}5:7000\"]}"
 
 for t in 0 1; do

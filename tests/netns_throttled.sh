@@ -47,7 +47,7 @@ for h in ps w; do
   i=$((i + 1))
 done
 
-export TESSERA_SECRET=throttled-test-$$ UCX_TLS=tcp
+export TESSERA_SECRET=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n') UCX_TLS=tcp
 cluster="{\"ps\": [\"${net}1:7000\"], \"worker\": [\"${net}2:7000\"]}"
 ip netns exec "${id}ps" timeout 240 "$tessera" server --ps_hosts "${net}1:7000" \
   --worker_hosts "${net}2:7000" --job ps --task 0 2>&1 | sed "s/^/[ps0] /" &

@@ -9,11 +9,17 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <ostream>
 #include <string>
 #include <vector>
 
 #include "tessera/cluster.h"
 #include "tessera/status.h"
+
+namespace tessera {
+// So that a test can stream a Status into its failure message.
+inline std::ostream& operator<<(std::ostream& os, const Status& st) { return os << st.ToString(); }
+}  // namespace tessera
 
 namespace tessera::testing {
 

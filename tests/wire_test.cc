@@ -50,14 +50,15 @@ std::vector<Sample> Samples() {
   CreateReply create_reply_ipc{{{0, 0, 64, 24, 1}},
                                {{0, {1, 2, 3, 4}, std::vector<uint8_t>(kIpcHandleBytes, 5)}}};
   hello.node_id = "0b6f1c7e-5b9a-4f2e-9d63-2f1d2a7c8e10";
+  hello.cluster = R"({"ps":["h:1"],"worker":["h:2"]})";
   Push push{7, {{0, 0, 24}, {1, 64, 24}}};
   Pull pull{{{0, 2}, {1, 2}}};
   return {
       Make("hello", hello),
       Make("challenge", challenge),
       Make("auth", Auth{}),
-      Make("welcome", Welcome{{9, 9, 9}, {}}),
-      Make("welcome_ipc", Welcome{{9, 9, 9}, std::vector<uint8_t>(kIpcHandleBytes, 6)}),
+      Make("welcome", Welcome{{5}, {9, 9, 9}, {}}),
+      Make("welcome_ipc", Welcome{{5}, {9, 9, 9}, std::vector<uint8_t>(kIpcHandleBytes, 6)}),
       Make("declare", declare),
       Make("declare_reply", declare_reply),
       Make("create", create),
@@ -104,10 +105,11 @@ TEST(Wire, ValidFramesRoundTrip) {
 
 // CUDA IPC fields: empty or exactly one handle; the node id is bounded.
 TEST(Wire, IpcHandlesAndNodeIdsValidated) {
-  auto welcome = Decode<Welcome>(Encode(Welcome{{1}, std::vector<uint8_t>(kIpcHandleBytes, 6)}, 1));
+  auto welcome =
+      Decode<Welcome>(Encode(Welcome{{}, {1}, std::vector<uint8_t>(kIpcHandleBytes, 6)}, 1));
   ASSERT_TRUE(welcome.ok()) << welcome.status().ToString();
   EXPECT_EQ(welcome->staging_ipc, std::vector<uint8_t>(kIpcHandleBytes, 6));
-  EXPECT_FALSE(Decode<Welcome>(Encode(Welcome{{1}, std::vector<uint8_t>(63, 6)}, 1)).ok());
+  EXPECT_FALSE(Decode<Welcome>(Encode(Welcome{{}, {1}, std::vector<uint8_t>(63, 6)}, 1)).ok());
   CreateReply bad{{{0, 0, 64, 24, 1}}, {{0, {1}, std::vector<uint8_t>(65, 5)}}};
   EXPECT_FALSE(Decode<CreateReply>(Encode(bad, 1)).ok());
   Hello hello{PeerRole::kWorker, 0, "w", {}};

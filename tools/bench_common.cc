@@ -263,7 +263,7 @@ Result<std::unique_ptr<LocalCluster>> LocalCluster::Start(const BenchOptions& o,
     for (const auto& a : v) s += (s.empty() ? "" : ",") + a.ToString();
     return s;
   };
-  const std::string secret = GenerateSecret();
+  TESSERA_ASSIGN_OR_RETURN(const std::string secret, GenerateSecret());
   const int cpus = NumCpus();
   for (int i = 0; i < shards; ++i) {
     std::vector<std::string> argv = {

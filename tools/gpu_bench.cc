@@ -225,7 +225,7 @@ Result<json> IpcPushPull(const std::string& tessera_bin, size_t bytes, int iters
   ClusterSpec spec;
   TESSERA_RETURN_IF_ERROR(spec.AddJob("ps", {{"127.0.0.1", PickListenPort("127.0.0.1")}}));
   TESSERA_RETURN_IF_ERROR(spec.AddJob("worker", {{"127.0.0.1", PickListenPort("127.0.0.1")}}));
-  const std::string secret = GenerateSecret();
+  TESSERA_ASSIGN_OR_RETURN(const std::string secret, GenerateSecret());
   ShardChild shard(tessera_bin, spec, secret);
   ClientOptions o;
   o.cluster = spec;

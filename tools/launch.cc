@@ -157,8 +157,29 @@ int Launch(const LaunchOptions& options) {
     (void)spec.AddJob("coordinator", {{options.host, FreePort(options.host)}});
   }
 
-  const std::string secret =
-      std::getenv("TESSERA_SECRET") ? std::getenv("TESSERA_SECRET") : GenerateSecret();
+  std::string secret;
+  if (auto given = LoadSecret(); given.ok()) {
+    secret = *given;
+    fprintf(stderr, "tessera launch: using the cluster secret from %s\n",
+            std::getenv("TESSERA_SECRET") && *std::getenv("TESSERA_SECRET")
+                ? "TESSERA_SECRET"
+                : "TESSERA_SECRET_FILE");
+  } else if (given.status().code() != StatusCode::kNotFound ||
+             std::getenv("TESSERA_SECRET_FILE") != nullptr) {
+    fprintf(stderr, "tessera launch: %s\n", given.status().ToString().c_str());
+    return 2;
+  } else {
+    auto made = GenerateSecret();
+    if (!made.ok()) {
+      fprintf(stderr, "tessera launch: %s\n", made.status().ToString().c_str());
+      return 1;
+    }
+    secret = *made;
+  }
+  if (Status strong = CheckSecretStrength(secret, false); !strong.ok()) {
+    fprintf(stderr, "tessera launch: %s\n", strong.ToString().c_str());
+    return 2;
+  }
   const std::string secret_env = "TESSERA_SECRET=" + secret;
 
   struct sigaction sa {};

@@ -13,6 +13,7 @@
 #include "tools/demo.h"
 #include "tools/doctor.h"
 #include "tools/launch.h"
+#include "tools/secret_cmd.h"
 #include "tools/status.h"
 
 namespace {
@@ -75,6 +76,8 @@ int main(int argc, char** argv) try {
   server_flags.Add(server, "ps");
   server->add_option("--bind", server_opts.bind_host,
                      "listen on this address instead of the spec's host");
+  server->add_flag("--allow-weak-secret", server_opts.allow_weak_secret,
+                   "accept a cluster secret shorter than 16 bytes (one that can be guessed)");
   server->add_flag("--log-updates", server_opts.log_updates,
                    "log small tensors' values as they change");
   server->add_option(
@@ -202,10 +205,13 @@ int main(int argc, char** argv) try {
   auto run_ckpt = tools::AddCkptCommand(&app, &ckpt_opts);
   tools::DoctorOptions doctor_opts;
   auto run_doctor = tools::AddDoctorCommand(&app, &doctor_opts);
+  tools::SecretOptions secret_opts;
+  auto run_secret = tools::AddSecretCommand(&app, &secret_opts);
 
   CLI11_PARSE(app, argc, argv);
   if (app.got_subcommand("ckpt")) return run_ckpt();
   if (app.got_subcommand("doctor")) return run_doctor();
+  if (app.got_subcommand("secret")) return run_secret();
   if (app.got_subcommand(bench_cmd)) {
     InitLogging("bench");
     if (!bench_sizes.empty()) {

@@ -11,6 +11,7 @@
 
 #include "core/secret.h"
 #include "transport/transport.h"
+#include "wire/handshake.h"
 #include "wire/messages.h"
 
 namespace tessera::tools {
@@ -76,19 +77,15 @@ Result<json> AskTask(transport::Context& ctx, Inbox& inbox, const TaskAddress& a
   wire::Hello hello;
   hello.role = wire::PeerRole::kObserver;
   hello.task = "/job:status/task:0";
-  hello.client_nonce = RandomNonce();
-  auto challenge = Ask<wire::Challenge>(**ep, inbox, hello, 1, timeout);
+  wire::ClientHandshake handshake(secret, std::move(hello));
+  auto challenge = Ask<wire::Challenge>(**ep, inbox, handshake.hello(), 1, timeout);
   if (!challenge.ok()) return challenge.status();
-  if (!ProofsEqual(MakeProof(secret, "tessera-shard", hello.client_nonce, challenge->server_nonce,
-                             hello.task),
-                   challenge->server_proof)) {
-    return Status::PermissionDenied("it could not prove it knows the cluster secret");
-  }
-  wire::Auth auth;
-  auth.client_proof =
-      MakeProof(secret, "tessera-worker", challenge->server_nonce, hello.client_nonce, hello.task);
-  auto welcome = Ask<wire::Welcome>(**ep, inbox, auth, 2, timeout);
+  auto welcome = Ask<wire::Welcome>(**ep, inbox, handshake.Answer(*challenge), 2, timeout);
   if (!welcome.ok()) return welcome.status();
+  // Whichever task answers: an observer asks each its own status.
+  const Status proven = handshake.CheckWelcome(*welcome, challenge->shard_index, "it");
+  if (!proven.ok()) return proven;
+  (*ep)->MarkAuthenticated();
   auto reply = Ask<wire::StatusReply>(**ep, inbox, wire::StatusRequest{}, 3, timeout);
   if (!reply.ok()) return reply.status();
   auto j = json::parse(reply->json, nullptr, /*allow_exceptions=*/false);

@@ -212,7 +212,8 @@ class Future {
 struct ClientOptions {
   ClusterSpec cluster;
   TaskId task{"worker", 0};
-  std::string secret;
+  std::string secret;              // the cluster secret, at least 16 bytes
+  bool allow_weak_secret = false;  // accept a shorter one (TESSERA_ALLOW_WEAK_SECRET=1)
   std::string transport = "ucx";
   // Tensors above this many bytes are split into chunks spread over shards.
   size_t chunk_bytes = 4u << 20;

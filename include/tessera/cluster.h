@@ -21,6 +21,7 @@ struct TaskAddress {
   std::string host;
   uint16_t port = 0;
   std::string ToString() const { return host + ":" + std::to_string(port); }
+  bool operator==(const TaskAddress&) const = default;
   static Result<TaskAddress> Parse(const std::string& host_port);
 };
 
@@ -58,6 +59,11 @@ class ClusterSpec {
 
   // Checks there is at least one ps task and one worker-like task.
   Status Validate() const;
+  // What differs between this spec and `theirs` in what every task must
+  // agree on: the ps and coordinator tasks, in order, and how many workers
+  // there are, with or without a chief ("" when they agree). Workers'
+  // addresses may differ: no task connects to a worker.
+  std::string DifferenceFrom(const ClusterSpec& theirs) const;
   std::string ToJson() const;
 
  private:

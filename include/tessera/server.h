@@ -18,11 +18,18 @@ struct ServerOptions {
   // parameters (the cluster spec's one "coordinator" task). Without a
   // "coordinator" job in the spec, ps task 0 embeds the coordinator.
   std::string job = "ps";
-  int task_index = 0;  // which task of the job this is
-  std::string secret;  // the cluster secret (see LoadSecret)
+  int task_index = 0;              // which task of the job this is
+  std::string secret;              // the cluster secret (see LoadSecret), at least 16 bytes
+  bool allow_weak_secret = false;  // accept a shorter one (TESSERA_ALLOW_WEAK_SECRET=1)
   std::string transport = "ucx";
   // Listen on this host instead of the spec's (e.g. "0.0.0.0"); port from the spec.
   std::string bind_host;
+  // A connection must prove it knows the secret within this time
+  // (TESSERA_HELLO_TIMEOUT_MS overrides it; TESSERA_TIMEOUT_SCALE scales it).
+  std::chrono::milliseconds hello_timeout{5000};
+  // At most this many connections that have not yet authenticated; a new
+  // one closes the oldest.
+  size_t max_unauthenticated = 64;
   // Each worker's staging slot: the only memory it may write.
   size_t staging_bytes_per_worker = 32u << 20;
   // Parameters are laid out in arenas of at least this size.

@@ -74,7 +74,15 @@ class [[nodiscard]] Status {
   std::string message_;
 };
 
-// A value or the Status that says why there is none.
+namespace internal {
+// Prints the Status to stderr and aborts: a Result holding an error was read
+// as a value. As absl::StatusOr does, so that the mistake names its cause
+// instead of reading past an empty optional.
+[[noreturn]] void DieOfBadResultAccess(const Status& status);
+}  // namespace internal
+
+// A value or the Status that says why there is none. Reading the value of an
+// error (value(), *, ->) prints the error and aborts.
 template <typename T>
 class [[nodiscard]] Result {
  public:
@@ -86,16 +94,22 @@ class [[nodiscard]] Result {
 
   bool ok() const { return value_.has_value(); }
   const Status& status() const { return status_; }
-  T& value() & { return *value_; }
-  const T& value() const& { return *value_; }
-  T&& value() && { return std::move(*value_); }
+  T& value() & { return Checked(), *value_; }
+  const T& value() const& { return Checked(), *value_; }
+  T&& value() && { return Checked(), std::move(*value_); }
   T value_or(T fallback) const& { return value_ ? *value_ : std::move(fallback); }
-  T* operator->() { return &*value_; }
-  const T* operator->() const { return &*value_; }
-  T& operator*() & { return *value_; }
-  const T& operator*() const& { return *value_; }
+  T* operator->() { return &value(); }
+  const T* operator->() const { return &value(); }
+  T& operator*() & { return value(); }
+  const T& operator*() const& { return value(); }
 
  private:
+  void Checked() const {
+    if (!value_.has_value()) [[unlikely]] {
+      internal::DieOfBadResultAccess(status_);
+    }
+  }
+
   std::optional<T> value_;
   Status status_;
 };

@@ -132,6 +132,20 @@ std::string SlotTensorName(const std::string& name, UpdateRule rule, Slot slot) 
   }
 }
 
+Status CheckNotSlotName(const std::string& name) {
+  const auto slash = name.rfind('/');
+  if (slash == std::string::npos) return Status::Ok();
+  const std::string_view last = std::string_view(name).substr(slash + 1);
+  for (const char* reserved : {"momentum", "adam_m", "adam_v", "adagrad_sum", "master", "state"}) {
+    if (last == reserved) {
+      return Status::InvalidArgument(
+          "tensor name '" + name + "' ends in '/" + std::string(last) +
+          "', which is reserved for optimizer state in checkpoints; choose another name");
+    }
+  }
+  return Status::Ok();
+}
+
 DType SlotDType(DType param_dtype, Slot slot) {
   if (slot == Slot::kParam) return param_dtype;
   if (slot == Slot::kMaster) return DType::kF32;

@@ -37,6 +37,9 @@ constexpr int kNumSlots = 4;
 std::vector<Slot> SlotsOf(DType dtype, UpdateRule rule);
 // "w", "w/momentum", "w/adam_m", "w/adam_v", "w/adagrad_sum", "w/master".
 std::string SlotTensorName(const std::string& name, UpdateRule rule, Slot slot);
+// Refuses a tensor name that ends the way a slot's name does ("x/adam_m"):
+// in a checkpoint it could collide with another tensor's optimizer state.
+Status CheckNotSlotName(const std::string& name);
 // The dtype a slot is stored in: the parameter's; state is f64 for f64
 // parameters and f32 otherwise; the master copy is f32.
 DType SlotDType(DType param_dtype, Slot slot);

@@ -8,6 +8,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "ckpt/checkpoint.h"
 #include "client/silence_meter.h"
 #include "client/staging_allocator.h"
 #include "core/log.h"
@@ -18,6 +19,7 @@
 #include "core/timeouts.h"
 #include "gpu/cuda.h"
 #include "transport/transport.h"
+#include "wire/handshake.h"
 #include "wire/messages.h"
 
 namespace tessera {
@@ -175,7 +177,9 @@ class Client::Impl {
     if (!saved.ok()) return saved.status();
     return Client::CheckpointInfo{saved->global_step, saved->path};
   }
-  Future Push(const std::vector<PushItem>& items, uint32_t flags, uint64_t step);
+  // `step`: the worker's step; none for a push without one, which sync
+  // tensors refuse.
+  Future Push(const std::vector<PushItem>& items, uint32_t flags, std::optional<uint64_t> step);
   Future Pull(const std::vector<PullItem>& items);
   Future PushPull(const std::vector<PushPullItem>& items);
 
@@ -530,7 +534,7 @@ Status Client::Impl::Start() {
   auto rank = options_.cluster.worker_rank(task_);
   if (!rank.ok()) return rank.status();
   worker_rank_ = *rank;
-  if (options_.secret.empty()) return Status::InvalidArgument("the client needs a cluster secret");
+  TESSERA_RETURN_IF_ERROR(CheckSecretStrength(options_.secret, options_.allow_weak_secret));
   if (options_.chunk_bytes < 64) return Status::InvalidArgument("chunk_bytes must be at least 64");
   // Liveness fits the fabric and the host: the environment may set both
   // heartbeat times, and TESSERA_TIMEOUT_SCALE stretches them (emulation).
@@ -799,36 +803,31 @@ void Client::Impl::Handshake(int shard, std::function<void(Status)> done) {
   wire::Hello hello;
   hello.worker_rank = static_cast<uint32_t>(worker_rank_);
   hello.task = task_.ToString();
-  hello.client_nonce = RandomNonce();
   hello.node_id = ipc_node_id_;
-  Request(shard, hello, 0,
-          [this, shard, hello, fail](const Status& st, const wire::Header& h,
-                                     std::span<const uint8_t> frame) {
+  hello.cluster = options_.cluster.ToJson();
+  auto handshake = std::make_shared<wire::ClientHandshake>(options_.secret, std::move(hello));
+  Request(shard, handshake->hello(), 0,
+          [this, shard, handshake, fail](const Status& st, const wire::Header& h,
+                                         std::span<const uint8_t> frame) {
             if (!st.ok()) return fail(st);
             auto c = wire::DecodeBody<wire::Challenge>(h, frame);
             if (!c.ok()) return fail(c.status());
-            Proof expect = MakeProof(options_.secret, "tessera-shard", hello.client_nonce,
-                                     c->server_nonce, hello.task);
-            const uint32_t expect_index =
-                shard == coord_index_ && shards_[shard].task.job == "coordinator"
-                    ? wire::kCoordinatorIndex
-                    : static_cast<uint32_t>(shard);
-            if (!ProofsEqual(expect, c->server_proof) || c->shard_index != expect_index) {
-              return fail(Status::PermissionDenied(shards_[shard].name() +
-                                                   " could not prove it knows the cluster secret "
-                                                   "(is it started with the same secret?)"));
-            }
-            wire::Auth auth;
-            auth.client_proof = MakeProof(options_.secret, "tessera-worker", c->server_nonce,
-                                          hello.client_nonce, hello.task);
             Request(
-                shard, auth, 0,
-                [this, shard, fail](const Status& st2, const wire::Header& h2,
-                                    std::span<const uint8_t> f2) {
+                shard, handshake->Answer(*c), 0,
+                [this, shard, handshake, fail](const Status& st2, const wire::Header& h2,
+                                               std::span<const uint8_t> f2) {
                   if (!st2.ok()) return fail(st2);
                   auto w = wire::DecodeBody<wire::Welcome>(h2, f2);
                   if (!w.ok()) return fail(w.status());
                   ShardConn& s = shards_[shard];
+                  const uint32_t expect_index = shard == coord_index_ && s.task.job == "coordinator"
+                                                    ? wire::kCoordinatorIndex
+                                                    : static_cast<uint32_t>(shard);
+                  if (Status proven = handshake->CheckWelcome(*w, expect_index, s.name());
+                      !proven.ok()) {
+                    return fail(proven);
+                  }
+                  s.ep->MarkAuthenticated();
                   if (s.task.job == "ps") {  // the coordinator has no staging slot
                     auto staging = s.ep->Attach(w->staging_region);
                     if (!staging.ok()) return fail(staging.status());
@@ -929,9 +928,10 @@ Result<std::vector<Tensor>> Client::Impl::DeclareMany(const std::vector<TensorSp
                                        std::to_string(options_.cluster.num_workers()) + " workers");
       }
     }
-    TESSERA_RETURN_IF_ERROR(mode.Validate().WithContext("tensor '" + spec.name + "'"));
     declare.tensors.push_back(
         {spec.name, spec.dtype, spec.rule, spec.shape, spec.pinned_shard, spec.hyper, mode});
+    TESSERA_RETURN_IF_ERROR(wire::ValidateTensorDecl(declare.tensors.back()));
+    TESSERA_RETURN_IF_ERROR(ckpt::CheckNotSlotName(spec.name));
   }
   auto placed = Call<wire::Declare, wire::DeclareReply>(coord_index_, declare, options_.op_timeout);
   if (!placed.ok()) return placed.status();
@@ -1368,7 +1368,9 @@ void Client::Impl::PullFromShard(int shard, std::vector<ChunkIo> ios,
       });
 }
 
-Future Client::Impl::Push(const std::vector<PushItem>& items, uint32_t flags, uint64_t step) {
+Future Client::Impl::Push(const std::vector<PushItem>& items, uint32_t flags,
+                          std::optional<uint64_t> tagged_step) {
+  const uint64_t step = tagged_step.value_or(0);
   std::vector<std::vector<ChunkIo>> by_shard(shards_.size());
   bool sync = false;
   {
@@ -1380,7 +1382,16 @@ Future Client::Impl::Push(const std::vector<PushItem>& items, uint32_t flags, ui
       if (!e.ok()) {
         return FailedFuture(e.status().WithContext(*on_gpu ? "push from GPU memory" : "push"));
       }
-      sync |= (*e)->spec.mode.kind == Consistency::kSync;
+      const bool sync_tensor = (*e)->spec.mode.kind == Consistency::kSync;
+      if (sync_tensor && !tagged_step && !(flags & wire::kFlagInit)) {
+        // Untagged, it would count as step 0, and the worker's real step-0
+        // push would then be dropped as stale.
+        return FailedFuture(Status::InvalidArgument(
+            "push to tensor '" + (*e)->spec.name + "', which is " +
+            ConsistencyName((*e)->spec.mode.kind) +
+            ", without a step: use Push(items, step) with the worker's step"));
+      }
+      sync |= sync_tensor;
       if (Status st = CheckPart(item.chunks, **e); !st.ok()) return FailedFuture(st);
       for (size_t i = 0; i < (*e)->chunks.size(); ++i) {
         if (i % item.chunks.parts != item.chunks.part) continue;
@@ -1479,6 +1490,14 @@ Future Client::Impl::PushPull(const std::vector<PushPullItem>& items) {
     if (!e.ok()) {
       return FailedFuture(
           e.status().WithContext(*grad_gpu ? "push_pull from GPU memory" : "push_pull"));
+    }
+    if ((*e)->spec.mode.kind == Consistency::kSync) {
+      // Its gradient counts towards a step, which push_pull does not carry:
+      // the shard would drop it as stale. Refused rather than lost.
+      return FailedFuture(Status::InvalidArgument(
+          "push_pull of tensor '" + (*e)->spec.name +
+          "', which is sync: push it with the worker's step (Push(items, step)), then pull "
+          "it after that step (PullItem::AfterStep(..., step + 1))"));
     }
     for (const auto& c : (*e)->chunks) {
       push[c.shard].push_back(
@@ -1655,7 +1674,9 @@ Status Client::SetHyperparams(Tensor t, const Hyperparams& hyper) {
 Status Client::WaitForInit(std::chrono::milliseconds timeout) {
   return impl_->WaitForInit(timeout);
 }
-Future Client::PushAsync(const std::vector<PushItem>& items) { return impl_->Push(items, 0, 0); }
+Future Client::PushAsync(const std::vector<PushItem>& items) {
+  return impl_->Push(items, 0, std::nullopt);
+}
 Future Client::PushAsync(const std::vector<PushItem>& items, uint64_t step) {
   return impl_->Push(items, 0, step);
 }

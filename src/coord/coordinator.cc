@@ -11,9 +11,45 @@ std::string Describe(const wire::TensorDecl& t) {
 
 }  // namespace
 
+Status Coordinator::CheckLimits(const wire::TensorDecl& t, uint64_t chunk_bytes,
+                                uint64_t* new_tensors, uint64_t* new_chunks) const {
+  TESSERA_RETURN_IF_ERROR(ckpt::CheckNotSlotName(t.name));
+  auto elements = NumElements(t.shape);
+  if (!elements.ok()) return elements.status().WithContext("tensor '" + t.name + "'");
+  const uint64_t size = DTypeSize(t.dtype);
+  if (*elements > limits_.max_tensor_bytes / size) {
+    return Status::ResourceExhausted("tensor '" + t.name + "' (" +
+                                     DescribeTensor(t.dtype, t.shape) + ") exceeds the limit of " +
+                                     std::to_string(limits_.max_tensor_bytes) + " bytes a tensor");
+  }
+  const uint64_t per_chunk = std::max<uint64_t>(1, chunk_bytes / size);
+  const uint64_t chunks = std::max<uint64_t>(1, (*elements + per_chunk - 1) / per_chunk);
+  if (chunks > limits_.max_chunks_per_tensor) {
+    return Status::ResourceExhausted(
+        "tensor '" + t.name + "' (" + DescribeTensor(t.dtype, t.shape) + ") in chunks of " +
+        std::to_string(chunk_bytes) + " bytes makes " + std::to_string(chunks) +
+        " chunks, over the limit of " + std::to_string(limits_.max_chunks_per_tensor) +
+        " a tensor: raise chunk_bytes");
+  }
+  *new_tensors += 1;
+  *new_chunks += chunks;
+  if (tensors_.size() + *new_tensors > limits_.max_tensors) {
+    return Status::ResourceExhausted("declaring '" + t.name + "' would exceed the limit of " +
+                                     std::to_string(limits_.max_tensors) + " tensors in a cluster");
+  }
+  if (num_chunks_ + *new_chunks > limits_.max_chunks) {
+    return Status::ResourceExhausted("declaring '" + t.name + "' would exceed the limit of " +
+                                     std::to_string(limits_.max_chunks) +
+                                     " chunks in a cluster: raise chunk_bytes");
+  }
+  return Status::Ok();
+}
+
 Result<wire::DeclareReply> Coordinator::Declare(const wire::Declare& msg, const std::string& who,
                                                 bool by_chief) {
   // Validate the whole batch before placing anything.
+  uint64_t new_tensors = 0, new_chunks = 0;
+  std::set<std::string_view> in_batch;
   for (const auto& t : msg.tensors) {
     if (t.pinned_shard >= num_shards_) {
       return Status::InvalidArgument("tensor '" + t.name + "' pinned to shard " +
@@ -21,7 +57,12 @@ Result<wire::DeclareReply> Coordinator::Declare(const wire::Declare& msg, const 
                                      std::to_string(num_shards_) + " ps tasks");
     }
     auto it = tensors_.find(t.name);
-    if (it == tensors_.end()) continue;
+    if (it == tensors_.end()) {
+      if (in_batch.insert(t.name).second) {
+        TESSERA_RETURN_IF_ERROR(CheckLimits(t, msg.chunk_bytes, &new_tensors, &new_chunks));
+      }
+      continue;
+    }
     const auto& have = it->second.decl;
     if (have.dtype != t.dtype || have.shape != t.shape || have.rule != t.rule) {
       return Status::AlreadyExists("tensor '" + t.name + "' was declared as " + Describe(have) +
@@ -51,6 +92,7 @@ Result<wire::DeclareReply> Coordinator::Declare(const wire::Declare& msg, const 
         placed.chunks.push_back({static_cast<uint32_t>(shard), offset, count});
         offset += count;
       } while (offset < total);
+      num_chunks_ += placed.chunks.size();
       it = tensors_.emplace(t.name, std::move(placed)).first;
     }
     if (by_chief) it->second.chief_declared = true;

@@ -17,6 +17,16 @@
 
 namespace tessera::coord {
 
+// What one cluster may declare. A declare is an authenticated worker's
+// request, but its sizes are still the peer's word: these bound the records
+// the coordinator builds for it, so no declare can exhaust its memory.
+struct DeclareLimits {
+  uint64_t max_chunks_per_tensor = 1u << 16;
+  uint64_t max_tensors = 1u << 18;
+  uint64_t max_chunks = 1u << 21;
+  uint64_t max_tensor_bytes = uint64_t{1} << 44;  // 16 TiB
+};
+
 class Coordinator {
  public:
   struct Placed {
@@ -27,7 +37,8 @@ class Coordinator {
     bool initialized = false;     // the chief initialised it
   };
 
-  explicit Coordinator(int num_shards) : num_shards_(num_shards) {}
+  explicit Coordinator(int num_shards, DeclareLimits limits = {})
+      : num_shards_(num_shards), limits_(limits) {}
 
   // The cluster resumes from this checkpoint: its global step, and declares
   // learn which tensors the shards restore (same name, dtype and shape).
@@ -52,7 +63,13 @@ class Coordinator {
   const std::map<std::string, Placed>& tensors() const { return tensors_; }
 
  private:
+  // Refuses a new tensor that breaks a limit, naming it.
+  Status CheckLimits(const wire::TensorDecl& t, uint64_t chunk_bytes, uint64_t* new_tensors,
+                     uint64_t* new_chunks) const;
+
   int num_shards_;
+  DeclareLimits limits_;
+  uint64_t num_chunks_ = 0;
   std::unique_ptr<Placer> placer_;  // made on the first declare (its policy wins)
   std::map<std::string, Placed> tensors_;
   const ckpt::Checkpoint* restored_ = nullptr;

@@ -121,6 +121,30 @@ Status ClusterSpec::Validate() const {
   return Status::Ok();
 }
 
+std::string ClusterSpec::DifferenceFrom(const ClusterSpec& theirs) const {
+  auto list = [](const std::vector<TaskAddress>& tasks) {
+    std::string out = "[";
+    for (const auto& t : tasks) out += (out.size() > 1 ? ", " : "") + t.ToString();
+    return out + "]";
+  };
+  std::string out;
+  auto note = [&](const std::string& what) { out += (out.empty() ? "" : "; ") + what; };
+  for (const char* job : {"ps", "coordinator"}) {
+    if (tasks(job) != theirs.tasks(job)) {
+      note(std::string(job) + " tasks are " + list(tasks(job)) + " here but " +
+           list(theirs.tasks(job)) + " there");
+    }
+  }
+  if (num_workers() != theirs.num_workers()) {
+    note(std::to_string(num_workers()) + " workers here but " +
+         std::to_string(theirs.num_workers()) + " there");
+  } else if (num_tasks("chief") != theirs.num_tasks("chief")) {
+    note(std::string("a chief task ") +
+         (num_tasks("chief") ? "here but not there" : "there but not here"));
+  }
+  return out;
+}
+
 std::string ClusterSpec::ToJson() const {
   nlohmann::json j = nlohmann::json::object();
   for (const auto& [job, list] : jobs_) {

@@ -4,10 +4,10 @@
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
-#include <stdexcept>
 #include <vector>
 
 namespace tessera {
@@ -32,18 +32,31 @@ Result<std::string> LoadSecret(const std::string& file_path) {
   return secret;
 }
 
+Status CheckSecretStrength(const std::string& secret, bool allow_weak) {
+  if (secret.empty()) return Status::InvalidArgument("the cluster secret is empty");
+  if (secret.size() >= kMinSecretBytes) return Status::Ok();
+  const char* env = std::getenv("TESSERA_ALLOW_WEAK_SECRET");
+  if (allow_weak || (env != nullptr && std::string(env) == "1")) return Status::Ok();
+  return Status::InvalidArgument(
+      "the cluster secret has " + std::to_string(secret.size()) + " bytes; at least " +
+      std::to_string(kMinSecretBytes) +
+      " are needed so that it cannot be guessed (`tessera secret` makes one). "
+      "TESSERA_ALLOW_WEAK_SECRET=1 allows a shorter one");
+}
+
 Nonce RandomNonce() {
   Nonce n{};
   if (RAND_bytes(n.data(), static_cast<int>(n.size())) != 1) {
-    throw std::runtime_error("RAND_bytes failed: no entropy for a nonce");
+    std::fprintf(stderr, "tessera: RAND_bytes failed: no entropy for a nonce\n");
+    std::abort();
   }
   return n;
 }
 
-std::string GenerateSecret() {
+Result<std::string> GenerateSecret() {
   std::array<uint8_t, 32> raw{};
   if (RAND_bytes(raw.data(), static_cast<int>(raw.size())) != 1) {
-    throw std::runtime_error("RAND_bytes failed: no entropy for a secret");
+    return Status::Unavailable("RAND_bytes failed: no entropy for a secret");
   }
   static const char* kHex = "0123456789abcdef";
   std::string out;

@@ -18,8 +18,16 @@ using Proof = std::array<uint8_t, 32>;
 // TESSERA_SECRET (the secret itself) or TESSERA_SECRET_FILE (a file holding
 // it), in that order; an explicit file path wins over both.
 Result<std::string> LoadSecret(const std::string& file_path = "");
-// 32 random bytes, hex-encoded.
-std::string GenerateSecret();
+// A secret shorter than this could be guessed by whoever may try: refused
+// unless the user allows it (allow_weak, or TESSERA_ALLOW_WEAK_SECRET=1).
+constexpr size_t kMinSecretBytes = 16;
+Status CheckSecretStrength(const std::string& secret, bool allow_weak);
+// 32 random bytes, hex-encoded; an error only when the system has no
+// entropy to give.
+Result<std::string> GenerateSecret();
+// Fresh random bytes. Without entropy the process cannot authenticate
+// anyone safely: it aborts, naming the cause (OpenSSL's RAND_bytes does not
+// fail on Linux once the kernel's pool is initialised).
 Nonce RandomNonce();
 // HMAC-SHA256(secret, label || a || b || context).
 Proof MakeProof(const std::string& secret, std::string_view label, const Nonce& a, const Nonce& b,

@@ -1,5 +1,8 @@
 #include "tessera/status.h"
 
+#include <cstdio>
+#include <cstdlib>
+
 namespace tessera {
 
 const char* StatusCodeName(StatusCode code) {
@@ -45,5 +48,16 @@ Status Status::WithContext(const std::string& context) const {
   if (ok()) return *this;
   return {code_, context + ": " + message_};
 }
+
+namespace internal {
+
+void DieOfBadResultAccess(const Status& status) {
+  std::fprintf(stderr, "tessera: the value of a Result that holds an error was read: %s\n",
+               status.ToString().c_str());
+  std::fflush(stderr);
+  std::abort();
+}
+
+}  // namespace internal
 
 }  // namespace tessera

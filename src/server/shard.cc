@@ -10,6 +10,7 @@
 
 #include "core/log.h"
 #include "core/node_id.h"
+#include "core/timeouts.h"
 #include "gpu/cuda.h"
 #include "kernels/update.h"
 #include "transport/run_on_loop.h"
@@ -65,7 +66,7 @@ Status Shard::Start() {
   const TaskId self{options_.job, options_.task_index};
   auto addr = options_.cluster.address(self);
   if (!addr.ok()) return addr.status();
-  if (options_.secret.empty()) return Status::InvalidArgument("the shard needs a cluster secret");
+  TESSERA_RETURN_IF_ERROR(CheckSecretStrength(options_.secret, options_.allow_weak_secret));
 
   transport::ContextOptions topts;
   topts.backend = options_.transport;
@@ -91,11 +92,13 @@ Status Shard::Start() {
   ctx_->SetDisconnectHandler(
       [this](const EndpointPtr& ep, const Status& why) { OnDisconnect(ep, why); });
   const std::string host = options_.bind_host.empty() ? addr->host : options_.bind_host;
-  auto listener = ctx_->Listen(host, addr->port, [this](const EndpointPtr& ep) {
-    auto peer = std::make_unique<Peer>();
-    peer->ep = ep;
-    peers_[ep.get()] = std::move(peer);
-  });
+  AdmissionOptions admission;
+  admission.max_unauthenticated = options_.max_unauthenticated;
+  auto hello_deadline = TimeoutFromEnv("TESSERA_HELLO_TIMEOUT_MS", options_.hello_timeout);
+  if (!hello_deadline.ok()) return hello_deadline.status();
+  admission.hello_deadline = *hello_deadline;
+  admission_ = std::make_unique<Admission>(admission);
+  auto listener = ctx_->Listen(host, addr->port, [this](const EndpointPtr& ep) { OnAccept(ep); });
   if (!listener.ok()) {
     return listener.status().WithContext(self.ToString());
   }
@@ -240,6 +243,8 @@ void Shard::Stop() {
     if (coord_link_) coord_link_->Close();
     snapshot_.reset();
     for (auto& [raw, peer] : peers_) peer->ep->Close();
+    for (auto& [ep, deadline] : closing_) ep->Close();
+    closing_.clear();
     peers.swap(peers_);
     leases_.clear();
     blocked_pushes_.clear();
@@ -276,19 +281,39 @@ void Shard::SendError(Peer& peer, uint64_t request_id, const Status& st) {
   Reply(peer, request_id, err);
 }
 
-void Shard::Drop(Peer& peer, const Status& why, uint64_t request_id) {
+void Shard::Drop(Peer& peer, const Status& why, uint64_t request_id, bool tell) {
   refused_++;
   TLOG_WARN("closing connection from {} ({}): {}", peer.ep->peer(),
             peer.hello.task.empty() ? "unauthenticated" : peer.hello.task, why.ToString());
-  // Tell the peer why before closing; the close flushes the send.
-  SendError(peer, request_id, why);
   auto ep = peer.ep;
-  OnDisconnect(ep, why);
-  ep->Close();
+  OnDisconnect(ep, why);  // nothing more it sends is read
+  if (!tell) return ep->Close();
+  // Tell the peer why, and leave the closing to it: a close from here can
+  // overtake the reason (UCX reports a disconnect over tcp while the message
+  // travels through shared memory). A peer that does not close is closed
+  // after the hello deadline, or sooner when too many linger.
+  ep->Send(kProtocolMsg,
+           wire::Encode(wire::Error{why.code(), options_.job + " task " +
+                                                    std::to_string(options_.task_index) + ": " +
+                                                    why.message()},
+                        request_id));
+  closing_.push_back({ep, std::chrono::steady_clock::now() + admission_->options().hello_deadline});
+  if (closing_.size() > admission_->options().max_unauthenticated) {
+    closing_.front().first->Close();
+    closing_.pop_front();
+  }
+  ScheduleSweep(admission_->options().hello_deadline);
+}
+
+void Shard::ScheduleSweep(std::chrono::milliseconds after) {
+  if (overdue_sweep_scheduled_ || stopping_) return;
+  overdue_sweep_scheduled_ = true;
+  ctx_->PostAfter(after, [this] { DropOverdue(); });
 }
 
 void Shard::OnDisconnect(const EndpointPtr& ep, const Status& why) {
   if (coord_link_ && ep.get() == coord_link_.get()) return OnLinkLost(why);
+  std::erase_if(closing_, [&](const auto& c) { return c.first == ep; });
   auto it = peers_.find(ep.get());
   if (it == peers_.end()) return;
   Peer* peer = it->second.get();
@@ -310,6 +335,7 @@ void Shard::OnDisconnect(const EndpointPtr& ep, const Status& why) {
   std::erase_if(blocked_pushes_, [&](const PendingPush& p) { return p.peer == peer; });
   std::erase_if(waiting_pulls_, [&](const PendingPull& p) { return p.peer == peer; });
   std::erase_if(init_waiters_, [&](const auto& w) { return w.first == peer; });
+  admission_->Forget(reinterpret_cast<uintptr_t>(ep.get()));
   peers_.erase(it);
   RetryWaiting();
 }
@@ -324,9 +350,9 @@ void Shard::OnMessage(const EndpointPtr& ep, std::span<const uint8_t> frame) {
 
   if (!peer.authenticated) {
     Status st;
-    if (h->opcode == wire::Opcode::kHello && peer.hello.task.empty()) {
+    if (h->opcode == wire::Opcode::kHello && !peer.handshake.said_hello()) {
       st = OnHello(peer, *h, frame);
-    } else if (h->opcode == wire::Opcode::kAuth && !peer.hello.task.empty()) {
+    } else if (h->opcode == wire::Opcode::kAuth && peer.handshake.said_hello()) {
       st = OnAuth(peer, *h, frame);
     } else {
       st = Status::PermissionDenied(std::string(wire::OpcodeName(h->opcode)) +
@@ -347,9 +373,14 @@ void Shard::OnMessage(const EndpointPtr& ep, std::span<const uint8_t> frame) {
                                               " from an observer, which may only ask for status"));
   }
 
-  // A malformed message closes the connection; a well-formed request that
-  // cannot be served gets an error reply.
-  auto bad = [&](const Status& st) { Drop(peer, st, h->request_id); };
+  // The transport delimits messages, so a body this shard cannot accept
+  // (malformed, or valid bytes that say something invalid) costs the
+  // authenticated peer that request only: it gets the error, and the
+  // connection stays usable. Unknown opcodes close it.
+  auto bad = [&](const Status& st) {
+    SendError(peer, h->request_id,
+              st.WithContext(std::string(wire::OpcodeName(h->opcode)) + " refused"));
+  };
   const bool data_op = h->opcode == wire::Opcode::kCreate || h->opcode == wire::Opcode::kPush ||
                        h->opcode == wire::Opcode::kPull || h->opcode == wire::Opcode::kRelease ||
                        h->opcode == wire::Opcode::kSetHyper;
@@ -445,54 +476,112 @@ void Shard::OnMessage(const EndpointPtr& ep, std::span<const uint8_t> frame) {
       return;
     }
     default:
-      return bad(Status::InvalidArgument(std::string("unexpected ") + wire::OpcodeName(h->opcode) +
-                                         " from a worker"));
+      return Drop(peer,
+                  Status::InvalidArgument(std::string("unexpected ") + wire::OpcodeName(h->opcode) +
+                                          " from a worker"),
+                  h->request_id);
+  }
+}
+
+void Shard::OnAccept(const EndpointPtr& ep) {
+  auto owned = std::make_unique<Peer>(ep, options_.secret);
+  Peer& peer = *owned;
+  peers_[ep.get()] = std::move(owned);
+  const auto now = std::chrono::steady_clock::now();
+  auto d = admission_->Admit(reinterpret_cast<uintptr_t>(ep.get()), HostOfPeer(ep->peer()), now);
+  if (d.evicted) {
+    auto it = peers_.find(reinterpret_cast<transport::Endpoint*>(*d.evicted));
+    if (it != peers_.end()) {
+      Drop(*it->second,
+           Status::Unavailable("did not authenticate, and " +
+                               std::to_string(admission_->options().max_unauthenticated) +
+                               " newer connections that had not either were waiting"));
+    }
+  }
+  if (!d.admitted.ok()) return Drop(peer, d.admitted);
+  ScheduleSweep(admission_->options().hello_deadline);
+}
+
+void Shard::DropOverdue() {
+  overdue_sweep_scheduled_ = false;
+  const auto now = std::chrono::steady_clock::now();
+  while (!closing_.empty() && closing_.front().second <= now) {
+    closing_.front().first->Close();
+    closing_.pop_front();
+  }
+  for (auto conn : admission_->Overdue(now)) {
+    auto it = peers_.find(reinterpret_cast<transport::Endpoint*>(conn));
+    if (it == peers_.end()) {
+      admission_->Forget(conn);
+      continue;
+    }
+    Drop(*it->second,
+         Status::DeadlineExceeded("did not authenticate within " +
+                                  std::to_string(admission_->options().hello_deadline.count()) +
+                                  " ms"),
+         0, /*tell=*/false);
+  }
+  if (admission_->unauthenticated() > 0 || !closing_.empty()) {
+    ScheduleSweep(admission_->options().hello_deadline / 4);
   }
 }
 
 Status Shard::OnHello(Peer& peer, const wire::Header& h, std::span<const uint8_t> frame) {
   auto m = wire::DecodeBody<wire::Hello>(h, frame);
   if (!m.ok()) return m.status();
-  if (m->task.empty()) return Status::InvalidArgument("hello without a task name");
-  if (m->role == wire::PeerRole::kShard) {
-    const int k = static_cast<int>(m->worker_rank);
+  // Nothing is checked against the cluster before the peer proved itself, so
+  // that a stranger learns nothing of it; the challenge carries no proof.
+  const uint32_t index =
+      is_coordinator_only() ? wire::kCoordinatorIndex : static_cast<uint32_t>(options_.task_index);
+  Reply(peer, h.request_id, peer.handshake.OnHello(std::move(*m), index));
+  return Status::Ok();
+}
+
+Status Shard::CheckClaims(const wire::Hello& m) const {
+  if (m.task.empty()) return Status::InvalidArgument("hello without a task name");
+  if (m.role == wire::PeerRole::kShard) {
+    const int k = static_cast<int>(m.worker_rank);
     if (!hosts_coordinator()) {
-      return Status::PermissionDenied(m->task +
-                                      " tried to join a task that is not the coordinator");
+      return Status::PermissionDenied(m.task + " tried to join a task that is not the coordinator");
     }
-    if (k >= options_.cluster.num_tasks("ps") || m->task != TaskId{"ps", k}.ToString()) {
-      return Status::PermissionDenied(m->task + " joins as ps task " + std::to_string(k) +
+    if (k >= options_.cluster.num_tasks("ps") || m.task != TaskId{"ps", k}.ToString()) {
+      return Status::PermissionDenied(m.task + " joins as ps task " + std::to_string(k) +
                                       ", which the cluster spec does not name so");
     }
-  } else if (m->role == wire::PeerRole::kObserver) {
-    // No rank: an observer is not a worker and counts for nothing.
-  } else if (static_cast<int>(m->worker_rank) >= options_.cluster.num_workers()) {
-    return Status::PermissionDenied(m->task + " claims worker rank " +
-                                    std::to_string(m->worker_rank) + " but the cluster has " +
+  } else if (m.role == wire::PeerRole::kObserver) {
+    return Status::Ok();  // no rank, no spec: an observer counts for nothing
+  } else if (static_cast<int>(m.worker_rank) >= options_.cluster.num_workers()) {
+    return Status::PermissionDenied(m.task + " claims worker rank " +
+                                    std::to_string(m.worker_rank) + " but the cluster has " +
                                     std::to_string(options_.cluster.num_workers()) + " workers");
   }
-  peer.hello = std::move(*m);
-  peer.server_nonce = RandomNonce();
-  wire::Challenge c;
-  c.server_nonce = peer.server_nonce;
-  c.server_proof = MakeProof(options_.secret, "tessera-shard", peer.hello.client_nonce,
-                             peer.server_nonce, peer.hello.task);
-  c.shard_index =
-      is_coordinator_only() ? wire::kCoordinatorIndex : static_cast<uint32_t>(options_.task_index);
-  Reply(peer, h.request_id, c);
+  auto theirs = ClusterSpec::FromJson(m.cluster);
+  if (!theirs.ok())
+    return theirs.status().WithContext("the cluster spec in " + m.task + "'s hello");
+  const std::string diff = options_.cluster.DifferenceFrom(*theirs);
+  if (!diff.empty()) {
+    return Status::FailedPrecondition(
+        "the cluster spec of " + m.task + " (there) differs from that of " +
+        TaskId{options_.job, options_.task_index}.ToString() + " (here): " + diff +
+        ". Give every task the same cluster spec");
+  }
   return Status::Ok();
 }
 
 Status Shard::OnAuth(Peer& peer, const wire::Header& h, std::span<const uint8_t> frame) {
   auto m = wire::DecodeBody<wire::Auth>(h, frame);
   if (!m.ok()) return m.status();
-  Proof expect = MakeProof(options_.secret, "tessera-worker", peer.server_nonce,
-                           peer.hello.client_nonce, peer.hello.task);
-  if (!ProofsEqual(expect, m->client_proof)) {
-    return Status::PermissionDenied(peer.hello.task + " at " + peer.ep->peer() +
-                                    " does not know the cluster secret");
+  const auto conn = reinterpret_cast<uintptr_t>(peer.ep.get());
+  if (Status proof = peer.handshake.CheckAuth(*m, peer.ep->peer()); !proof.ok()) {
+    admission_->NoteFailure(HostOfPeer(peer.ep->peer()), std::chrono::steady_clock::now());
+    return proof;
   }
+  admission_->Forget(conn);
+  TESSERA_RETURN_IF_ERROR(CheckClaims(peer.handshake.hello()));
+  peer.hello = peer.handshake.hello();
+  peer.ep->MarkAuthenticated();
   wire::Welcome welcome;
+  welcome.server_proof = peer.handshake.ServerProof();
   if (peer.hello.role == wire::PeerRole::kObserver) {
     peer.authenticated = true;
     peer.is_observer = true;

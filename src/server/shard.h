@@ -14,9 +14,11 @@
 #include "ckpt/checkpoint.h"
 #include "coord/checkpointer.h"
 #include "coord/coordinator.h"
+#include "server/admission.h"
 #include "server/param_table.h"
 #include "tessera/server.h"
 #include "transport/transport.h"
+#include "wire/handshake.h"
 
 namespace tessera::server {
 
@@ -35,10 +37,12 @@ class Shard {
  private:
   using EndpointPtr = std::shared_ptr<transport::Endpoint>;
   struct Peer {
+    Peer(EndpointPtr endpoint, const std::string& secret)
+        : ep(std::move(endpoint)), handshake(secret) {}
     EndpointPtr ep;
     bool authenticated = false;
-    wire::Hello hello;
-    Nonce server_nonce{};
+    wire::ServerHandshake handshake;
+    wire::Hello hello;  // the peer's, once it authenticated
     std::unique_ptr<transport::Region> staging;
     // A worker on this node of a GPU shard maps the arenas and a GPU slot of
     // the staging slot's size with CUDA IPC. ipc_slot: that slot, set only
@@ -70,15 +74,22 @@ class Shard {
 
   void OnMessage(const EndpointPtr& ep, std::span<const uint8_t> frame);
   void OnDisconnect(const EndpointPtr& ep, const Status& why);
-  void Drop(Peer& peer, const Status& why, uint64_t request_id = 0);
+  // Refuses the peer: forgets it and, when `tell`, sends it `why` first.
+  void Drop(Peer& peer, const Status& why, uint64_t request_id = 0, bool tell = true);
+  void ScheduleSweep(std::chrono::milliseconds after);
   void SendError(Peer& peer, uint64_t request_id, const Status& st);
   template <typename Msg>
   void Reply(Peer& peer, uint64_t request_id, const Msg& msg) {
     peer.ep->Send(kProtocolMsg, wire::Encode(msg, request_id));
   }
 
+  void OnAccept(const EndpointPtr& ep);
+  // Closes connections that did not authenticate in time.
+  void DropOverdue();
   Status OnHello(Peer& peer, const wire::Header& h, std::span<const uint8_t> frame);
   Status OnAuth(Peer& peer, const wire::Header& h, std::span<const uint8_t> frame);
+  // Whether an authenticated hello may join as what it claims.
+  Status CheckClaims(const wire::Hello& hello) const;
   void OnCreate(Peer& peer, uint64_t request_id, const wire::Create& msg);
   void OnPush(Peer& peer, uint64_t request_id, uint32_t flags, wire::Push msg);
   void OnPull(Peer& peer, uint64_t request_id, wire::Pull msg);
@@ -96,6 +107,8 @@ class Shard {
   void JoinCoordinator();
   void OnLinkFrame(std::span<const uint8_t> frame);
   void OnLinkLost(const Status& why);
+  // The handshake with the coordinator failed: close the link, retry later.
+  void RefuseCoordinator(const Status& why);
   void OnJoined(const wire::JoinReply& reply);
   // Restore: a chunk created while a checkpoint is being restored loads its
   // value and optimizer state from it.
@@ -156,6 +169,10 @@ class Shard {
 
   // Progress thread only.
   std::unordered_map<transport::Endpoint*, std::unique_ptr<Peer>> peers_;
+  std::unique_ptr<Admission> admission_;
+  bool overdue_sweep_scheduled_ = false;
+  // Refused connections told why, left for the peer to close until then.
+  std::deque<std::pair<EndpointPtr, std::chrono::steady_clock::time_point>> closing_;
   std::unordered_map<uint64_t, Lease> leases_;
   uint64_t next_lease_ = 1;
   std::deque<PendingPush> blocked_pushes_;
@@ -169,7 +186,7 @@ class Shard {
   // Membership and restore (progress thread).
   std::vector<Peer*> joined_shards_;  // coordinator: ps task index -> its link
   EndpointPtr coord_link_;            // a ps task's link to the coordinator
-  Nonce link_nonce_{};
+  std::optional<wire::ClientHandshake> link_handshake_;
   bool joined_ = false;  // creates are served (restore known)
   std::deque<std::tuple<EndpointPtr, uint64_t, wire::Create>> deferred_creates_;
   std::chrono::steady_clock::time_point next_join_report_;

@@ -134,8 +134,9 @@ void Shard::JoinCoordinator() {
                   hello.role = wire::PeerRole::kShard;
                   hello.worker_rank = static_cast<uint32_t>(options_.task_index);
                   hello.task = TaskId{"ps", options_.task_index}.ToString();
-                  hello.client_nonce = link_nonce_ = RandomNonce();
-                  coord_link_->Send(kProtocolMsg, wire::Encode(hello, 1));
+                  hello.cluster = options_.cluster.ToJson();
+                  link_handshake_.emplace(options_.secret, std::move(hello));
+                  coord_link_->Send(kProtocolMsg, wire::Encode(link_handshake_->hello(), 1));
                 });
 }
 
@@ -147,31 +148,29 @@ void Shard::OnLinkFrame(std::span<const uint8_t> frame) {
     link->Close();
     return;
   }
-  const std::string task = TaskId{"ps", options_.task_index}.ToString();
   switch (h->opcode) {
     case wire::Opcode::kChallenge: {
       auto c = wire::DecodeBody<wire::Challenge>(*h, frame);
-      const bool separate = options_.cluster.num_tasks("coordinator") > 0;
-      Proof expect = MakeProof(options_.secret, "tessera-shard", link_nonce_,
-                               c.ok() ? c->server_nonce : Nonce{}, task);
-      if (!c.ok() || !ProofsEqual(expect, c->server_proof) ||
-          c->shard_index != (separate ? wire::kCoordinatorIndex : 0u)) {
-        TLOG_ERROR("the coordinator could not prove it knows the cluster secret; not joining");
-        auto link = coord_link_;
-        coord_link_.reset();
-        link->Close();
-        ctx_->PostAfter(5s, [this] { JoinCoordinator(); });
-        return;
+      if (!c.ok() || !link_handshake_) {
+        return RefuseCoordinator(c.ok() ? Status::Internal("challenge out of turn") : c.status());
       }
-      wire::Auth auth;
-      auth.client_proof =
-          MakeProof(options_.secret, "tessera-worker", c->server_nonce, link_nonce_, task);
-      coord_link_->Send(kProtocolMsg, wire::Encode(auth, 2));
+      coord_link_->Send(kProtocolMsg, wire::Encode(link_handshake_->Answer(*c), 2));
       return;
     }
-    case wire::Opcode::kWelcome:
+    case wire::Opcode::kWelcome: {
+      auto w = wire::DecodeBody<wire::Welcome>(*h, frame);
+      const bool separate = options_.cluster.num_tasks("coordinator") > 0;
+      Status st = w.ok() ? Status::Ok() : w.status();
+      if (st.ok() && link_handshake_) {
+        st = link_handshake_->CheckWelcome(*w, separate ? wire::kCoordinatorIndex : 0u,
+                                           "the coordinator");
+      }
+      if (!st.ok()) return RefuseCoordinator(st);
+      link_handshake_.reset();
+      coord_link_->MarkAuthenticated();
       coord_link_->Send(kProtocolMsg, wire::Encode(wire::Join{}, 3));
       return;
+    }
     case wire::Opcode::kJoinReply: {
       auto m = wire::DecodeBody<wire::JoinReply>(*h, frame);
       if (m.ok()) OnJoined(*m);
@@ -183,7 +182,9 @@ void Shard::OnLinkFrame(std::span<const uint8_t> frame) {
       return OnCoordinatorFrame(frame);
     case wire::Opcode::kError: {
       auto err = wire::DecodeBody<wire::Error>(*h, frame);
-      TLOG_ERROR("the coordinator: {}", err.ok() ? err->message : "malformed error");
+      Status st = err.ok() ? Status(err->code, err->message) : err.status();
+      if (link_handshake_) return RefuseCoordinator(st);  // it refused this task
+      TLOG_ERROR("the coordinator: {}", st.message());
       return;
     }
     default:
@@ -211,6 +212,14 @@ void Shard::OnJoined(const wire::JoinReply& reply) {
     auto it = peers_.find(ep.get());
     if (it != peers_.end()) OnCreate(*it->second, request_id, msg);
   }
+}
+
+void Shard::RefuseCoordinator(const Status& why) {
+  TLOG_ERROR("could not join the coordinator: {}; trying again in 5 s", why.message());
+  link_handshake_.reset();
+  auto link = std::move(coord_link_);
+  if (link) link->Close();
+  if (!stopping_) ctx_->PostAfter(5s, [this] { JoinCoordinator(); });
 }
 
 void Shard::OnLinkLost(const Status& why) {

@@ -17,7 +17,9 @@ namespace tessera::wire {
 constexpr uint16_t kProtocolMsg = 1;
 
 constexpr uint32_t kMagic = 0x41525354;  // "TSRA" read as little-endian
-constexpr uint16_t kVersion = 2;         // 2: CUDA IPC (node ids, IPC handles)
+// 2: CUDA IPC (node ids, IPC handles). 3: the client proves first; the
+// hello carries the cluster spec.
+constexpr uint16_t kVersion = 3;
 constexpr size_t kHeaderSize = 24;
 // No control message is larger: tensor data never travels in messages.
 constexpr uint32_t kMaxBodyLength = 16u << 20;

@@ -106,10 +106,6 @@ Result<TensorDecl> GetTensorDecl(ByteReader& r) {
     if (!r.Get(&d)) return Truncated("shape");
     t.shape.push_back(d);
   }
-  auto n = NumElements(t.shape);
-  if (!n.ok()) return n.status().WithContext("tensor '" + t.name + "'");
-  if (*n > (uint64_t{1} << 40))
-    return Status::InvalidArgument("tensor '" + t.name + "' is too large");
   if (!r.Get(&t.pinned_shard)) return Truncated("pinned_shard");
   auto hyper = GetHyper(r);
   if (!hyper.ok()) return hyper.status().WithContext("tensor '" + t.name + "'");
@@ -122,20 +118,40 @@ Result<TensorDecl> GetTensorDecl(ByteReader& r) {
   if (average > 1) return Status::InvalidArgument("tensor '" + t.name + "': bad average flag");
   t.mode.kind = static_cast<Consistency>(kind);
   t.mode.average = average == 1;
-  TESSERA_RETURN_IF_ERROR(t.mode.Validate().WithContext("tensor '" + t.name + "'"));
-  if (t.mode.kind == Consistency::kSync && t.mode.average &&
-      (t.dtype == DType::kI32 || t.dtype == DType::kI64)) {
-    return Status::InvalidArgument("tensor '" + t.name +
-                                   "': averaging needs a floating dtype; sum instead");
-  }
-  if (IsOptimizer(t.rule) && (t.dtype == DType::kI32 || t.dtype == DType::kI64)) {
-    return Status::InvalidArgument("tensor '" + t.name + "': rule " + UpdateRuleName(t.rule) +
-                                   " needs a floating dtype, not " + DTypeName(t.dtype));
-  }
+  TESSERA_RETURN_IF_ERROR(ValidateTensorDecl(t));
   return t;
 }
 
 }  // namespace
+
+Status ValidateTensorDecl(const TensorDecl& t) {
+  if (t.name.empty() || t.name.size() > kMaxNameLength) {
+    return Status::InvalidArgument("tensor name must have 1 to " + std::to_string(kMaxNameLength) +
+                                   " bytes");
+  }
+  if (t.shape.size() > kMaxDims) {
+    return Status::InvalidArgument("tensor '" + t.name + "': " + std::to_string(t.shape.size()) +
+                                   " dimensions (at most " + std::to_string(kMaxDims) + ")");
+  }
+  auto n = NumElements(t.shape);
+  if (!n.ok()) return n.status().WithContext("tensor '" + t.name + "'");
+  if (*n > kMaxTensorElements) {
+    return Status::InvalidArgument("tensor '" + t.name + "' has " + std::to_string(*n) +
+                                   " elements, over the limit of " +
+                                   std::to_string(kMaxTensorElements));
+  }
+  TESSERA_RETURN_IF_ERROR(t.mode.Validate().WithContext("tensor '" + t.name + "'"));
+  const bool integer = t.dtype == DType::kI32 || t.dtype == DType::kI64;
+  if (t.mode.kind == Consistency::kSync && t.mode.average && integer) {
+    return Status::InvalidArgument("tensor '" + t.name +
+                                   "': averaging needs a floating dtype; sum instead");
+  }
+  if (IsOptimizer(t.rule) && integer) {
+    return Status::InvalidArgument("tensor '" + t.name + "': rule " + UpdateRuleName(t.rule) +
+                                   " needs a floating dtype, not " + DTypeName(t.dtype));
+  }
+  return Status::Ok();
+}
 
 void Hello::EncodeBody(ByteWriter& w) const {
   w.Put(static_cast<uint8_t>(role));
@@ -143,6 +159,7 @@ void Hello::EncodeBody(ByteWriter& w) const {
   w.PutString(task);
   w.PutBytes(client_nonce);
   w.PutString(node_id);
+  w.PutString(cluster);
 }
 Result<Hello> Hello::DecodeBody(ByteReader& r) {
   Hello m;
@@ -155,18 +172,17 @@ Result<Hello> Hello::DecodeBody(ByteReader& r) {
   if (!r.GetString(&m.task, kMaxNameLength)) return Truncated("task");
   if (!GetArray(r, &m.client_nonce)) return Truncated("client_nonce");
   if (!r.GetString(&m.node_id, 64)) return Truncated("node_id");
+  if (!r.GetString(&m.cluster, kMaxClusterSpecLength)) return Truncated("cluster");
   return m;
 }
 
 void Challenge::EncodeBody(ByteWriter& w) const {
   w.PutBytes(server_nonce);
-  w.PutBytes(server_proof);
   w.Put(shard_index);
 }
 Result<Challenge> Challenge::DecodeBody(ByteReader& r) {
   Challenge m;
   if (!GetArray(r, &m.server_nonce)) return Truncated("server_nonce");
-  if (!GetArray(r, &m.server_proof)) return Truncated("server_proof");
   if (!r.Get(&m.shard_index)) return Truncated("shard_index");
   return m;
 }
@@ -192,11 +208,13 @@ bool GetIpcHandle(ByteReader& r, std::vector<uint8_t>* out) {
 }  // namespace
 
 void Welcome::EncodeBody(ByteWriter& w) const {
+  w.PutBytes(server_proof);
   w.PutBlob(staging_region);
   w.PutBlob(staging_ipc);
 }
 Result<Welcome> Welcome::DecodeBody(ByteReader& r) {
   Welcome m;
+  if (!GetArray(r, &m.server_proof)) return Truncated("server_proof");
   std::span<const uint8_t> blob;
   if (!r.GetBlob(&blob, kMaxRegionDescription)) return Truncated("staging_region");
   m.staging_region.assign(blob.begin(), blob.end());

@@ -22,6 +22,9 @@ constexpr size_t kMaxDims = 8;
 constexpr size_t kMaxRegionDescription = 64 * 1024;
 constexpr size_t kMaxErrorMessage = 64 * 1024;
 constexpr size_t kMaxPathLength = 4096;
+// The cluster spec a hello carries (its JSON), compared once the peer proved
+// it knows the secret.
+constexpr size_t kMaxClusterSpecLength = 64 * 1024;
 
 // Who says hello: a worker, or a ps task joining the coordinator.
 // kObserver: `tessera status`, which may only ask for status.
@@ -36,6 +39,9 @@ struct Hello {
   // The worker's node (NodeId) when it can use CUDA IPC, else empty: a GPU
   // shard on the same node then hands out IPC handles.
   std::string node_id;
+  // The cluster spec this task was given (ClusterSpec::ToJson); empty from an
+  // observer, which is not part of the cluster.
+  std::string cluster;
   void EncodeBody(ByteWriter& w) const;
   static Result<Hello> DecodeBody(ByteReader& r);
 };
@@ -46,7 +52,6 @@ constexpr uint32_t kCoordinatorIndex = 0xffffffff;
 struct Challenge {
   static constexpr Opcode kOpcode = Opcode::kChallenge;
   Nonce server_nonce{};
-  Proof server_proof{};  // the shard proves it knows the secret too
   uint32_t shard_index = 0;
   void EncodeBody(ByteWriter& w) const;
   static Result<Challenge> DecodeBody(ByteReader& r);
@@ -61,6 +66,7 @@ struct Auth {
 
 struct Welcome {
   static constexpr Opcode kOpcode = Opcode::kWelcome;
+  Proof server_proof{};                 // the server proves it knows the secret, second
   std::vector<uint8_t> staging_region;  // the worker's own slot, the only writable memory
   // Same node, GPU shard: a CUDA IPC handle of a GPU slot of the same size
   // (pushes flagged kFlagIpcSlot are read from it); else empty.
@@ -78,6 +84,11 @@ struct TensorDecl {
   Hyperparams hyper;
   ConsistencyMode mode;  // with its zeros filled in by the declaring client
 };
+
+// What a declared tensor must satisfy whoever checks it: the client before
+// it sends, and every receiver as it decodes.
+constexpr uint64_t kMaxTensorElements = uint64_t{1} << 40;
+Status ValidateTensorDecl(const TensorDecl& t);
 
 // To the coordinator: where do these tensors live?
 struct Declare {

@@ -1,0 +1,185 @@
+// The handshake and the admission policy, without sockets: what each side
+// proves, when, and what a stranger can and cannot get out of a shard.
+#include <gtest/gtest.h>
+
+#include "server/admission.h"
+#include "tessera/cluster.h"
+#include "wire/handshake.h"
+
+namespace tessera {
+namespace {
+
+using namespace std::chrono_literals;
+using server::Admission;
+using server::AdmissionOptions;
+using wire::ClientHandshake;
+using wire::ServerHandshake;
+
+const std::string kSecret = "0123456789abcdef0123456789abcdef";
+
+wire::Hello WorkerHello() {
+  wire::Hello hello;
+  hello.worker_rank = 1;
+  hello.task = "/job:worker/task:1";
+  hello.cluster = R"({"ps":["h:1"],"worker":["h:2","h:3"]})";
+  return hello;
+}
+
+// The hello and the challenge go through the wire as a peer sends them.
+template <typename Msg>
+Msg Wire(const Msg& m) {
+  return wire::Decode<Msg>(wire::Encode(m, 1)).value();
+}
+
+TEST(Handshake, PeersWithTheSecretWelcomeEachOther) {
+  ClientHandshake client(kSecret, WorkerHello());
+  ServerHandshake server(kSecret);
+  auto challenge = Wire(server.OnHello(Wire(client.hello()), 0));
+  auto auth = Wire(client.Answer(challenge));
+  ASSERT_TRUE(server.CheckAuth(auth, "h:9").ok());
+  wire::Welcome welcome;
+  welcome.server_proof = server.ServerProof();
+  EXPECT_TRUE(client.CheckWelcome(Wire(welcome), 0, "/job:ps/task:0").ok());
+  EXPECT_EQ(server.hello().task, "/job:worker/task:1");
+}
+
+// What the server says before the client proved anything is a nonce and its
+// index: nothing computed from the secret that a guess could be tested on.
+TEST(Handshake, ChallengeCarriesNothingDerivedFromTheSecret) {
+  ServerHandshake a(kSecret), b("another secret, quite different!");
+  wire::Hello hello = Wire(ClientHandshake(kSecret, WorkerHello()).hello());
+  auto from_a = wire::Encode(a.OnHello(hello, 3), 1);
+  auto from_b = wire::Encode(b.OnHello(hello, 3), 1);
+  EXPECT_EQ(from_a.size(), wire::kHeaderSize + sizeof(Nonce) + 4);
+  EXPECT_EQ(from_a.size(), from_b.size());
+  EXPECT_NE(from_a, from_b) << "the server nonce must be fresh";
+}
+
+TEST(Handshake, WrongSecretIsRefusedByTheServer) {
+  ClientHandshake client("a guess at the secret, 32 bytes!", WorkerHello());
+  ServerHandshake server(kSecret);
+  auto challenge = server.OnHello(client.hello(), 0);
+  Status st = server.CheckAuth(client.Answer(challenge), "10.1.2.3:555");
+  EXPECT_EQ(st.code(), StatusCode::kPermissionDenied);
+  EXPECT_NE(st.message().find("/job:worker/task:1 at 10.1.2.3:555"), std::string::npos)
+      << st.ToString();
+}
+
+TEST(Handshake, ServerWithoutTheSecretIsRefusedByTheClient) {
+  ClientHandshake client(kSecret, WorkerHello());
+  ServerHandshake impostor("not the cluster's secret at all!");
+  auto challenge = impostor.OnHello(client.hello(), 0);
+  (void)client.Answer(challenge);
+  wire::Welcome welcome;
+  welcome.server_proof = impostor.ServerProof();
+  Status st = client.CheckWelcome(welcome, 0, "/job:ps/task:0 (h:1)");
+  EXPECT_EQ(st.code(), StatusCode::kPermissionDenied);
+  EXPECT_NE(st.message().find("/job:ps/task:0 (h:1) could not prove"), std::string::npos)
+      << st.ToString();
+}
+
+// Both proofs bind every hello field: a hello changed on the way (a rank
+// swapped for another) fails, and so does a proof made for another challenge.
+TEST(Handshake, ProofsBindTheHelloAndTheChallenge) {
+  ClientHandshake client(kSecret, WorkerHello());
+  ServerHandshake server(kSecret);
+  wire::Hello altered = client.hello();
+  altered.worker_rank = 0;
+  auto challenge = server.OnHello(altered, 0);
+  EXPECT_FALSE(server.CheckAuth(client.Answer(challenge), "h:9").ok());
+
+  ServerHandshake first(kSecret), second(kSecret);
+  ClientHandshake replayer(kSecret, WorkerHello());
+  auto auth = replayer.Answer(first.OnHello(replayer.hello(), 0));
+  (void)second.OnHello(replayer.hello(), 0);
+  EXPECT_FALSE(second.CheckAuth(auth, "h:9").ok()) << "a recorded proof was accepted again";
+
+  ServerHandshake silent(kSecret);  // an auth before any hello proves nothing
+  EXPECT_FALSE(silent.CheckAuth(wire::Auth{}, "h:9").ok());
+}
+
+TEST(Handshake, AnotherTaskAtTheAddressIsNamed) {
+  ClientHandshake client(kSecret, WorkerHello());
+  ServerHandshake server(kSecret);
+  auto challenge = server.OnHello(client.hello(), 1);
+  ASSERT_TRUE(server.CheckAuth(client.Answer(challenge), "h:9").ok());
+  wire::Welcome welcome;
+  welcome.server_proof = server.ServerProof();
+  Status st = client.CheckWelcome(welcome, 0, "/job:ps/task:0 (h:1)");
+  EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(st.message().find("is ps task 1, but this task's cluster spec has it as ps task 0"),
+            std::string::npos)
+      << st.ToString();
+}
+
+TEST(ClusterSpecDifference, NamesWhatDiffers) {
+  auto a = ClusterSpec::FromJson(R"({"ps":["a:1","b:1"],"worker":["w:1","w:2"]})").value();
+  auto same_but_workers = ClusterSpec::FromJson(R"({"ps":["a:1","b:1"],"worker":["x:1","x:2"]})");
+  EXPECT_EQ(a.DifferenceFrom(same_but_workers.value()), "");
+  auto swapped = ClusterSpec::FromJson(R"({"ps":["b:1","a:1"],"worker":["w:1","w:2"]})").value();
+  EXPECT_EQ(a.DifferenceFrom(swapped), "ps tasks are [a:1, b:1] here but [b:1, a:1] there");
+  auto fewer = ClusterSpec::FromJson(R"({"ps":["a:1"],"worker":["w:1"]})").value();
+  EXPECT_EQ(a.DifferenceFrom(fewer),
+            "ps tasks are [a:1, b:1] here but [a:1] there; 2 workers here but 1 there");
+  auto chief = ClusterSpec::FromJson(R"({"ps":["a:1","b:1"],"chief":["c:1"],"worker":["w:1"]})");
+  EXPECT_EQ(a.DifferenceFrom(chief.value()), "a chief task there but not here");
+}
+
+TEST(Admission, FullTableClosesTheOldestStranger) {
+  AdmissionOptions o;
+  o.max_unauthenticated = 2;
+  Admission a(o);
+  const auto t0 = Admission::Clock::time_point{};
+  EXPECT_TRUE(a.Admit(1, "h", t0).admitted.ok());
+  EXPECT_TRUE(a.Admit(2, "h", t0 + 1ms).admitted.ok());
+  auto d = a.Admit(3, "h", t0 + 2ms);
+  EXPECT_TRUE(d.admitted.ok());
+  ASSERT_TRUE(d.evicted.has_value());
+  EXPECT_EQ(*d.evicted, 1u);
+  a.Forget(2);  // authenticated: no longer counted
+  EXPECT_FALSE(a.Admit(4, "h", t0 + 3ms).evicted.has_value());
+  EXPECT_EQ(a.unauthenticated(), 2u);
+}
+
+TEST(Admission, StrangersPastTheDeadlineAreOverdue) {
+  AdmissionOptions o;
+  o.hello_deadline = 100ms;
+  Admission a(o);
+  const auto t0 = Admission::Clock::time_point{};
+  (void)a.Admit(1, "h", t0);
+  (void)a.Admit(2, "h", t0 + 60ms);
+  EXPECT_TRUE(a.Overdue(t0 + 99ms).empty());
+  EXPECT_EQ(a.Overdue(t0 + 100ms), std::vector<Admission::ConnId>{1});
+  EXPECT_EQ(a.Overdue(t0 + 200ms), (std::vector<Admission::ConnId>{1, 2}));
+}
+
+TEST(Admission, RepeatedFailuresFromAHostAreThrottled) {
+  AdmissionOptions o;
+  o.burst = 3;
+  o.refill = 1000ms;
+  Admission a(o);
+  const auto t0 = Admission::Clock::time_point{} + 1h;
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(a.Admit(i, "10.0.0.7", t0).admitted.ok());
+    a.NoteFailure("10.0.0.7", t0);
+    a.Forget(i);
+  }
+  auto refused = a.Admit(9, "10.0.0.7", t0 + 10ms).admitted;
+  EXPECT_EQ(refused.code(), StatusCode::kUnavailable);
+  EXPECT_NE(refused.message().find("too many failed authentications from 10.0.0.7"),
+            std::string::npos)
+      << refused.ToString();
+  EXPECT_NE(refused.message().find("990 ms"), std::string::npos) << refused.ToString();
+  EXPECT_TRUE(a.Admit(10, "10.0.0.8", t0 + 10ms).admitted.ok()) << "another host is not punished";
+  EXPECT_TRUE(a.Admit(11, "10.0.0.7", t0 + 1000ms).admitted.ok()) << "one guess refilled";
+}
+
+TEST(Admission, HostOfPeer) {
+  EXPECT_EQ(server::HostOfPeer("10.0.0.1:7000"), "10.0.0.1");
+  EXPECT_EQ(server::HostOfPeer("[::1]:7000"), "::1");
+  EXPECT_EQ(server::HostOfPeer("fe80::1"), "fe80::1");
+  EXPECT_EQ(server::HostOfPeer("somehost"), "somehost");
+}
+
+}  // namespace
+}  // namespace tessera

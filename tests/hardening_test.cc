@@ -1,0 +1,177 @@
+// What a trainer written against include/tessera, or a peer that breaks the
+// rules, must never get: a call that reports success but lost a gradient, a
+// connection broken by one refused request, a cluster spec mismatch reported
+// as something else, a coordinator exhausted by one declare, a shard held
+// open by strangers. Each case is a finding of the hardening review.
+#include <gtest/gtest.h>
+
+#include <csignal>
+
+#include "tests/cluster_fixture.h"
+
+namespace tessera {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::ClusterTest;
+using testing::RawPeer;
+
+bool Contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+// Finding 7: the README's Connect(...).value() with an error used to read an
+// empty optional (rc 139, no message).
+TEST(ResultDeathTest, ValueOfAnErrorNamesItAndAborts) {
+  Result<int> r = Status::NotFound("no cluster given: TF_CONFIG is not set");
+  EXPECT_DEATH((void)r.value(), "Result that holds an error was read: NotFound: no cluster given");
+  EXPECT_DEATH((void)*r, "NotFound");
+}
+
+using HardeningTest = ClusterTest;
+
+// Finding 8: a declare the shard refuses costs that request only.
+TEST_P(HardeningTest, RefusedDeclareLeavesTheConnectionUsable) {
+  StartCluster(1, 1);
+  RawPeer raw(spec_.tasks("ps")[0]);
+  ASSERT_TRUE(raw.connected());
+  ASSERT_TRUE(wire::Decode<wire::Welcome>(raw.Authenticate(secret_, WorkerHello(0))).ok());
+  wire::Declare bad{1u << 20, 1, {}};
+  bad.tensors.push_back({"counts", DType::kI32, UpdateRule::kAdam, {4}, -1, {}, {}});
+  raw.Send(bad, 5);
+  auto refused = wire::Decode<wire::Error>(raw.Next());
+  ASSERT_TRUE(refused.ok()) << refused.status().ToString();
+  EXPECT_EQ(refused->code, StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Contains(refused->message, "needs a floating dtype")) << refused->message;
+  raw.Send(wire::Ping{}, 6);
+  EXPECT_TRUE(wire::Decode<wire::Ack>(raw.Next()).ok()) << "the connection did not survive";
+
+  // The client refuses it before sending, and keeps working.
+  Client& c = Connect(0);
+  auto i32_adam = c.Declare({"counts", DType::kI32, {4}, UpdateRule::kAdam, {}, -1});
+  ASSERT_FALSE(i32_adam.ok());
+  EXPECT_EQ(i32_adam.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(c.Declare(F32("w", 4)).ok());
+  EXPECT_TRUE(c.Initialize().ok());
+}
+
+// Finding 9: a sync push without a step counted as step 0, so the worker's
+// real step-0 push was later dropped as stale; push_pull dropped its gradient.
+TEST_P(HardeningTest, SyncTensorsRefuseCallsThatWouldDropTheGradient) {
+  StartCluster(1, 1);
+  Client& c = Connect(0);
+  TensorSpec spec = F32("w", 4);
+  spec.mode = ConsistencyMode::Sync(1, 1, false);
+  auto w = c.Declare(spec);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  ASSERT_TRUE(c.Initialize().ok());
+  std::vector<float> grad(4, 1.0f), got(4);
+  Status untagged = c.Push({PushItem::Of<float>(*w, grad)});
+  EXPECT_EQ(untagged.code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Contains(untagged.message(), "'w'")) << untagged.ToString();
+  EXPECT_TRUE(Contains(untagged.message(), "Push(items, step)")) << untagged.ToString();
+  Status push_pull = c.PushPull({{*w, grad.data(), got.data(), 16}});
+  EXPECT_EQ(push_pull.code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Contains(push_pull.message(), "tensor 'w', which is sync")) << push_pull.ToString();
+
+  ASSERT_TRUE(c.Push({PushItem::Of<float>(*w, grad)}, 0).ok());
+  ASSERT_TRUE(c.Pull({PullItem::AfterStep<float>(*w, got, 1)}).ok());
+  EXPECT_EQ(got, std::vector<float>(4, 1.0f)) << "step 0's gradient was lost";
+  EXPECT_EQ(c.counters().chunks_dropped_stale, 0u);
+}
+
+// Finding 10: "x/adam_m" beside an Adam tensor "x" broke every checkpoint.
+TEST_P(HardeningTest, NamesReservedForOptimizerStateAreRefused) {
+  StartCluster(1, 1);
+  Client& c = Connect(0);
+  for (const char* name : {"x/adam_m", "layer/0/momentum", "emb/master"}) {
+    auto r = c.Declare(F32(name, 4));
+    ASSERT_FALSE(r.ok()) << name;
+    EXPECT_TRUE(Contains(r.status().message(), "reserved for optimizer state")) << r.status();
+  }
+  // A peer that skips the client's check meets the coordinator's.
+  RawPeer raw(spec_.tasks("ps")[0]);
+  ASSERT_TRUE(wire::Decode<wire::Welcome>(raw.Authenticate(secret_, WorkerHello(0))).ok());
+  wire::Declare declare{1u << 20, 1, {}};
+  declare.tensors.push_back({"x/adam_v", DType::kF32, UpdateRule::kAdd, {4}, -1, {}, {}});
+  raw.Send(declare, 3);
+  auto refused = wire::Decode<wire::Error>(raw.Next());
+  ASSERT_TRUE(refused.ok());
+  EXPECT_TRUE(Contains(refused->message, "reserved for optimizer state")) << refused->message;
+  EXPECT_TRUE(c.Declare(F32("x/adam", 4)).ok()) << "only the exact slot names are reserved";
+}
+
+// Finding 6: a huge element count in tiny chunks made the coordinator build
+// billions of chunk records.
+TEST_P(HardeningTest, DeclaresBeyondTheLimitsAreRefusedNamingThem) {
+  StartCluster(1, 1);
+  auto opts = Options(0);
+  opts.chunk_bytes = 64;  // the smallest a client allows
+  auto c = Client::Connect(opts);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  auto huge = (*c)->Declare(F32("huge", int64_t{1} << 32));
+  ASSERT_FALSE(huge.ok());
+  EXPECT_EQ(huge.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_TRUE(Contains(huge.status().message(),
+                       "over the limit of 65536 a tensor: raise "
+                       "chunk_bytes"))
+      << huge.status();
+  EXPECT_TRUE((*c)->Declare(F32("small", 16)).ok()) << "the coordinator stopped serving";
+}
+
+// Finding 17: specs that disagree are refused at connect, naming the
+// difference, instead of "could not prove it knows the cluster secret" or a
+// late "Internal: coordinator placed a chunk on an unknown shard".
+TEST_P(HardeningTest, ClusterSpecMismatchIsRefusedNamingTheDifference) {
+  StartCluster(2, 1);
+  auto swapped = Options(0);
+  swapped.cluster = ClusterSpec();
+  auto ps = spec_.tasks("ps");
+  ASSERT_TRUE(swapped.cluster.AddJob("ps", {ps[1], ps[0]}).ok());
+  ASSERT_TRUE(swapped.cluster.AddJob("worker", spec_.tasks("worker")).ok());
+  auto c = Client::Connect(swapped);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), StatusCode::kFailedPrecondition) << c.status();
+  EXPECT_TRUE(Contains(c.status().message(),
+                       "ps tasks are [" + ps[0].ToString() + ", " + ps[1].ToString() +
+                           "] here but [" + ps[1].ToString() + ", " + ps[0].ToString() + "] there"))
+      << c.status();
+
+  auto fewer = Options(0);
+  fewer.cluster = ClusterSpec();
+  ASSERT_TRUE(fewer.cluster.AddJob("ps", {ps[0]}).ok());
+  ASSERT_TRUE(fewer.cluster.AddJob("worker", spec_.tasks("worker")).ok());
+  auto c2 = Client::Connect(fewer);
+  ASSERT_FALSE(c2.ok());
+  EXPECT_TRUE(Contains(c2.status().message(), "here but [" + ps[0].ToString() + "] there"))
+      << c2.status();
+  EXPECT_TRUE(Client::Connect(Options(0)).ok()) << "the right spec no longer connects";
+}
+
+// Finding 2: nothing closed a connection that never authenticated.
+TEST_P(HardeningTest, SilentStrangersAreClosedAndCannotCrowdOutWorkers) {
+  configure_server_ = [](ServerOptions& o) {
+    o.hello_timeout = 300ms;
+    o.max_unauthenticated = 2;
+  };
+  StartCluster(1, 1);
+  std::vector<std::unique_ptr<RawPeer>> strangers;
+  for (int i = 0; i < 3; ++i) {
+    strangers.push_back(std::make_unique<RawPeer>(spec_.tasks("ps")[0]));
+    ASSERT_TRUE(strangers.back()->connected());
+  }
+  // The third pushed out the first; the deadline closes the other two.
+  EXPECT_TRUE(::tessera::testing::WaitUntil(
+      [&] { return servers_[0]->stats().connections_refused >= 3; }, 20s))
+      << servers_[0]->stats().connections_refused;
+  Client& c = Connect(0);
+  EXPECT_TRUE(c.Declare(F32("w", 4)).ok());
+}
+
+INSTANTIATE_TEST_SUITE_P(Ucx, HardeningTest, ::testing::Values("tcp", "posix,sysv,cma,tcp"),
+                         [](const auto& param) {
+                           return std::string(param.param) == "tcp" ? "tcp" : "shm";
+                         });
+
+}  // namespace
+}  // namespace tessera
