@@ -26,7 +26,8 @@ using namespace std::chrono_literals;
 // A peer that speaks the wire protocol by hand, for what a Client never sends.
 class RawPeer {
  public:
-  explicit RawPeer(const TaskAddress& addr) : ctx_(transport::Context::Open({}).value()) {
+  RawPeer(const TaskAddress& addr, const std::string& backend)
+      : ctx_(transport::Context::Open({.backend = backend}).value()) {
     ctx_->SetHandler(
         1, [this](const std::shared_ptr<transport::Endpoint>&, std::span<const uint8_t> f) {
           std::lock_guard<std::mutex> lock(mu_);
@@ -42,6 +43,7 @@ class RawPeer {
     if (ep_) ep_->Close();
   }
   bool connected() const { return ep_ != nullptr; }
+  transport::Endpoint& endpoint() { return *ep_; }
 
   template <typename Msg>
   void Send(const Msg& msg, uint64_t request_id) {
@@ -60,8 +62,9 @@ class RawPeer {
   std::vector<uint8_t> Authenticate(const std::string& secret, const wire::Hello& hello) {
     wire::ClientHandshake handshake(secret, hello);
     Send(handshake.hello(), 1);
-    auto challenge = wire::Decode<wire::Challenge>(Next());
-    if (!challenge.ok()) return {};
+    auto first = Next();
+    auto challenge = wire::Decode<wire::Challenge>(first);
+    if (!challenge.ok()) return first;  // e.g. the shard's refusal
     Send(handshake.Answer(*challenge), 2);
     return Next();
   }
@@ -74,9 +77,30 @@ class RawPeer {
   std::vector<std::vector<uint8_t>> frames_;
 };
 
+// The parameter: "native" for Tessera's own tcp transport, else the
+// UCX_TLS of the UCX transport.
 class ClusterTest : public ::testing::TestWithParam<const char*> {
+ public:
+  static std::string Name(const ::testing::TestParamInfo<const char*>& param) {
+    const std::string p = param.param;
+    return p == "native" ? "native_tcp" : p == "tcp" ? "tcp" : "shm";
+  }
+
  protected:
-  void SetUp() override { setenv("UCX_TLS", GetParam(), 1); }
+  void SetUp() override {
+    if (std::string(GetParam()) == "native") {
+      transport_ = "tcp";
+      setenv("TESSERA_TRANSPORT", "tcp", 1);  // for shard processes
+    } else {
+      transport_ = "ucx";
+      setenv("TESSERA_TRANSPORT", "ucx", 1);
+      setenv("UCX_TLS", GetParam(), 1);
+    }
+  }
+  // A hand-speaking peer on this case's transport.
+  std::unique_ptr<RawPeer> Raw(int ps) const {
+    return std::make_unique<RawPeer>(spec_.tasks("ps")[static_cast<size_t>(ps)], transport_);
+  }
   void TearDown() override {
     clients_.clear();
     for (auto& s : servers_) s->Stop();
@@ -106,6 +130,7 @@ class ClusterTest : public ::testing::TestWithParam<const char*> {
       opts.secret = secret_;
       opts.staging_bytes_per_worker = 16u << 20;
       opts.lease_timeout = lease_timeout_;
+      opts.transport = transport_;
       if (configure_server_) configure_server_(opts);
       auto server = Server::Start(opts);
       ASSERT_TRUE(server.ok()) << server.status().ToString();
@@ -118,6 +143,7 @@ class ClusterTest : public ::testing::TestWithParam<const char*> {
     opts.cluster = spec_;
     opts.task = {"worker", worker};
     opts.secret = secret_;
+    opts.transport = transport_;
     opts.startup_timeout = 10s;
     opts.op_timeout = 30s;
     opts.chunk_bytes = 1u << 20;
@@ -180,6 +206,7 @@ class ClusterTest : public ::testing::TestWithParam<const char*> {
     return {std::move(name), DType::kF32, {n}, rule, {}, -1};
   }
 
+  std::string transport_ = "ucx";
   std::chrono::milliseconds lease_timeout_{30'000};
   std::function<void(ServerOptions&)> configure_server_;  // before each shard starts
   std::string secret_ = GenerateSecret().value();

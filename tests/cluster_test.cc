@@ -222,7 +222,7 @@ TEST_P(ClusterTest, RequestsBeforeAuthenticationAreRefused) {
   auto w = good.Declare(F32("w", 1));
   ASSERT_TRUE(good.Initialize().ok());
 
-  RawPeer raw(spec_.tasks("ps")[0]);
+  RawPeer raw(spec_.tasks("ps")[0], transport_);
   ASSERT_TRUE(raw.connected());
   raw.Send(wire::Pull{{{0, 0}}}, 9);
   auto refused = wire::Decode<wire::Error>(raw.Next());
@@ -241,7 +241,7 @@ TEST_P(ClusterTest, RequestsBeforeAuthenticationAreRefused) {
 // `tessera status` connects as an observer: it gets status and nothing else.
 TEST_P(ClusterTest, ObserversMayOnlyAskForStatus) {
   StartCluster(1, 1);
-  RawPeer observer(spec_.address({"ps", 0}).value());
+  RawPeer observer(spec_.address({"ps", 0}).value(), transport_);
   ASSERT_TRUE(observer.connected());
   auto welcome = wire::Decode<wire::Welcome>(
       observer.Authenticate(secret_, {wire::PeerRole::kObserver, 0, "/job:status/task:0"}));
@@ -264,7 +264,7 @@ TEST_P(ClusterTest, ObserversMayOnlyAskForStatus) {
 
 TEST_P(ClusterTest, BadProofIsRefused) {
   StartCluster(1, 1);
-  RawPeer raw(spec_.tasks("ps")[0]);
+  RawPeer raw(spec_.tasks("ps")[0], transport_);
   ASSERT_TRUE(raw.connected());
   auto reply = raw.Authenticate("a guess", WorkerHello(0));
   auto err = wire::Decode<wire::Error>(reply);
@@ -284,7 +284,7 @@ TEST_P(ClusterTest, StalledLeaseIsRevoked) {
   auto w = c.Declare(F32("w", 4));
   ASSERT_TRUE(c.Initialize().ok());
 
-  RawPeer raw(spec_.tasks("ps")[0]);
+  RawPeer raw(spec_.tasks("ps")[0], transport_);
   ASSERT_TRUE(raw.connected());
   ASSERT_TRUE(wire::Decode<wire::Welcome>(raw.Authenticate(secret_, WorkerHello(1))).ok());
   raw.Send(wire::Pull{{{0, 1}}}, 3);  // key 0 is "w": the only tensor
@@ -783,6 +783,7 @@ TEST_P(ClusterTest, SeparateCoordinatorTask) {
   opts.cluster = spec_;
   opts.job = "coordinator";
   opts.secret = secret_;
+  opts.transport = transport_;
   auto coordinator = Server::Start(opts);
   ASSERT_TRUE(coordinator.ok()) << coordinator.status().ToString();
   Client& a = Connect(0);
@@ -927,10 +928,9 @@ TEST_P(ClusterTest, SmallCallsStayFastBesideACpuHog) {
                             << " us (p90 " << us[us.size() * 9 / 10] << " us)";
 }
 
-INSTANTIATE_TEST_SUITE_P(Ucx, ClusterTest, ::testing::Values("tcp", "posix,sysv,cma,tcp"),
-                         [](const auto& test_info) {
-                           return std::string(test_info.param) == "tcp" ? "tcp" : "shm";
-                         });
+INSTANTIATE_TEST_SUITE_P(Transports, ClusterTest,
+                         ::testing::Values("native", "tcp", "posix,sysv,cma,tcp"),
+                         ClusterTest::Name);
 
 }  // namespace
 }  // namespace tessera

@@ -33,7 +33,7 @@ using HardeningTest = ClusterTest;
 // Finding 8: a declare the shard refuses costs that request only.
 TEST_P(HardeningTest, RefusedDeclareLeavesTheConnectionUsable) {
   StartCluster(1, 1);
-  RawPeer raw(spec_.tasks("ps")[0]);
+  RawPeer raw(spec_.tasks("ps")[0], transport_);
   ASSERT_TRUE(raw.connected());
   ASSERT_TRUE(wire::Decode<wire::Welcome>(raw.Authenticate(secret_, WorkerHello(0))).ok());
   wire::Declare bad{1u << 20, 1, {}};
@@ -90,7 +90,7 @@ TEST_P(HardeningTest, NamesReservedForOptimizerStateAreRefused) {
     EXPECT_TRUE(Contains(r.status().message(), "reserved for optimizer state")) << r.status();
   }
   // A peer that skips the client's check meets the coordinator's.
-  RawPeer raw(spec_.tasks("ps")[0]);
+  RawPeer raw(spec_.tasks("ps")[0], transport_);
   ASSERT_TRUE(wire::Decode<wire::Welcome>(raw.Authenticate(secret_, WorkerHello(0))).ok());
   wire::Declare declare{1u << 20, 1, {}};
   declare.tensors.push_back({"x/adam_v", DType::kF32, UpdateRule::kAdd, {4}, -1, {}, {}});
@@ -157,7 +157,7 @@ TEST_P(HardeningTest, SilentStrangersAreClosedAndCannotCrowdOutWorkers) {
   StartCluster(1, 1);
   std::vector<std::unique_ptr<RawPeer>> strangers;
   for (int i = 0; i < 3; ++i) {
-    strangers.push_back(std::make_unique<RawPeer>(spec_.tasks("ps")[0]));
+    strangers.push_back(Raw(0));
     ASSERT_TRUE(strangers.back()->connected());
   }
   // The third pushed out the first; the deadline closes the other two.
@@ -168,10 +168,9 @@ TEST_P(HardeningTest, SilentStrangersAreClosedAndCannotCrowdOutWorkers) {
   EXPECT_TRUE(c.Declare(F32("w", 4)).ok());
 }
 
-INSTANTIATE_TEST_SUITE_P(Ucx, HardeningTest, ::testing::Values("tcp", "posix,sysv,cma,tcp"),
-                         [](const auto& param) {
-                           return std::string(param.param) == "tcp" ? "tcp" : "shm";
-                         });
+INSTANTIATE_TEST_SUITE_P(Transports, HardeningTest,
+                         ::testing::Values("native", "tcp", "posix,sysv,cma,tcp"),
+                         ClusterTest::Name);
 
 }  // namespace
 }  // namespace tessera

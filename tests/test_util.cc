@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <csignal>
 #include <cstdlib>
+#include <fstream>
 #include <thread>
 
 #include "core/ports.h"
@@ -90,6 +91,15 @@ void ShardProcesses::StopAll() {
     if (i == 0) WaitExit(0, std::chrono::seconds(30));
   }
   for (size_t i = 1; i < pids_.size(); ++i) WaitExit(static_cast<int>(i), std::chrono::seconds(30));
+}
+
+long RssKiB() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stol(line.substr(6));
+  }
+  return -1;
 }
 
 }  // namespace tessera::testing

@@ -49,6 +49,9 @@ uint16_t UnusedPort();
 // that wait for a condition instead of sleeping "long enough".
 bool WaitUntil(const std::function<bool()>& done, std::chrono::milliseconds limit);
 
+// This process's resident set (VmRSS), in KiB; -1 when unknown.
+long RssKiB();
+
 // ps tasks as real `tessera server` processes (the binary named by
 // TESSERA_BIN), for failures only a process has; killed when this goes.
 class ShardProcesses {

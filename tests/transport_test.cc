@@ -364,12 +364,14 @@ TEST_P(TransportTest, CountersSeparateMessagesFromOneSidedBytes) {
 // why, never accepted and then failing at the first transfer.
 // Where GPU memory cannot be registered (here: Debian's UCX has no CUDA, and
 // there is no GPU driver), registration refuses at once and says what is
-// missing: the UCX build and its memory types, or CUDA's own answer.
+// missing: the UCX build and its memory types, or CUDA's own answer. The
+// native tcp transport moves host memory only, and says so.
 TEST_P(TransportTest, GpuMemoryIsRefusedAtRegistrationSayingWhy) {
   const Status can = server_->CanRegister(MemoryKind::kCuda);
   if (can.ok()) GTEST_SKIP() << "this fabric can register GPU memory here: " << server_->Describe();
   EXPECT_TRUE(server_->CanRegister(MemoryKind::kHost).ok());
   const bool ucx = std::string(GetParam().backend) == "ucx";
+  const bool tcp = std::string(GetParam().backend) == "tcp";
   // What this machine lacks, in the words the error must use: a UCX without
   // CUDA (Debian's), or one with CUDA but no driver (PyPI's), named with its
   // version and path; verbs: CUDA's own reason.
@@ -380,6 +382,8 @@ TEST_P(TransportTest, GpuMemoryIsRefusedAtRegistrationSayingWhy) {
     EXPECT_TRUE(can.message().find("was built without CUDA") != std::string::npos ||
                 can.message().find("has CUDA modules") != std::string::npos)
         << can.ToString();
+  } else if (tcp) {
+    EXPECT_NE(can.message().find("reaches host memory only"), std::string::npos) << can.ToString();
   } else {
     EXPECT_NE(can.message().find("no usable GPU"), std::string::npos) << can.ToString();
   }
@@ -563,6 +567,7 @@ TEST(VerbsSelection, DeviceByName) {
 INSTANTIATE_TEST_SUITE_P(
     Backends, TransportTest,
     ::testing::Values(
+        TransportCase{"native_tcp", "tcp", "", false, "tcp (Tessera's sockets)", 64u << 20, false},
         TransportCase{"tcp", "ucx", "tcp", false, "tcp/", 64u << 20, false},
         TransportCase{"shm", "ucx", "posix,sysv,cma,tcp", false, "sysv/memory", 64u << 20, false},
         TransportCase{"self", "ucx", "self,tcp", true, "self/", 64u << 20, false},

@@ -1,5 +1,7 @@
 #include "tools/cluster_flags.h"
 
+#include <cstdlib>
+
 #include "core/secret.h"
 
 namespace tessera::tools {
@@ -17,7 +19,8 @@ void ClusterFlags::Add(CLI::App* app, const std::string& default_job) {
   app->add_option("--task_index,--task", task_index, "this task's index in its job");
   app->add_option("--secret-file", secret_file,
                   "file holding the cluster secret (else TESSERA_SECRET / TESSERA_SECRET_FILE)");
-  app->add_option("--transport", transport, "ucx, verbs, or auto (verbs where an RDMA device is)");
+  app->add_option("--transport", transport,
+                  "tcp (Tessera's sockets), ucx, verbs, or auto (verbs where an RDMA device is)");
 }
 
 Result<TfConfig> ClusterFlags::Resolve() const {
@@ -51,6 +54,11 @@ Result<TfConfig> ClusterFlags::Resolve() const {
   auto addr = cfg.cluster.address(cfg.task);
   if (!addr.ok()) return addr.status();
   return cfg;
+}
+
+std::string ClusterFlags::DefaultTransport() {
+  const char* env = std::getenv("TESSERA_TRANSPORT");
+  return env != nullptr && *env ? env : "ucx";
 }
 
 Result<std::string> ClusterFlags::Secret() const { return LoadSecret(secret_file); }

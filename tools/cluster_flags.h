@@ -15,7 +15,10 @@ struct ClusterFlags {
   std::string job_name;
   int task_index = -1;
   std::string secret_file;
-  std::string transport = "ucx";
+  // --transport, else TESSERA_TRANSPORT (what `tessera launch` gives its
+  // tasks), else ucx.
+  std::string transport = DefaultTransport();
+  static std::string DefaultTransport();
 
   void Add(CLI::App* app, const std::string& default_job);
   // Flags, else --cluster FILE, else TF_CONFIG.

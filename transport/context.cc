@@ -1,5 +1,6 @@
 #include "core/log.h"
 #include "tessera_config.h"
+#include "transport/tcp/tcp_context.h"
 #include "transport/transport.h"
 #include "transport/ucx/ucx_context.h"
 #if TESSERA_HAVE_VERBS
@@ -10,6 +11,7 @@ namespace tessera::transport {
 
 Result<std::unique_ptr<Context>> Context::Open(const ContextOptions& options) {
   if (options.backend == "ucx") return UcxContext::Create(options);
+  if (options.backend == "tcp") return tcp::TcpContext::Create(options);
   if (options.backend == "verbs") {
 #if TESSERA_HAVE_VERBS
     return verbs::VerbsContext::Create(options);
@@ -38,7 +40,7 @@ Result<std::unique_ptr<Context>> Context::Open(const ContextOptions& options) {
     return UcxContext::Create(ucx);
   }
   return Status::InvalidArgument("unknown transport backend '" + options.backend +
-                                 "' (expected ucx, verbs or auto)");
+                                 "' (expected tcp, ucx, verbs or auto)");
 }
 
 void ApplyBackendDefaults(const std::string& backend) {

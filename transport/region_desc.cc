@@ -45,8 +45,8 @@ Result<RegionDesc> DecodeRegionDesc(std::span<const uint8_t> bytes) {
   if (checksum != Fnv1a64(bytes.subspan(0, covered))) {
     return Status::InvalidArgument("remote key: checksum mismatch (corrupted key)");
   }
-  if (backend != static_cast<uint8_t>(BackendId::kUcx) &&
-      backend != static_cast<uint8_t>(BackendId::kVerbs)) {
+  if (backend < static_cast<uint8_t>(BackendId::kUcx) ||
+      backend > static_cast<uint8_t>(BackendId::kTcp)) {
     return Status::InvalidArgument("remote key: unknown backend " + std::to_string(backend));
   }
   if (desc.base + desc.size < desc.base) {

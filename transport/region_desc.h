@@ -11,7 +11,7 @@
 
 namespace tessera::transport {
 
-enum class BackendId : uint8_t { kUcx = 1, kVerbs = 2 };
+enum class BackendId : uint8_t { kUcx = 1, kVerbs = 2, kTcp = 3 };
 
 struct RegionDesc {
   BackendId backend;

@@ -134,6 +134,7 @@ class Endpoint {
   // The layer above says the peer proved who it is: its messages may now be
   // as large as max_message_bytes (ContextOptions).
   void MarkAuthenticated() { authenticated_.store(true, std::memory_order_relaxed); }
+  bool authenticated() const { return authenticated_.load(std::memory_order_relaxed); }
   // The largest message this endpoint accepts from its peer now.
   size_t message_limit() const {
     return authenticated_.load(std::memory_order_relaxed) ? limits_.after : limits_.before;

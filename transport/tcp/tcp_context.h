@@ -1,0 +1,199 @@
+// Tessera's own tcp backend: plain sockets and epoll, no fabric library.
+//
+// UCX's tcp transport emulates one-sided operations in software and checks
+// neither keys nor access flags, and its connection manager accepts whoever
+// connects (docs/security.md). Here every byte a peer sends is read, checked
+// and written by Tessera:
+// - messages are length-prefixed frames, refused above the endpoint's limit
+//   before anything is allocated for them;
+// - a put or get is a frame that the target's progress thread serves after
+//   checking region, key, access and bounds, and only once the layer above
+//   marked the endpoint authenticated; payloads go straight between the
+//   socket and the region (or the initiator's buffer), without copies;
+// - completions come back in issue order (one stream), so a flush is a wait
+//   for the operations issued before it.
+// Progress: one epoll set of listeners and connections, which the EventLoop
+// sleeps on.
+#pragma once
+
+#include <atomic>
+#include <deque>
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "transport/atomic_counters.h"
+#include "transport/event_loop.h"
+#include "transport/tcp/tcp_frame.h"
+#include "transport/tcp/tcp_region.h"
+#include "transport/transport.h"
+
+namespace tessera::transport::tcp {
+
+class TcpEndpoint;
+
+class TcpContext final : public Context {
+ public:
+  static Result<std::unique_ptr<Context>> Create(const ContextOptions& options);
+  ~TcpContext() override;
+
+  Status CanRegister(MemoryKind kind) const override;
+  Result<std::unique_ptr<Region>> Allocate(size_t size, MemoryKind kind,
+                                           RemoteAccess access) override;
+  Result<std::unique_ptr<Region>> Register(void* data, size_t size, MemoryKind kind,
+                                           RemoteAccess access) override;
+  void SetHandler(uint16_t msg_id, MessageHandler handler) override;
+  void SetDisconnectHandler(DisconnectHandler handler) override;
+  Result<std::unique_ptr<Listener>> Listen(const std::string& host, uint16_t port,
+                                           AcceptHandler on_accept) override;
+  void Connect(const std::string& host, uint16_t port, std::chrono::milliseconds timeout,
+               ConnectCallback done) override;
+  void Post(std::function<void()> fn) override { loop_->Post(std::move(fn)); }
+  void PostAfter(std::chrono::milliseconds delay, std::function<void()> fn) override {
+    loop_->PostAfter(delay, std::move(fn));
+  }
+  bool InProgressThread() const override { return loop_->InLoopThread(); }
+  bool Drive() override { return loop_->Drive(); }
+  void StopDriving() override { loop_->StopDriving(); }
+  Counters counters() const override { return counters_.Snapshot(); }
+  std::string Describe() const override;
+
+ private:
+  friend class TcpEndpoint;
+  friend class TcpListener;
+
+  // What an epoll event refers to: a listening socket or a connection, by a
+  // token never reused (a closed fd's number may be, within one batch).
+  struct ListenState {
+    int fd = -1;
+    AcceptHandler on_accept;
+    bool paused = false;  // out of descriptors: retried shortly
+  };
+
+  explicit TcpContext(ContextOptions options) : options_(std::move(options)) {}
+  Status Init();
+  Result<std::unique_ptr<Region>> MakeRegion(uint8_t* data, size_t size, RemoteAccess access,
+                                             bool owned);
+
+  // Progress-thread side.
+  bool Progress();
+  void OnListenerReadable(uint64_t token);
+  uint64_t Watch(int fd, uint32_t events);
+  void Rewatch(int fd, uint64_t token, uint32_t events);
+  void Unwatch(int fd, uint64_t token);
+  void Dispatch(const std::shared_ptr<TcpEndpoint>& ep, uint16_t msg_id,
+                std::span<const uint8_t> bytes);
+  void Forget(uint64_t token) { endpoints_.erase(token); }
+
+  ContextOptions options_;
+  std::unique_ptr<EventLoop> loop_;
+  int epoll_fd_ = -1;
+  std::shared_ptr<RegionTable> regions_ = std::make_shared<RegionTable>();
+  AtomicCounters counters_;
+
+  // Set before connections exist, then only read.
+  std::unordered_map<uint16_t, MessageHandler> handlers_;
+  DisconnectHandler on_disconnect_;
+
+  // Progress thread only.
+  uint64_t next_token_ = 1;
+  std::unordered_map<uint64_t, std::shared_ptr<TcpEndpoint>> endpoints_;
+  std::unordered_map<uint64_t, ListenState> listeners_;
+};
+
+class TcpEndpoint final : public Endpoint, public std::enable_shared_from_this<TcpEndpoint> {
+ public:
+  TcpEndpoint(TcpContext* ctx, int fd, std::string peer, const ContextOptions& options);
+  ~TcpEndpoint() override;
+
+  void Send(uint16_t msg_id, std::vector<uint8_t> bytes, Completion done) override;
+  Result<std::unique_ptr<RemoteRegion>> Attach(std::span<const uint8_t> description) override;
+  void Put(const void* local, size_t len, const RemoteRegion& remote, uint64_t remote_addr,
+           Completion done) override;
+  void Get(void* local, size_t len, const RemoteRegion& remote, uint64_t remote_addr,
+           Completion done) override;
+  void Flush(Completion done) override;
+  void Close() override;
+  void Abort() override;
+  bool alive() const override { return alive_.load(); }
+  std::string peer() const override { return peer_; }
+  std::string DescribeLanes() override;
+
+ private:
+  friend class TcpContext;
+
+  // A frame queued for the socket. The payload is the caller's buffer (a
+  // put), a region's memory (a get's answer) or `owned` (a message).
+  struct OutFrame {
+    std::array<uint8_t, kFrameHeaderBytes> header{};
+    uint8_t header_len = kFrameHeaderBytes;
+    const uint8_t* payload = nullptr;
+    size_t payload_len = 0;
+    std::vector<uint8_t> owned;
+    Completion written;  // messages: once on the wire
+    size_t sent = 0;     // of header_len + payload_len
+  };
+  // A put or get waiting for the peer's answer.
+  struct Op {
+    FrameType type;
+    uint8_t* local = nullptr;  // a get's destination
+    size_t len = 0;
+    Completion done;
+  };
+  enum class RecvState { kPreamble, kHeader, kPayload };
+
+  void Run(std::function<void()> fn);
+  void Queue(OutFrame frame);
+  void Issue(FrameType type, void* local, size_t len, const RemoteRegion& remote,
+             uint64_t remote_addr, Completion done);
+  // Writes what the socket takes; true when the queue is empty.
+  bool WriteSome();
+  void OnEvents(uint32_t events);
+  void OnConnected();
+  void ReadSome();
+  // Consumes bytes from the read buffer; false once the endpoint died.
+  bool Parse();
+  Status OnPreamble();
+  Status OnHeader();
+  Status OnPayloadDone();
+  void CompleteOp(uint64_t id, Status st);
+  void StartPayload(uint8_t* dst, uint64_t len);
+  void UpdateInterest();
+  // The peer broke the protocol: logged, then closed.
+  void Refuse(const Status& why);
+  void MarkDead(const Status& why, bool report);
+  Status DeadStatus() const;
+
+  TcpContext* ctx_;
+  int fd_;
+  std::string peer_;
+  std::atomic<bool> alive_{false};
+
+  // Progress thread only.
+  uint64_t token_ = 0;
+  bool connecting_ = false;  // outgoing: the socket is not connected yet
+  bool greeted_ = false;     // the peer's preamble arrived
+  bool closing_ = false;     // Close(): shut down once the queue drains
+  bool write_shut_ = false;
+  bool want_write_ = false;  // EPOLLOUT asked for
+  bool dead_ = false;
+  Status close_reason_;
+  ConnectCallback connect_done_;
+  std::deque<OutFrame> out_;
+  std::unordered_map<uint64_t, Op> ops_;
+  uint64_t next_op_ = 1;
+  uint64_t ops_issued_ = 0, ops_completed_ = 0;
+  std::deque<std::pair<uint64_t, Completion>> flush_waiters_;
+
+  RecvState state_ = RecvState::kPreamble;
+  std::unique_ptr<uint8_t[]> rbuf_;
+  size_t rpos_ = 0, rend_ = 0;
+  std::array<uint8_t, kFrameHeaderBytes> hdr_{};
+  size_t hdr_got_ = 0;
+  FrameHeader cur_;
+  uint8_t* payload_dst_ = nullptr;  // where the current payload goes
+  uint64_t payload_left_ = 0;
+  std::vector<uint8_t> message_;  // a message larger than what was buffered
+};
+
+}  // namespace tessera::transport::tcp

@@ -1,0 +1,523 @@
+#include <fcntl.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstring>
+
+#include "core/log.h"
+#include "transport/region_desc.h"
+#include "transport/tcp/tcp_context.h"
+
+namespace tessera::transport::tcp {
+namespace {
+
+// Bytes read per recv into the endpoint's buffer; payloads at least
+// kDirectBytes long that are not buffered yet go straight to their place.
+constexpr size_t kReadBuffer = 64 * 1024;
+constexpr uint64_t kDirectBytes = 16 * 1024;
+// Answers (get data, put acknowledgements) queued for a peer that does not
+// read them: beyond this, the peer is dropped rather than held in memory.
+constexpr size_t kMaxQueuedFrames = 1 << 16;
+// How long a graceful close waits for the peer to close its side.
+constexpr std::chrono::milliseconds kCloseLinger{2000};
+
+Status SocketError(const std::string& what, int err) {
+  return Status::Unavailable(what + ": " + std::strerror(err));
+}
+
+}  // namespace
+
+TcpEndpoint::TcpEndpoint(TcpContext* ctx, int fd, std::string peer, const ContextOptions& options)
+    : Endpoint(options),
+      ctx_(ctx),
+      fd_(fd),
+      peer_(std::move(peer)),
+      rbuf_(new uint8_t[kReadBuffer]) {}
+
+TcpEndpoint::~TcpEndpoint() {
+  if (fd_ >= 0) close(fd_);
+}
+
+void TcpEndpoint::Run(std::function<void()> fn) {
+  if (ctx_->InProgressThread()) return fn();
+  ctx_->Post([self = shared_from_this(), fn = std::move(fn)] { fn(); });
+}
+
+Status TcpEndpoint::DeadStatus() const {
+  return Status::Unavailable("connection to " + peer_ + " is closed" +
+                             (close_reason_.ok() ? "" : ": " + close_reason_.message()));
+}
+
+void TcpEndpoint::Send(uint16_t msg_id, std::vector<uint8_t> bytes, Completion done) {
+  ctx_->counters_.messages_sent++;
+  ctx_->counters_.message_bytes_sent += bytes.size();
+  Run([this, msg_id, bytes = std::move(bytes), done = std::move(done)]() mutable {
+    OutFrame f;
+    FrameHeader h;
+    h.type = FrameType::kMessage;
+    h.msg_id = msg_id;
+    h.length = bytes.size();
+    EncodeFrameHeader(h, f.header);
+    f.owned = std::move(bytes);
+    f.payload_len = f.owned.size();
+    f.written = std::move(done);
+    Queue(std::move(f));
+  });
+}
+
+Result<std::unique_ptr<RemoteRegion>> TcpEndpoint::Attach(std::span<const uint8_t> description) {
+  auto desc = DecodeRegionDesc(description);
+  if (!desc.ok()) return desc.status().WithContext("from " + peer_);
+  if (desc->backend != BackendId::kTcp) {
+    return Status::InvalidArgument("remote key from " + peer_ + " is not a tcp key");
+  }
+  auto key = DecodeTcpKey(desc->key);
+  if (!key.ok()) return key.status().WithContext("from " + peer_);
+  return std::unique_ptr<RemoteRegion>(
+      new TcpRemoteRegion(this, key->first, key->second, desc->base, desc->size));
+}
+
+void TcpEndpoint::Put(const void* local, size_t len, const RemoteRegion& remote,
+                      uint64_t remote_addr, Completion done) {
+  Issue(FrameType::kPut, const_cast<void*>(local), len, remote, remote_addr, std::move(done));
+}
+
+void TcpEndpoint::Get(void* local, size_t len, const RemoteRegion& remote, uint64_t remote_addr,
+                      Completion done) {
+  Issue(FrameType::kGet, local, len, remote, remote_addr, std::move(done));
+}
+
+void TcpEndpoint::Issue(FrameType type, void* local, size_t len, const RemoteRegion& remote,
+                        uint64_t remote_addr, Completion done) {
+  const auto* r = dynamic_cast<const TcpRemoteRegion*>(&remote);
+  if (r == nullptr || r->owner() != this) {
+    return done(
+        Status::InvalidArgument("remote region was not attached to the endpoint of " + peer_));
+  }
+  if (!remote.Contains(remote_addr, len)) {
+    return done(Status::OutOfRange("one-sided access of " + std::to_string(len) +
+                                   " bytes lies outside the region of " + peer_));
+  }
+  if (type == FrameType::kPut) {
+    ctx_->counters_.puts++;
+    ctx_->counters_.put_bytes += len;
+  } else {
+    ctx_->counters_.gets++;
+    ctx_->counters_.get_bytes += len;
+  }
+  FrameHeader h;
+  h.type = type;
+  h.region = r->id();
+  h.key = r->key();
+  h.addr = remote_addr;
+  h.length = len;
+  Run([this, h, local, len, done = std::move(done)]() mutable {
+    if (dead_ || closing_) return done(DeadStatus());
+    const uint64_t id = next_op_++;
+    ops_.emplace(id, Op{h.type, static_cast<uint8_t*>(local), len, std::move(done)});
+    ops_issued_++;
+    OutFrame f;
+    FrameHeader with_id = h;
+    with_id.op = id;
+    EncodeFrameHeader(with_id, f.header);
+    if (h.type == FrameType::kPut) {
+      f.payload = static_cast<const uint8_t*>(local);
+      f.payload_len = len;
+    }
+    Queue(std::move(f));
+  });
+}
+
+void TcpEndpoint::Flush(Completion done) {
+  Run([this, done = std::move(done)]() mutable {
+    if (dead_) return done(DeadStatus());
+    // Answers come back in issue order: the flush waits for those issued so far.
+    if (ops_completed_ == ops_issued_) return done(Status::Ok());
+    flush_waiters_.emplace_back(ops_issued_, std::move(done));
+  });
+}
+
+void TcpEndpoint::Close() {
+  Run([this] {
+    if (dead_ || closing_) return;
+    closing_ = true;
+    alive_ = false;
+    close_reason_ = Status::Unavailable("closed by this side");
+    if (out_.empty()) {
+      shutdown(fd_, SHUT_WR);
+      write_shut_ = true;
+    }
+    // The peer answers the shutdown by closing its side; one that does not
+    // is cut off after the linger.
+    std::weak_ptr<TcpEndpoint> weak = shared_from_this();
+    ctx_->PostAfter(kCloseLinger, [weak] {
+      if (auto ep = weak.lock()) ep->MarkDead(Status::Unavailable("closed by this side"), false);
+    });
+  });
+}
+
+void TcpEndpoint::Abort() {
+  Run([this] {
+    if (dead_) return;
+    linger hard{1, 0};  // a reset, not an orderly close: nothing more is sent
+    setsockopt(fd_, SOL_SOCKET, SO_LINGER, &hard, sizeof(hard));
+    MarkDead(Status::Aborted("aborted by this side"), false);
+  });
+}
+
+std::string TcpEndpoint::DescribeLanes() { return "tcp (Tessera's sockets) to " + peer_; }
+
+void TcpEndpoint::Queue(OutFrame frame) {
+  if (dead_) {
+    if (frame.written) frame.written(DeadStatus());
+    return;
+  }
+  out_.push_back(std::move(frame));
+  WriteSome();
+  UpdateInterest();
+}
+
+bool TcpEndpoint::WriteSome() {
+  std::vector<Completion> written;
+  while (!dead_ && !connecting_ && !out_.empty()) {
+    iovec iov[128];
+    int n = 0;
+    for (auto it = out_.begin(); it != out_.end() && n < 126; ++it) {
+      size_t skip = it->sent;
+      if (skip < it->header_len) {
+        iov[n++] = {it->header.data() + skip, it->header_len - skip};
+        skip = 0;
+      } else {
+        skip -= it->header_len;
+      }
+      const uint8_t* payload = it->owned.empty() ? it->payload : it->owned.data();
+      if (it->payload_len > skip) {
+        iov[n++] = {const_cast<uint8_t*>(payload) + skip, it->payload_len - skip};
+      }
+    }
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = static_cast<size_t>(n);
+    const ssize_t w = sendmsg(fd_, &msg, MSG_NOSIGNAL);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+      MarkDead(SocketError("sending to " + peer_ + " failed", errno), true);
+      break;
+    }
+    size_t left = static_cast<size_t>(w);
+    while (left > 0 && !out_.empty()) {
+      OutFrame& f = out_.front();
+      const size_t total = f.header_len + f.payload_len;
+      const size_t take = std::min(left, total - f.sent);
+      f.sent += take;
+      left -= take;
+      if (f.sent < total) break;
+      if (f.written) written.push_back(std::move(f.written));
+      out_.pop_front();
+    }
+  }
+  if (!dead_ && out_.empty() && closing_ && !write_shut_) {
+    shutdown(fd_, SHUT_WR);
+    write_shut_ = true;
+  }
+  for (auto& done : written) done(Status::Ok());
+  return out_.empty();
+}
+
+void TcpEndpoint::UpdateInterest() {
+  if (dead_) return;
+  const bool want = connecting_ || !out_.empty();
+  if (want == want_write_) return;
+  want_write_ = want;
+  ctx_->Rewatch(fd_, token_, EPOLLIN | (want ? EPOLLOUT : 0u));
+}
+
+void TcpEndpoint::OnEvents(uint32_t events) {
+  auto self = shared_from_this();  // callbacks below may drop the context's reference
+  if (connecting_ && (events & (EPOLLOUT | EPOLLERR | EPOLLHUP))) {
+    int err = 0;
+    socklen_t len = sizeof(err);
+    getsockopt(fd_, SOL_SOCKET, SO_ERROR, &err, &len);
+    if (err != 0) {
+      return MarkDead(SocketError("connection to " + peer_ + " failed", err), false);
+    }
+    OnConnected();
+  }
+  if (!dead_ && (events & (EPOLLIN | EPOLLHUP | EPOLLERR))) ReadSome();
+  if (!dead_ && (events & EPOLLOUT)) WriteSome();
+  UpdateInterest();
+}
+
+void TcpEndpoint::OnConnected() {
+  connecting_ = false;
+  OutFrame preamble;
+  std::copy(kPreamble.begin(), kPreamble.end(), preamble.header.begin());
+  preamble.header_len = kPreamble.size();
+  out_.push_front(std::move(preamble));
+  WriteSome();
+}
+
+void TcpEndpoint::ReadSome() {
+  // Bounded per turn, so one busy peer does not starve the others.
+  for (int round = 0; round < 16 && !dead_; ++round) {
+    ssize_t r = 0;
+    const bool buffered = rpos_ < rend_;
+    if (state_ == RecvState::kPayload && !buffered && payload_left_ >= kDirectBytes &&
+        !closing_) {
+      // A large payload goes straight into its region or buffer.
+      const size_t want = static_cast<size_t>(std::min<uint64_t>(payload_left_, SSIZE_MAX));
+      r = recv(fd_, payload_dst_, want, 0);
+      if (r > 0) {
+        NoteTraffic();
+        payload_dst_ += r;
+        payload_left_ -= static_cast<uint64_t>(r);
+        if (payload_left_ == 0) {
+          if (Status st = OnPayloadDone(); !st.ok()) return Refuse(st);
+        }
+        continue;
+      }
+    } else {
+      if (!buffered) rpos_ = rend_ = 0;
+      if (rend_ == kReadBuffer) {  // a partial frame at the end: move it to the front
+        std::memmove(rbuf_.get(), rbuf_.get() + rpos_, rend_ - rpos_);
+        rend_ -= rpos_;
+        rpos_ = 0;
+      }
+      r = recv(fd_, rbuf_.get() + rend_, kReadBuffer - rend_, 0);
+      if (r > 0) {
+        NoteTraffic();
+        rend_ += static_cast<size_t>(r);
+        if (closing_) {
+          rpos_ = rend_ = 0;  // closing: what the peer still sends is not read
+          continue;
+        }
+        if (!Parse()) return;
+        continue;
+      }
+    }
+    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+    if (r < 0 && errno == EINTR) continue;
+    if (closing_) return MarkDead(Status::Unavailable("closed by this side"), false);
+    if (r == 0) return MarkDead(Status::Unavailable("closed by " + peer_), true);
+    return MarkDead(SocketError("receiving from " + peer_ + " failed", errno), true);
+  }
+}
+
+bool TcpEndpoint::Parse() {
+  while (!dead_ && rpos_ < rend_) {
+    const size_t avail = rend_ - rpos_;
+    const uint8_t* in = rbuf_.get() + rpos_;
+    if (state_ == RecvState::kPreamble || state_ == RecvState::kHeader) {
+      const size_t need = (state_ == RecvState::kPreamble ? kPreamble.size() : kFrameHeaderBytes);
+      const size_t take = std::min(avail, need - hdr_got_);
+      std::memcpy(hdr_.data() + hdr_got_, in, take);
+      hdr_got_ += take;
+      rpos_ += take;
+      if (hdr_got_ < need) return true;
+      hdr_got_ = 0;
+      Status st = state_ == RecvState::kPreamble ? OnPreamble() : OnHeader();
+      if (!st.ok()) {
+        Refuse(st);
+        return false;
+      }
+      continue;
+    }
+    const size_t take = static_cast<size_t>(std::min<uint64_t>(avail, payload_left_));
+    std::memcpy(payload_dst_, in, take);
+    payload_dst_ += take;
+    payload_left_ -= take;
+    rpos_ += take;
+    if (payload_left_ == 0) {
+      if (Status st = OnPayloadDone(); !st.ok()) {
+        Refuse(st);
+        return false;
+      }
+    }
+  }
+  return !dead_;
+}
+
+Status TcpEndpoint::OnPreamble() {
+  if (!std::equal(kPreamble.begin(), kPreamble.end(), hdr_.begin())) {
+    return Status::FailedPrecondition(
+        peer_ + " does not speak Tessera's tcp transport (is it started with another "
+                "--transport?)");
+  }
+  state_ = RecvState::kHeader;
+  if (connect_done_) {
+    alive_ = true;
+    auto done = std::move(connect_done_);
+    connect_done_ = nullptr;
+    done(std::shared_ptr<Endpoint>(shared_from_this()));
+  }
+  return Status::Ok();
+}
+
+void TcpEndpoint::StartPayload(uint8_t* dst, uint64_t len) {
+  payload_dst_ = dst;
+  payload_left_ = len;
+  state_ = RecvState::kPayload;
+}
+
+Status TcpEndpoint::OnHeader() {
+  auto h = DecodeFrameHeader(hdr_);
+  if (!h.ok()) return h.status().WithContext("from " + peer_);
+  cur_ = *h;
+  state_ = RecvState::kHeader;
+  switch (cur_.type) {
+    case FrameType::kMessage: {
+      if (cur_.length > message_limit()) {
+        return Status::ResourceExhausted(
+            peer_ + " sent a " + std::to_string(cur_.length) + "-byte message, over the " +
+            std::to_string(message_limit()) + "-byte limit" +
+            (authenticated() ? "" : " before authentication"));
+      }
+      const size_t len = static_cast<size_t>(cur_.length);
+      if (rend_ - rpos_ >= len) {
+        // All of it is buffered: handed over in place, without a copy.
+        const std::span<const uint8_t> bytes(rbuf_.get() + rpos_, len);
+        rpos_ += len;
+        ctx_->Dispatch(shared_from_this(), cur_.msg_id, bytes);
+        return Status::Ok();
+      }
+      message_.resize(len);
+      StartPayload(message_.data(), len);
+      return Status::Ok();
+    }
+    case FrameType::kPut:
+    case FrameType::kGet: {
+      const bool put = cur_.type == FrameType::kPut;
+      if (!authenticated()) {
+        return Status::PermissionDenied(peer_ + " asked for a one-sided " +
+                                        (put ? "write" : "read") + " before authenticating");
+      }
+      auto region = ctx_->regions_->Check(cur_.region, cur_.key, cur_.addr, cur_.length,
+                                          put ? RemoteAccess::kWrite : RemoteAccess::kRead);
+      if (!region.ok()) return region.status().WithContext("one-sided access from " + peer_);
+      uint8_t* at = region->base + (cur_.addr - reinterpret_cast<uint64_t>(region->base));
+      if (put) {
+        StartPayload(at, cur_.length);
+        return cur_.length == 0 ? OnPayloadDone() : Status::Ok();
+      }
+      if (out_.size() >= kMaxQueuedFrames) {
+        return Status::ResourceExhausted(peer_ + " asks for data without reading the answers");
+      }
+      OutFrame f;
+      FrameHeader answer;
+      answer.type = FrameType::kGetData;
+      answer.op = cur_.op;
+      answer.length = cur_.length;
+      EncodeFrameHeader(answer, f.header);
+      f.payload = at;
+      f.payload_len = static_cast<size_t>(cur_.length);
+      Queue(std::move(f));
+      return Status::Ok();
+    }
+    case FrameType::kPutDone:
+    case FrameType::kGetData: {
+      auto it = ops_.find(cur_.op);
+      const FrameType asked =
+          cur_.type == FrameType::kPutDone ? FrameType::kPut : FrameType::kGet;
+      if (it == ops_.end() || it->second.type != asked ||
+          cur_.length != (asked == FrameType::kGet ? it->second.len : 0)) {
+        return Status::InvalidArgument(peer_ + " answered an operation this side did not ask for");
+      }
+      if (asked == FrameType::kPut) {
+        CompleteOp(cur_.op, Status::Ok());
+        return Status::Ok();
+      }
+      StartPayload(it->second.local, cur_.length);
+      return cur_.length == 0 ? OnPayloadDone() : Status::Ok();
+    }
+  }
+  return Status::InvalidArgument("unknown tcp frame from " + peer_);
+}
+
+Status TcpEndpoint::OnPayloadDone() {
+  state_ = RecvState::kHeader;
+  switch (cur_.type) {
+    case FrameType::kMessage: {
+      std::vector<uint8_t> bytes = std::move(message_);
+      message_ = {};
+      ctx_->Dispatch(shared_from_this(), cur_.msg_id, bytes);
+      return Status::Ok();
+    }
+    case FrameType::kPut: {
+      if (out_.size() >= kMaxQueuedFrames) {
+        return Status::ResourceExhausted(peer_ + " writes without reading the answers");
+      }
+      OutFrame f;
+      FrameHeader answer;
+      answer.type = FrameType::kPutDone;
+      answer.op = cur_.op;
+      EncodeFrameHeader(answer, f.header);
+      Queue(std::move(f));
+      return Status::Ok();
+    }
+    case FrameType::kGetData:
+      CompleteOp(cur_.op, Status::Ok());
+      return Status::Ok();
+    default:
+      return Status::Internal("payload for a frame that has none");
+  }
+}
+
+void TcpEndpoint::CompleteOp(uint64_t id, Status st) {
+  auto it = ops_.find(id);
+  if (it == ops_.end()) return;
+  Completion done = std::move(it->second.done);
+  ops_.erase(it);
+  ops_completed_++;
+  if (done) done(st);
+  while (!flush_waiters_.empty() && flush_waiters_.front().first <= ops_completed_) {
+    Completion flushed = std::move(flush_waiters_.front().second);
+    flush_waiters_.pop_front();
+    flushed(Status::Ok());
+  }
+}
+
+void TcpEndpoint::Refuse(const Status& why) {
+  TLOG_WARN("{}: closing the connection from {}: {}", ctx_->options_.name, peer_, why.ToString());
+  MarkDead(why, true);
+}
+
+void TcpEndpoint::MarkDead(const Status& why, bool report) {
+  if (dead_) return;
+  auto self = shared_from_this();
+  dead_ = true;
+  alive_ = false;
+  if (close_reason_.ok() || !closing_) close_reason_ = why;
+  ctx_->Unwatch(fd_, token_);
+  close(fd_);
+  fd_ = -1;
+  ctx_->Forget(token_);
+  const Status dead = DeadStatus();
+  auto ops = std::move(ops_);
+  ops_.clear();
+  auto waiters = std::move(flush_waiters_);
+  flush_waiters_.clear();
+  auto out = std::move(out_);
+  out_.clear();
+  if (connect_done_) {
+    auto done = std::move(connect_done_);
+    connect_done_ = nullptr;
+    done(why);
+    report = false;  // it never connected: nobody was told it had
+  }
+  for (auto& [id, op] : ops) {
+    if (op.done) op.done(dead);
+  }
+  for (auto& [seq, done] : waiters) done(dead);
+  for (auto& f : out) {
+    if (f.written) f.written(dead);
+  }
+  if (report && !closing_ && ctx_->on_disconnect_) ctx_->on_disconnect_(self, why);
+}
+
+}  // namespace tessera::transport::tcp

@@ -1,0 +1,84 @@
+// Registered memory of the tcp backend. Nothing here is reachable by the
+// fabric itself: a peer's put or get is a frame, and the target's progress
+// thread does the copy after checking the region's random 128-bit key, its
+// access and its bounds. A region is known by a small id and that key; the
+// key is the capability, handed only to whom the layer above chooses.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+
+#include "transport/region_desc.h"
+#include "transport/tcp/tcp_frame.h"
+#include "transport/transport.h"
+
+namespace tessera::transport::tcp {
+
+// What a target needs to serve a peer's put or get.
+struct RegionRecord {
+  uint8_t* base = nullptr;
+  size_t size = 0;
+  RemoteAccess access = RemoteAccess::kReadWrite;
+  RegionKey key{};
+};
+
+// The regions of one context, looked up by id on the progress thread and
+// changed from any thread.
+class RegionTable {
+ public:
+  uint32_t Add(const RegionRecord& record);
+  void Remove(uint32_t id);
+  // The region when `key` is its key (constant time) and [addr, addr+len)
+  // lies inside it; an error naming what failed otherwise.
+  Result<RegionRecord> Check(uint32_t id, const RegionKey& key, uint64_t addr, uint64_t len,
+                             RemoteAccess need) const;
+
+ private:
+  mutable std::mutex mu_;
+  uint32_t next_id_ = 1;
+  std::unordered_map<uint32_t, RegionRecord> regions_;
+};
+
+class TcpRegion final : public Region {
+ public:
+  // `owned`: memory this region allocated (freed with it), else the caller's.
+  TcpRegion(std::shared_ptr<RegionTable> table, RegionRecord record, bool owned);
+  ~TcpRegion() override;
+  void* data() const override { return record_.base; }
+  size_t size() const override { return record_.size; }
+  MemoryKind kind() const override { return MemoryKind::kHost; }
+  std::vector<uint8_t> Describe() const override;
+
+ private:
+  std::shared_ptr<RegionTable> table_;
+  RegionRecord record_;
+  uint32_t id_ = 0;
+  bool owned_;
+};
+
+// A peer's region as its description gave it.
+class TcpRemoteRegion final : public RemoteRegion {
+ public:
+  TcpRemoteRegion(const void* owner, uint32_t id, const RegionKey& key, uint64_t base,
+                  uint64_t size)
+      : owner_(owner), id_(id), key_(key), base_(base), size_(size) {}
+  uint64_t base() const override { return base_; }
+  uint64_t size() const override { return size_; }
+  const void* owner() const { return owner_; }
+  uint32_t id() const { return id_; }
+  const RegionKey& key() const { return key_; }
+
+ private:
+  const void* owner_;  // the endpoint it was attached to
+  uint32_t id_;
+  RegionKey key_;
+  uint64_t base_, size_;
+};
+
+// The key bytes of a description: region id, then the 16-byte key.
+std::vector<uint8_t> EncodeTcpKey(uint32_t id, const RegionKey& key);
+Result<std::pair<uint32_t, RegionKey>> DecodeTcpKey(std::span<const uint8_t> bytes);
+
+}  // namespace tessera::transport::tcp
