@@ -12,7 +12,9 @@
 #include <thread>
 
 #include "tests/test_util.h"
+#include "transport/sockaddr.h"
 #include "transport/transport.h"
+#include "transport/ucx/ucx_tcp_policy.h"
 
 namespace tessera::transport {
 namespace {
@@ -574,6 +576,38 @@ INSTANTIATE_TEST_SUITE_P(
         TransportCase{"verbs", "verbs", "", false, "verbs RC", 8u << 20, true},
         TransportCase{"ucx_rc_verbs", "ucx", "rc_verbs", false, "rc_verbs/", 8u << 20, true}),
     [](const auto& test_info) { return std::string(test_info.param.name); });
+
+// UCX tcp protects no memory: UCX may listen or connect off loopback only
+// when its tcp transport is off, or when the user says the network is trusted.
+TEST(UcxTcpPolicy, OffLoopbackOnlyWithoutTcpOrWhenAllowed) {
+  EXPECT_TRUE(UcxTcpEnabled(nullptr)) << "UCX's default is all";
+  EXPECT_TRUE(UcxTcpEnabled("tcp"));
+  EXPECT_TRUE(UcxTcpEnabled("posix,sysv,cma,tcp"));
+  EXPECT_TRUE(UcxTcpEnabled("all"));
+  EXPECT_TRUE(UcxTcpEnabled("^rc"));
+  EXPECT_FALSE(UcxTcpEnabled("rc,sm"));
+  EXPECT_FALSE(UcxTcpEnabled("^tcp"));
+
+  const char* saved_tls = std::getenv("UCX_TLS");
+  const std::string restore = saved_tls ? saved_tls : "";
+  unsetenv("TESSERA_ALLOW_UCX_TCP");
+  setenv("UCX_TLS", "tcp", 1);
+  EXPECT_TRUE(CheckUcxTcpAllowed(Resolve("127.0.0.1", 7000).value(), "listening").ok());
+  Status off_loopback = CheckUcxTcpAllowed(Resolve("10.1.2.3", 7000).value(), "listening on x");
+  EXPECT_EQ(off_loopback.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(off_loopback.message().find("--transport tcp"), std::string::npos)
+      << off_loopback.ToString();
+  setenv("TESSERA_ALLOW_UCX_TCP", "1", 1);
+  EXPECT_TRUE(CheckUcxTcpAllowed(Resolve("10.1.2.3", 7000).value(), "listening").ok());
+  unsetenv("TESSERA_ALLOW_UCX_TCP");
+  setenv("UCX_TLS", "rc,sm", 1);
+  EXPECT_TRUE(CheckUcxTcpAllowed(Resolve("10.1.2.3", 7000).value(), "listening").ok());
+  if (saved_tls) {
+    setenv("UCX_TLS", restore.c_str(), 1);
+  } else {
+    unsetenv("UCX_TLS");
+  }
+}
 
 }  // namespace
 }  // namespace tessera::transport

@@ -151,7 +151,8 @@ int RunBench(const BenchOptions& in) {
     if (fabric.backend == "verbs") {
       fprintf(stderr, "bench: verbs on %s\n", fabric.host.c_str());
     } else {
-      fprintf(stderr, "bench: %s (UCX_TLS=%s)\n", transport.c_str(), fabric.ucx_tls.c_str());
+      fprintf(stderr, "bench: %s (%s; UCX_TLS=%s)\n", transport.c_str(), fabric.backend.c_str(),
+              fabric.ucx_tls.c_str());
       setenv("UCX_TLS", fabric.ucx_tls.c_str(), 1);
     }
     auto measure = [&](std::vector<Row>* out) {

@@ -20,8 +20,9 @@
 namespace tessera::tools {
 
 struct BenchOptions {
-  std::vector<std::string> scenarios;                            // empty: push and pull
-  std::vector<std::string> transports = {"tcp", "shm"};          // tcp, shm, or a UCX_TLS value
+  std::vector<std::string> scenarios;  // empty: push and pull
+  // tcp (Tessera's sockets), ucx-tcp, shm, verbs, or a UCX_TLS value
+  std::vector<std::string> transports = {"tcp", "shm"};
   std::vector<uint64_t> sizes = {8, 4096, 1u << 20, 64u << 20};  // bytes per tensor
   std::vector<int> batches = {1};                                // tensors per call
   int shards = 1;

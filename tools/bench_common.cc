@@ -98,8 +98,16 @@ Fabric FabricFor(const BenchOptions& o, const std::string& transport) {
     f.backend = "verbs";
     return f;
   }
+  if (transport == "tcp") {
+    // Tessera's own sockets; the raw-fabric baseline is UCX's tcp.
+    f.backend = "tcp";
+    f.ucx_tls = "tcp";
+    return f;
+  }
   f.backend = "ucx";
-  f.ucx_tls = transport == "shm" ? "posix,sysv,cma,tcp" : transport;
+  f.ucx_tls = transport == "shm"       ? "posix,sysv,cma,tcp"
+              : transport == "ucx-tcp" ? "tcp"
+                                       : transport;
   return f;
 }
 

@@ -78,6 +78,10 @@ int RunBenchPeer(const BenchPeerOptions& peer) {
   std::vector<std::shared_ptr<transport::Endpoint>> peers;
   auto listener =
       (*ctx)->Listen(peer.host, peer.port, [&](const std::shared_ptr<transport::Endpoint>& ep) {
+        // The peer holds a scratch region for measuring and nothing else:
+        // like ucx_perftest, it trusts whoever connects (so that the
+        // transport's one-sided path is what is measured).
+        ep->MarkAuthenticated();
         peers.push_back(ep);
         ep->Send(kRegionMsg, (*region)->Describe());
       });
@@ -134,6 +138,7 @@ class FabricPeer {
       auto ep = p.get_future().get();
       if (ep.ok()) {
         f->ep_ = *ep;
+        f->ep_->MarkAuthenticated();  // its echoes may be as large as what was sent
       } else if (std::chrono::steady_clock::now() > deadline) {
         return ep.status().WithContext("bench-peer");
       } else {

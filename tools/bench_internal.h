@@ -49,12 +49,13 @@ struct Row {
   nlohmann::json ToJson() const;
 };
 
-// Which fabric a scenario runs on, from a --transport value: "tcp", "shm"
+// Which fabric a scenario runs on, from a --transport value: "tcp"
+// (Tessera's own sockets), "ucx-tcp" (UCX over tcp), "shm"
 // (posix,sysv,cma,tcp) or another UCX_TLS value on the ucx backend, or
 // "verbs" (Tessera's own backend, on the address --host names).
 struct Fabric {
   std::string name;
-  std::string backend;  // ucx | verbs
+  std::string backend;  // tcp | ucx | verbs
   std::string ucx_tls;  // ucx only
   std::string host;     // where shards and peers listen
 };

@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 
@@ -40,6 +41,9 @@ int RunDemoWorker(const DemoOptions& options) {
   copts.cluster = cfg->cluster;
   copts.task = cfg->task;
   copts.secret = *secret;
+  if (const char* transport = std::getenv("TESSERA_TRANSPORT"); transport && *transport) {
+    copts.transport = transport;  // what `tessera launch` chose
+  }
   auto client = Client::Connect(copts);
   if (!client.ok()) {
     fprintf(stderr, "demo-worker: %s\n", client.status().ToString().c_str());

@@ -17,6 +17,7 @@
 #include "core/ports.h"
 #include "core/secret.h"
 #include "tessera/cluster.h"
+#include "transport/sockaddr.h"
 
 namespace tessera::tools {
 namespace {
@@ -192,7 +193,21 @@ int Launch(const LaunchOptions& options) {
   server_args.insert(server_args.end(),
                      {"--transport", options.transport, "--memory", options.memory});
   if (options.allow_host_staging) server_args.push_back("--allow-host-staging");
-  const std::string transport_env = "TESSERA_TRANSPORT=" + options.transport;
+  // What every task's fabric needs: the transport, and for UCX on loopback
+  // its network devices kept to loopback too. UCX opens a tcp interface on
+  // every network device, whatever address it listens on, and UCX tcp
+  // protects no memory (docs/security.md).
+  std::vector<std::string> fabric_env = {"TESSERA_TRANSPORT=" + options.transport};
+  auto loopback = transport::Resolve(options.host, 0);
+  if (options.transport == "ucx" && loopback.ok() && transport::IsLoopbackAddress(*loopback) &&
+      std::getenv("UCX_NET_DEVICES") == nullptr) {
+    fabric_env.push_back("UCX_NET_DEVICES=lo");
+  }
+  auto task_env = [&](const TaskId& task) {
+    std::vector<std::string> env = {"TF_CONFIG=" + ToTfConfigJson(spec, task), secret_env};
+    env.insert(env.end(), fabric_env.begin(), fabric_env.end());
+    return env;
+  };
   if (!options.checkpoint_dir.empty()) {
     server_args.insert(server_args.end(), {"--checkpoint-dir", options.checkpoint_dir});
   }
@@ -213,20 +228,18 @@ int Launch(const LaunchOptions& options) {
     children.push_back({"ps" + std::to_string(i), false});
     std::vector<std::string> argv = {self, "server"};
     argv.insert(argv.end(), server_args.begin(), server_args.end());
-    Spawn(children.back(), argv, {"TF_CONFIG=" + ToTfConfigJson(spec, {"ps", i}), secret_env});
+    Spawn(children.back(), argv, task_env({"ps", i}));
   }
   if (options.separate_coordinator) {
     children.push_back({"coordinator", false});
     std::vector<std::string> argv = {self, "server"};
     argv.insert(argv.end(), server_args.begin(), server_args.end());
-    Spawn(children.back(), argv,
-          {"TF_CONFIG=" + ToTfConfigJson(spec, {"coordinator", 0}), secret_env});
+    Spawn(children.back(), argv, task_env({"coordinator", 0}));
   }
   const size_t coordinator = options.separate_coordinator ? children.size() - 1 : 0;
   for (int i = 0; i < options.num_workers; ++i) {
     children.push_back({"worker" + std::to_string(i), true});
-    Spawn(children.back(), options.worker_command,
-          {"TF_CONFIG=" + ToTfConfigJson(spec, {"worker", i}), secret_env, transport_env});
+    Spawn(children.back(), options.worker_command, task_env({"worker", i}));
   }
   for (const auto& c : children) {
     if (c.pid < 0) {

@@ -128,7 +128,8 @@ int main(int argc, char** argv) try {
       ->check(CLI::Range(1, 256));
   launch_cmd->add_option("--host", launch.host, "address the tasks use");
   launch_cmd->add_option("--transport", launch.transport,
-                         "ucx, verbs or auto (workers get it as TESSERA_TRANSPORT)");
+                         "ucx (shared memory; the default on one host), tcp (Tessera's sockets), "
+                         "verbs or auto (workers get it as TESSERA_TRANSPORT)");
   launch_cmd->add_option("--memory", launch.memory,
                          "where the ps tasks keep parameters: host, cuda or cuda:N");
   launch_cmd->add_flag("--allow-host-staging", launch.allow_host_staging,
@@ -162,7 +163,8 @@ int main(int argc, char** argv) try {
                         "fabric, push, pull, push_pull, step (default: push pull)");
   bench_cmd
       ->add_option("--transport", bench.transports,
-                   "tcp, shm or another UCX_TLS value (UCX), or verbs (repeat or comma-separate)")
+                   "tcp (Tessera's sockets), ucx-tcp, shm (UCX), another UCX_TLS value, or verbs "
+                   "(repeat the flag, or separate with ;)")
       ->delimiter(';');
   std::vector<std::string> bench_sizes;
   bench_cmd->add_option("--sizes", bench_sizes, "bytes per tensor: 8,4K,1M,64M")->delimiter(',');

@@ -72,6 +72,18 @@ bool IsLocalAddress(const sockaddr_storage& addr) {
   return local;
 }
 
+bool IsLoopbackAddress(const sockaddr_storage& addr) {
+  if (addr.ss_family == AF_INET) {
+    const auto& in = reinterpret_cast<const sockaddr_in&>(addr).sin_addr;
+    return (ntohl(in.s_addr) >> 24) == 127;
+  }
+  if (addr.ss_family == AF_INET6) {
+    const auto& in6 = reinterpret_cast<const sockaddr_in6&>(addr).sin6_addr;
+    return IN6_IS_ADDR_LOOPBACK(&in6);
+  }
+  return false;
+}
+
 socklen_t SockaddrLen(const sockaddr_storage& addr) {
   return addr.ss_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
 }

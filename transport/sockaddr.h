@@ -16,5 +16,7 @@ std::string SockaddrToString(const sockaddr_storage& addr);
 socklen_t SockaddrLen(const sockaddr_storage& addr);
 // True when addr is one of this host's addresses (loopback included).
 bool IsLocalAddress(const sockaddr_storage& addr);
+// True for 127.0.0.0/8 and ::1 only.
+bool IsLoopbackAddress(const sockaddr_storage& addr);
 
 }  // namespace tessera::transport

@@ -214,7 +214,9 @@ struct ClientOptions {
   TaskId task{"worker", 0};
   std::string secret;              // the cluster secret, at least 16 bytes
   bool allow_weak_secret = false;  // accept a shorter one (TESSERA_ALLOW_WEAK_SECRET=1)
-  std::string transport = "ucx";
+  // "tcp" (Tessera's own sockets), "ucx" (shared memory, RDMA; its tcp only
+  // on loopback, see docs/security.md), "verbs", or "auto".
+  std::string transport = "tcp";
   // Tensors above this many bytes are split into chunks spread over shards.
   size_t chunk_bytes = 4u << 20;
   std::string placement = "round_robin";  // or "greedy"

@@ -21,7 +21,9 @@ struct ServerOptions {
   int task_index = 0;              // which task of the job this is
   std::string secret;              // the cluster secret (see LoadSecret), at least 16 bytes
   bool allow_weak_secret = false;  // accept a shorter one (TESSERA_ALLOW_WEAK_SECRET=1)
-  std::string transport = "ucx";
+  // "tcp" (Tessera's own sockets), "ucx" (shared memory, RDMA; its tcp only
+  // on loopback, see docs/security.md), "verbs", or "auto".
+  std::string transport = "tcp";
   // Listen on this host instead of the spec's (e.g. "0.0.0.0"); port from the spec.
   std::string bind_host;
   // A connection must prove it knows the secret within this time
