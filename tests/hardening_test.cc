@@ -168,6 +168,21 @@ TEST_P(HardeningTest, SilentStrangersAreClosedAndCannotCrowdOutWorkers) {
   EXPECT_TRUE(c.Declare(F32("w", 4)).ok());
 }
 
+// Finding 18: a port in use was reported as "listen on ...: Device is busy".
+TEST_P(HardeningTest, PortInUseIsNamed) {
+  StartCluster(1, 1);
+  ServerOptions again;
+  again.cluster = spec_;
+  again.secret = secret_;
+  again.transport = transport_;
+  auto second = Server::Start(again);
+  ASSERT_FALSE(second.ok()) << "two servers on one port";
+  EXPECT_TRUE(Contains(second.status().message(), "the port is in use by another process"))
+      << second.status();
+  EXPECT_TRUE(Contains(second.status().message(), spec_.tasks("ps")[0].ToString()))
+      << second.status();
+}
+
 INSTANTIATE_TEST_SUITE_P(Transports, HardeningTest,
                          ::testing::Values("native", "tcp", "posix,sysv,cma,tcp"),
                          ClusterTest::Name);

@@ -40,13 +40,17 @@ Result<TfConfig> ClusterFlags::Resolve() const {
     cfg.cluster = std::move(*spec);
   } else {
     auto env = TfConfigFromEnv();
-    if (!env.ok()) {
+    if (!env.ok() && env.status().code() == StatusCode::kNotFound) {
       return Status::InvalidArgument(
           "no cluster given: pass --ps_hosts/--worker_hosts, --cluster FILE, or set TF_CONFIG");
     }
+    // A TF_CONFIG that is there but wrong: its own error, not "no cluster".
+    if (!env.ok()) return env.status();
     cfg = std::move(*env);
     if (task_index >= 0) cfg.task = {job_name, task_index};
-    TESSERA_RETURN_IF_ERROR(cfg.cluster.Validate());
+    TESSERA_RETURN_IF_ERROR(cfg.cluster.Validate().WithContext("TF_CONFIG"));
+    auto addr = cfg.cluster.address(cfg.task);
+    if (!addr.ok()) return addr.status().WithContext("TF_CONFIG");
     return cfg;
   }
   cfg.task = {job_name, task_index < 0 ? 0 : task_index};
@@ -58,7 +62,7 @@ Result<TfConfig> ClusterFlags::Resolve() const {
 
 std::string ClusterFlags::DefaultTransport() {
   const char* env = std::getenv("TESSERA_TRANSPORT");
-  return env != nullptr && *env ? env : "ucx";
+  return env != nullptr && *env ? env : "tcp";
 }
 
 Result<std::string> ClusterFlags::Secret() const { return LoadSecret(secret_file); }

@@ -16,7 +16,7 @@ struct ClusterFlags {
   int task_index = -1;
   std::string secret_file;
   // --transport, else TESSERA_TRANSPORT (what `tessera launch` gives its
-  // tasks), else ucx.
+  // tasks), else tcp (Tessera's own sockets).
   std::string transport = DefaultTransport();
   static std::string DefaultTransport();
 

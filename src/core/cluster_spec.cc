@@ -208,7 +208,10 @@ Result<TfConfig> ParseTfConfig(const std::string& json_text) {
   cfg.task.job = task["type"].get<std::string>();
   cfg.task.index = task["index"].get<int>();
   auto addr = cfg.cluster.address(cfg.task);
-  if (!addr.ok()) return addr.status().WithContext("TF_CONFIG");
+  if (!addr.ok()) {
+    // Invalid, not missing: NotFound means "no TF_CONFIG" to callers.
+    return Status::InvalidArgument(addr.status().message()).WithContext("TF_CONFIG");
+  }
   return cfg;
 }
 

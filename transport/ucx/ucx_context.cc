@@ -17,6 +17,7 @@
 #include "transport/region_desc.h"
 #include "transport/run_on_loop.h"
 #include "transport/sockaddr.h"
+#include "transport/ucx/ucx_tcp_policy.h"
 
 namespace tessera::transport {
 namespace {
@@ -494,6 +495,8 @@ Result<std::unique_ptr<Listener>> UcxContext::Listen(const std::string& host, ui
   auto listener = std::make_unique<UcxListener>(this, std::move(on_accept));
   auto addr = Resolve(host.empty() ? "0.0.0.0" : host, port);
   if (!addr.ok()) return addr.status();
+  TESSERA_RETURN_IF_ERROR(
+      CheckUcxTcpAllowed(*addr, "listening on " + host + ":" + std::to_string(port)));
   Status st = RunOnLoop(*this, [&]() -> Status {
     ucp_listener_params_t params{};
     params.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
@@ -502,6 +505,11 @@ Result<std::unique_ptr<Listener>> UcxContext::Listen(const std::string& host, ui
     params.conn_handler.cb = &UcxListener::OnConnRequest;
     params.conn_handler.arg = listener.get();
     ucs_status_t s = ucp_listener_create(worker_, &params, &listener->listener_);
+    if (s == UCS_ERR_BUSY) {
+      // UCX says "Device is busy" for an address in use.
+      return Status::Unavailable("listen on " + host + ":" + std::to_string(port) +
+                                 ": the port is in use by another process");
+    }
     if (s != UCS_OK) return FromUcs(s, "listen on " + host + ":" + std::to_string(port));
     ucp_listener_attr_t attr{};
     attr.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
@@ -525,6 +533,10 @@ void UcxContext::Connect(const std::string& host, uint16_t port, std::chrono::mi
     auto addr = Resolve(host, port);
     if (!addr.ok()) {
       done(addr.status());
+      return;
+    }
+    if (Status allowed = CheckUcxTcpAllowed(*addr, "connecting to " + peer); !allowed.ok()) {
+      done(allowed);
       return;
     }
     auto ep = std::make_shared<UcxEndpoint>(this, peer, options_);

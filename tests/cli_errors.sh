@@ -1,0 +1,54 @@
+#!/bin/bash
+# What `tessera` says when it is given something wrong: each case must fail
+# with a message naming the actual problem (the hardening review, findings
+# 16-20), never a generic one.
+set -u
+BIN=${TESSERA_BIN:?TESSERA_BIN names the tessera binary}
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+fails=0
+
+# expect_error NAME WANT CMD...: CMD must exit non-zero and print WANT.
+expect_error() {
+  local name=$1 want=$2
+  shift 2
+  local out rc
+  out=$("$@" 2>&1 </dev/null)
+  rc=$?
+  if [ $rc -eq 0 ]; then
+    echo "FAIL $name: exited 0"; echo "$out"; fails=$((fails + 1))
+  elif ! grep -qF -- "$want" <<<"$out"; then
+    echo "FAIL $name: did not say '$want'"; echo "$out"; fails=$((fails + 1))
+  else
+    echo "ok   $name"
+  fi
+}
+
+secret=$("$BIN" secret)
+[ ${#secret} -eq 64 ] || { echo "FAIL secret: '$secret'"; fails=$((fails + 1)); }
+"$BIN" secret --out "$dir/secret" 2>/dev/null
+[ "$(stat -c %a "$dir/secret")" = 600 ] || { echo "FAIL secret --out: not mode 600"; fails=$((fails + 1)); }
+expect_error "secret --out refuses to overwrite" "--force replaces it" "$BIN" secret --out "$dir/secret"
+
+export TESSERA_SECRET=$secret
+cluster='"cluster": {"ps": ["127.0.0.1:2222"], "worker": ["127.0.0.1:2223"]}'
+expect_error "TF_CONFIG not JSON" "TF_CONFIG is not a JSON object" \
+  env TF_CONFIG='{"cluster": ' "$BIN" server
+expect_error "TF_CONFIG bad port" "has an invalid port 'x'" \
+  env TF_CONFIG='{"cluster": {"ps": ["127.0.0.1:x"], "worker": ["h:1"]}, "task": {"type": "ps", "index": 0}}' "$BIN" server
+expect_error "TF_CONFIG index out of range" "no task /job:ps/task:3 in the cluster spec" \
+  env TF_CONFIG="{$cluster, \"task\": {\"type\": \"ps\", \"index\": 3}}" "$BIN" server
+expect_error "TF_CONFIG unknown job" "no task /job:evaluator/task:0 in the cluster spec" \
+  env TF_CONFIG="{$cluster, \"task\": {\"type\": \"evaluator\", \"index\": 0}}" "$BIN" server
+expect_error "a worker's TF_CONFIG to the server" "runs ps or coordinator tasks, not /job:worker/task:0" \
+  env TF_CONFIG="{$cluster, \"task\": {\"type\": \"worker\", \"index\": 0}}" "$BIN" server
+expect_error "no cluster at all" "no cluster given" env -u TF_CONFIG "$BIN" server
+expect_error "weak secret" "at least 16 are needed" \
+  env TESSERA_SECRET=short TF_CONFIG="{$cluster, \"task\": {\"type\": \"ps\", \"index\": 0}}" \
+  "$BIN" server
+
+if [ $fails -ne 0 ]; then
+  echo "$fails case(s) failed"
+  exit 1
+fi
+echo "every error named its cause"
