@@ -16,6 +16,10 @@
 namespace tessera::transport::verbs {
 namespace {
 
+// Set in the work request id of every receive: slots and operations are
+// 8-byte aligned, so bit 0 is free to say which one a completion is for.
+constexpr uint64_t kReceiveTag = 1;
+
 constexpr uint32_t kConnectMagic = 0x54455353;  // "TESS"
 constexpr uint16_t kConnectVersion = 1;
 
@@ -362,7 +366,7 @@ Status VerbsContext::GrowReceives(Device& dev, uint32_t slots) {
   for (auto& slot : chunk.slots) {
     ibv_sge sge{reinterpret_cast<uintptr_t>(slot.data), kSlotBytes, slot.lkey};
     ibv_recv_wr wr{};
-    wr.wr_id = reinterpret_cast<uintptr_t>(&slot);
+    wr.wr_id = reinterpret_cast<uintptr_t>(&slot) | kReceiveTag;
     wr.sg_list = &sge;
     wr.num_sge = 1;
     ibv_recv_wr* bad = nullptr;
@@ -430,8 +434,10 @@ bool VerbsContext::PollCompletions(Device& dev) {
   const int n = ibv_poll_cq(dev.cq, 32, wcs);
   for (int i = 0; i < n; ++i) {
     const ibv_wc& wc = wcs[i];
-    if (wc.opcode & IBV_WC_RECV) {
-      auto* slot = reinterpret_cast<Device::Slot*>(wc.wr_id);
+    // Told apart by the tag, not by wc.opcode, which a failed completion
+    // (a receive cut short when its QP was torn down) leaves undefined.
+    if (wc.wr_id & kReceiveTag) {
+      auto* slot = reinterpret_cast<Device::Slot*>(wc.wr_id & ~kReceiveTag);
       auto it = by_qp_.find(wc.qp_num);
       if (wc.status == IBV_WC_SUCCESS && it != by_qp_.end()) {
         std::shared_ptr<VerbsEndpoint> ep = it->second;
