@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
 #include <thread>
 
@@ -386,6 +387,120 @@ TEST_F(CheckpointTest, DamagedNewestFallsBackToThePreviousOne) {
   EXPECT_EQ(c.restored_step(), std::optional<uint64_t>(1));
   ASSERT_TRUE(c.Initialize().ok());
   EXPECT_EQ(PullAll(c, ts), first_values);
+}
+
+// Finding 13: edits to the manifest or the index passed, and a global step
+// changed from 1010 to 2999 silently skipped ~2,000 steps on restore.
+TEST_F(CheckpointTest, EditedManifestsAndIndexesAreRefused) {
+  StartCluster(2, 1);
+  {
+    Client& c = Connect(0);
+    auto ts = c.DeclareMany(Model()).value();
+    ASSERT_TRUE(c.Initialize().ok());
+    for (int k = 0; k < 3; ++k) PushGradients(c, ts, k);
+    ASSERT_EQ(EventualGlobalStep(c, 3), 3u);
+    ASSERT_TRUE(c.SaveCheckpoint().ok());
+  }
+  StopCluster();
+  const fs::path good = dir_ / "step-00000003";
+  ASSERT_TRUE(ckpt::Checkpoint::Open(good.string(), true).ok());
+  auto read = [](const fs::path& p) {
+    std::ifstream in(p, std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  };
+  auto write = [](const fs::path& p, const std::string& text) {
+    std::ofstream(p, std::ios::binary | std::ios::trunc) << text;
+  };
+  // Each case edits its own copy, named like the original.
+  int n = 0;
+  auto tampered = [&](const std::function<void(const fs::path&)>& edit,
+                      const std::string& name = "step-00000003") {
+    const fs::path copy = dir_ / ("case" + std::to_string(n++)) / name;
+    fs::create_directories(copy.parent_path());
+    fs::copy(good, copy, fs::copy_options::recursive);
+    edit(copy);
+    auto opened = ckpt::Checkpoint::Open(copy.string(), false);
+    EXPECT_EQ(opened.status().code(), StatusCode::kDataLoss) << "accepted: case " << n - 1;
+    return opened.status().message();
+  };
+  auto skip_steps = [&](const fs::path& d) {
+    std::string m = read(d / ckpt::kManifestName);
+    const auto at = m.find("\"global_step\": 3");
+    ASSERT_NE(at, std::string::npos);
+    m.replace(at, 16, "\"global_step\": 2999");
+    write(d / ckpt::kManifestName, m);
+  };
+  EXPECT_NE(tampered(skip_steps).find("was changed after it was written"), std::string::npos);
+  // The digest recomputed too: the directory's name still gives it away.
+  auto skip_and_cover = [&](const fs::path& d) {
+    skip_steps(d);
+    write(d / ckpt::kManifestDigestName,
+          ckpt::Sha256OfFile((d / ckpt::kManifestName).string()).value() + "\n");
+  };
+  EXPECT_NE(tampered(skip_and_cover).find("belongs in step-00002999"), std::string::npos);
+  EXPECT_NE(tampered([](const fs::path&) {}, "step-00000009").find("directory's name"),
+            std::string::npos);
+  EXPECT_NE(tampered([](const fs::path& d) {
+              fs::remove(d / ckpt::kManifestDigestName);
+            }).find("is missing"),
+            std::string::npos);
+  auto edit_index = [&](const std::string& from, const std::string& to) {
+    return [&, from, to](const fs::path& d) {
+      std::string idx = read(d / ckpt::kIndexName);
+      const auto at = idx.find(from);
+      ASSERT_NE(at, std::string::npos) << from;
+      idx.replace(at, from.size(), to);
+      write(d / ckpt::kIndexName, idx);
+    };
+  };
+  EXPECT_NE(tampered(edit_index("model-00001-of-00002", "model-00002-of-00002"))
+                .find("weight_map does not match"),
+            std::string::npos);
+  const std::string total = "\"total_size\": ";
+  EXPECT_NE(tampered(edit_index(total, total + "1")).find("total_size"), std::string::npos);
+  // What a prune left behind is not a checkpoint, and hides none.
+  fs::create_directories(dir_ / (std::string(ckpt::kPrunePrefix) + "step-00000001"));
+  auto newest = ckpt::FindNewestCheckpoint(dir_.string(), true);
+  ASSERT_TRUE(newest.ok()) << newest.status();
+  EXPECT_EQ(newest->manifest.global_step, 3u);
+}
+
+// Finding 15: an unwritable checkpoint directory went unnoticed until the
+// end of training, and `tessera launch` exited 0 with no checkpoint at all.
+TEST_F(CheckpointTest, UnwritableDirectoryIsFoundAtStart) {
+  // (Tests run as root, which ignores permission bits: a path under a file.)
+  fs::create_directories(dir_);
+  std::ofstream(dir_ / "a-file") << "x";
+  ASSERT_TRUE(fs::is_regular_file(dir_ / "a-file"));
+  NewSpec(1, 1);
+  auto o = ServerOpts(0);
+  o.checkpoint_dir = (dir_ / "a-file" / "checkpoints").string();
+  auto s = Server::Start(o);
+  ASSERT_FALSE(s.ok()) << "started with a checkpoint directory it cannot write";
+  EXPECT_EQ(s.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(
+      s.status().message().find("checkpoint directory " + o.checkpoint_dir + " is not writable"),
+      std::string::npos)
+      << s.status();
+}
+
+TEST_F(CheckpointTest, ServerExitsNonZeroWhenEveryRoundFailed) {
+  NewSpec(1, 1);
+  const fs::path ckpt = dir_ / "ckpt";
+  testing::ShardProcesses shards(spec_, secret_, 1, {"--checkpoint-dir", ckpt.string()});
+  Client& c = Connect(0);
+  auto ts = c.DeclareMany(Model()).value();
+  ASSERT_TRUE(c.Initialize().ok());
+  // The directory goes away and a file takes its name: every round fails.
+  fs::remove_all(ckpt);
+  std::ofstream(ckpt) << "not a directory";
+  EXPECT_FALSE(c.SaveCheckpoint(20s).ok());
+  clients_.clear();
+  kill(shards.pid(0), SIGTERM);
+  auto exit = shards.WaitExit(0, 60s);
+  ASSERT_TRUE(exit.has_value()) << "the server did not stop";
+  EXPECT_TRUE(WIFEXITED(*exit) && WEXITSTATUS(*exit) == 1)
+      << "a server none of whose checkpoint rounds succeeded exited " << *exit;
 }
 
 // With a separate coordinator task every shard is remote to the round.

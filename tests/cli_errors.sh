@@ -47,6 +47,14 @@ expect_error "weak secret" "at least 16 are needed" \
   env TESSERA_SECRET=short TF_CONFIG="{$cluster, \"task\": {\"type\": \"ps\", \"index\": 0}}" \
   "$BIN" server
 
+# Finding 20: empty answers reported success.
+mkdir -p "$dir/empty" "$dir/root/step-00000007"
+expect_error "ckpt ls on an empty directory" "no checkpoints (step-N directories)" \
+  "$BIN" ckpt ls "$dir/empty"
+expect_error "ckpt inspect on a checkpoint root" "holds checkpoints, not files" \
+  "$BIN" ckpt inspect "$dir/root"
+expect_error "ckpt ls on a missing path" "does not exist" "$BIN" ckpt ls "$dir/missing"
+
 if [ $fails -ne 0 ]; then
   echo "$fails case(s) failed"
   exit 1

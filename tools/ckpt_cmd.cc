@@ -54,7 +54,22 @@ int Inspect(const CkptOptions& o) {
   int rc = 0;
   nlohmann::json all = nlohmann::json::array();
   for (const auto& path : o.paths) {
-    for (const auto& file_path : Files(path)) {
+    const auto files = Files(path);
+    if (files.empty()) {
+      // Nothing to print is an answer only when it says why.
+      const auto steps = StepDirs(path);
+      if (!steps.empty() && steps.front() != path) {
+        fprintf(stderr,
+                "%s holds checkpoints, not files: inspect one of them, e.g. %s (`tessera ckpt "
+                "ls %s` lists them)\n",
+                path.c_str(), steps.front().c_str(), path.c_str());
+      } else {
+        fprintf(stderr, "%s: no .safetensors files\n", path.c_str());
+      }
+      rc = 1;
+      continue;
+    }
+    for (const auto& file_path : files) {
       auto file = ckpt::SafetensorsFile::Read(file_path);
       if (!file.ok()) {
         fprintf(stderr, "%s\n", file.status().ToString().c_str());
@@ -131,6 +146,11 @@ int Verify(const CkptOptions& o) {
 int List(const CkptOptions& o) {
   int rc = 0;
   for (const auto& path : o.paths) {
+    if (!fs::exists(path)) {
+      fprintf(stderr, "%s does not exist\n", path.c_str());
+      rc = 1;
+      continue;
+    }
     if (auto steps = StepDirs(path); !steps.empty()) {
       // Checkpoints, newest first, from their manifests (files checked for
       // presence, size and header; `verify` also hashes them).
@@ -152,7 +172,13 @@ int List(const CkptOptions& o) {
       }
       continue;
     }
-    for (const auto& file_path : Files(path)) {
+    const auto files = Files(path);
+    if (files.empty()) {
+      fprintf(stderr, "%s: no checkpoints (step-N directories) and no .safetensors files\n",
+              path.c_str());
+      rc = 1;
+    }
+    for (const auto& file_path : files) {
       auto file = ckpt::SafetensorsFile::Read(file_path);
       if (!file.ok()) {
         printf("%-50s BROKEN: %s\n", file_path.c_str(), file.status().message().c_str());

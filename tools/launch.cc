@@ -302,6 +302,10 @@ int Launch(const LaunchOptions& options) {
         begin_teardown(c.role + " failed");
       } else if (c.is_worker && !ok && exit_code == 0) {
         exit_code = 1;
+      } else if (!c.is_worker && WIFEXITED(status) && WEXITSTATUS(status) != 0) {
+        // A task that failed its own shutdown (e.g. every checkpoint round).
+        fprintf(stderr, "tessera launch: %s %s\n", c.role.c_str(), DescribeExit(status).c_str());
+        if (exit_code == 0) exit_code = 1;
       }
     }
     bool workers_done = true, all_done = true;

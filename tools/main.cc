@@ -58,6 +58,15 @@ int RunServer(const tools::ClusterFlags& flags, ServerOptions opts) {
   sigwait(&stop_signals, &sig);
   TLOG_INFO("stopping on {}", strsignal(sig));
   (*server)->Stop();
+  const ServerStats stats = (*server)->stats();
+  if (stats.checkpoint_rounds_failed > 0 && stats.checkpoints_written == 0) {
+    fprintf(stderr,
+            "tessera server: all %llu checkpoint rounds failed, none was written to %s (see the "
+            "errors above)\n",
+            static_cast<unsigned long long>(stats.checkpoint_rounds_failed),
+            opts.checkpoint_dir.c_str());
+    return 1;
+  }
   return 0;
 }
 

@@ -75,6 +75,7 @@ struct ServerStats {
   uint64_t duplicate_pushes_dropped = 0;  // sync: a worker's second push of a step
   uint64_t chunks_restored = 0;           // chunks loaded from a checkpoint
   uint64_t checkpoints_written = 0;       // coordinator: complete checkpoints written
+  uint64_t checkpoint_rounds_failed = 0;  // coordinator: rounds abandoned (logged as errors)
   // GPU memory with --allow-host-staging: bytes copied between the GPU and
   // the host copies workers reach (gradients in, values out).
   uint64_t host_staged_bytes = 0;

@@ -23,7 +23,7 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-constexpr int kManifestVersion = 1;
+constexpr int kManifestVersion = 2;
 
 const char* StateName(UpdateRule rule, Slot slot) {
   switch (rule) {
@@ -167,7 +167,7 @@ std::string StepDirName(uint64_t step) {
 std::string Manifest::ToJson() const {
   json j;
   j["format"] = "tessera-checkpoint";
-  j["version"] = kManifestVersion;
+  j["version"] = version;
   j["global_step"] = global_step;
   j["unix_time"] = unix_time;
   j["num_shards"] = num_shards;
@@ -176,6 +176,8 @@ std::string Manifest::ToJson() const {
   for (const auto& f : files) {
     j["files"].push_back({{"name", f.name}, {"bytes", f.bytes}, {"sha256", f.sha256}});
   }
+  if (version >= 2)
+    j["index"] = {{"name", index.name}, {"bytes", index.bytes}, {"sha256", index.sha256}};
   j["tensors"] = json::array();
   for (const auto& t : tensors) {
     j["tensors"].push_back({{"name", t.name},
@@ -197,11 +199,12 @@ Result<Manifest> Manifest::FromJson(const std::string& text, const std::string& 
   int version = 0;
   TESSERA_RETURN_IF_ERROR(Field(j, "format", &format, where));
   TESSERA_RETURN_IF_ERROR(Field(j, "version", &version, where));
-  if (format != "tessera-checkpoint" || version != kManifestVersion) {
-    return Status::DataLoss(where + ": not a version " + std::to_string(kManifestVersion) +
+  if (format != "tessera-checkpoint" || version < 1 || version > kManifestVersion) {
+    return Status::DataLoss(where + ": not a version 1 to " + std::to_string(kManifestVersion) +
                             " Tessera manifest");
   }
   Manifest m;
+  m.version = version;
   TESSERA_RETURN_IF_ERROR(Field(j, "global_step", &m.global_step, where));
   TESSERA_RETURN_IF_ERROR(Field(j, "unix_time", &m.unix_time, where));
   TESSERA_RETURN_IF_ERROR(Field(j, "num_shards", &m.num_shards, where));
@@ -219,6 +222,17 @@ Result<Manifest> Manifest::FromJson(const std::string& text, const std::string& 
       return Status::DataLoss(where + ": file name '" + r.name + "' is not a plain file name");
     }
     m.files.push_back(std::move(r));
+  }
+  if (version >= 2) {
+    if (!j.contains("index") || !j["index"].is_object()) {
+      return Status::DataLoss(where + ": no \"index\" record");
+    }
+    TESSERA_RETURN_IF_ERROR(Field(j["index"], "name", &m.index.name, where));
+    TESSERA_RETURN_IF_ERROR(Field(j["index"], "bytes", &m.index.bytes, where));
+    TESSERA_RETURN_IF_ERROR(Field(j["index"], "sha256", &m.index.sha256, where));
+    if (m.index.name != kIndexName) {
+      return Status::DataLoss(where + ": the index is '" + m.index.name + "', not " + kIndexName);
+    }
   }
   for (const auto& t : j["tensors"]) {
     TensorRecord r;
@@ -307,16 +321,81 @@ const TensorRecord* Checkpoint::Find(const std::string& name) const {
   return nullptr;
 }
 
+namespace {
+
+Result<std::string> ReadWholeFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Status::NotFound(path + " is missing");
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+std::span<const uint8_t> Bytes(const std::string& s) {
+  return {reinterpret_cast<const uint8_t*>(s.data()), s.size()};
+}
+
+// The index must say what the layout says: which file holds each stored
+// tensor, and how many bytes they take in all.
+Status CheckIndex(const Checkpoint& c, const std::string& text, const std::string& path) {
+  json got = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  json want = json::parse(c.layout.IndexJson(c.manifest), nullptr, false);
+  if (got.is_discarded() || !got.is_object()) return Status::DataLoss(path + ": not JSON");
+  if (!got.contains("weight_map") || got["weight_map"] != want["weight_map"]) {
+    return Status::DataLoss(path + ": its weight_map does not match the files " + kManifestName +
+                            " lists");
+  }
+  if (!got.contains("metadata") || !got["metadata"].is_object() ||
+      got["metadata"].value("total_size", json()) != want["metadata"]["total_size"]) {
+    return Status::DataLoss(path + ": its total_size is not the " +
+                            want["metadata"]["total_size"].dump() + " bytes the tensors take");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 Result<Checkpoint> Checkpoint::Open(const std::string& step_dir, bool verify_data) {
   const std::string manifest_path = step_dir + "/" + kManifestName;
-  std::ifstream in(manifest_path);
-  if (!in) return Status::NotFound(manifest_path + " is missing (an unfinished checkpoint?)");
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  auto manifest = Manifest::FromJson(text, manifest_path);
+  auto text = ReadWholeFile(manifest_path);
+  if (!text.ok()) {
+    return Status::NotFound(manifest_path + " is missing (an unfinished checkpoint?)");
+  }
+  auto manifest = Manifest::FromJson(*text, manifest_path);
   if (!manifest.ok()) return manifest.status();
+  if (manifest->version >= 2) {
+    const std::string digest_path = step_dir + "/" + kManifestDigestName;
+    auto digest = ReadWholeFile(digest_path);
+    if (!digest.ok()) return Status::DataLoss(digest_path + " is missing");
+    while (!digest->empty() && (digest->back() == '\n' || digest->back() == '\r'))
+      digest->pop_back();
+    if (*digest != Sha256Hex(Bytes(*text))) {
+      return Status::DataLoss(manifest_path +
+                              " was changed after it was written: its SHA-256 is "
+                              "not the one in " +
+                              kManifestDigestName);
+    }
+  }
+  const std::string dir_name = fs::path(step_dir).filename().string();
+  if (dir_name != StepDirName(manifest->global_step)) {
+    return Status::DataLoss(step_dir +
+                            ": the directory's name says one step, the manifest "
+                            "another (global step " +
+                            std::to_string(manifest->global_step) + ", which belongs in " +
+                            StepDirName(manifest->global_step) + ")");
+  }
   auto layout = PlanCheckpoint(*manifest);
   if (!layout.ok()) return layout.status().WithContext(manifest_path);
   Checkpoint c{step_dir, std::move(*manifest), std::move(*layout)};
+  const std::string index_path = step_dir + "/" + kIndexName;
+  auto index = ReadWholeFile(index_path);
+  if (index.ok()) {
+    TESSERA_RETURN_IF_ERROR(CheckIndex(c, *index, index_path));
+    if (c.manifest.version >= 2 && (index->size() != c.manifest.index.bytes ||
+                                    Sha256Hex(Bytes(*index)) != c.manifest.index.sha256)) {
+      return Status::DataLoss(index_path + " differs from what " + kManifestName + " recorded");
+    }
+  } else if (c.manifest.version >= 2) {
+    return Status::DataLoss(index_path + " is missing");
+  }
   for (size_t f = 0; f < c.manifest.files.size(); ++f) {
     const FileRecord& rec = c.manifest.files[f];
     const std::string path = step_dir + "/" + rec.name;
@@ -495,6 +574,25 @@ Status CreateSizedFile(const std::string& path, std::span<const uint8_t> header,
   }
   close(fd);
   return st;
+}
+
+Status CheckWritableDirectory(const std::string& dir) {
+  auto refuse = [&](const std::string& why) {
+    return Status::FailedPrecondition("checkpoint directory " + dir + " is not writable: " + why);
+  };
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return refuse(ec.message());
+  const std::string probe = dir + "/.tessera-write-test-" + std::to_string(getpid());
+  const int fd = open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return refuse(std::strerror(errno));
+  const char byte = 0;
+  const bool ok = write(fd, &byte, 1) == 1 && fsync(fd) == 0;
+  const int err = errno;
+  close(fd);
+  unlink(probe.c_str());
+  if (!ok) return refuse(std::strerror(err));
+  return Status::Ok();
 }
 
 Status FsyncDirectory(const std::string& dir) {

@@ -63,11 +63,15 @@ struct FileRecord {
 };
 
 struct Manifest {
+  // 2: records the index file and has a digest file beside it (1: neither;
+  // still read, without those checks).
+  int version = 2;
   uint64_t global_step = 0;
   int64_t unix_time = 0;
   uint32_t num_shards = 0;
   std::string cluster;  // the cluster spec, as JSON text
   std::vector<FileRecord> files;
+  FileRecord index;  // model.safetensors.index.json (version 2)
   std::vector<TensorRecord> tensors;
 
   std::string ToJson() const;
@@ -80,6 +84,13 @@ std::string ShardFileName(uint32_t index, uint32_t count);
 std::string StepDirName(uint64_t step);
 constexpr const char* kManifestName = "tessera.json";
 constexpr const char* kIndexName = "model.safetensors.index.json";
+// The manifest's SHA-256 in hex, written after the manifest: an edited or
+// damaged manifest no longer matches it (docs/training.md says why a digest
+// and not an HMAC under the cluster secret).
+constexpr const char* kManifestDigestName = "tessera.json.sha256";
+// A checkpoint being pruned is first renamed to this prefix + its name, so
+// that a crash halfway through deleting it leaves no damaged step-N behind.
+constexpr const char* kPrunePrefix = ".pruning-";
 
 // Where each slot of each tensor lies in the files of a checkpoint.
 struct PlacedSlot {
@@ -105,10 +116,12 @@ struct Checkpoint {
   CheckpointLayout layout;
   const TensorRecord* Find(const std::string& name) const;
 
-  // Checks every file against the manifest: present, of the recorded size,
-  // with a header that matches the planned layout, and (verify_data) the
-  // recorded SHA-256. A damaged checkpoint is refused with an error naming
-  // the file and what is wrong.
+  // Checks the manifest against its digest and the directory's name (step-N
+  // for its global step), the index against the layout (weight_map,
+  // total_size, its recorded SHA-256), and every file against the manifest:
+  // present, of the recorded size, with a header that matches the planned
+  // layout, and (verify_data) the recorded SHA-256. A damaged checkpoint is
+  // refused with an error naming the file and what is wrong.
   static Result<Checkpoint> Open(const std::string& step_dir, bool verify_data);
 
   // Reads `len` bytes at `offset` within a tensor's slot.
@@ -122,7 +135,8 @@ std::vector<std::string> ListStepDirs(const std::string& dir);
 // skipped with a warning naming why. NotFound when there is none.
 Result<Checkpoint> FindNewestCheckpoint(const std::string& dir, bool verify_data);
 
-// SHA-256 of a whole file, read in pieces.
+// SHA-256 of a whole file, read in pieces (of bytes in memory: Sha256Hex,
+// safetensors.h).
 Result<std::string> Sha256OfFile(const std::string& path);
 
 // Bytes a shard writes into the files of a round, at their planned offsets.
@@ -139,6 +153,10 @@ Status WritePieces(const std::string& dir, const std::vector<std::string>& files
 // Creates `path` holding `header` and sized to `size` bytes (the tensors'
 // bytes are written later, in place, by the shards), and fsyncs it.
 Status CreateSizedFile(const std::string& path, std::span<const uint8_t> header, uint64_t size);
+
+// Creates `dir` if needed and proves that files can be created, written and
+// synced in it; otherwise FailedPrecondition naming the path and why.
+Status CheckWritableDirectory(const std::string& dir);
 
 // Fsyncs a directory, so the names created or renamed in it persist.
 Status FsyncDirectory(const std::string& dir);

@@ -239,7 +239,9 @@ void Checkpointer::OnAllPrepared() {
         // Leftovers of rounds that crashed.
         for (const auto& e : fs::directory_iterator(dir, ec)) {
           const std::string n = e.path().filename().string();
-          if (n.rfind(".step-", 0) == 0) fs::remove_all(e.path(), ec);
+          if (n.rfind(".step-", 0) == 0 || n.rfind(ckpt::kPrunePrefix, 0) == 0) {
+            fs::remove_all(e.path(), ec);
+          }
         }
         fs::create_directory(tmp, ec);
         if (ec) return Io("creating " + tmp, ec);
@@ -286,9 +288,15 @@ void Checkpointer::OnAllWritten() {
         };
         TESSERA_RETURN_IF_ERROR(
             ckpt::WriteFileAtomically(tmp + "/" + ckpt::kIndexName, bytes(index)));
+        manifest->index = {ckpt::kIndexName, index.size(), ckpt::Sha256Hex(bytes(index))};
         ckpt::CrashPoint("before-manifest");
+        const std::string manifest_text = manifest->ToJson();
         TESSERA_RETURN_IF_ERROR(
-            ckpt::WriteFileAtomically(tmp + "/" + ckpt::kManifestName, bytes(manifest->ToJson())));
+            ckpt::WriteFileAtomically(tmp + "/" + ckpt::kManifestName, bytes(manifest_text)));
+        // Last: the digest that makes an edited manifest evident.
+        const std::string digest = ckpt::Sha256Hex(bytes(manifest_text)) + "\n";
+        TESSERA_RETURN_IF_ERROR(
+            ckpt::WriteFileAtomically(tmp + "/" + ckpt::kManifestDigestName, bytes(digest)));
         ckpt::CrashPoint("before-rename");
         std::error_code ec;
         fs::rename(tmp, final_dir, ec);
@@ -326,8 +334,16 @@ void Checkpointer::Prune() {
       continue;
     }
     if (!good && kept == 0) continue;  // newer than every good one: leave it for inspection
+    // Renamed first: a crash while deleting leaves a .pruning- directory,
+    // which nothing takes for a checkpoint, not a half-deleted step-N.
+    const fs::path path(step_dir);
+    const fs::path doomed = path.parent_path() / (ckpt::kPrunePrefix + path.filename().string());
     std::error_code ec;
-    fs::remove_all(step_dir, ec);
+    fs::rename(path, doomed, ec);
+    if (!ec) {
+      ckpt::CrashPoint("pruning");
+      fs::remove_all(doomed, ec);
+    }
     if (ec) TLOG_WARN("could not remove old checkpoint {}: {}", step_dir, ec.message());
   }
 }
@@ -347,8 +363,8 @@ void Checkpointer::Finish(Result<SavedCheckpoint> result) {
 
 void Checkpointer::Abort(const Status& why) {
   Round& r = *round_;
-  TLOG_WARN("{} checkpoint round {} abandoned: {}; the previous checkpoints are untouched",
-            ReasonName(r.reason), r.id, why.message());
+  TLOG_ERROR("{} checkpoint round {} abandoned: {}; the previous checkpoints are untouched",
+             ReasonName(r.reason), r.id, why.message());
   for (int k = 0; k < coord_->num_shards(); ++k) {
     host_.send_to_shard(k, wire::Encode(wire::CkptAbort{r.id}, 0));
   }
@@ -362,6 +378,7 @@ void Checkpointer::Abort(const Status& why) {
         },
         [](Status) {});
   }
+  if (host_.on_failed) host_.on_failed(why);
   Finish(why.WithContext("checkpoint"));
 }
 

@@ -19,9 +19,9 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
-#include <mutex>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -55,6 +55,7 @@ class Checkpointer {
     std::function<void(std::function<void()>)> post;
     std::function<void(std::chrono::milliseconds, std::function<void()>)> post_after;
     std::function<void(const SavedCheckpoint&)> on_saved;  // a new checkpoint is complete
+    std::function<void(const Status&)> on_failed;          // a round was abandoned
   };
   enum class Reason { kTimer, kSteps, kRequest, kShutdown };
   using Done = std::function<void(Result<SavedCheckpoint>)>;

@@ -78,6 +78,12 @@ Status Shard::Start() {
   TESSERA_RETURN_IF_ERROR(OpenMemory());
   table_ = std::make_unique<ParamTable>(ctx_.get(), memory_.get(), arena_kind_,
                                         options_.arena_bytes, options_.cluster.num_workers());
+  if (!options_.checkpoint_dir.empty()) {
+    // Every ps task writes its own file there: found out now, not when the
+    // first round fails (a read-only or missing mount used to go unnoticed
+    // until the end of training).
+    TESSERA_RETURN_IF_ERROR(ckpt::CheckWritableDirectory(options_.checkpoint_dir));
+  }
   const bool separate_coordinator = options_.cluster.num_tasks("coordinator") > 0;
   if (is_coordinator_only() || (!separate_coordinator && options_.task_index == 0)) {
     coord_ = std::make_unique<coord::Coordinator>(options_.cluster.num_tasks("ps"));
@@ -270,6 +276,7 @@ ServerStats Shard::stats() const {
   s.duplicate_pushes_dropped = duplicate_dropped_;
   s.chunks_restored = chunks_restored_;
   s.checkpoints_written = checkpoints_written_;
+  s.checkpoint_rounds_failed = checkpoint_rounds_failed_;
   s.host_staged_bytes = host_staged_bytes_;
   s.cuda_ipc_workers = cuda_ipc_workers_;
   return s;

@@ -211,7 +211,8 @@ class Shard {
 
   std::atomic<uint64_t> pushes_applied_{0}, pulls_served_{0}, refused_{0}, tensors_{0},
       leases_revoked_{0}, steps_applied_{0}, stale_dropped_{0}, duplicate_dropped_{0},
-      chunks_restored_{0}, checkpoints_written_{0}, host_staged_bytes_{0}, cuda_ipc_workers_{0};
+      chunks_restored_{0}, checkpoints_written_{0}, checkpoint_rounds_failed_{0},
+      host_staged_bytes_{0}, cuda_ipc_workers_{0};
 };
 
 }  // namespace tessera::server

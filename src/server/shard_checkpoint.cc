@@ -54,6 +54,7 @@ Status Shard::StartCheckpoints() {
     ctx_->PostAfter(d, std::move(fn));
   };
   host.on_saved = [this](const coord::SavedCheckpoint&) { checkpoints_written_++; };
+  host.on_failed = [this](const Status&) { checkpoint_rounds_failed_++; };
   checkpointer_ =
       std::make_unique<coord::Checkpointer>(copts, coord_.get(), options_.cluster.ToJson(), host);
   if (restore_) checkpointer_->set_latest(restore_step_, restore_->path);
