@@ -154,7 +154,7 @@ void PushGradients(Client& c, const std::vector<Tensor>& ts, int k) {
 std::vector<std::vector<uint8_t>> PullAll(Client& c, const std::vector<Tensor>& ts) {
   std::vector<std::vector<uint8_t>> out;
   std::vector<PullItem> items;
-  for (auto t : ts) out.emplace_back(c.info(t).bytes);
+  for (auto t : ts) out.emplace_back(c.info(t)->bytes);
   for (size_t i = 0; i < ts.size(); ++i) items.push_back({ts[i], out[i].data(), out[i].size()});
   EXPECT_TRUE(c.Pull(items).ok());
   return out;
@@ -242,7 +242,7 @@ TEST_F(CheckpointTest, RestoresOntoADifferentShardCount) {
   auto ts = c.DeclareMany(Model()).value();
   EXPECT_TRUE(c.restored_step().has_value());
   ASSERT_TRUE(c.Initialize().ok());
-  EXPECT_EQ(c.info(ts[0]).shards.size(), 7u);  // 800 bytes in 128-byte chunks
+  EXPECT_EQ(c.info(ts[0])->shards.size(), 7u);  // 800 bytes in 128-byte chunks
   EXPECT_EQ(PullAll(c, ts), saved_values);
 }
 

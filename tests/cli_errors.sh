@@ -47,6 +47,15 @@ expect_error "weak secret" "at least 16 are needed" \
   env TESSERA_SECRET=short TF_CONFIG="{$cluster, \"task\": {\"type\": \"ps\", \"index\": 0}}" \
   "$BIN" server
 
+# Finding 19: bad numbers and log levels.
+tf_ps0="{$cluster, \"task\": {\"type\": \"ps\", \"index\": 0}}"
+expect_error "--staging-mib abc" "--staging-mib" env TF_CONFIG="$tf_ps0" "$BIN" server --staging-mib abc
+expect_error "--checkpoint-secs abc" "--checkpoint-secs" \
+  env TF_CONFIG="$tf_ps0" "$BIN" server --checkpoint-secs abc
+expect_error "bench --sizes abc" "'abc' is not a size" "$BIN" bench push --sizes abc
+expect_error "TESSERA_LOG_LEVEL=bogus" "TESSERA_LOG_LEVEL='bogus' is not one of" \
+  env TESSERA_LOG_LEVEL=bogus TF_CONFIG="$tf_ps0" "$BIN" server
+
 # Finding 20: empty answers reported success.
 mkdir -p "$dir/empty" "$dir/root/step-00000007"
 expect_error "ckpt ls on an empty directory" "no checkpoints (step-N directories)" \

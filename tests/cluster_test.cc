@@ -95,18 +95,18 @@ TEST_P(ClusterTest, PlacementRoundRobinGreedyPinnedAndChunks) {
   Client& c = Connect(0);
   auto t = c.DeclareMany({F32("a", 10), F32("b", 10), F32("c", 10), F32("d", 10)});
   ASSERT_TRUE(t.ok());
-  EXPECT_EQ(c.info((*t)[0]).shards, std::vector<int>{0});
-  EXPECT_EQ(c.info((*t)[1]).shards, std::vector<int>{1});
-  EXPECT_EQ(c.info((*t)[2]).shards, std::vector<int>{2});
-  EXPECT_EQ(c.info((*t)[3]).shards, std::vector<int>{0});
+  EXPECT_EQ(c.info((*t)[0])->shards, std::vector<int>{0});
+  EXPECT_EQ(c.info((*t)[1])->shards, std::vector<int>{1});
+  EXPECT_EQ(c.info((*t)[2])->shards, std::vector<int>{2});
+  EXPECT_EQ(c.info((*t)[3])->shards, std::vector<int>{0});
   auto pinned = F32("pinned", 1 << 20);  // 4 MiB = 4 chunks of 1 MiB
   pinned.pinned_shard = 2;
   auto p = c.Declare(pinned);
   ASSERT_TRUE(p.ok());
-  EXPECT_EQ(c.info(*p).shards, std::vector<int>(4, 2));
+  EXPECT_EQ(c.info(*p)->shards, std::vector<int>(4, 2));
   auto big = c.Declare(F32("big", (5 << 20) / 4));  // 5 chunks spread round-robin
   ASSERT_TRUE(big.ok());
-  EXPECT_EQ(c.info(*big).shards, (std::vector<int>{1, 2, 0, 1, 2}));
+  EXPECT_EQ(c.info(*big)->shards, (std::vector<int>{1, 2, 0, 1, 2}));
   auto bad = F32("nowhere", 4);
   bad.pinned_shard = 3;
   auto r = c.Declare(bad);
@@ -122,8 +122,8 @@ TEST_P(ClusterTest, GreedyPlacementBalancesBytes) {
   ASSERT_TRUE(c.ok());
   auto t = (*c)->DeclareMany({F32("big", 1000), F32("s1", 10), F32("s2", 10), F32("s3", 10)});
   ASSERT_TRUE(t.ok());
-  EXPECT_EQ((*c)->info((*t)[0]).shards[0], 0);
-  for (int i = 1; i < 4; ++i) EXPECT_EQ((*c)->info((*t)[i]).shards[0], 1) << i;
+  EXPECT_EQ((*c)->info((*t)[0])->shards[0], 0);
+  for (int i = 1; i < 4; ++i) EXPECT_EQ((*c)->info((*t)[i])->shards[0], 1) << i;
 }
 
 TEST_P(ClusterTest, DeclareMismatchNamesBoth) {
@@ -484,7 +484,7 @@ TEST_P(ClusterTest, ChunkPartsMoveOnlyTheirChunks) {
   auto tb = b.Declare(spec).value();
   ASSERT_TRUE(a.Initialize().ok());
   ASSERT_TRUE(b.WaitForInit(5s).ok());
-  const TensorInfo info = a.info(ta);
+  const TensorInfo info = a.info(ta).value();
   ASSERT_EQ(info.chunks.size(), 4u);
   std::vector<float> ones(n, 1.0f), twos(n, 2.0f);
   PushItem pa{ta, ones.data(), n * 4, DType::kF32, BufferMemory::kHost, ChunkPart{0, 2}};
@@ -791,8 +791,8 @@ TEST_P(ClusterTest, SeparateCoordinatorTask) {
   auto wa = a.DeclareMany({F32("x", 2), F32("y", 2)});
   auto wb = b.DeclareMany({F32("y", 2), F32("x", 2)});  // other order, same placement
   ASSERT_TRUE(wa.ok() && wb.ok());
-  EXPECT_EQ(a.info((*wa)[0]).shards, b.info((*wb)[1]).shards);
-  EXPECT_EQ(a.info((*wa)[1]).shards, std::vector<int>{1});
+  EXPECT_EQ(a.info((*wa)[0])->shards, b.info((*wb)[1])->shards);
+  EXPECT_EQ(a.info((*wa)[1])->shards, std::vector<int>{1});
   ASSERT_TRUE(a.Initialize().ok());
   ASSERT_TRUE(b.WaitForInit(5s).ok());
   std::vector<float> v = {1, 2}, got(2);
@@ -874,7 +874,7 @@ TEST_P(ClusterTest, OwnStalledLoopDoesNotKillLiveShards) {
   ASSERT_TRUE(t.ok());
   ASSERT_TRUE(other.DeclareMany({F32("a", 4), F32("b", 4)}).ok());
   ASSERT_TRUE((*c)->Initialize().ok());
-  ASSERT_EQ((*c)->info((*t)[0]).shards != (*c)->info((*t)[1]).shards, true)
+  ASSERT_EQ((*c)->info((*t)[0])->shards != (*c)->info((*t)[1])->shards, true)
       << "the two tensors should live on different shards";
 
   // A pull that waits for version 2 completes on the client's progress

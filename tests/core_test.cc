@@ -6,8 +6,12 @@
 #include <cstdlib>
 #include <fstream>
 #include <random>
+#include <sstream>
+
+#include <spdlog/sinks/ostream_sink.h>
 
 #include "client/staging_allocator.h"
+#include "core/log.h"
 #include "core/placement.h"
 #include "core/secret.h"
 #include "kernels/update.h"
@@ -216,6 +220,33 @@ TEST(Status, NamesAndContext) {
   EXPECT_EQ(ParseDType("bf16").value(), DType::kBF16);
   EXPECT_EQ(DescribeTensor(DType::kI64, {2, 3}), "i64[2,3]");
   EXPECT_FALSE(NumElements({2, -1}).ok());
+}
+
+// Finding 22: Tessera wrote to the application's default logger, in its own
+// format, and TESSERA_LOG_LEVEL did not apply there.
+TEST(Logging, TesseraNeverWritesToTheApplicationsLogger) {
+  std::ostringstream app_output;
+  auto previous = spdlog::default_logger();
+  spdlog::set_default_logger(std::make_shared<spdlog::logger>(
+      "app", std::make_shared<spdlog::sinks::ostream_sink_mt>(app_output)));
+  const auto level = Logger().level();
+  spdlog::set_level(spdlog::level::off);  // the application's choice, for its logger
+  TLOG_WARN("a message from Tessera");
+  EXPECT_EQ(app_output.str(), "") << "Tessera wrote to the application's logger";
+  EXPECT_EQ(Logger().level(), level) << "the application's set_level reached Tessera's logger";
+  spdlog::set_default_logger(previous);
+}
+
+TEST(Logging, BadLevelIsAnErrorNamingIt) {
+  setenv("TESSERA_LOG_LEVEL", "bogus", 1);
+  auto level = LogLevelFromEnv();
+  EXPECT_EQ(level.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(level.status().message().find("TESSERA_LOG_LEVEL='bogus'"), std::string::npos);
+  EXPECT_FALSE(InitLogging("test").ok());
+  setenv("TESSERA_LOG_LEVEL", "warn", 1);
+  EXPECT_EQ(LogLevelFromEnv().value(), spdlog::level::warn);
+  unsetenv("TESSERA_LOG_LEVEL");
+  EXPECT_EQ(LogLevelFromEnv().value(), spdlog::level::info);
 }
 
 }  // namespace

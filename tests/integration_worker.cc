@@ -68,7 +68,9 @@ int main(int argc, char** argv) {
 
   auto cfg = TfConfigFromEnv();
   if (!cfg.ok()) return Fail("TF_CONFIG", cfg.status());
-  InitLogging(cfg->task.job + std::to_string(cfg->task.index));
+  if (Status st = InitLogging(cfg->task.job + std::to_string(cfg->task.index)); !st.ok()) {
+    return Fail("logging", st);
+  }
   auto secret = LoadSecret();
   if (!secret.ok()) return Fail("secret", secret.status());
   const int workers = cfg->cluster.num_workers();

@@ -125,7 +125,7 @@ void RunGroup(int ranks) {
       }
       // Each rank moved its own chunks over the fabric, and no others.
       uint64_t owned = 0;
-      const TensorInfo info = client->info(*t);
+      const TensorInfo info = client->info(*t).value();
       for (size_t i = 0; i < info.chunks.size(); ++i) {
         if (i % static_cast<size_t>(ranks) == static_cast<size_t>(r)) {
           owned += info.chunks[i].elem_count * 4;

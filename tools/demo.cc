@@ -31,7 +31,10 @@ int RunDemoWorker(const DemoOptions& options) {
     fprintf(stderr, "demo-worker: %s\n", cfg.status().ToString().c_str());
     return 2;
   }
-  InitLogging(cfg->task.job + std::to_string(cfg->task.index));
+  if (Status st = InitLogging(cfg->task.job + std::to_string(cfg->task.index)); !st.ok()) {
+    fprintf(stderr, "demo-worker: %s\n", st.ToString().c_str());
+    return 2;
+  }
   auto secret = LoadSecret();
   if (!secret.ok()) {
     fprintf(stderr, "demo-worker: %s\n", secret.status().ToString().c_str());

@@ -2,6 +2,7 @@
 #include <signal.h>
 
 #include <CLI/CLI.hpp>
+#include <charconv>
 #include <cstdio>
 
 #include "core/log.h"
@@ -38,7 +39,12 @@ int RunServer(const tools::ClusterFlags& flags, ServerOptions opts) {
             cfg->task.ToString().c_str());
     return 2;
   }
-  InitLogging(cfg->task.job == "ps" ? "ps" + std::to_string(cfg->task.index) : "coordinator");
+  if (Status st = InitLogging(cfg->task.job == "ps" ? "ps" + std::to_string(cfg->task.index)
+                                                    : "coordinator");
+      !st.ok()) {
+    fprintf(stderr, "tessera server: %s\n", st.ToString().c_str());
+    return 2;
+  }
   auto secret = flags.Secret();
   if (!secret.ok()) {
     fprintf(stderr, "tessera server: %s\n", secret.status().ToString().c_str());
@@ -89,13 +95,10 @@ int main(int argc, char** argv) try {
                    "accept a cluster secret shorter than 16 bytes (one that can be guessed)");
   server->add_flag("--log-updates", server_opts.log_updates,
                    "log small tensors' values as they change");
-  server->add_option(
-      "--staging-mib",
-      [&](const CLI::results_t& r) {
-        server_opts.staging_bytes_per_worker = std::stoull(r[0]) << 20;
-        return true;
-      },
-      "each worker's staging slot, MiB (default 32)");
+  uint64_t staging_mib = server_opts.staging_bytes_per_worker >> 20;
+  server->add_option("--staging-mib", staging_mib, "each worker's staging slot, in MiB")
+      ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 20))
+      ->capture_default_str();
   server->add_flag("--busy-poll", server_opts.busy_poll, "spin instead of sleeping when idle");
   server->add_option("--memory", server_opts.memory,
                      "where parameters live: host, cuda or cuda:N (default host)");
@@ -105,14 +108,12 @@ int main(int argc, char** argv) try {
   server->add_option("--checkpoint-dir", server_opts.checkpoint_dir,
                      "coordinator: write checkpoints here (shared by every ps task) and resume "
                      "from the newest complete one");
-  server->add_option(
-      "--checkpoint-secs",
-      [&](const CLI::results_t& r) {
-        server_opts.checkpoint_every =
-            std::chrono::milliseconds(static_cast<int64_t>(std::stod(r[0]) * 1000));
-        return true;
-      },
-      "coordinator: checkpoint every this many seconds");
+  double checkpoint_secs = 0;
+  server
+      ->add_option("--checkpoint-secs", checkpoint_secs,
+                   "coordinator: checkpoint every this many seconds (0: not on a timer)")
+      ->check(CLI::Range(0.0, 1e9))
+      ->capture_default_str();
   server->add_option("--checkpoint-steps", server_opts.checkpoint_every_steps,
                      "coordinator: checkpoint every this many global steps");
   server
@@ -223,8 +224,14 @@ int main(int argc, char** argv) try {
   if (app.got_subcommand("ckpt")) return run_ckpt();
   if (app.got_subcommand("doctor")) return run_doctor();
   if (app.got_subcommand("secret")) return run_secret();
+  // Logging for the subcommands that are not one task.
+  auto init_logging = [](const char* role) {
+    Status st = InitLogging(role);
+    if (!st.ok()) fprintf(stderr, "tessera %s: %s\n", role, st.ToString().c_str());
+    return st.ok();
+  };
   if (app.got_subcommand(bench_cmd)) {
-    InitLogging("bench");
+    if (!init_logging("bench")) return 2;
     if (!bench_sizes.empty()) {
       bench.sizes.clear();
       for (std::string s : bench_sizes) {
@@ -246,19 +253,31 @@ int main(int argc, char** argv) try {
             break;
         }
         if (scale != 1) s.pop_back();
-        bench.sizes.push_back(std::stoull(s) * scale);
+        uint64_t n = 0;
+        const auto [end, err] = std::from_chars(s.data(), s.data() + s.size(), n);
+        if (err != std::errc() || end != s.data() + s.size() || s.empty()) {
+          fprintf(stderr, "tessera bench: --sizes: '%s' is not a size (e.g. 8, 4K, 1M)\n",
+                  s.c_str());
+          return 2;
+        }
+        bench.sizes.push_back(n * scale);
       }
     }
     return tools::RunBench(bench);
   }
   if (app.got_subcommand(peer_cmd)) {
-    InitLogging("bench-peer");
+    if (!init_logging("bench-peer")) return 2;
     return tools::RunBenchPeer(peer);
   }
-  if (app.got_subcommand(server)) return RunServer(server_flags, server_opts);
+  if (app.got_subcommand(server)) {
+    server_opts.staging_bytes_per_worker = staging_mib << 20;
+    server_opts.checkpoint_every =
+        std::chrono::milliseconds(static_cast<int64_t>(checkpoint_secs * 1000));
+    return RunServer(server_flags, server_opts);
+  }
   if (app.got_subcommand(launch_cmd)) return tools::Launch(launch);
   if (app.got_subcommand(status_cmd)) {
-    InitLogging("status");
+    if (!init_logging("status")) return 2;
     return tools::RunStatus(status);
   }
   if (app.got_subcommand(demo_cmd)) return tools::RunDemo(demo);

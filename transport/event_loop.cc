@@ -8,7 +8,6 @@
 
 #include <cerrno>
 #include <cstring>
-#include <stdexcept>
 
 #include "core/log.h"
 #include "core/spin.h"
@@ -35,12 +34,23 @@ int64_t NowNs() { return SteadyNowNs(); }
 
 }  // namespace
 
+Result<std::unique_ptr<EventLoop>> EventLoop::Create(std::string name, bool busy_poll, Hooks hooks,
+                                                     std::chrono::microseconds spin) {
+  std::unique_ptr<EventLoop> loop(
+      new EventLoop(std::move(name), busy_poll, std::move(hooks), spin));
+  TESSERA_RETURN_IF_ERROR(loop->Init());
+  return loop;
+}
+
 EventLoop::EventLoop(std::string name, bool busy_poll, Hooks hooks, std::chrono::microseconds spin)
-    : name_(std::move(name)), busy_poll_(busy_poll), hooks_(std::move(hooks)), spin_(spin) {
+    : name_(std::move(name)), busy_poll_(busy_poll), hooks_(std::move(hooks)), spin_(spin) {}
+
+Status EventLoop::Init() {
   epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (epoll_fd_ < 0 || wake_fd_ < 0) {
-    throw std::runtime_error(std::string("event loop: epoll/eventfd: ") + std::strerror(errno));
+    return Status::Unavailable(name_ +
+                               ": the event loop's epoll or eventfd: " + std::strerror(errno));
   }
   epoll_event ev{};
   ev.events = EPOLLIN;
@@ -50,6 +60,7 @@ EventLoop::EventLoop(std::string name, bool busy_poll, Hooks hooks, std::chrono:
     ev.data.fd = hooks_.event_fd;
     epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, hooks_.event_fd, &ev);
   }
+  return Status::Ok();
 }
 
 EventLoop::~EventLoop() {

@@ -19,6 +19,8 @@
 #include <thread>
 #include <vector>
 
+#include "tessera/status.h"
+
 namespace tessera::transport {
 
 class EventLoop {
@@ -38,9 +40,11 @@ class EventLoop {
 
   // `spin` keeps polling that long after the last work before sleeping: a
   // reply that follows soon (a round trip) is then found without the cost
-  // of arming, sleeping and being woken.
-  EventLoop(std::string name, bool busy_poll, Hooks hooks,
-            std::chrono::microseconds spin = std::chrono::microseconds(0));
+  // of arming, sleeping and being woken. An error when the kernel gives no
+  // epoll or eventfd (out of descriptors).
+  static Result<std::unique_ptr<EventLoop>> Create(
+      std::string name, bool busy_poll, Hooks hooks,
+      std::chrono::microseconds spin = std::chrono::microseconds(0));
   ~EventLoop();
   EventLoop(const EventLoop&) = delete;
   EventLoop& operator=(const EventLoop&) = delete;
@@ -64,6 +68,9 @@ class EventLoop {
   void StopDriving();
 
  private:
+  EventLoop(std::string name, bool busy_poll, Hooks hooks, std::chrono::microseconds spin);
+  Status Init();
+
   struct Timer {
     std::chrono::steady_clock::time_point deadline;
     uint64_t seq;

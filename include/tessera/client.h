@@ -270,7 +270,9 @@ class Client {
   Result<Tensor> Declare(const TensorSpec& spec);
   Result<std::vector<Tensor>> DeclareMany(const std::vector<TensorSpec>& specs);
   Result<Tensor> Find(const std::string& name) const;
-  TensorInfo info(Tensor t) const;
+  // What the tensor is and where its chunks live; an error for a handle
+  // this client did not declare.
+  Result<TensorInfo> info(Tensor t) const;
 
   bool is_chief() const;
   // Chief only: writes every declared tensor's initial value, then lets the

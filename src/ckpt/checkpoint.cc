@@ -618,7 +618,7 @@ void CrashPoint(const char* name) {
   }
   if (want != name || ++reached[want] != nth) return;
   TLOG_WARN("TESSERA_CKPT_CRASH_AT={}: killing this process at '{}'", spec, name);
-  spdlog::default_logger()->flush();
+  Logger().flush();
   raise(SIGKILL);
 }
 

@@ -535,6 +535,7 @@ Status Client::Impl::Start() {
   if (!rank.ok()) return rank.status();
   worker_rank_ = *rank;
   TESSERA_RETURN_IF_ERROR(CheckSecretStrength(options_.secret, options_.allow_weak_secret));
+  TESSERA_RETURN_IF_ERROR(LogLevelFromEnv().status());
   if (options_.chunk_bytes < 64) return Status::InvalidArgument("chunk_bytes must be at least 64");
   // Liveness fits the fabric and the host: the environment may set both
   // heartbeat times, and TESSERA_TIMEOUT_SCALE stretches them (emulation).
@@ -1646,9 +1647,13 @@ Result<Tensor> Client::Find(const std::string& name) const {
   return Tensor{it->second};
 }
 
-TensorInfo Client::info(Tensor t) const {
+Result<TensorInfo> Client::info(Tensor t) const {
   std::lock_guard<std::mutex> lock(impl_->tensors_mu_);
-  const auto& e = impl_->tensors_.at(t.index);
+  if (t.index >= impl_->tensors_.size()) {
+    return Status::InvalidArgument("tensor handle " + std::to_string(t.index) +
+                                   " was not declared by this client");
+  }
+  const auto& e = impl_->tensors_[t.index];
   TensorInfo info{e.spec.name, e.spec.dtype, e.spec.shape, e.spec.rule,
                   e.bytes,     {},           {},           e.decl.mode};
   for (const auto& c : e.chunks) {

@@ -74,7 +74,7 @@ class NodeGroup::Impl {
   }
 
   Status Push(Tensor t, const void* gradient, uint64_t step) {
-    const TensorInfo info = client_.info(t);
+    TESSERA_ASSIGN_OR_RETURN(const TensorInfo info, client_.info(t));
     TESSERA_RETURN_IF_ERROR(CheckTensor(info));
     auto type = NcclType(info.dtype);
     if (!type.ok()) return type.status();
@@ -101,7 +101,7 @@ class NodeGroup::Impl {
   }
 
   Status Pull(Tensor t, void* weights, uint64_t min_version, uint64_t min_step) {
-    const TensorInfo info = client_.info(t);
+    TESSERA_ASSIGN_OR_RETURN(const TensorInfo info, client_.info(t));
     TESSERA_RETURN_IF_ERROR(CheckTensor(info));
     auto type = NcclType(info.dtype);
     if (!type.ok()) return type.status();

@@ -67,6 +67,7 @@ Status Shard::Start() {
   auto addr = options_.cluster.address(self);
   if (!addr.ok()) return addr.status();
   TESSERA_RETURN_IF_ERROR(CheckSecretStrength(options_.secret, options_.allow_weak_secret));
+  TESSERA_RETURN_IF_ERROR(LogLevelFromEnv().status());
 
   transport::ContextOptions topts;
   topts.backend = options_.transport;

@@ -77,8 +77,10 @@ Status TcpContext::Init() {
   // loop never sleeps through it.
   hooks.arm = [] { return true; };
   hooks.event_fd = epoll_fd_;
-  loop_ = std::make_unique<EventLoop>(options_.name, options_.busy_poll, std::move(hooks),
-                                      options_.spin_before_sleep);
+  auto loop = EventLoop::Create(options_.name, options_.busy_poll, std::move(hooks),
+                                options_.spin_before_sleep);
+  if (!loop.ok()) return loop.status();
+  loop_ = std::move(*loop);
   loop_->Start();
   return Status::Ok();
 }
@@ -233,8 +235,8 @@ void TcpContext::OnListenerReadable(uint64_t token) {
   }
 }
 
-void TcpContext::Connect(const std::string& host, uint16_t port,
-                         std::chrono::milliseconds timeout, ConnectCallback done) {
+void TcpContext::Connect(const std::string& host, uint16_t port, std::chrono::milliseconds timeout,
+                         ConnectCallback done) {
   Post([this, host, port, timeout, done = std::move(done)]() mutable {
     const std::string where = host + ":" + std::to_string(port);
     auto addr = Resolve(host, port);

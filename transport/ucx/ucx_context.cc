@@ -344,7 +344,9 @@ Status UcxContext::Init() {
   if (const char* us = std::getenv("TESSERA_PROGRESS_SPIN_US")) {  // for measuring its effect
     spin = std::chrono::microseconds(std::atoll(us));
   }
-  loop_ = std::make_unique<EventLoop>(options_.name, options_.busy_poll, std::move(hooks), spin);
+  auto loop = EventLoop::Create(options_.name, options_.busy_poll, std::move(hooks), spin);
+  if (!loop.ok()) return loop.status();
+  loop_ = std::move(*loop);
   loop_->Start();
   return Status::Ok();
 }

@@ -135,8 +135,10 @@ Status VerbsContext::Init() {
   hooks.progress = [this] { return Progress(); };
   hooks.arm = [this] { return Arm(); };
   hooks.event_fd = options_.busy_poll ? -1 : epoll_fd_;
-  loop_ = std::make_unique<EventLoop>(options_.name, options_.busy_poll, std::move(hooks),
-                                      options_.spin_before_sleep);
+  auto loop = EventLoop::Create(options_.name, options_.busy_poll, std::move(hooks),
+                                options_.spin_before_sleep);
+  if (!loop.ok()) return loop.status();
+  loop_ = std::move(*loop);
   loop_->Start();
   std::string names;
   for (const auto& d : devices_) names += (names.empty() ? "" : ", ") + d->name;
