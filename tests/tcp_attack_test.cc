@@ -104,7 +104,8 @@ class TcpAttackTest : public ::testing::Test {
 
   // What a peer holding the description of `region` knows.
   static std::pair<uint32_t, RegionKey> KeyOf(const Region& region) {
-    auto desc = DecodeRegionDesc(region.Describe()).value();
+    const std::vector<uint8_t> bytes = region.Describe();  // desc.key points into it
+    auto desc = DecodeRegionDesc(bytes).value();
     return DecodeTcpKey(desc.key).value();
   }
   static FrameHeader PutTo(const Region& region, uint64_t offset, uint64_t len) {
