@@ -206,11 +206,16 @@ Perftest RunIbPerftestOnce(const std::string& host, const std::string& test, uin
     if (test.find("_lat") != std::string::npos) {
       if (!(in >> c)) continue;
       out.us = c;  // typical
+    } else if (in >> c && c > 0) {
+      // The message rate (Mpps, six decimals): the bandwidth column has
+      // two, and reads "0.00" MB/s for small messages under emulation.
+      out.us = 1.0 / c;
+      out.gbps = static_cast<double>(size) * c / 1e3;
     } else {
       out.gbps = b * 1048576.0 / 1e9;  // average
       out.us = out.gbps > 0 ? static_cast<double>(size) / (out.gbps * 1e3) : 0;
     }
-    out.ok = rc == 0;
+    out.ok = rc == 0 && out.us > 0;
   }
   if (!out.ok) {
     out.error = test + " failed (exit " + std::to_string(rc) +
@@ -221,7 +226,8 @@ Perftest RunIbPerftestOnce(const std::string& host, const std::string& test, uin
 
 // On a loaded machine (Soft-RoCE under qemu's emulation, seen under ASan) a
 // latency test now and then prints "inf" for every figure: its cycle counter
-// saw no time pass. Such a run is repeated, up to three runs in all.
+// saw no time pass. Such a run, or one that gave no time at all, is
+// repeated, up to three runs in all.
 Perftest RunIbPerftest(const std::string& host, const std::string& test, uint64_t size, int iters,
                        bool pin) {
   Perftest out;
