@@ -7,6 +7,8 @@
 #include <functional>
 #include <string>
 
+#include "tessera/server.h"
+
 namespace tessera::tools {
 
 struct DoctorOptions {
@@ -14,7 +16,8 @@ struct DoctorOptions {
   // What the locked-memory check sizes: a shard's parameters plus one
   // staging slot per worker.
   double params_mib = 1024;
-  double staging_mib = 16;
+  // The server's own default (ServerOptions::staging_bytes_per_worker).
+  double staging_mib = static_cast<double>(ServerOptions{}.staging_bytes_per_worker >> 20);
   int workers = 8;
   std::string cluster_file;  // else TF_CONFIG, if set: which address each task uses
 };
