@@ -219,6 +219,11 @@ int Launch(const LaunchOptions& options) {
     server_args.insert(server_args.end(),
                        {"--checkpoint-steps", std::to_string(options.checkpoint_steps)});
   }
+  if (options.keep_checkpoints > 0) {
+    server_args.insert(server_args.end(),
+                       {"--keep-checkpoints", std::to_string(options.keep_checkpoints)});
+  }
+  if (options.no_restore) server_args.push_back("--no-restore");
 
   std::vector<Child> children;
   children.reserve(static_cast<size_t>(options.num_ps) + static_cast<size_t>(options.num_workers) +

@@ -30,6 +30,8 @@ struct LaunchOptions {
   std::string checkpoint_dir;
   double checkpoint_secs = 0;
   uint64_t checkpoint_steps = 0;
+  int keep_checkpoints = 0;  // 0: the server's default
+  bool no_restore = false;
   // The worker command; every worker runs it.
   std::vector<std::string> worker_command;
   int ps_ready_timeout_s = 30;

@@ -152,6 +152,12 @@ int main(int argc, char** argv) try {
                          "checkpoint every this many seconds");
   launch_cmd->add_option("--checkpoint-steps", launch.checkpoint_steps,
                          "checkpoint every this many global steps");
+  launch_cmd
+      ->add_option("--keep-checkpoints", launch.keep_checkpoints,
+                   "complete checkpoints kept (0: the server's default)")
+      ->check(CLI::Range(0, 1000000));
+  launch_cmd->add_flag("--no-restore", launch.no_restore,
+                       "start afresh even if the checkpoint directory holds a checkpoint");
   launch_cmd->add_option("cmd", launch.worker_command, "the worker command (after --)")->required();
 
   tools::DemoOptions demo;
