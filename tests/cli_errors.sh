@@ -56,6 +56,12 @@ expect_error "bench --sizes abc" "'abc' is not a size" "$BIN" bench push --sizes
 expect_error "TESSERA_LOG_LEVEL=bogus" "TESSERA_LOG_LEVEL='bogus' is not one of" \
   env TESSERA_LOG_LEVEL=bogus TF_CONFIG="$tf_ps0" "$BIN" server
 
+# status needs only the ps tasks (it used to need a made-up --worker_hosts)
+# and takes no --job/--task.
+expect_error "status with ps hosts only" "connection to 127.0.0.1:1 failed" \
+  "$BIN" status --ps_hosts 127.0.0.1:1 --timeout-ms 2000
+expect_error "status takes no --job" "--job" "$BIN" status --ps_hosts 127.0.0.1:1 --job ps
+
 # Finding 20: empty answers reported success.
 mkdir -p "$dir/empty" "$dir/root/step-00000007"
 expect_error "ckpt ls on an empty directory" "no checkpoints (step-N directories)" \

@@ -6,8 +6,7 @@
 
 namespace tessera::tools {
 
-void ClusterFlags::Add(CLI::App* app, const std::string& default_job) {
-  job_name = default_job;
+void ClusterFlags::AddClusterOnly(CLI::App* app) {
   app->add_option("--ps_hosts", ps_hosts, "comma-separated host:port of the ps tasks");
   app->add_option("--worker_hosts", worker_hosts, "comma-separated host:port of the workers");
   app->add_option("--chief_hosts", chief_hosts, "host:port of a dedicated chief task");
@@ -15,12 +14,47 @@ void ClusterFlags::Add(CLI::App* app, const std::string& default_job) {
   app->add_option(
       "--coordinator_host", coordinator_host,
       "host:port of a separate coordinator task (default: ps task 0 is the coordinator)");
-  app->add_option("--job_name,--job", job_name, "this task's job (ps, worker, chief, coordinator)");
-  app->add_option("--task_index,--task", task_index, "this task's index in its job");
   app->add_option("--secret-file", secret_file,
                   "file holding the cluster secret (else TESSERA_SECRET / TESSERA_SECRET_FILE)");
   app->add_option("--transport", transport,
-                  "tcp (Tessera's sockets), ucx, verbs, or auto (verbs where an RDMA device is)");
+                  "tcp (Tessera's sockets), ucx, verbs, or auto (verbs where an RDMA device is)")
+      ->capture_default_str();
+}
+
+void ClusterFlags::Add(CLI::App* app, const std::string& default_job) {
+  job_name = default_job;
+  AddClusterOnly(app);
+  app->add_option("--job_name,--job", job_name, "this task's job (ps, worker, chief, coordinator)")
+      ->capture_default_str();
+  app->add_option("--task_index,--task", task_index, "this task's index in its job");
+}
+
+Result<ClusterSpec> ClusterFlags::ResolveCluster() const {
+  ClusterSpec spec;
+  if (!ps_hosts.empty() || !worker_hosts.empty()) {
+    auto s = ClusterSpec::FromHostLists(ps_hosts, worker_hosts, chief_hosts);
+    if (!s.ok()) return s.status();
+    spec = std::move(*s);
+    if (!coordinator_host.empty()) {
+      auto addr = TaskAddress::Parse(coordinator_host);
+      if (!addr.ok()) return addr.status().WithContext("--coordinator_host");
+      TESSERA_RETURN_IF_ERROR(spec.AddJob("coordinator", {*addr}));
+    }
+  } else if (!cluster_file.empty()) {
+    auto s = ClusterSpec::FromJsonFile(cluster_file);
+    if (!s.ok()) return s.status();
+    spec = std::move(*s);
+  } else {
+    auto env = TfConfigFromEnv();
+    if (!env.ok() && env.status().code() == StatusCode::kNotFound) {
+      return Status::InvalidArgument(
+          "no cluster given: pass --ps_hosts, --cluster FILE, or set TF_CONFIG");
+    }
+    if (!env.ok()) return env.status();
+    spec = env->cluster;
+  }
+  if (spec.num_tasks("ps") == 0) return Status::InvalidArgument("cluster spec has no ps tasks");
+  return spec;
 }
 
 Result<TfConfig> ClusterFlags::Resolve() const {

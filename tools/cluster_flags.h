@@ -21,8 +21,14 @@ struct ClusterFlags {
   static std::string DefaultTransport();
 
   void Add(CLI::App* app, const std::string& default_job);
+  // For `tessera status`, which is no task of the cluster: the cluster's
+  // flags without --job/--task.
+  void AddClusterOnly(CLI::App* app);
   // Flags, else --cluster FILE, else TF_CONFIG.
   Result<TfConfig> Resolve() const;
+  // The cluster alone, which needs ps tasks but no workers (an observer
+  // asks only the ps tasks and the coordinator).
+  Result<ClusterSpec> ResolveCluster() const;
   Result<std::string> Secret() const;
 };
 

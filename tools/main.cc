@@ -126,7 +126,7 @@ int main(int argc, char** argv) try {
   tools::StatusOptions status;
   auto* status_cmd = app.add_subcommand(
       "status", "ask every ps task what it holds and has done (memory, workers, counters)");
-  status.cluster.Add(status_cmd, "ps");
+  status.cluster.AddClusterOnly(status_cmd);
   status_cmd->add_flag("--json", status.json, "print JSON");
   status_cmd->add_option("--timeout-ms", status.timeout_ms, "per task (default 5000)");
 

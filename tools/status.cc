@@ -105,9 +105,9 @@ std::string Workers(const json& j) {
 }  // namespace
 
 int RunStatus(const StatusOptions& o) {
-  auto cfg = o.cluster.Resolve();
-  if (!cfg.ok()) {
-    fprintf(stderr, "tessera status: %s\n", cfg.status().ToString().c_str());
+  auto cluster = o.cluster.ResolveCluster();
+  if (!cluster.ok()) {
+    fprintf(stderr, "tessera status: %s\n", cluster.status().ToString().c_str());
     return 2;
   }
   auto secret = o.cluster.Secret();
@@ -127,13 +127,13 @@ int RunStatus(const StatusOptions& o) {
   (*ctx)->SetHandler(wire::kProtocolMsg, [&](const std::shared_ptr<transport::Endpoint>&,
                                              std::span<const uint8_t> frame) { inbox.Put(frame); });
   std::vector<TaskId> tasks;
-  for (int i = 0; i < cfg->cluster.num_tasks("ps"); ++i) tasks.push_back({"ps", i});
-  for (int i = 0; i < cfg->cluster.num_tasks("coordinator"); ++i)
+  for (int i = 0; i < cluster->num_tasks("ps"); ++i) tasks.push_back({"ps", i});
+  for (int i = 0; i < cluster->num_tasks("coordinator"); ++i)
     tasks.push_back({"coordinator", i});
   json all = json::array();
   int failed = 0;
   for (const TaskId& t : tasks) {
-    const TaskAddress addr = cfg->cluster.address(t).value();
+    const TaskAddress addr = cluster->address(t).value();
     auto j = AskTask(**ctx, inbox, addr, *secret, std::chrono::milliseconds(o.timeout_ms));
     if (!j.ok()) {
       failed++;
