@@ -80,6 +80,8 @@ int RunServer(const tools::ClusterFlags& flags, ServerOptions opts) {
 
 int main(int argc, char** argv) try {
   CLI::App app{"Tessera: a parameter store for distributed training over RDMA"};
+  // Every option's --help shows its type and default.
+  app.option_defaults()->always_capture_default();
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string("tessera ") + TESSERA_VERSION);
 
