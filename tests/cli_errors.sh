@@ -62,6 +62,16 @@ expect_error "status with ps hosts only" "connection to 127.0.0.1:1 failed" \
   "$BIN" status --ps_hosts 127.0.0.1:1 --timeout-ms 2000
 expect_error "status takes no --job" "--job" "$BIN" status --ps_hosts 127.0.0.1:1 --job ps
 
+# More busy pollers than cores: the bench warns (it measured 8 ms p50 silently).
+out=$("$BIN" bench push --busy-poll --shards 2 --workers "$(( $(nproc) ))" --sizes 8 --iters 3 \
+  --warmup 1 2>&1)
+if grep -q "busy polling processes and threads" <<<"$out"; then
+  echo "ok   bench --busy-poll oversubscribed warns"
+else
+  echo "FAIL bench --busy-poll oversubscribed: no warning"; echo "$out" | tail -5
+  fails=$((fails + 1))
+fi
+
 # Finding 20: empty answers reported success.
 mkdir -p "$dir/empty" "$dir/root/step-00000007"
 expect_error "ckpt ls on an empty directory" "no checkpoints (step-N directories)" \

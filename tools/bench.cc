@@ -136,6 +136,19 @@ int RunBench(const BenchOptions& in) {
               "between the cluster's hosts; compare its figures with care\n");
     }
   }
+  if (o.busy_poll) {
+    // A busy poller never yields its core: more of them than cores, and the
+    // figures measure the scheduler (8 ms p50 was seen), not Tessera.
+    const int pollers = (o.cluster_file.empty() ? o.shards : 0) + o.workers;
+    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    if (pollers > cores) {
+      fprintf(stderr,
+              "bench: warning: --busy-poll with %d busy polling processes and threads (%d shards, "
+              "%d workers) on %d cores: each waits for a time slice, so the figures will show "
+              "the scheduler, not Tessera. Use fewer shards and workers, or no --busy-poll\n",
+              pollers, o.cluster_file.empty() ? o.shards : 0, o.workers, cores);
+    }
+  }
   if (o.pin) {
     // The bench and its worker threads on the last core; shards and peers
     // take the others.
