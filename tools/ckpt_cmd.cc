@@ -70,6 +70,13 @@ int Inspect(const CkptOptions& o) {
       continue;
     }
     for (const auto& file_path : files) {
+      std::error_code ec;
+      const uint64_t size = fs::file_size(file_path, ec);
+      if (!ec && size >= (uint64_t{64} << 20)) {
+        // Reading and hashing take seconds per GiB: say what is going on.
+        fprintf(stderr, "hashing %s (%llu MiB)...\n", file_path.c_str(),
+                static_cast<unsigned long long>(size >> 20));
+      }
       auto file = ckpt::SafetensorsFile::Read(file_path);
       if (!file.ok()) {
         fprintf(stderr, "%s\n", file.status().ToString().c_str());

@@ -260,6 +260,14 @@ void Checkpointer::OnAllPrepared() {
 
 void Checkpointer::SendWrites() {
   Round& r = *round_;
+  uint64_t total = 0;
+  for (uint64_t size : r.layout.file_sizes) total += size;
+  if (total >= (uint64_t{64} << 20)) {
+    // Seconds of writing and hashing: say so, so that a quiet log is not
+    // taken for a hang (the round's completion line follows).
+    TLOG_INFO("checkpoint at global step {}: writing {} MiB in {} files to {}", r.step,
+              total >> 20, r.layout.file_sizes.size(), r.tmp_dir);
+  }
   for (size_t k = 0; k < r.writes.size(); ++k) {
     if (!host_.send_to_shard(static_cast<int>(k), wire::Encode(r.writes[k], 0))) {
       return Abort(Status::Unavailable("ps task " + std::to_string(k) + " left the coordinator"));
