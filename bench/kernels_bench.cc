@@ -8,6 +8,7 @@
 #include <cstring>
 #include <vector>
 
+#include "core/dtype.h"
 #include "kernels/update.h"
 
 namespace tessera::kernels {
@@ -51,10 +52,10 @@ void BM_SumOf4GradientsF32(benchmark::State& state) {
   const size_t n = static_cast<size_t>(state.range(0)) / 4;
   std::vector<float> acc(n), g0(n, 1.0f), g1(n, 2.0f), g2(n, 3.0f), g3(n, 4.0f);
   for (auto _ : state) {
-    Accumulate(DType::kF32, acc.data(), g0.data(), n, true);
-    Accumulate(DType::kF32, acc.data(), g1.data(), n, false);
-    Accumulate(DType::kF32, acc.data(), g2.data(), n, false);
-    Accumulate(DType::kF32, acc.data(), g3.data(), n, false);
+    (void)Accumulate(DType::kF32, acc.data(), g0.data(), n, true);
+    (void)Accumulate(DType::kF32, acc.data(), g1.data(), n, false);
+    (void)Accumulate(DType::kF32, acc.data(), g2.data(), n, false);
+    (void)Accumulate(DType::kF32, acc.data(), g3.data(), n, false);
     benchmark::ClobberMemory();
   }
   state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(4 * n * 4));

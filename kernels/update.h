@@ -21,7 +21,7 @@ Status ApplyUpdateCpu(UpdateRule rule, DType dtype, void* dst, const void* src, 
 // the gradient's own dtype.
 size_t AccumulatorElementSize(DType dtype);
 // acc (+)= grad; `first` overwrites instead of adding.
-void Accumulate(DType dtype, void* acc, const void* grad, size_t n, bool first);
+[[nodiscard]] Status Accumulate(DType dtype, void* acc, const void* grad, size_t n, bool first);
 // Scales the sum (averaging) and returns it as a gradient of `dtype`: acc
 // itself, or for f16/bf16 `out` (resized) holding the rounded values.
 const void* FinishAccumulation(DType dtype, void* acc, size_t n, double scale,
@@ -49,24 +49,15 @@ Status CheckRule(UpdateRule rule, DType dtype);
 Status CheckOptimizerStep(UpdateRule rule, DType dtype, const RuleState& state, uint64_t step);
 
 // Sets state for a freshly assigned parameter: zero moments, Adagrad's sum at
-// initial_accumulator, the master copy from the parameter's value.
-void ResetRuleState(UpdateRule rule, const Hyperparams& h, DType dtype, const void* param, size_t n,
-                    const RuleState& state);
+// initial_accumulator, the master copy from the parameter's value. An error
+// when the rule cannot apply to the dtype or a state buffer it needs is missing.
+[[nodiscard]] Status ResetRuleState(UpdateRule rule, const Hyperparams& h, DType dtype,
+                                    const void* param, size_t n, const RuleState& state);
 
 // One optimizer step: param and state updated in place from the gradient
 // (same dtype as the parameter). `step` counts this chunk's updates from 1
 // (Adam's bias correction).
 Status ApplyOptimizerCpu(UpdateRule rule, const Hyperparams& h, DType dtype, void* param,
                          const void* grad, size_t n, const RuleState& state, uint64_t step);
-
-// Writes `value` as one element of `dtype` at `out` (floats rounded to
-// nearest even, integers to nearest).
-void StoreAs(DType dtype, double value, void* out);
-
-// Half-precision helpers (round to nearest even), shared with tests.
-float HalfToFloat(uint16_t h);
-uint16_t FloatToHalf(float f);
-float BFloat16ToFloat(uint16_t b);
-uint16_t FloatToBFloat16(float f);
 
 }  // namespace tessera::kernels

@@ -32,12 +32,16 @@ expect_error "secret --out refuses to overwrite" "--force replaces it" "$BIN" se
 
 export TESSERA_SECRET=$secret
 cluster='"cluster": {"ps": ["127.0.0.1:2222"], "worker": ["127.0.0.1:2223"]}'
+# Finding 16: for each of these, `tessera server` said only "no cluster given".
 expect_error "TF_CONFIG not JSON" "TF_CONFIG is not a JSON object" \
   env TF_CONFIG='{"cluster": ' "$BIN" server
 expect_error "TF_CONFIG bad port" "has an invalid port 'x'" \
   env TF_CONFIG='{"cluster": {"ps": ["127.0.0.1:x"], "worker": ["h:1"]}, "task": {"type": "ps", "index": 0}}' "$BIN" server
 expect_error "TF_CONFIG index out of range" "no task /job:ps/task:3 in the cluster spec" \
   env TF_CONFIG="{$cluster, \"task\": {\"type\": \"ps\", \"index\": 3}}" "$BIN" server
+# 2^32 wrapped to task 0 before (seen while mending what fuzz_checkpoint found).
+expect_error "TF_CONFIG index past int" 'no integer "index" of 0 or more' \
+  env TF_CONFIG="{$cluster, \"task\": {\"type\": \"ps\", \"index\": 4294967296}}" "$BIN" server
 expect_error "TF_CONFIG unknown job" "no task /job:evaluator/task:0 in the cluster spec" \
   env TF_CONFIG="{$cluster, \"task\": {\"type\": \"evaluator\", \"index\": 0}}" "$BIN" server
 expect_error "a worker's TF_CONFIG to the server" "runs ps or coordinator tasks, not /job:worker/task:0" \

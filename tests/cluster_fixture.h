@@ -77,18 +77,28 @@ class RawPeer {
   std::vector<std::vector<uint8_t>> frames_;
 };
 
-// The parameter: "native" for Tessera's own tcp transport, else the
+// The parameter: "native" for Tessera's own tcp transport, "verbs" for the
+// verbs transport (inside the Soft-RoCE VM only: RDMA_VM_ADDR), else the
 // UCX_TLS of the UCX transport.
 class ClusterTest : public ::testing::TestWithParam<const char*> {
  public:
   static std::string Name(const ::testing::TestParamInfo<const char*>& param) {
     const std::string p = param.param;
-    return p == "native" ? "native_tcp" : p == "tcp" ? "tcp" : "shm";
+    return p == "native" ? "native_tcp" : p == "tcp" ? "tcp" : p == "verbs" ? "verbs" : "shm";
   }
 
  protected:
   void SetUp() override {
-    if (std::string(GetParam()) == "native") {
+    if (std::string(GetParam()) == "verbs") {
+      const char* rdma = std::getenv("RDMA_VM_ADDR");
+      if (rdma == nullptr) {
+        GTEST_SKIP() << "no RDMA device on this machine: the verbs cases run inside the "
+                        "Soft-RoCE VM (meson test --suite rdma-vm, tests/rdma-vm/run)";
+      }
+      host_ = rdma;
+      transport_ = "verbs";
+      setenv("TESSERA_TRANSPORT", "verbs", 1);
+    } else if (std::string(GetParam()) == "native") {
       transport_ = "tcp";
       setenv("TESSERA_TRANSPORT", "tcp", 1);  // for shard processes
     } else {
@@ -119,8 +129,8 @@ class ClusterTest : public ::testing::TestWithParam<const char*> {
   // Starts `running` of `num_ps` shards (the rest of the spec is never started).
   void StartCluster(int num_ps, int num_workers, int running = -1) {
     std::vector<TaskAddress> ps, workers;
-    for (int i = 0; i < num_ps; ++i) ps.push_back({"127.0.0.1", testing::UnusedPort()});
-    for (int i = 0; i < num_workers; ++i) workers.push_back({"127.0.0.1", testing::UnusedPort()});
+    for (int i = 0; i < num_ps; ++i) ps.push_back({host_, testing::UnusedPort()});
+    for (int i = 0; i < num_workers; ++i) workers.push_back({host_, testing::UnusedPort()});
     ASSERT_TRUE(spec_.AddJob("ps", ps).ok());
     ASSERT_TRUE(spec_.AddJob("worker", workers).ok());
     for (int i = 0; i < (running < 0 ? num_ps : running); ++i) {
@@ -151,10 +161,8 @@ class ClusterTest : public ::testing::TestWithParam<const char*> {
   }
 
   Client& Connect(int worker) {
-    auto c = Client::Connect(Options(worker));
-    EXPECT_TRUE(c.ok()) << c.status().ToString();
-    if (!c.ok()) std::abort();
-    clients_.push_back(std::move(*c));
+    clients_.push_back(testing::ValueOrThrow(Client::Connect(Options(worker)),
+                                             "connecting worker " + std::to_string(worker)));
     return *clients_.back();
   }
 
@@ -207,6 +215,7 @@ class ClusterTest : public ::testing::TestWithParam<const char*> {
   }
 
   std::string transport_ = "ucx";
+  std::string host_ = "127.0.0.1";  // where the cluster's tasks listen
   std::chrono::milliseconds lease_timeout_{30'000};
   std::function<void(ServerOptions&)> configure_server_;  // before each shard starts
   std::string secret_ = GenerateSecret().value();

@@ -15,6 +15,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "core/dtype.h"
 #include "core/secret.h"
 #include "kernels/update.h"
 #include "tessera/client.h"
@@ -516,7 +517,7 @@ TEST_P(ClusterTest, AdamOnBf16KeepsAnF32Master) {
   Client& c = Connect(0);
   TensorSpec spec{"b", DType::kBF16, {1000}, UpdateRule::kAdam, {}, -1};
   spec.hyper.learning_rate = 1e-3f;
-  std::vector<uint16_t> ones(1000, kernels::FloatToBFloat16(1.0f));
+  std::vector<uint16_t> ones(1000, FloatToBFloat16(1.0f));
   spec.initial.resize(2000);
   std::memcpy(spec.initial.data(), ones.data(), 2000);
   auto b = c.Declare(spec);
@@ -525,10 +526,10 @@ TEST_P(ClusterTest, AdamOnBf16KeepsAnF32Master) {
   // Each Adam step moves a weight by ~lr = 1e-3, below bf16's resolution at
   // 1.0 (2^-7): stored in bf16 alone the weights would never move. The f32
   // master accumulates the 5 steps: 0.995, which rounds to 0.99609375.
-  std::vector<uint16_t> grad(1000, kernels::FloatToBFloat16(1.0f)), got(1000);
+  std::vector<uint16_t> grad(1000, FloatToBFloat16(1.0f)), got(1000);
   for (int i = 0; i < 5; ++i) ASSERT_TRUE(c.Push({{*b, grad.data(), 2000, DType::kBF16}}).ok());
   ASSERT_TRUE(c.Pull({{*b, got.data(), 2000, 6, DType::kBF16}}).ok());
-  EXPECT_EQ(kernels::BFloat16ToFloat(got[0]), 0.99609375f);
+  EXPECT_EQ(BFloat16ToFloat(got[0]), 0.99609375f);
   auto bad = c.Declare({"counts", DType::kI32, {4}, UpdateRule::kAdam, {}, -1});
   EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(bad.status().message().find("floating"), std::string::npos) << bad.status().ToString();

@@ -11,11 +11,14 @@
 #include <spdlog/sinks/ostream_sink.h>
 
 #include "client/staging_allocator.h"
+#include "core/dtype.h"
 #include "core/log.h"
+#include "core/log_throttle.h"
 #include "core/placement.h"
 #include "core/secret.h"
 #include "kernels/update.h"
 #include "tessera/cluster.h"
+#include "tests/test_util.h"
 
 namespace tessera {
 namespace {
@@ -94,6 +97,31 @@ TEST(ClusterSpec, FlagsAndFile) {
   EXPECT_EQ(ClusterSpec::FromJsonFile("/nonexistent.json").status().code(), StatusCode::kNotFound);
 }
 
+// Test helpers fail their test with an exception GoogleTest reports, not by
+// aborting the binary and every test after it.
+TEST(TestUtil, ValueOrThrowFailsTheTestInsteadOfAborting) {
+  EXPECT_EQ(testing::ValueOrThrow(Result<int>(7), "seven"), 7);
+  try {
+    testing::ValueOrThrow(Result<int>(Status::Unavailable("no shard")), "connecting worker 1");
+    ADD_FAILURE() << "an error went by without an exception";
+  } catch (const std::runtime_error& e) {
+    EXPECT_STREQ(e.what(), "connecting worker 1: Unavailable: no shard");
+  }
+}
+
+// Every layer asks the spec where the coordinator is: ps task 0, unless the
+// cluster has a coordinator job.
+TEST(ClusterSpec, CoordinatorIsPsZeroUnlessItHasItsOwnJob) {
+  auto spec = ClusterSpec::FromHostLists("a:1,b:2", "c:3", "");
+  ASSERT_TRUE(spec.ok());
+  EXPECT_FALSE(spec->separate_coordinator());
+  EXPECT_EQ(spec->coordinator().ToString(), "/job:ps/task:0");
+  ASSERT_TRUE(spec->AddJob("coordinator", {{"d", 4}}).ok());
+  EXPECT_TRUE(spec->separate_coordinator());
+  EXPECT_EQ(spec->coordinator().ToString(), "/job:coordinator/task:0");
+  EXPECT_EQ(spec->address(spec->coordinator()).value().ToString(), "d:4");
+}
+
 TEST(Placement, RoundRobinGreedyPinned) {
   Placer rr(PlacementPolicy::kRoundRobin, 3);
   EXPECT_EQ(rr.Place(10), 0);
@@ -160,17 +188,17 @@ TEST(Secret, ShortSecretsAreRefusedUnlessAllowed) {
 
 TEST(Kernels, HalfConversionsRoundTripEveryValue) {
   for (uint32_t h = 0; h < 0x10000; ++h) {
-    float f = kernels::HalfToFloat(static_cast<uint16_t>(h));
+    float f = HalfToFloat(static_cast<uint16_t>(h));
     if (std::isnan(f)) continue;
-    EXPECT_EQ(kernels::FloatToHalf(f), h) << std::hex << h;
-    float b = kernels::BFloat16ToFloat(static_cast<uint16_t>(h));
+    EXPECT_EQ(FloatToHalf(f), h) << std::hex << h;
+    float b = BFloat16ToFloat(static_cast<uint16_t>(h));
     if (!std::isnan(b)) {
-      EXPECT_EQ(kernels::FloatToBFloat16(b), h) << std::hex << h;
+      EXPECT_EQ(FloatToBFloat16(b), h) << std::hex << h;
     }
   }
-  EXPECT_EQ(kernels::FloatToHalf(65520.0f), 0x7c00) << "overflow rounds to inf";
-  EXPECT_EQ(kernels::FloatToHalf(1.0f + 1.0f / 2048), 0x3c00) << "ties to even";
-  EXPECT_EQ(kernels::FloatToBFloat16(1.00390625f), 0x3f80) << "ties to even";
+  EXPECT_EQ(FloatToHalf(65520.0f), 0x7c00) << "overflow rounds to inf";
+  EXPECT_EQ(FloatToHalf(1.0f + 1.0f / 2048), 0x3c00) << "ties to even";
+  EXPECT_EQ(FloatToBFloat16(1.00390625f), 0x3f80) << "ties to even";
 }
 
 template <typename T>
@@ -196,8 +224,8 @@ TEST(Kernels, AddAndAssignMatchReference) {
   CheckAdd<int32_t>(DType::kI32);
   CheckAdd<int64_t>(DType::kI64);
   for (DType dt : {DType::kF16, DType::kBF16}) {
-    auto to = dt == DType::kF16 ? kernels::FloatToHalf : kernels::FloatToBFloat16;
-    auto from = dt == DType::kF16 ? kernels::HalfToFloat : kernels::BFloat16ToFloat;
+    auto to = dt == DType::kF16 ? FloatToHalf : FloatToBFloat16;
+    auto from = dt == DType::kF16 ? HalfToFloat : BFloat16ToFloat;
     std::vector<uint16_t> dst, src;
     for (int i = -100; i < 100; ++i) {
       dst.push_back(to(static_cast<float>(i) * 0.5f));
@@ -235,6 +263,22 @@ TEST(Logging, TesseraNeverWritesToTheApplicationsLogger) {
   EXPECT_EQ(app_output.str(), "") << "Tessera wrote to the application's logger";
   EXPECT_EQ(Logger().level(), level) << "the application's set_level reached Tessera's logger";
   spdlog::set_default_logger(previous);
+}
+
+TEST(Logging, ThrottleHoldsBackABurstAndCountsIt) {
+  LogThrottle throttle(3, std::chrono::seconds(10));
+  const auto t0 = LogThrottle::Clock::now();
+  uint64_t held_back = 99;
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_TRUE(throttle.Allow(t0, &held_back));
+    EXPECT_EQ(held_back, 0u);
+  }
+  EXPECT_FALSE(throttle.Allow(t0 + std::chrono::seconds(1), &held_back));
+  EXPECT_FALSE(throttle.Allow(t0 + std::chrono::seconds(9), &held_back));
+  EXPECT_TRUE(throttle.Allow(t0 + std::chrono::seconds(10), &held_back));
+  EXPECT_EQ(held_back, 2u) << "the first line of a new window says how many were held back";
+  EXPECT_TRUE(throttle.Allow(t0 + std::chrono::seconds(11), &held_back));
+  EXPECT_EQ(held_back, 0u);
 }
 
 TEST(Logging, BadLevelIsAnErrorNamingIt) {

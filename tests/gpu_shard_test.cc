@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "core/dtype.h"
 #include "gpu/cuda.h"
 #include "kernels/update.h"
 #include "tessera/client.h"
@@ -66,10 +67,8 @@ class OneShard {
     o.allow_host_staging = allow_host_staging;
     // In one process CUDA IPC cannot map the shard's memory: the fabric.
     o.cuda_ipc = false;
-    auto c = Client::Connect(o);
-    EXPECT_TRUE(c.ok()) << c.status().ToString();
-    if (!c.ok()) std::abort();
-    clients_.push_back(std::move(*c));
+    clients_.push_back(
+        testing::ValueOrThrow(Client::Connect(o), "connecting worker " + std::to_string(worker)));
     return *clients_.back();
   }
 
@@ -175,7 +174,7 @@ std::vector<uint8_t> Values(DType dtype, size_t n, int seed) {
   for (size_t i = 0; i < n; ++i) {
     const double v = std::sin(static_cast<double>(i * 7 + seed * 13) * 0.01);
     const bool floating = dtype != DType::kI32 && dtype != DType::kI64;
-    kernels::StoreAs(dtype, floating ? v : std::round(v * 100), out.data() + i * DTypeSize(dtype));
+    StoreAs(dtype, floating ? v : std::round(v * 100), out.data() + i * DTypeSize(dtype));
   }
   return out;
 }

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "core/dtype.h"
 #include "core/log.h"
 #include "core/secret.h"
 #include "kernels/update.h"
@@ -42,7 +43,7 @@ std::vector<Plan> MakePlan(int count, uint64_t big_bytes) {
 void Fill(DType dt, uint64_t n, const std::function<int(uint64_t)>& value,
           std::vector<uint8_t>* out) {
   out->assign(n * DTypeSize(dt), 0);
-  for (uint64_t j = 0; j < n; ++j) kernels::StoreAs(dt, value(j), out->data() + j * DTypeSize(dt));
+  for (uint64_t j = 0; j < n; ++j) StoreAs(dt, value(j), out->data() + j * DTypeSize(dt));
 }
 
 int Delta(uint64_t j, int worker, int round) {

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "core/dtype.h"
 #include "gpu/cuda.h"
 #include "kernels/cuda/kernels_cuda.h"
 #include "kernels/update.h"
@@ -111,7 +112,9 @@ void ThreeStepsMatchTheCpu(UpdateRule rule, DType dtype, size_t skew) {
   if (StateSlots(rule) >= 1) cpu_state.slot0 = s0.data();
   if (StateSlots(rule) >= 2) cpu_state.slot1 = s1.data();
   if (!master.empty()) cpu_state.master = master.data();
-  if (optimizer) ResetRuleState(rule, h, dtype, cpu_param.data(), n, cpu_state);
+  if (optimizer) {
+    ASSERT_TRUE(ResetRuleState(rule, h, dtype, cpu_param.data(), n, cpu_state).ok());
+  }
   const size_t state_skew = skew * StateElementSize(dtype);
   DeviceBuffer d0(state_bytes, state_skew), d1(state_bytes, state_skew),
       dmaster(master.size() * 4, skew * 4);
@@ -169,7 +172,7 @@ TEST_P(CudaKernelTest, AveragedSumMatchesTheCpu) {
   DeviceBuffer dacc(acc_bytes), dgrad(n * DTypeSize(dtype)), dout(n * 2);
   for (int w = 0; w < 4; ++w) {
     auto g = Values(dtype, n, 7 + static_cast<uint32_t>(w), 1.0);
-    Accumulate(dtype, acc.data(), g.data(), n, w == 0);
+    ASSERT_TRUE(Accumulate(dtype, acc.data(), g.data(), n, w == 0).ok());
     dgrad.Upload(g.data());
     ASSERT_TRUE(cuda::Accumulate(dtype, dacc.get(), dgrad.get(), n, w == 0, nullptr).ok());
     ASSERT_TRUE(cuda::Synchronize(nullptr).ok());

@@ -14,8 +14,13 @@ hosts=(ps0 ps1 w0 w1 w2)
 pids=()
 
 cleanup() {
+  # $! of `cmd | sed &` is sed's: every process left in a namespace goes by
+  # the namespace instead (timeout and the server it started included).
   for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
-  for h in "${hosts[@]}"; do ip netns del "${id}$h" 2>/dev/null; done
+  for h in "${hosts[@]}"; do
+    ip netns pids "${id}$h" 2>/dev/null | xargs -r kill -9 2>/dev/null
+    ip netns del "${id}$h" 2>/dev/null
+  done
   ip netns del "$sw" 2>/dev/null
 }
 trap cleanup EXIT

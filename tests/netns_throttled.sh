@@ -16,9 +16,13 @@ net=10.232.$(( $$ % 250 )).
 pids=()
 
 cleanup() {
+  # $! of `cmd | sed &` is sed's: every process left in a namespace goes by
+  # the namespace instead (timeout and the server it started included).
   for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
-  ip netns del "${id}ps" 2>/dev/null
-  ip netns del "${id}w" 2>/dev/null
+  for ns in "${id}ps" "${id}w"; do
+    ip netns pids "$ns" 2>/dev/null | xargs -r kill -9 2>/dev/null
+    ip netns del "$ns" 2>/dev/null
+  done
 }
 trap cleanup EXIT
 

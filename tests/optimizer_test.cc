@@ -6,6 +6,7 @@
 #include <random>
 #include <vector>
 
+#include "core/dtype.h"
 #include "kernels/update.h"
 
 namespace tessera::kernels {
@@ -124,7 +125,7 @@ TEST_P(OptimizerTest, MatchesScalarReferenceOverManySteps) {
   if (StateSlots(rule) >= 1) state.slot0 = s0.data();
   if (StateSlots(rule) >= 2) state.slot1 = s1.data();
   if (NeedsMaster(dtype, rule)) state.master = master.data();
-  ResetRuleState(rule, h, dtype, param.data(), n, state);
+  ASSERT_TRUE(ResetRuleState(rule, h, dtype, param.data(), n, state).ok());
 
   // f64 follows the reference to rounding; f32 (and the f32 master of half
   // parameters) to single-precision rounding accumulated over the steps.

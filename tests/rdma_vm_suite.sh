@@ -32,6 +32,9 @@ step "registration past a 1 MiB locked-memory limit, without CAP_IPC_LOCK"
     --gtest_filter='VerbsFailure.RegistrationBeyondTheLockedMemoryLimitNamesUlimit'
 )
 
+step "the hardening cases over verbs: strangers, limits, refused calls, stuck and failed steps"
+$T "$BUILD/tests/hardening_test" --gtest_filter='*/verbs'
+
 step "tessera doctor sees rxe0 and tells the truth about it"
 "$BUILD/tools/tessera" doctor --json | python3 "$(dirname "$0")/doctor_check.py"
 

@@ -9,7 +9,6 @@
 #include <unistd.h>
 
 #include <csignal>
-#include <fstream>
 
 #include "tests/cluster_fixture.h"
 
@@ -23,48 +22,6 @@ using testing::ShardProcesses;
 
 // What the server may grow by under any one attack.
 constexpr long kRssBoundKiB = 32 * 1024;
-
-long RssOf(pid_t pid) {
-  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
-  std::string line;
-  while (std::getline(status, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) return std::stol(line.substr(6));
-  }
-  return -1;
-}
-
-// A plain TCP connection, for bytes no Tessera peer would send.
-class RawSocket {
- public:
-  explicit RawSocket(uint16_t port) {
-    fd_ = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(port);
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ok_ = connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
-    timeval tv{30, 0};
-    setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  }
-  ~RawSocket() { close(fd_); }
-  bool ok() const { return ok_; }
-  void Send(const std::vector<uint8_t>& bytes) {
-    (void)send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL);
-  }
-  // True once the server closed it (EOF or reset), reading what it sent.
-  bool ClosedByServer() {
-    uint8_t buf[4096];
-    while (true) {
-      const ssize_t r = recv(fd_, buf, sizeof(buf), 0);
-      if (r == 0) return true;
-      if (r < 0) return errno == ECONNRESET;
-    }
-  }
-
- private:
-  int fd_ = -1;
-  bool ok_ = false;
-};
 
 class SecurityTest : public ClusterTest {
  protected:
@@ -88,7 +45,7 @@ class SecurityTest : public ClusterTest {
     ASSERT_TRUE(w.ok()) << w.status();
     w_ = *w;
     ASSERT_TRUE(chief_->Initialize().ok());
-    rss_before_ = RssOf(server_->pid(0));
+    rss_before_ = testing::RssKiB(server_->pid(0));
   }
 
   // After an attack: the process lives, within the memory bound, and a new
@@ -96,7 +53,8 @@ class SecurityTest : public ClusterTest {
   void ServerStillServes() {
     ASSERT_EQ(kill(server_->pid(0), 0), 0) << "the server died";
     EXPECT_FALSE(server_->WaitExit(0, 0ms).has_value()) << "the server exited";
-    EXPECT_LT(RssOf(server_->pid(0)) - rss_before_, kRssBoundKiB) << "KiB the server grew by";
+    EXPECT_LT(testing::RssKiB(server_->pid(0)) - rss_before_, kRssBoundKiB)
+        << "KiB the server grew by";
     auto c = Client::Connect(Options(1));
     ASSERT_TRUE(c.ok()) << c.status();
     auto w = (*c)->Declare(F32("w", 1024, UpdateRule::kAdd));
@@ -124,8 +82,8 @@ TEST_P(SecurityTest, GarbageOnTheListeningPort) {
   StartServer();
   for (const auto& garbage : {std::vector<uint8_t>(17, 0), std::vector<uint8_t>(4096, 0xff),
                               std::vector<uint8_t>(8, 0xff)}) {
-    RawSocket s(port_);
-    ASSERT_TRUE(s.ok());
+    testing::RawTcpSocket s(port_);
+    ASSERT_TRUE(s.connected());
     s.Send(garbage);
     EXPECT_TRUE(s.ClosedByServer()) << garbage.size() << " bytes";
   }
@@ -141,10 +99,10 @@ TEST_P(SecurityTest, IdleConnectionsAreClosedAndDoNotLockWorkersOut) {
                     "bound them (docs/security.md)";
   }
   StartServer({{0, {"TESSERA_HELLO_TIMEOUT_MS=1000"}}});
-  std::vector<std::unique_ptr<RawSocket>> idle;
+  std::vector<std::unique_ptr<testing::RawTcpSocket>> idle;
   for (int i = 0; i < 300; ++i) {
-    idle.push_back(std::make_unique<RawSocket>(port_));
-    ASSERT_TRUE(idle.back()->ok()) << i;
+    idle.push_back(std::make_unique<testing::RawTcpSocket>(port_));
+    ASSERT_TRUE(idle.back()->connected()) << i;
   }
   ServerStillServes();  // while 300 strangers hold connections open
   for (auto& s : idle) EXPECT_TRUE(s->ClosedByServer()) << "an idle connection was kept";

@@ -11,8 +11,13 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <functional>
 #include <mutex>
+#include <sstream>
 
+#include <spdlog/sinks/ostream_sink.h>
+
+#include "core/log.h"
 #include "tests/test_util.h"
 #include "transport/region_desc.h"
 #include "transport/tcp/tcp_frame.h"
@@ -24,25 +29,11 @@ namespace {
 
 using namespace std::chrono_literals;
 
-// A socket that speaks the tcp transport's frames without a transport.
-class Attacker {
+// A peer that speaks the tcp backend's framing by hand, breaking its rules.
+class Attacker : public testing::RawTcpSocket {
  public:
-  explicit Attacker(uint16_t port) {
-    fd_ = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(port);
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    connected_ = connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
-    timeval tv{20, 0};  // a bound on every read below
-    setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  }
-  ~Attacker() { close(fd_); }
-  bool connected() const { return connected_; }
-
-  void Raw(std::span<const uint8_t> bytes) {
-    (void)send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL);
-  }
+  explicit Attacker(uint16_t port) : RawTcpSocket(port, std::chrono::seconds(20)) {}
+  void Raw(std::span<const uint8_t> bytes) { Send(bytes); }
   void Preamble() { Raw(kPreamble); }
   void Frame(const FrameHeader& h, std::span<const uint8_t> payload = {}) {
     std::array<uint8_t, kFrameHeaderBytes> header{};
@@ -50,32 +41,6 @@ class Attacker {
     Raw(header);
     if (!payload.empty()) Raw(payload);
   }
-  // Exactly n bytes from the server, or fewer when it closed or went quiet.
-  std::vector<uint8_t> Read(size_t n) {
-    std::vector<uint8_t> out(n);
-    size_t got = 0;
-    while (got < n) {
-      const ssize_t r = recv(fd_, out.data() + got, n - got, 0);
-      if (r <= 0) break;
-      got += static_cast<size_t>(r);
-    }
-    out.resize(got);
-    return out;
-  }
-  // True once the server closed the connection (reads until EOF or reset,
-  // discarding what the server sent, e.g. its preamble).
-  bool ClosedByServer() {
-    uint8_t buf[4096];
-    while (true) {
-      const ssize_t r = recv(fd_, buf, sizeof(buf), 0);
-      if (r == 0) return true;
-      if (r < 0) return errno == ECONNRESET;
-    }
-  }
-
- private:
-  int fd_ = -1;
-  bool connected_ = false;
 };
 
 class TcpAttackTest : public ::testing::Test {
@@ -209,6 +174,40 @@ TEST_F(TcpAttackTest, GarbageClosesTheConnectionOnly) {
   b.Preamble();
   b.Raw(std::vector<uint8_t>(kFrameHeaderBytes, 0xff));
   EXPECT_TRUE(b.ClosedByServer());
+  ServerStillServes();
+}
+
+// Each broken connection was a WARN line: a stranger could flood the log as
+// fast as it connects. Now at most 10 a minute are written, and the next one
+// says how many were held back.
+TEST_F(TcpAttackTest, StrangersCannotFloodTheLog) {
+  // The sink list is changed on the server's loop thread, the only one
+  // that logs here, so that no line is being written meanwhile.
+  auto on_loop = [&](const std::function<void()>& change) {
+    testing::Waiter<bool> changed;
+    server_->Post([&change, done = changed.callback()] {
+      change();
+      done(true);
+    });
+    ASSERT_TRUE(changed.Wait().has_value());
+  };
+  std::ostringstream log;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log);
+  on_loop([&] { Logger().sinks().push_back(sink); });
+  for (int i = 0; i < 50; ++i) {
+    Attacker a(listener_->port());
+    a.Raw(std::vector<uint8_t>(17, 0));
+    ASSERT_TRUE(a.ClosedByServer());
+  }
+  on_loop([&] { Logger().sinks().pop_back(); });
+  const std::string text = log.str();
+  size_t lines = 0;
+  for (size_t at = text.find("closing the connection"); at != std::string::npos;
+       at = text.find("closing the connection", at + 1)) {
+    ++lines;
+  }
+  EXPECT_GE(lines, 1u);
+  EXPECT_LE(lines, 10u) << text;
   ServerStillServes();
 }
 

@@ -1,9 +1,13 @@
 #include "tests/test_util.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <csignal>
 #include <cstdlib>
 #include <fstream>
@@ -93,13 +97,53 @@ void ShardProcesses::StopAll() {
   for (size_t i = 1; i < pids_.size(); ++i) WaitExit(static_cast<int>(i), std::chrono::seconds(30));
 }
 
-long RssKiB() {
-  std::ifstream status("/proc/self/status");
+long RssKiB(pid_t pid) {
+  std::ifstream status(pid == 0 ? "/proc/self/status" : "/proc/" + std::to_string(pid) + "/status");
   std::string line;
   while (std::getline(status, line)) {
     if (line.rfind("VmRSS:", 0) == 0) return std::stol(line.substr(6));
   }
   return -1;
+}
+
+RawTcpSocket::RawTcpSocket(uint16_t port, std::chrono::seconds read_timeout) {
+  fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  connected_ = fd_ >= 0 && connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  timeval tv{static_cast<time_t>(read_timeout.count()), 0};
+  setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+}
+
+RawTcpSocket::~RawTcpSocket() {
+  if (fd_ >= 0) close(fd_);
+}
+
+void RawTcpSocket::Send(std::span<const uint8_t> bytes) {
+  (void)send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+}
+
+std::vector<uint8_t> RawTcpSocket::Read(size_t n) {
+  std::vector<uint8_t> out(n);
+  size_t got = 0;
+  while (got < n) {
+    const ssize_t r = recv(fd_, out.data() + got, n - got, 0);
+    if (r <= 0) break;
+    got += static_cast<size_t>(r);
+  }
+  out.resize(got);
+  return out;
+}
+
+bool RawTcpSocket::ClosedByServer() {
+  uint8_t buf[4096];
+  while (true) {
+    const ssize_t r = recv(fd_, buf, sizeof(buf), 0);
+    if (r == 0) return true;
+    if (r < 0) return errno == ECONNRESET;
+  }
 }
 
 }  // namespace tessera::testing

@@ -10,6 +10,8 @@
 #include <memory>
 #include <optional>
 #include <ostream>
+#include <span>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -22,6 +24,15 @@ inline std::ostream& operator<<(std::ostream& os, const Status& st) { return os 
 }  // namespace tessera
 
 namespace tessera::testing {
+
+// The value of `result`, or an exception naming `what` and the error. A
+// helper that cannot go on fails its test this way (GoogleTest reports the
+// exception, TearDown runs) and the binary's other tests still run.
+template <typename T>
+T ValueOrThrow(Result<T> result, const std::string& what) {
+  if (!result.ok()) throw std::runtime_error(what + ": " + result.status().ToString());
+  return std::move(*result);
+}
 
 // A one-shot completion a test can wait on with a bound.
 template <typename T>
@@ -49,8 +60,31 @@ uint16_t UnusedPort();
 // that wait for a condition instead of sleeping "long enough".
 bool WaitUntil(const std::function<bool()>& done, std::chrono::milliseconds limit);
 
-// This process's resident set (VmRSS), in KiB; -1 when unknown.
-long RssKiB();
+// The resident set (VmRSS) of a process (0: this one), in KiB; -1 when unknown.
+long RssKiB(pid_t pid = 0);
+
+// A plain TCP connection to 127.0.0.1:port, for tests that play a peer who
+// breaks every rule. Every read is bounded by `read_timeout`.
+class RawTcpSocket {
+ public:
+  explicit RawTcpSocket(uint16_t port,
+                        std::chrono::seconds read_timeout = std::chrono::seconds(30));
+  ~RawTcpSocket();
+  RawTcpSocket(const RawTcpSocket&) = delete;
+  RawTcpSocket& operator=(const RawTcpSocket&) = delete;
+
+  bool connected() const { return connected_; }
+  void Send(std::span<const uint8_t> bytes);
+  // Exactly n bytes from the server, or fewer when it closed or went quiet.
+  std::vector<uint8_t> Read(size_t n);
+  // True once the server closed the connection: reads until EOF or reset,
+  // discarding what the server sent.
+  bool ClosedByServer();
+
+ private:
+  int fd_ = -1;
+  bool connected_ = false;
+};
 
 // ps tasks as real `tessera server` processes (the binary named by
 // TESSERA_BIN), for failures only a process has; killed when this goes.

@@ -11,7 +11,13 @@
 #include <random>
 #include <thread>
 
+#include <spdlog/sinks/ostream_sink.h>
+
+#include <sstream>
+
+#include "core/log.h"
 #include "tests/test_util.h"
+#include "transport/region_desc.h"
 #include "transport/sockaddr.h"
 #include "transport/transport.h"
 #include "transport/ucx/ucx_tcp_policy.h"
@@ -25,6 +31,9 @@ using tessera::testing::Waiter;
 constexpr uint16_t kEchoMsg = 7;
 constexpr uint16_t kDescribeMsg = 8;
 constexpr uint16_t kSerialMsg = 9;
+// Answered with the region's bytes [offset, offset + length) as they are
+// when the message is handled (two u64s in the body).
+constexpr uint16_t kSnapshotMsg = 10;
 
 // Set on the threads of the Drive test that drive a context themselves.
 thread_local bool tls_is_driver = false;
@@ -37,6 +46,13 @@ struct TransportCase {
   const char* expect_rma_lane;  // what the backend must report for put/get
   size_t max_bytes;             // largest transfer tried (software RDMA is slow)
   bool needs_rdma;              // runs only where an RDMA device is (the VM)
+  // The target enforces keys on one-sided operations (Tessera's tcp itself;
+  // on verbs and UCX's rc_verbs the HCA), and the access a region was
+  // registered with (not UCX's rc_verbs: UCX registers memory with every
+  // remote access, whatever ucp_mem_map's prot asks). UCX's tcp, shared
+  // memory and self enforce neither (docs/security.md).
+  bool enforces_keys;
+  bool enforces_access;
 };
 
 // The address the verbs cases use: one an RDMA device carries. Set inside
@@ -83,6 +99,14 @@ class TransportTest : public ::testing::TestWithParam<TransportCase> {
         kEchoMsg, [](const std::shared_ptr<Endpoint>& from, std::span<const uint8_t> bytes) {
           from->Send(kEchoMsg + 100, std::vector<uint8_t>(bytes.begin(), bytes.end()));
         });
+    server_->SetHandler(kSnapshotMsg, [this](const std::shared_ptr<Endpoint>& from,
+                                             std::span<const uint8_t> bytes) {
+      uint64_t where[2] = {0, 0};
+      if (bytes.size() == sizeof(where)) std::memcpy(where, bytes.data(), sizeof(where));
+      const auto* at = static_cast<const uint8_t*>(server_region_->data());
+      if (where[0] > kRegionSize || where[1] > kRegionSize - where[0]) where[0] = where[1] = 0;
+      from->Send(kEchoMsg + 100, std::vector<uint8_t>(at + where[0], at + where[0] + where[1]));
+    });
     server_->SetHandler(kDescribeMsg,
                         [this](const std::shared_ptr<Endpoint>& from, std::span<const uint8_t>) {
                           from->Send(kDescribeMsg + 100, server_region_->Describe());
@@ -278,6 +302,77 @@ TEST_P(TransportTest, PutThenGetByteExactAtUnalignedOffsets) {
   }
 }
 
+// Ids from Context::kMaxUserMessageId up are the backends' own (UCX's
+// connect messages): a handler for one is a programming error that stops the
+// process at once, naming the id, on every backend.
+TEST_P(TransportTest, ReservedMessageIdsCannotBeHandled) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(
+      server_->SetHandler(Context::kMaxUserMessageId + 1,
+                          [](const std::shared_ptr<Endpoint>&, std::span<const uint8_t>) {}),
+      "message id 65281 is reserved for the transport");
+}
+
+// A message id nobody handles comes from the peer, who may not have
+// authenticated: each one was a WARN line, so a peer could flood the log.
+// Now at most 10 a minute are written, on every backend.
+TEST_P(TransportTest, UnknownMessagesCannotFloodTheLog) {
+  // The sink list is changed on the server's progress thread, which is the
+  // one that logs the drops, so that no line is being written meanwhile.
+  auto on_loop = [&](const std::function<void()>& change) {
+    testing::Waiter<bool> changed;
+    server_->Post([&change, done = changed.callback()] {
+      change();
+      done(true);
+    });
+    ASSERT_TRUE(changed.Wait().has_value());
+  };
+  std::ostringstream log;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log);
+  on_loop([&] { Logger().sinks().push_back(sink); });
+  for (int i = 0; i < 50; ++i) ep_->Send(55, {1, 2, 3});
+  ep_->Send(kEchoMsg, {7});  // handled after the 50, on the same connection
+  EXPECT_EQ(NextReply(), std::vector<uint8_t>{7});
+  on_loop([&] { Logger().sinks().pop_back(); });
+  const std::string text = log.str();
+  size_t lines = 0;
+  for (size_t at = text.find("no handler for message 55"); at != std::string::npos;
+       at = text.find("no handler for message 55", at + 1)) {
+    ++lines;
+  }
+  EXPECT_GE(lines, 1u) << text;
+  EXPECT_LE(lines, 10u) << text;
+}
+
+// An endpoint that says so delivers a message only after the puts issued
+// before it have landed: the client's push then needs no flush before its
+// message. Checked with puts large enough to take many socket writes.
+TEST_P(TransportTest, PutsLandBeforeLaterMessagesWhereClaimed) {
+  if (!ep_->PutsLandBeforeLaterMessages()) {
+    GTEST_SKIP() << GetParam().backend << " makes no such promise (a push flushes first)";
+  }
+  for (size_t size : {size_t{1}, size_t{4096}, size_t{1} << 20, size_t{8} << 20}) {
+    if (size > GetParam().max_bytes) continue;
+    for (uint32_t round = 0; round < 4; ++round) {
+      const uint64_t offset = 64 + round;
+      auto src = Pattern(size, static_cast<uint32_t>(size) + round);
+      std::atomic<int> puts_failed{0};
+      ep_->Put(src.data(), size, *remote_, remote_->base() + offset, [&](Status st) {
+        if (!st.ok()) puts_failed++;
+      });
+      const uint64_t where[2] = {offset, size};
+      ep_->Send(kSnapshotMsg, std::vector<uint8_t>(reinterpret_cast<const uint8_t*>(where),
+                                                   reinterpret_cast<const uint8_t*>(where + 2)));
+      auto seen = NextReply();
+      ASSERT_EQ(seen.size(), size);
+      EXPECT_TRUE(seen == src) << "the message of round " << round << " overtook its put of "
+                               << size << " bytes";
+      ASSERT_TRUE(Wait([&](Completion c) { ep_->Flush(c); }).ok());
+      EXPECT_EQ(puts_failed.load(), 0);
+    }
+  }
+}
+
 TEST_P(TransportTest, ThousandOutstandingOperations) {
   constexpr size_t kOps = 1000, kSize = 4099;
   auto src = Pattern(kOps * kSize, 99);
@@ -336,6 +431,69 @@ TEST_P(TransportTest, BadRemoteKeyRefused) {
   EXPECT_FALSE(ep_->Attach(garbage).ok());
   EXPECT_FALSE(ep_->Attach(std::span<const uint8_t>(desc.data(), 10)).ok());
   EXPECT_FALSE(ep_->Attach({}).ok());
+}
+
+// What the target enforces whatever the peer claims, checked with bytes the
+// client's own checks let through: a key forged from the writer's own
+// memory (a well-formed description of the target's address and size, with
+// the key of a region the client registered), and a write to memory the
+// target registered read-only. Tessera's tcp refuses both itself; on verbs
+// the HCA does; on UCX's rc_verbs the HCA checks keys only. The target's
+// memory must not change.
+TEST_P(TransportTest, KeyForgedFromOwnMemoryReachesNoMemory) {
+  if (!GetParam().enforces_keys) {
+    GTEST_SKIP() << "this transport checks no keys (UCX's tcp, shared memory, self): Tessera "
+                    "uses it only where every peer is trusted (docs/security.md)";
+  }
+  const auto before = Pattern(4096, 11);
+  std::memcpy(server_region_->data(), before.data(), before.size());
+  auto own = client_ctx_->Allocate(4096, MemoryKind::kHost);
+  ASSERT_TRUE(own.ok()) << own.status();
+  const auto own_desc_bytes = (*own)->Describe();
+  const auto target_desc_bytes = server_region_->Describe();
+  auto own_desc = DecodeRegionDesc(own_desc_bytes);
+  auto target = DecodeRegionDesc(target_desc_bytes);
+  ASSERT_TRUE(own_desc.ok() && target.ok());
+  auto forged =
+      ep_->Attach(EncodeRegionDesc(target->backend, target->base, target->size, own_desc->key));
+  ASSERT_TRUE(forged.ok()) << "the forged key should pass the client's checks: " << forged.status();
+  std::vector<uint8_t> junk(64, 0xee);
+  Status put = Wait(
+      [&](Completion c) { ep_->Put(junk.data(), junk.size(), **forged, (*forged)->base(), c); });
+  // A put may complete locally and fail at the target (UCX): the flush says.
+  if (put.ok()) put = Wait([&](Completion c) { ep_->Flush(c); });
+  EXPECT_FALSE(put.ok()) << "a put with a forged key completed at the target";
+  std::vector<uint8_t> got(64);
+  Status get =
+      Wait([&](Completion c) { ep_->Get(got.data(), got.size(), **forged, (*forged)->base(), c); });
+  EXPECT_FALSE(get.ok()) << "a get with a forged key completed";
+  EXPECT_EQ(std::memcmp(server_region_->data(), before.data(), before.size()), 0)
+      << "the target's memory changed";
+}
+
+TEST_P(TransportTest, ReadOnlyRegionCannotBeWritten) {
+  if (!GetParam().enforces_access) {
+    GTEST_SKIP() << "this transport does not enforce read-only registrations (UCX registers "
+                    "memory with every remote access; measured with UCX 1.13 on Soft-RoCE): "
+                    "docs/security.md says what that leaves open";
+  }
+  std::vector<uint8_t> memory = Pattern(4096, 12);
+  const auto before = memory;
+  auto ro = server_->Register(memory.data(), memory.size(), MemoryKind::kHost, RemoteAccess::kRead);
+  ASSERT_TRUE(ro.ok()) << ro.status();
+  auto remote = ep_->Attach((*ro)->Describe());
+  ASSERT_TRUE(remote.ok()) << remote.status();
+  std::vector<uint8_t> got(memory.size());
+  ASSERT_TRUE(Wait([&](Completion c) {
+                ep_->Get(got.data(), got.size(), **remote, (*remote)->base(), c);
+              }).ok());
+  EXPECT_EQ(got, before) << "a read of the read-only region";
+  std::vector<uint8_t> junk(64, 0xee);
+  Status put = Wait(
+      [&](Completion c) { ep_->Put(junk.data(), junk.size(), **remote, (*remote)->base(), c); });
+  if (put.ok()) put = Wait([&](Completion c) { ep_->Flush(c); });
+  EXPECT_FALSE(put.ok()) << "a put into a read-only region completed at the target";
+  EXPECT_EQ(memory, before) << "the read-only region changed";
 }
 
 TEST_P(TransportTest, ConnectToDeadAddressFailsWithinTimeout) {
@@ -569,12 +727,15 @@ TEST(VerbsSelection, DeviceByName) {
 INSTANTIATE_TEST_SUITE_P(
     Backends, TransportTest,
     ::testing::Values(
-        TransportCase{"native_tcp", "tcp", "", false, "tcp (Tessera's sockets)", 64u << 20, false},
-        TransportCase{"tcp", "ucx", "tcp", false, "tcp/", 64u << 20, false},
-        TransportCase{"shm", "ucx", "posix,sysv,cma,tcp", false, "sysv/memory", 64u << 20, false},
-        TransportCase{"self", "ucx", "self,tcp", true, "self/", 64u << 20, false},
-        TransportCase{"verbs", "verbs", "", false, "verbs RC", 8u << 20, true},
-        TransportCase{"ucx_rc_verbs", "ucx", "rc_verbs", false, "rc_verbs/", 8u << 20, true}),
+        TransportCase{"native_tcp", "tcp", "", false, "tcp (Tessera's sockets)", 64u << 20, false,
+                      true, true},
+        TransportCase{"tcp", "ucx", "tcp", false, "tcp/", 64u << 20, false, false, false},
+        TransportCase{"shm", "ucx", "posix,sysv,cma,tcp", false, "sysv/memory", 64u << 20, false,
+                      false, false},
+        TransportCase{"self", "ucx", "self,tcp", true, "self/", 64u << 20, false, false, false},
+        TransportCase{"verbs", "verbs", "", false, "verbs RC", 8u << 20, true, true, true},
+        TransportCase{"ucx_rc_verbs", "ucx", "rc_verbs", false, "rc_verbs/", 8u << 20, true, true,
+                      false}),
     [](const auto& test_info) { return std::string(test_info.param.name); });
 
 // UCX tcp protects no memory: UCX may listen or connect off loopback only

@@ -24,12 +24,18 @@ struct Sample {
   const char* name;
   std::vector<uint8_t> frame;
   std::function<Status(std::span<const uint8_t>)> decode;
+  // Decodes and compares with the message that was encoded, field by field.
+  std::function<bool(std::span<const uint8_t>)> decodes_to_original;
 };
 
 template <typename Msg>
 Sample Make(const char* name, const Msg& msg, uint32_t flags = 0) {
   return {name, Encode(msg, 42, flags),
-          [](std::span<const uint8_t> f) { return Decode<Msg>(f).status(); }};
+          [](std::span<const uint8_t> f) { return Decode<Msg>(f).status(); },
+          [msg](std::span<const uint8_t> f) {
+            auto back = Decode<Msg>(f);
+            return back.ok() && *back == msg;
+          }};
 }
 
 std::vector<Sample> Samples() {
@@ -89,8 +95,10 @@ std::vector<Sample> Samples() {
 }
 
 TEST(Wire, ValidFramesRoundTrip) {
-  for (const auto& s : Samples())
+  for (const auto& s : Samples()) {
     EXPECT_TRUE(s.decode(s.frame).ok()) << s.name << ": " << s.decode(s.frame).ToString();
+    EXPECT_TRUE(s.decodes_to_original(s.frame)) << s.name << " decodes to another message";
+  }
   const auto samples = Samples();
   auto it = std::find_if(samples.begin(), samples.end(),
                          [](const Sample& s) { return s.name == std::string("declare"); });

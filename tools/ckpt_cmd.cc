@@ -1,4 +1,5 @@
 #include "tools/ckpt_cmd.h"
+#include "core/dtype.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -222,7 +223,7 @@ int WriteSample(const CkptOptions& o) {
     for (size_t i = 0; i < n; ++i) {
       const int v = static_cast<int>((i * 7 + k) % 251) - 125;
       const bool integer = dt == DType::kI32 || dt == DType::kI64;
-      kernels::StoreAs(dt, integer ? v : v / 4.0, data[k].data() + i * DTypeSize(dt));
+      StoreAs(dt, integer ? v : v / 4.0, data[k].data() + i * DTypeSize(dt));
     }
     tensors.push_back({"layer." + spec[k].first, dt, {6, 5}, data[k]});
   }

@@ -7,8 +7,10 @@
 #                       every test suite: the optimised build; its launch,
 #                       cluster and checkpoint suites and the VM's cluster
 #                       runs again beside stress-ng on every core; everything
-#                       again under ASan/UBSan; then the unit and integration
-#                       suites built against PyPI's CUDA-capable UCX
+#                       again under ASan/UBSan; the fuzz targets (libFuzzer,
+#                       clang, ASan/UBSan) for a bounded time each; the unit
+#                       and integration suites under ThreadSanitizer; then
+#                       those suites built against PyPI's CUDA-capable UCX
 #                       (libucx-cu12), the UCX a GPU deployment would use.
 #                       Each stage prints how long it took.
 set -euo pipefail
@@ -35,6 +37,8 @@ PACKAGES=(
 )
 # A CPU hog on every core for the tests that must hold on a busy host.
 LOAD_PACKAGES=(stress-ng)
+# libFuzzer: clang and its runtimes.
+FUZZ_PACKAGES=(clang libclang-rt-14-dev)
 # For the tests on a real kernel RDMA stack (tests/rdma-vm/run): Debian's
 # kernel with Soft-RoCE, booted under qemu; rdma-core's tools and perftest.
 VM_PACKAGES=(
@@ -82,7 +86,7 @@ build() {  # build DIR [meson options...]
   if [ ! -f "$dir/build.ninja" ]; then
     meson setup "$dir" "$@"
   fi
-  ninja -C "$dir"
+  ninja -C "$dir" ${NINJA_TARGETS:-}
 }
 
 # meson's summary as the plain closing line CI reads: "N passed, N failed".
@@ -128,7 +132,8 @@ case "${1:-}" in
     exec build/tools/tessera demo "${@:2}"
     ;;
   test)
-    stage "packages" install_missing "${PACKAGES[@]}" "${VM_PACKAGES[@]}" "${LOAD_PACKAGES[@]}"
+    stage "packages" install_missing "${PACKAGES[@]}" "${VM_PACKAGES[@]}" "${LOAD_PACKAGES[@]}" \
+      "${FUZZ_PACKAGES[@]}"
     stage "python venv" python_env
     stage "build" build build "${GPU_OPTIONS[@]}"
     stage "tests" run_suite build
@@ -140,6 +145,23 @@ case "${1:-}" in
     ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
       TESSERA_VM_WORKER_ARGS="--tensors 40 --big-mib 2" TESSERA_VM_STEP_TIMEOUT=600 \
       stage "tests: ASan/UBSan" run_suite build-asan
+    # Every decoder of bytes from a peer or a file, fuzzed from its seed
+    # corpus (tests/fuzz) for a bounded time; only the fuzz targets and what
+    # they link are built.
+    CC=clang CXX=clang++ NINJA_TARGETS=fuzzers stage "build: fuzzers" build build-fuzz \
+      -Dfuzzers=true -Dfuzz_seconds=40 -Db_sanitize=address,undefined -Db_lundef=false \
+      -Dcuda=disabled -Dnccl=disabled -Dverbs=disabled -Dbenchmarks=false
+    stage "fuzz" run_suite build-fuzz --suite fuzz --no-rebuild -v
+    # ThreadSanitizer over the unit and integration suites. UCX's memory
+    # hooks (libucm) are off: they intercept madvise when a thread exits,
+    # after TSan has torn down that thread's state, and crash there. The
+    # CUDA code is left out: it cannot run here, and nvcc's host code is
+    # not TSan's to check.
+    stage "build: TSan" build build-tsan -Db_sanitize=thread -Db_lundef=false \
+      -Dcuda=disabled -Dnccl=disabled -Dbenchmarks=false
+    UCX_MEM_MMAP_HOOK_MODE=none UCX_MEM_MALLOC_HOOKS=no \
+      TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
+      stage "tests: TSan" run_suite build-tsan --suite unit --suite integration
     # The same code against another UCX (1.22, with CUDA modules; no GPU
     # here, so it reports host memory and the GPU tests skip saying so).
     stage "build: UCX 1.22" build build-ucx-cu12 -Ducx_prefix="$(ucx_cu12_prefix)" \

@@ -5,7 +5,6 @@
 #include <net/if.h>
 #include <sys/resource.h>
 #include <sys/utsname.h>
-#include <ucp/api/ucp.h>
 
 #include <cstdio>
 #include <cstring>
@@ -16,33 +15,15 @@
 
 #include "gpu/cuda.h"
 #include "tessera/cluster.h"
-#include "tessera_config.h"
+#include "transport/probe.h"
 #include "transport/sockaddr.h"
-#include "transport/ucx/ucx_context.h"
-
-#if TESSERA_HAVE_VERBS
-#include <infiniband/verbs.h>
-#endif
 
 namespace tessera::tools {
 namespace {
 
 namespace fs = std::filesystem;
 
-struct Finding {
-  std::string check;
-  std::string level;  // ok, info, warn, problem
-  std::string detail;
-  std::string fix;
-  nlohmann::json data = nlohmann::json::object();
-};
-
-std::string ReadLine(const fs::path& path) {
-  std::ifstream in(path);
-  std::string line;
-  std::getline(in, line);
-  return line;
-}
+using Finding = transport::ProbeFinding;
 
 std::string Mib(double bytes) {
   char buf[32];
@@ -51,115 +32,6 @@ std::string Mib(double bytes) {
 }
 
 // The RDMA device (and port) whose GID table names this network interface.
-std::string RdmaDeviceOn(const std::string& netdev) {
-  std::error_code ec;
-  for (const auto& dev : fs::directory_iterator("/sys/class/infiniband", ec)) {
-    for (const auto& port : fs::directory_iterator(dev.path() / "ports", ec)) {
-      for (const auto& nd : fs::directory_iterator(port.path() / "gid_attrs" / "ndevs", ec)) {
-        if (ReadLine(nd.path()) == netdev) {
-          return dev.path().filename().string() + ":" + port.path().filename().string();
-        }
-      }
-    }
-  }
-  return "";
-}
-
-// --- RDMA devices, ports and GIDs -------------------------------------------
-
-Finding CheckDevices() {
-  Finding f{"rdma-devices", "ok", "", ""};
-#if TESSERA_HAVE_VERBS
-  int num = 0;
-  ibv_device** list = ibv_get_device_list(&num);
-  if (list == nullptr || num == 0) {
-    if (list) ibv_free_device_list(list);
-    f.level = "problem";
-    f.detail =
-        "no RDMA devices: the verbs backend cannot run here (UCX's tcp and shared memory can)";
-    f.fix =
-        "load your adapter's driver (e.g. mlx5_ib) and check `ibv_devices`; for tests, "
-        "Soft-RoCE: `modprobe rdma_rxe && rdma link add rxe0 type rxe netdev IFACE`; "
-        "or use --transport ucx";
-    return f;
-  }
-  std::vector<std::string> down, lines;
-  for (int i = 0; i < num; ++i) {
-    const std::string name = ibv_get_device_name(list[i]);
-    ibv_context* ctx = ibv_open_device(list[i]);
-    if (ctx == nullptr) {
-      down.push_back(name + " (cannot be opened: " + std::strerror(errno) + ")");
-      continue;
-    }
-    ibv_device_attr attr{};
-    ibv_query_device(ctx, &attr);
-    nlohmann::json dev = {{"name", name}, {"ports", nlohmann::json::array()}};
-    for (uint8_t p = 1; p <= attr.phys_port_cnt; ++p) {
-      ibv_port_attr port{};
-      if (ibv_query_port(ctx, p, &port) != 0) continue;
-      const bool eth = port.link_layer == IBV_LINK_LAYER_ETHERNET;
-      const std::string state = ibv_port_state_str(port.state);
-      // The GID table, and the RoCE v2 IPv4 entry rdma_cm picks for an IPv4 route.
-      nlohmann::json gids = nlohmann::json::array();
-      int roce_v2_ipv4 = -1;
-      const fs::path base = fs::path("/sys/class/infiniband") / name / "ports" / std::to_string(p);
-      for (int g = 0; g < port.gid_tbl_len && g < 16; ++g) {
-        const std::string gid = ReadLine(base / "gids" / std::to_string(g));
-        if (gid.empty() || gid == "0000:0000:0000:0000:0000:0000:0000:0000") continue;
-        const std::string type = ReadLine(base / "gid_attrs" / "types" / std::to_string(g));
-        const std::string ndev = ReadLine(base / "gid_attrs" / "ndevs" / std::to_string(g));
-        gids.push_back({{"index", g}, {"gid", gid}, {"type", type}, {"netdev", ndev}});
-        if (roce_v2_ipv4 < 0 && type.find("v2") != std::string::npos &&
-            gid.rfind("0000:0000:0000:0000:0000:ffff:", 0) == 0) {
-          roce_v2_ipv4 = g;
-        }
-      }
-      dev["ports"].push_back({{"port", p},
-                              {"state", state},
-                              {"link_layer", eth ? "Ethernet (RoCE)" : "InfiniBand"},
-                              {"active_mtu", 128 << port.active_mtu},
-                              {"gids", gids},
-                              {"roce_v2_ipv4_gid_index", roce_v2_ipv4}});
-      std::string line = name + " port " + std::to_string(p) + ": " + state + ", " +
-                         (eth ? "RoCE" : "InfiniBand") + ", MTU " +
-                         std::to_string(128 << port.active_mtu);
-      if (eth) {
-        line += roce_v2_ipv4 >= 0 ? ", RoCE v2 IPv4 GID index " + std::to_string(roce_v2_ipv4) +
-                                        " (rdma_cm picks the GID of each route itself)"
-                                  : ", no RoCE v2 IPv4 GID (is an IPv4 address on its netdev?)";
-      }
-      lines.push_back(line);
-      if (port.state != IBV_PORT_ACTIVE) down.push_back(name + " port " + std::to_string(p));
-    }
-    f.data["devices"].push_back(dev);
-    ibv_close_device(ctx);
-  }
-  ibv_free_device_list(list);
-  for (const auto& l : lines) f.detail += (f.detail.empty() ? "" : "; ") + l;
-  if (!down.empty()) {
-    f.level = "problem";
-    std::string which;
-    for (const auto& d : down) which += (which.empty() ? "" : ", ") + d;
-    f.detail += ". Not active: " + which;
-    f.fix =
-        "InfiniBand: check the cable and that a subnet manager runs (`ibstat`, opensm); "
-        "RoCE: bring the network interface up (`ip link set IFACE up`)";
-  }
-  if (!fs::exists("/dev/infiniband/rdma_cm")) {
-    f.level = "problem";
-    f.detail += ". /dev/infiniband/rdma_cm is missing: connections cannot be set up";
-    f.fix = "modprobe rdma_ucm";
-  }
-#else
-  f.level = "info";
-  f.detail =
-      "this build has no verbs backend (built without libibverbs-dev/librdmacm-dev or "
-      "with -Dverbs=disabled)";
-  f.fix = "install libibverbs-dev and librdmacm-dev and rebuild for --transport verbs";
-#endif
-  return f;
-}
-
 // --- Locked memory ----------------------------------------------------------
 
 bool HasIpcLock() {
@@ -201,80 +73,6 @@ Finding CheckMemlock(const DoctorOptions& o) {
   }
   return f;
 }
-
-// --- UCX --------------------------------------------------------------------
-
-Finding CheckUcx() {
-  Finding f{"ucx", "ok", "", ""};
-  ucp_config_t* config = nullptr;
-  ucp_params_t params{};
-  params.field_mask = UCP_PARAM_FIELD_FEATURES;
-  params.features = UCP_FEATURE_AM | UCP_FEATURE_RMA;
-  ucp_context_h ctx = nullptr;
-  if (ucp_config_read(nullptr, nullptr, &config) != UCS_OK ||
-      ucp_init(&params, config, &ctx) != UCS_OK) {
-    if (config) ucp_config_release(config);
-    f.level = "problem";
-    f.detail = "UCX " + std::string(ucp_get_version_string()) + " failed to initialise";
-    f.fix = "check UCX_* variables (ucx_info -c) and that libucx is installed";
-    return f;
-  }
-  ucp_config_release(config);
-  ucp_context_attr_t attr{};
-  attr.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES;
-  ucp_context_query(ctx, &attr);
-  const bool cuda = attr.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA);
-  // The transports it sees: "resource N : md M dev D flags -- tl/dev" lines.
-  char* buf = nullptr;
-  size_t len = 0;
-  FILE* out = open_memstream(&buf, &len);
-  ucp_context_print_info(ctx, out);
-  fclose(out);
-  std::istringstream lines(std::string(buf, len));
-  free(buf);
-  std::vector<std::string> tls;
-  std::string line;
-  while (std::getline(lines, line)) {
-    const auto at = line.find("-- ");
-    if (line.find("resource") != std::string::npos && at != std::string::npos) {
-      tls.push_back(line.substr(at + 3));
-    }
-  }
-  ucp_cleanup(ctx);
-  std::string list;
-  for (const auto& t : tls) list += (list.empty() ? "" : ", ") + t;
-  unsigned major = 0, minor = 0, release = 0;
-  ucp_get_version(&major, &minor, &release);
-  f.data = {{"version", ucp_get_version_string()},
-            {"loaded", transport::DescribeUcxLibrary()},
-            {"cuda", cuda},
-            {"transports", tls}};
-  f.detail = transport::DescribeUcxLibrary() + ", " +
-             (cuda ? "built with CUDA" : "without CUDA support") + "; transports: " + list;
-  if (!cuda) {
-    // A UCX built with CUDA has its CUDA module beside it; without a driver
-    // it still reports host memory only.
-    const bool cuda_module = transport::UcxHasCudaModule();
-    const fs::path modules = fs::path(transport::UcxLibraryPath()).parent_path() / "ucx";
-    f.data["cuda_module"] = cuda_module;
-    f.level = "info";
-    f.fix = cuda_module
-                ? "this UCX has CUDA modules (" + modules.string() +
-                      "), but no CUDA driver answered: GPU memory needs the NVIDIA driver"
-                : "for GPU-resident parameters over UCX, use a CUDA-enabled UCX (e.g. the "
-                  "libucx-cu12 wheel, meson -Ducx_prefix; docs/gpu.md); host memory works as is";
-  }
-  if (major == 1 && minor < 15 && fs::exists("/sys/class/infiniband")) {
-    f.level = "warn";
-    f.detail +=
-        ". UCX before 1.15 can miss RC wake-ups (openucx/ucx#8959): Tessera wakes its "
-        "UCX progress thread every 1 ms while idle to bound the delay";
-    f.fix = "a UCX of 1.15 or later removes the periodic wake-up";
-  }
-  return f;
-}
-
-// --- GPU memory registration -------------------------------------------------
 
 Finding CheckGpu() {
   Finding f{"gpu-registration", "info", "", ""};
@@ -340,7 +138,7 @@ Finding CheckAddresses(const DoctorOptions& o) {
   auto describe = [&](const std::string& addr) -> std::string {
     for (const auto& [name, ip] : ifaces) {
       if (ip == addr) {
-        const std::string rdma = RdmaDeviceOn(name);
+        const std::string rdma = transport::RdmaDeviceOn(name);
         return name +
                (rdma.empty() ? " (no RDMA device: tcp only)" : " (RDMA device " + rdma + ")");
       }
@@ -348,7 +146,7 @@ Finding CheckAddresses(const DoctorOptions& o) {
     return "";
   };
   for (const auto& [name, ip] : ifaces) {
-    const std::string rdma = RdmaDeviceOn(name);
+    const std::string rdma = transport::RdmaDeviceOn(name);
     f.data["interfaces"].push_back({{"name", name}, {"ipv4", ip}, {"rdma_device", rdma}});
     f.detail +=
         (f.detail.empty() ? "" : "; ") + name + " " + ip + (rdma.empty() ? "" : " -> " + rdma);
@@ -383,8 +181,8 @@ Finding CheckAddresses(const DoctorOptions& o) {
 }
 
 int RunDoctor(const DoctorOptions& o) {
-  std::vector<Finding> findings = {CheckDevices(), CheckMemlock(o), CheckUcx(), CheckGpu(),
-                                   CheckAddresses(o)};
+  std::vector<Finding> findings = {transport::ProbeRdmaDevices(), CheckMemlock(o),
+                                   transport::ProbeUcx(), CheckGpu(), CheckAddresses(o)};
   int problems = 0;
   for (const auto& f : findings) problems += f.level == "problem";
   if (o.json) {

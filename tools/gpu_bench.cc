@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/dtype.h"
 #include "core/ports.h"
 #include "core/secret.h"
 #include "gpu/cuda.h"
@@ -59,8 +60,8 @@ Status Fill(const gpu::DeviceBuffer& b, const gpu::Stream& s, DType dtype, doubl
   const size_t n = b.size() / DTypeSize(dtype);
   std::vector<uint8_t> host(b.size());
   for (size_t i = 0; i < n; ++i) {
-    kernels::StoreAs(dtype, scale * (static_cast<double>(i % 1021) / 1021.0 - 0.5),
-                     host.data() + i * DTypeSize(dtype));
+    StoreAs(dtype, scale * (static_cast<double>(i % 1021) / 1021.0 - 0.5),
+            host.data() + i * DTypeSize(dtype));
   }
   TESSERA_RETURN_IF_ERROR(gpu::Copy(b.data(), host.data(), b.size(), s));
   return s.Synchronize();

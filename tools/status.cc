@@ -95,9 +95,9 @@ Result<json> AskTask(transport::Context& ctx, Inbox& inbox, const TaskAddress& a
 
 std::string Workers(const json& j) {
   std::string out;
-  for (const auto& w : j["workers"]) {
+  for (const auto& w : j.at("workers")) {
     if (!out.empty()) out += ", ";
-    out += w["task"].get<std::string>() + (w["cuda_ipc"].get<bool>() ? " (CUDA IPC)" : "");
+    out += w.at("task").get<std::string>() + (w.at("cuda_ipc").get<bool>() ? " (CUDA IPC)" : "");
   }
   return out.empty() ? "none" : out;
 }
@@ -128,8 +128,7 @@ int RunStatus(const StatusOptions& o) {
                                              std::span<const uint8_t> frame) { inbox.Put(frame); });
   std::vector<TaskId> tasks;
   for (int i = 0; i < cluster->num_tasks("ps"); ++i) tasks.push_back({"ps", i});
-  for (int i = 0; i < cluster->num_tasks("coordinator"); ++i)
-    tasks.push_back({"coordinator", i});
+  for (int i = 0; i < cluster->num_tasks("coordinator"); ++i) tasks.push_back({"coordinator", i});
   json all = json::array();
   int failed = 0;
   for (const TaskId& t : tasks) {
@@ -148,24 +147,32 @@ int RunStatus(const StatusOptions& o) {
     printf("%s\n", all.dump(2).c_str());
   } else {
     for (const auto& j : all) {
-      printf("%s (%s)\n", j["task"].get<std::string>().c_str(),
-             j["address"].get<std::string>().c_str());
-      if (j.contains("error")) {
-        printf("  unreachable: %s\n", j["error"].get<std::string>().c_str());
-        continue;
-      }
-      const auto& s = j["stats"];
-      printf("  parameters: %s%s\n", j["memory"].get<std::string>().c_str(),
-             j["staged_through_host"].get<bool>() ? ", staged through host memory" : "");
-      printf("  transport:  %s\n", j["transport"].get<std::string>().c_str());
-      printf("  workers:    %s\n", Workers(j).c_str());
-      printf("  tensors %llu, pushes %llu, pulls %llu, sync steps %llu, host-staged bytes %llu\n",
-             s["tensors"].get<unsigned long long>(), s["pushes_applied"].get<unsigned long long>(),
-             s["pulls_served"].get<unsigned long long>(),
-             s["sync_steps_applied"].get<unsigned long long>(),
-             s["host_staged_bytes"].get<unsigned long long>());
-      if (j.contains("global_step")) {
-        printf("  global step %llu\n", j["global_step"].get<unsigned long long>());
+      // A task's answer is read as it came: a field of the wrong type says
+      // so instead of ending the command.
+      try {
+        printf("%s (%s)\n", j.at("task").get<std::string>().c_str(),
+               j.at("address").get<std::string>().c_str());
+        if (j.contains("error")) {
+          printf("  unreachable: %s\n", j.at("error").get<std::string>().c_str());
+          continue;
+        }
+        const auto& s = j.at("stats");
+        printf("  parameters: %s%s\n", j.at("memory").get<std::string>().c_str(),
+               j.at("staged_through_host").get<bool>() ? ", staged through host memory" : "");
+        printf("  transport:  %s\n", j.at("transport").get<std::string>().c_str());
+        printf("  workers:    %s\n", Workers(j).c_str());
+        printf("  tensors %llu, pushes %llu, pulls %llu, sync steps %llu, host-staged bytes %llu\n",
+               s.at("tensors").get<unsigned long long>(),
+               s.at("pushes_applied").get<unsigned long long>(),
+               s.at("pulls_served").get<unsigned long long>(),
+               s.at("sync_steps_applied").get<unsigned long long>(),
+               s.at("host_staged_bytes").get<unsigned long long>());
+        if (j.contains("global_step")) {
+          printf("  global step %llu\n", j.at("global_step").get<unsigned long long>());
+        }
+      } catch (const nlohmann::json::exception& e) {
+        printf("  malformed status reply: %s\n", e.what());
+        failed++;
       }
     }
   }

@@ -3,6 +3,7 @@
 #include "transport/tcp/tcp_context.h"
 #include "transport/transport.h"
 #include "transport/ucx/ucx_context.h"
+#include "transport/ucx/ucx_library.h"
 #if TESSERA_HAVE_VERBS
 #include "transport/verbs/verbs_context.h"
 #endif
@@ -10,7 +11,7 @@
 namespace tessera::transport {
 
 Result<std::unique_ptr<Context>> Context::Open(const ContextOptions& options) {
-  if (options.backend == "ucx") return UcxContext::Create(options);
+  if (options.backend == "ucx") return ucx::UcxContext::Create(options);
   if (options.backend == "tcp") return tcp::TcpContext::Create(options);
   if (options.backend == "verbs") {
 #if TESSERA_HAVE_VERBS
@@ -37,14 +38,14 @@ Result<std::unique_ptr<Context>> Context::Open(const ContextOptions& options) {
 #endif
     ContextOptions ucx = options;
     ucx.backend = "ucx";
-    return UcxContext::Create(ucx);
+    return ucx::UcxContext::Create(ucx);
   }
   return Status::InvalidArgument("unknown transport backend '" + options.backend +
                                  "' (expected tcp, ucx, verbs or auto)");
 }
 
 void ApplyBackendDefaults(const std::string& backend) {
-  if (backend == "ucx") ApplyUcxDefaults();
+  if (backend == "ucx") ucx::ApplyUcxDefaults();
 }
 
 }  // namespace tessera::transport

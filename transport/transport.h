@@ -119,6 +119,10 @@ class Endpoint {
                    Completion done) = 0;
   // Completes once every put/get issued before it is complete at the peer.
   virtual void Flush(Completion done) = 0;
+  // True when the peer handles a message only after every put issued
+  // before it on this endpoint has landed (one ordered stream, served in
+  // order): such a message needs no Flush ahead of it.
+  virtual bool PutsLandBeforeLaterMessages() const { return false; }
 
   // Closes the connection after what was sent is delivered.
   virtual void Close() = 0;
@@ -139,10 +143,6 @@ class Endpoint {
   size_t message_limit() const {
     return authenticated_.load(std::memory_order_relaxed) ? limits_.after : limits_.before;
   }
-
-  // Opaque slot for the layer above (e.g. which worker this is).
-  void set_user_tag(uint64_t tag) { user_tag_.store(tag); }
-  uint64_t user_tag() const { return user_tag_.load(); }
 
   // When the peer last showed a sign of life (steady_clock): a message or a
   // fragment of one from it arrived, or a one-sided operation or flush on
@@ -171,7 +171,6 @@ class Endpoint {
  private:
   const MessageLimits limits_;
   std::atomic<bool> authenticated_{false};
-  std::atomic<uint64_t> user_tag_{0};
   std::atomic<std::chrono::steady_clock::rep> last_traffic_{0};
 };
 

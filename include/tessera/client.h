@@ -190,6 +190,18 @@ struct PushPullItem {
   BufferMemory memory = BufferMemory::kDetect;  // of both buffers
 };
 
+// A chunk of a push that its shard dropped, as TensorFlow's
+// SyncReplicasOptimizer drops them (sync tensors only). kStale: its step had
+// been applied, or already had its replicas (a late or backup worker);
+// kDuplicate: this worker had pushed that step already.
+struct DroppedChunk {
+  enum class Why : uint8_t { kStale, kDuplicate };
+  std::string tensor;
+  uint32_t chunk = 0;  // index among the tensor's chunks (TensorInfo)
+  uint64_t step = 0;   // the step the push was tagged with
+  Why why = Why::kStale;
+};
+
 // Completion of an asynchronous call.
 class Future {
  public:
@@ -198,9 +210,14 @@ class Future {
   Status Wait() const;
   Status WaitFor(std::chrono::milliseconds limit) const;
   bool ready() const;
-  // Runs fn once complete (at once if it already is). It may run on the
-  // client's progress thread: it must not block, nor call the Client.
+  // Runs fn once complete (at once if it already is); a fn set before then
+  // runs before Wait returns and before ready() turns true. It may run on
+  // the client's progress thread: it must not block, nor call the Client.
   void Then(std::function<void(Status)> fn) const;
+  // Once complete: the chunks of this push that a shard dropped (a dropped
+  // chunk is no error: the call is OK). Empty for other calls, and until
+  // the call is complete.
+  std::vector<DroppedChunk> dropped() const;
 
   struct State;
   explicit Future(std::shared_ptr<State> state) : state_(std::move(state)) {}
@@ -290,6 +307,14 @@ class Client {
   Future PushAsync(const std::vector<PushItem>& items, uint64_t step);
   Status Push(const std::vector<PushItem>& items, uint64_t step) {
     return PushAsync(items, step).Wait();
+  }
+  // The same, also saying which chunks were dropped (see DroppedChunk).
+  Status Push(const std::vector<PushItem>& items, uint64_t step,
+              std::vector<DroppedChunk>* dropped) {
+    Future f = PushAsync(items, step);
+    Status st = f.Wait();
+    if (dropped != nullptr) *dropped = f.dropped();
+    return st;
   }
   Future PullAsync(const std::vector<PullItem>& items);
   // Pushes, then pulls each tensor's value with this push applied.

@@ -54,8 +54,15 @@ class ClusterSpec {
   int num_workers() const { return num_tasks("worker") + num_tasks("chief"); }
   // The chief: the "chief" task if the spec has one, else worker 0.
   TaskId chief() const;
+  // Whether the coordinator runs as its own job, not inside ps task 0.
+  bool separate_coordinator() const { return num_tasks("coordinator") > 0; }
+  // The task that hosts the coordinator: the "coordinator" task if the spec
+  // has one, else ps task 0.
+  TaskId coordinator() const;
   // Position of a worker-like task among all workers (chief first if present).
   Result<int> worker_rank(const TaskId& task) const;
+  // The task of a worker rank (the inverse of worker_rank).
+  Result<TaskId> worker_task(int rank) const;
 
   // Checks there is at least one ps task and one worker-like task.
   Status Validate() const;

@@ -68,6 +68,7 @@ struct Hyperparams {
 
   // An error naming the bad field, or OK.
   Status Validate() const;
+  bool operator==(const Hyperparams&) const = default;
 };
 
 // How pushes from several workers combine (per tensor).
@@ -100,6 +101,7 @@ struct ConsistencyMode {
     return {Consistency::kBounded, 0, total_num_replicas, false, staleness};
   }
   Status Validate() const;
+  bool operator==(const ConsistencyMode&) const = default;
 };
 
 const char* ConsistencyName(Consistency kind);

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "core/dtype.h"
 #include "kernels/optimizer_params.h"
 #include "kernels/update.h"
 
@@ -69,7 +70,9 @@ template <typename T>
 // memory: f32 gets copies built for wider vector units, chosen at load time
 // by the CPU it runs on (GCC function multiversioning). The kernels library
 // is built with -ffp-contract=off, so every copy gives the same bits.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+// ThreadSanitizer instruments the clones' resolver, which the dynamic loader
+// runs before TSan's runtime is up (a crash at load): one copy there.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
 #define TESSERA_WIDE_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define TESSERA_WIDE_CLONES
@@ -148,8 +151,15 @@ Status CheckRule(UpdateRule rule, DType dtype) {
   return Status::Ok();
 }
 
-void ResetRuleState(UpdateRule rule, const Hyperparams& h, DType dtype, const void* param, size_t n,
-                    const RuleState& state) {
+Status ResetRuleState(UpdateRule rule, const Hyperparams& h, DType dtype, const void* param,
+                      size_t n, const RuleState& state) {
+  TESSERA_RETURN_IF_ERROR(CheckRule(rule, dtype));
+  const int slots = StateSlots(rule);
+  if ((slots >= 1 && !state.slot0) || (slots >= 2 && !state.slot1) ||
+      (NeedsMaster(dtype, rule) && !state.master)) {
+    return Status::Internal(std::string("rule ") + UpdateRuleName(rule) + " on " +
+                            DTypeName(dtype) + " has no state buffers to reset");
+  }
   const size_t bytes = n * StateElementSize(dtype);
   if (state.slot0) std::memset(state.slot0, 0, bytes);
   if (state.slot1) std::memset(state.slot1, 0, bytes);
@@ -164,6 +174,7 @@ void ResetRuleState(UpdateRule rule, const Hyperparams& h, DType dtype, const vo
     const auto* p = static_cast<const uint16_t*>(param);
     for (size_t i = 0; i < n; ++i) state.master[i] = ToFloat(dtype, p[i]);
   }
+  return Status::Ok();
 }
 
 Status CheckOptimizerStep(UpdateRule rule, DType dtype, const RuleState& state, uint64_t step) {

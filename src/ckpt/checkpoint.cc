@@ -7,11 +7,14 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <mutex>
+#include <type_traits>
 
 #include <nlohmann/json.hpp>
 
@@ -59,15 +62,48 @@ json ModeToJson(const ConsistencyMode& m) {
 }
 
 template <typename T>
+struct IsVector : std::false_type {};
+template <typename E>
+struct IsVector<std::vector<E>> : std::true_type {};
+
+// Whether a JSON value holds a T exactly. nlohmann's get<> would turn 1e300
+// into an integer (undefined behaviour), 2^40 into a wrapped uint32, or
+// 1e300 into an infinite float, without a word.
+template <typename T>
+bool Holds(const json& v) {
+  if constexpr (IsVector<T>::value) {
+    return v.is_array() && std::all_of(v.begin(), v.end(), [](const json& e) {
+             return Holds<typename T::value_type>(e);
+           });
+  } else if constexpr (std::is_same_v<T, std::string>) {
+    return v.is_string();
+  } else if constexpr (std::is_same_v<T, bool>) {
+    return v.is_boolean();
+  } else if constexpr (std::is_floating_point_v<T>) {
+    return v.is_number() && std::abs(v.get<double>()) <= std::numeric_limits<T>::max();
+  } else {
+    static_assert(std::is_integral_v<T>);
+    if (v.is_number_unsigned()) {
+      return v.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<T>::max());
+    }
+    if (!v.is_number_integer()) return false;
+    const int64_t x = v.get<int64_t>();
+    if (x < 0)
+      return std::is_signed_v<T> && x >= static_cast<int64_t>(std::numeric_limits<T>::min());
+    return static_cast<uint64_t>(x) <= static_cast<uint64_t>(std::numeric_limits<T>::max());
+  }
+}
+
+template <typename T>
 Status Field(const json& j, const char* key, T* out, const std::string& where) {
   if (!j.is_object() || !j.contains(key)) {
     return Status::DataLoss(where + ": missing \"" + key + "\"");
   }
-  try {
-    *out = j.at(key).get<T>();
-  } catch (const json::exception&) {
-    return Status::DataLoss(where + ": \"" + key + "\" has the wrong type");
+  const json& v = j.at(key);
+  if (!Holds<T>(v)) {
+    return Status::DataLoss(where + ": \"" + key + "\" has the wrong type or is out of range");
   }
+  *out = v.get<T>();
   return Status::Ok();
 }
 
@@ -100,6 +136,9 @@ Result<Hyperparams> HyperFromJson(const json& j, const std::string& where) {
   TESSERA_RETURN_IF_ERROR(Field(j, "beta2", &h.beta2, where));
   TESSERA_RETURN_IF_ERROR(Field(j, "epsilon", &h.epsilon, where));
   TESSERA_RETURN_IF_ERROR(Field(j, "initial_accumulator", &h.initial_accumulator, where));
+  // What a shard would refuse from a worker it refuses from a file too (a
+  // value past float's range reads as infinity, which JSON cannot even hold).
+  if (Status st = h.Validate(); !st.ok()) return Status::DataLoss(where + ": " + st.message());
   return h;
 }
 
@@ -333,11 +372,12 @@ std::span<const uint8_t> Bytes(const std::string& s) {
   return {reinterpret_cast<const uint8_t*>(s.data()), s.size()};
 }
 
-// The index must say what the layout says: which file holds each stored
-// tensor, and how many bytes they take in all.
-Status CheckIndex(const Checkpoint& c, const std::string& text, const std::string& path) {
+}  // namespace
+
+Status CheckpointLayout::CheckIndex(const Manifest& m, const std::string& text,
+                                    const std::string& path) const {
   json got = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  json want = json::parse(c.layout.IndexJson(c.manifest), nullptr, false);
+  json want = json::parse(IndexJson(m), nullptr, false);
   if (got.is_discarded() || !got.is_object()) return Status::DataLoss(path + ": not JSON");
   if (!got.contains("weight_map") || got["weight_map"] != want["weight_map"]) {
     return Status::DataLoss(path + ": its weight_map does not match the files " + kManifestName +
@@ -350,8 +390,6 @@ Status CheckIndex(const Checkpoint& c, const std::string& text, const std::strin
   }
   return Status::Ok();
 }
-
-}  // namespace
 
 Result<Checkpoint> Checkpoint::Open(const std::string& step_dir, bool verify_data) {
   const std::string manifest_path = step_dir + "/" + kManifestName;
@@ -388,7 +426,7 @@ Result<Checkpoint> Checkpoint::Open(const std::string& step_dir, bool verify_dat
   const std::string index_path = step_dir + "/" + kIndexName;
   auto index = ReadWholeFile(index_path);
   if (index.ok()) {
-    TESSERA_RETURN_IF_ERROR(CheckIndex(c, *index, index_path));
+    TESSERA_RETURN_IF_ERROR(c.layout.CheckIndex(c.manifest, *index, index_path));
     if (c.manifest.version >= 2 && (index->size() != c.manifest.index.bytes ||
                                     Sha256Hex(Bytes(*index)) != c.manifest.index.sha256)) {
       return Status::DataLoss(index_path + " differs from what " + kManifestName + " recorded");

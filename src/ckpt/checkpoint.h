@@ -105,6 +105,10 @@ struct CheckpointLayout {
   std::map<std::pair<std::string, Slot>, PlacedSlot> slots;
   // Hugging Face's model.safetensors.index.json.
   std::string IndexJson(const Manifest& m) const;
+  // DataLoss unless `index_text` (read from `path`) says what IndexJson
+  // says: which file holds each stored tensor, and how many bytes they take.
+  Status CheckIndex(const Manifest& m, const std::string& index_text,
+                    const std::string& path) const;
 };
 // Lays out the manifest's tensors (sorted by name within each file).
 Result<CheckpointLayout> PlanCheckpoint(const Manifest& manifest);

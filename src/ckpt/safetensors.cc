@@ -274,13 +274,18 @@ Result<SafetensorsFile> SafetensorsFile::Read(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return Status::NotFound("cannot open " + path);
   std::vector<uint8_t> all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return Parse(path, std::move(all));
+}
+
+Result<SafetensorsFile> SafetensorsFile::Parse(const std::string& where, std::vector<uint8_t> all) {
   auto len = HeaderLength(
-      path, std::span<const uint8_t>(all).first(std::min<size_t>(8, all.size())), all.size());
+      where, std::span<const uint8_t>(all).first(std::min<size_t>(8, all.size())), all.size());
   if (!len.ok()) return len.status();
   SafetensorsFile file;
-  TESSERA_RETURN_IF_ERROR(ParseHeader(path, std::span<const uint8_t>(all).subspan(8, *len),
+  TESSERA_RETURN_IF_ERROR(ParseHeader(where, std::span<const uint8_t>(all).subspan(8, *len),
                                       all.size() - 8 - *len, &file.tensors_, &file.metadata_));
-  file.data_.assign(all.begin() + 8 + static_cast<long>(*len), all.end());
+  all.erase(all.begin(), all.begin() + 8 + static_cast<long>(*len));
+  file.data_ = std::move(all);
   return file;
 }
 

@@ -71,6 +71,9 @@ Result<SafetensorsHeader> ReadSafetensorsHeader(const std::string& path);
 class SafetensorsFile {
  public:
   static Result<SafetensorsFile> Read(const std::string& path);
+  // The same checks on a file's bytes already in memory; `where` names them
+  // in errors.
+  static Result<SafetensorsFile> Parse(const std::string& where, std::vector<uint8_t> all);
 
   const std::vector<TensorEntry>& tensors() const { return tensors_; }  // in file order
   const Metadata& metadata() const { return metadata_; }

@@ -11,6 +11,7 @@
 #include "ckpt/checkpoint.h"
 #include "client/silence_meter.h"
 #include "client/staging_allocator.h"
+#include "core/bytes.h"
 #include "core/log.h"
 #include "core/node_id.h"
 #include "core/placement.h"
@@ -63,11 +64,15 @@ class ProgressDriver {
 struct Future::State {
   std::mutex mu;
   std::condition_variable cv;
-  bool done = false;
-  std::atomic<bool> ready{false};  // `done`, readable without the lock
+  bool done = false;  // every part finished: the status is final
+  // Done, and the continuations (Then) have run: only now do waiters go on,
+  // so that what a continuation sends (the worker's step report) is on its
+  // way before anything the waiter does next. Set under mu.
+  std::atomic<bool> ready{false};
   Status status;
   int remaining = 0;  // parts still running
   std::vector<std::function<void(Status)>> then;
+  std::vector<DroppedChunk> dropped;  // a push's, guarded by mu
   std::chrono::milliseconds timeout{60'000};
   std::shared_ptr<ProgressDriver> driver;  // null for futures failed at once
 
@@ -84,11 +89,15 @@ struct Future::State {
       if (!st.ok() && status.ok()) status = st;
       if (--remaining > 0) return;
       done = true;
-      ready.store(true, std::memory_order_release);
       run.swap(then);
+      if (run.empty()) ready.store(true, std::memory_order_release);
+    }
+    if (!run.empty()) {
+      for (auto& fn : run) fn(status);
+      std::lock_guard<std::mutex> lock(mu);
+      ready.store(true, std::memory_order_release);
     }
     cv.notify_all();
-    for (auto& fn : run) fn(status);
   }
 };
 
@@ -118,18 +127,20 @@ Status Future::WaitFor(std::chrono::milliseconds limit) const {
   // the progress thread to notice that nobody drives any more.
   if (state_->driver) state_->driver->StopDriving();
   std::unique_lock<std::mutex> lock(state_->mu);
-  if (!state_->cv.wait_for(lock, limit, [&] { return state_->done; })) {
+  if (!state_->cv.wait_for(lock, limit, [&] { return state_->ready.load(); })) {
     return Status::DeadlineExceeded("operation did not complete within " +
                                     std::to_string(limit.count()) + " ms");
   }
   return state_->status;
 }
 
-bool Future::ready() const {
-  if (!state_) return false;
+std::vector<DroppedChunk> Future::dropped() const {
+  if (!state_) return {};
   std::lock_guard<std::mutex> lock(state_->mu);
-  return state_->done;
+  return state_->ready.load() ? state_->dropped : std::vector<DroppedChunk>{};
 }
+
+bool Future::ready() const { return state_ && state_->ready.load(std::memory_order_acquire); }
 
 void Future::Then(std::function<void(Status)> fn) const {
   Status st;
@@ -153,6 +164,16 @@ Future FailedFuture(const Status& st) {
   state->remaining = 1;
   state->Finish(st);
   return Future(state);
+}
+
+// How long a shard may hold a pull before answering what it still waits for
+// (who has not pushed a sync step): a little less than the op timeout, so
+// that its answer, not the bare timeout, reaches the caller.
+uint32_t ShardWaitMs(std::chrono::milliseconds op_timeout) {
+  const auto margin =
+      std::clamp(op_timeout / 5, std::chrono::milliseconds(10), std::chrono::milliseconds(2000));
+  const auto wait = std::max(op_timeout - margin, std::chrono::milliseconds(1));
+  return static_cast<uint32_t>(std::min<int64_t>(wait.count(), UINT32_MAX));
 }
 
 }  // namespace
@@ -257,6 +278,9 @@ class Client::Impl {
   // Loop thread.
   template <typename Msg>
   void Request(int shard, const Msg& msg, uint32_t flags, ReplyFn fn);
+  // Tells every shard still connected that this worker leaves on purpose,
+  // and waits briefly for their answers, so that none logs a lost worker.
+  void SayBye();
   void OnFrame(const std::shared_ptr<transport::Endpoint>& ep, std::span<const uint8_t> frame);
   void OnShardLost(int shard, const Status& why);
   void ConnectShard(int shard, std::chrono::steady_clock::time_point deadline);
@@ -315,8 +339,14 @@ class Client::Impl {
     for (const auto& io : ios) raw += io.chunk->bytes;
     return raw <= std::min(options_.inline_bytes, wire::kMaxInlineBytes);
   }
+  // `op` (may be null) hears of the chunks the shard dropped.
   void PushToShard(int shard, std::vector<ChunkIo> ios, uint32_t flags, uint64_t step,
+                   std::shared_ptr<Future::State> op,
                    std::function<void(Status, std::vector<uint64_t>)> done);
+  // Counts what the shard did with each pushed chunk, and tells `op` which
+  // it dropped.
+  void NoteOutcomes(const std::vector<uint8_t>& outcomes, const ChunkIo* ios, uint64_t step,
+                    Future::State* op);
   void PullFromShard(int shard, std::vector<ChunkIo> ios, const std::function<void(Status)>& done);
   Result<const TensorEntry*> Lookup(Tensor t, size_t bytes, std::optional<DType> dtype,
                                     bool check_bytes = true) const;
@@ -349,6 +379,7 @@ class Client::Impl {
 
 Client::Impl::~Impl() {
   if (!ctx_) return;
+  SayBye();
   std::promise<void> closed;
   ctx_->Post([this, &closed] {
     stopping_ = true;
@@ -367,6 +398,27 @@ Client::Impl::~Impl() {
   closed.get_future().wait();
   if (driver_) driver_->Close();
   ctx_.reset();
+}
+
+void Client::Impl::SayBye() {
+  // Bounded: a shard that does not answer is closed on anyway.
+  constexpr auto kByeWait = std::chrono::seconds(2);
+  auto answered = std::make_shared<std::promise<void>>();
+  auto remaining = std::make_shared<size_t>(0);
+  ctx_->Post([this, answered, remaining] {
+    for (size_t s = 0; s < shards_.size(); ++s) {
+      // Only to a shard this worker proved itself to: to any other a bye
+      // is a protocol breach.
+      if (!shards_[s].ep || !shards_[s].dead.ok() || !shards_[s].ep->authenticated()) continue;
+      ++*remaining;
+      Request(static_cast<int>(s), wire::Bye{}, 0,
+              [answered, remaining](const Status&, const wire::Header&, std::span<const uint8_t>) {
+                if (--*remaining == 0) answered->set_value();
+              });
+    }
+    if (*remaining == 0) answered->set_value();
+  });
+  answered->get_future().wait_for(kByeWait);
 }
 
 template <typename Msg>
@@ -576,14 +628,14 @@ Status Client::Impl::Start() {
   // Connections: one per ps task, then the coordinator if it runs separately
   // (else ps task 0 is the coordinator).
   const int num_ps = options_.cluster.num_tasks("ps");
-  const bool separate_coordinator = options_.cluster.num_tasks("coordinator") > 0;
+  const bool separate_coordinator = options_.cluster.separate_coordinator();
   const int n = num_ps + (separate_coordinator ? 1 : 0);
   coord_index_ = separate_coordinator ? num_ps : 0;
   shards_.resize(static_cast<size_t>(n));
   start_state_.assign(static_cast<size_t>(n), 0);
   start_error_.assign(static_cast<size_t>(n), "no answer yet");
   for (int i = 0; i < n; ++i) {
-    shards_[i].task = i < num_ps ? TaskId{"ps", i} : TaskId{"coordinator", 0};
+    shards_[i].task = i < num_ps ? TaskId{"ps", i} : options_.cluster.coordinator();
     shards_[i].addr = options_.cluster.address(shards_[i].task).value();
     // A tick may count at most two intervals of listening: a later one
     // means this process was busy, not that the shard was silent.
@@ -674,6 +726,8 @@ void Client::Impl::ConnectShard(int shard, std::chrono::steady_clock::time_point
   auto attempt = std::chrono::milliseconds(2000);
   ctx_->Connect(s.addr.host, s.addr.port, attempt,
                 [this, shard, deadline](Result<std::shared_ptr<transport::Endpoint>> ep) {
+                  // A connect the closing context cancels: ctx_ is going.
+                  if (stopping_) return;
                   if (!ep.ok()) {
                     {
                       std::lock_guard<std::mutex> lock(start_mu_);
@@ -832,7 +886,7 @@ void Client::Impl::Handshake(int shard, std::function<void(Status)> done) {
                   if (s.task.job == "ps") {  // the coordinator has no staging slot
                     auto staging = s.ep->Attach(w->staging_region);
                     if (!staging.ok()) return fail(staging.status());
-                    if ((options_.chunk_bytes + 63) / 64 * 64 > (*staging)->size()) {
+                    if (AlignUp(options_.chunk_bytes, 64) > (*staging)->size()) {
                       return fail(Status::InvalidArgument(
                           "chunk_bytes " + std::to_string(options_.chunk_bytes) + " exceeds the " +
                           std::to_string((*staging)->size()) + "-byte staging slot of " + s.name() +
@@ -1018,22 +1072,47 @@ Result<std::vector<Tensor>> Client::Impl::DeclareMany(const std::vector<TensorSp
   return out;
 }
 
+void Client::Impl::NoteOutcomes(const std::vector<uint8_t>& outcomes, const ChunkIo* ios,
+                                uint64_t step, Future::State* op) {
+  for (size_t i = 0; i < outcomes.size(); ++i) {
+    DroppedChunk::Why why;
+    if (outcomes[i] == static_cast<uint8_t>(wire::PushOutcome::kStale)) {
+      dropped_stale_++;
+      why = DroppedChunk::Why::kStale;
+    } else if (outcomes[i] == static_cast<uint8_t>(wire::PushOutcome::kDuplicate)) {
+      dropped_duplicate_++;
+      why = DroppedChunk::Why::kDuplicate;
+    } else {
+      continue;
+    }
+    if (op == nullptr) continue;
+    const ChunkIo& io = ios[i];
+    std::lock_guard<std::mutex> lock(op->mu);
+    op->dropped.push_back({io.tensor->spec.name,
+                           static_cast<uint32_t>(io.chunk - io.tensor->chunks.data()), step, why});
+  }
+}
+
 void Client::Impl::PushToShard(int shard, std::vector<ChunkIo> ios, uint32_t flags, uint64_t step,
+                               std::shared_ptr<Future::State> op,
                                std::function<void(Status, std::vector<uint64_t>)> done) {
   ShardConn& s = shards_[shard];
   if (!s.dead.ok()) {
     Reconnect(shard);  // fails this call; a later one may succeed
     return done(s.dead, {});
   }
-  auto on_reply = [this](const std::function<void(Status, std::vector<uint64_t>)>& finish) {
-    return [this, finish](const Status& st, const wire::Header& h, std::span<const uint8_t> frame) {
+  auto on_reply = [this, step, op](
+                      std::vector<ChunkIo> sent,
+                      const std::function<void(Status, std::vector<uint64_t>)>& finish) {
+    return [this, step, op, sent = std::move(sent), finish](const Status& st, const wire::Header& h,
+                                                            std::span<const uint8_t> frame) {
       if (!st.ok()) return finish(st, {});
       auto reply = wire::DecodeBody<wire::PushReply>(h, frame);
       if (!reply.ok()) return finish(reply.status(), {});
-      for (uint8_t o : reply->outcomes) {
-        if (o == static_cast<uint8_t>(wire::PushOutcome::kStale)) dropped_stale_++;
-        if (o == static_cast<uint8_t>(wire::PushOutcome::kDuplicate)) dropped_duplicate_++;
+      if (reply->outcomes.size() > sent.size()) {
+        return finish(Status::Internal("push reply does not match the request"), {});
       }
+      NoteOutcomes(reply->outcomes, sent.data(), step, op.get());
       finish(Status::Ok(), std::move(reply->versions));
     };
   };
@@ -1063,17 +1142,17 @@ void Client::Impl::PushToShard(int shard, std::vector<ChunkIo> ios, uint32_t fla
     if (from_gpu) {
       if (Status st = GpuWait(); !st.ok()) return done(st.WithContext("push from GPU memory"), {});
     }
-    return Request(shard, msg, flags, on_reply(done));
+    return Request(shard, msg, flags, on_reply(std::move(ios), done));
   }
   if (Status st = GpuPathTo(s, ios); !st.ok()) return done(st.WithContext("push"), {});
   uint64_t total = 0;
-  for (const auto& io : ios) total += (io.chunk->bytes + 63) / 64 * 64;
+  for (const auto& io : ios) total += AlignUp(io.chunk->bytes, 64);
   if (total > s.alloc.size()) {
     // Larger than the whole slot: send in parts, each within the slot.
     std::vector<ChunkIo> first, rest;
     uint64_t used = 0;
     for (auto& io : ios) {
-      uint64_t b = (io.chunk->bytes + 63) / 64 * 64;
+      uint64_t b = AlignUp(io.chunk->bytes, 64);
       if (b > s.alloc.size()) {
         return done(Status::InvalidArgument("a chunk of " + std::to_string(io.chunk->bytes) +
                                             " bytes exceeds the staging slot on " + s.name()),
@@ -1083,12 +1162,12 @@ void Client::Impl::PushToShard(int shard, std::vector<ChunkIo> ios, uint32_t fla
       if (rest.empty()) used += b;
     }
     auto versions = std::make_shared<std::vector<uint64_t>>();
-    PushToShard(shard, std::move(first), flags, step,
-                [this, shard, rest = std::move(rest), flags, step, versions, done](
+    PushToShard(shard, std::move(first), flags, step, op,
+                [this, shard, rest = std::move(rest), flags, step, op, versions, done](
                     const Status& st, const std::vector<uint64_t>& v) mutable {
                   if (!st.ok()) return done(st, {});
                   versions->insert(versions->end(), v.begin(), v.end());
-                  PushToShard(shard, std::move(rest), flags, step,
+                  PushToShard(shard, std::move(rest), flags, step, op,
                               [versions, done](const Status& st2, std::vector<uint64_t> v2) {
                                 versions->insert(versions->end(), v2.begin(), v2.end());
                                 done(st2, std::move(*versions));
@@ -1100,8 +1179,8 @@ void Client::Impl::PushToShard(int shard, std::vector<ChunkIo> ios, uint32_t fla
   if (!offset) {
     // Wait for earlier pushes to this shard to free their staging space.
     s.waiting_for_staging.push_back(
-        [this, shard, ios = std::move(ios), flags, step, done]() mutable {
-          PushToShard(shard, std::move(ios), flags, step, std::move(done));
+        [this, shard, ios = std::move(ios), flags, step, op, done]() mutable {
+          PushToShard(shard, std::move(ios), flags, step, op, std::move(done));
         });
     return;
   }
@@ -1120,6 +1199,7 @@ void Client::Impl::PushToShard(int shard, std::vector<ChunkIo> ios, uint32_t fla
     Status status;
     bool finished = false;
     std::vector<uint64_t> versions;
+    std::vector<ChunkIo> sent;  // `ios`, once the groups are laid out
   };
   auto progress = std::make_shared<Progress>();
   progress->versions.resize(ios.size());
@@ -1153,17 +1233,18 @@ void Client::Impl::PushToShard(int shard, std::vector<ChunkIo> ios, uint32_t fla
     for (const auto& io : ios) {
       msg.entries.push_back({io.chunk->key_id, rel, io.chunk->bytes});
       if (st.ok()) st = GpuCopyAsync(s.ipc_slot.data() + rel, io.local, io.chunk->bytes);
-      rel += (io.chunk->bytes + 63) / 64 * 64;
+      rel += AlignUp(io.chunk->bytes, 64);
       bytes += io.chunk->bytes;
     }
     if (st.ok()) st = GpuWait();
     if (!st.ok())
       return finish(st.WithContext("copying into the CUDA IPC slot of " + s.name()), {});
     ipc_bytes_ += bytes;
-    return Request(shard, msg, flags | wire::kFlagIpcSlot,
-                   on_reply([finish](const Status& st2, std::vector<uint64_t> versions) {
-                     finish(st2, std::move(versions));
-                   }));
+    return Request(
+        shard, msg, flags | wire::kFlagIpcSlot,
+        on_reply(std::move(ios), [finish](const Status& st2, std::vector<uint64_t> versions) {
+          finish(st2, std::move(versions));
+        }));
   }
   // A fabric that cannot reach GPU memory, and the user allowed staging:
   // the GPU chunks are copied to host memory first (counted).
@@ -1187,58 +1268,69 @@ void Client::Impl::PushToShard(int shard, std::vector<ChunkIo> ios, uint32_t fla
     }
   }
 
+  progress->sent = std::move(ios);
+  const std::vector<ChunkIo>& sent = progress->sent;
   std::vector<std::shared_ptr<Group>> groups;
   uint64_t rel = *offset, group_bytes = 0;
-  for (size_t i = 0; i < ios.size(); ++i) {
-    const bool same_tensor = i > 0 && ios[i].tensor == ios[i - 1].tensor;
+  for (size_t i = 0; i < sent.size(); ++i) {
+    const bool same_tensor = i > 0 && sent[i].tensor == sent[i - 1].tensor;
     if (groups.empty() || (group_bytes >= kGroupBytes && !same_tensor)) {
       groups.push_back(std::make_shared<Group>());
       groups.back()->msg.step = step;
       groups.back()->first = i;
       group_bytes = 0;
     }
-    groups.back()->msg.entries.push_back({ios[i].chunk->key_id, rel, ios[i].chunk->bytes});
-    rel += (ios[i].chunk->bytes + 63) / 64 * 64;
-    group_bytes += ios[i].chunk->bytes;
+    groups.back()->msg.entries.push_back({sent[i].chunk->key_id, rel, sent[i].chunk->bytes});
+    rel += AlignUp(sent[i].chunk->bytes, 64);
+    group_bytes += sent[i].chunk->bytes;
   }
   progress->groups_left = groups.size();
-  auto send = [this, shard, flags, progress, finish](const std::shared_ptr<Group>& g) {
+  auto send = [this, shard, flags, step, op, progress, finish](const std::shared_ptr<Group>& g) {
     if (progress->finished) return;
     if (!progress->status.ok()) return finish(ShardError(shard, progress->status), {});
     Request(shard, g->msg, flags,
-            [this, progress, finish, g](const Status& st, const wire::Header& h,
-                                        std::span<const uint8_t> frame) {
+            [this, step, op, progress, finish, g](const Status& st, const wire::Header& h,
+                                                  std::span<const uint8_t> frame) {
               if (!st.ok()) return finish(st, {});
               auto reply = wire::DecodeBody<wire::PushReply>(h, frame);
               if (!reply.ok()) return finish(reply.status(), {});
-              if (reply->versions.size() != g->msg.entries.size()) {
+              if (reply->versions.size() != g->msg.entries.size() ||
+                  reply->outcomes.size() > g->msg.entries.size()) {
                 return finish(Status::Internal("push reply does not match the request"), {});
               }
-              for (uint8_t o : reply->outcomes) {
-                if (o == static_cast<uint8_t>(wire::PushOutcome::kStale)) dropped_stale_++;
-                if (o == static_cast<uint8_t>(wire::PushOutcome::kDuplicate)) dropped_duplicate_++;
-              }
+              NoteOutcomes(reply->outcomes, &progress->sent[g->first], step, op.get());
               std::copy(reply->versions.begin(), reply->versions.end(),
                         progress->versions.begin() + static_cast<std::ptrdiff_t>(g->first));
               if (--progress->groups_left == 0) finish(Status::Ok(), std::move(progress->versions));
             });
   };
+  // The shard reads the slot once the push message arrives: this group's
+  // puts (and every earlier one) must have landed by then. On an endpoint
+  // that serves its stream in order they have, and the message follows the
+  // puts at once; elsewhere a flush waits for them first. Either way the
+  // reply comes after the puts' completions, so the buffers they read
+  // (`bounce`, if any) outlive them.
+  const bool ordered = s.ep->PutsLandBeforeLaterMessages();
   for (const auto& g : groups) {
-    g->outstanding = static_cast<int>(g->msg.entries.size()) + 1;
-    // `bounce` (if any) holds the bytes the puts read: it lives until they are done.
-    auto one_done = [progress, send, g, bounce](const Status& st) {
+    g->outstanding = ordered ? 1 : static_cast<int>(g->msg.entries.size()) + 1;
+    auto put_done = [progress, bounce](const Status& st) {
       (void)bounce;
       if (!st.ok() && progress->status.ok()) progress->status = st;
+    };
+    auto one_done = [put_done, send, g](const Status& st) {
+      put_done(st);
       if (--g->outstanding == 0) send(g);
     };
     for (size_t k = 0; k < g->msg.entries.size(); ++k) {
       const auto& e = g->msg.entries[k];
-      s.ep->Put(ios[g->first + k].local, e.byte_length, *s.staging, base + e.staging_offset,
-                one_done);
+      s.ep->Put(sent[g->first + k].local, e.byte_length, *s.staging, base + e.staging_offset,
+                ordered ? transport::Completion(put_done) : transport::Completion(one_done));
     }
-    // The shard reads the slot once the push-done arrives: make this group's
-    // puts (and every earlier one) complete at the shard first.
-    s.ep->Flush(one_done);
+    if (ordered) {
+      one_done(Status::Ok());
+    } else {
+      s.ep->Flush(one_done);
+    }
   }
 }
 
@@ -1248,6 +1340,7 @@ void Client::Impl::PullFromShard(int shard, std::vector<ChunkIo> ios,
   wire::Pull msg;
   for (const auto& io : ios) msg.entries.push_back({io.chunk->key_id, io.min_version, io.min_step});
   msg.inline_max = static_cast<uint32_t>(std::min(options_.inline_bytes, wire::kMaxInlineBytes));
+  msg.wait_ms = ShardWaitMs(options_.op_timeout);
   Request(
       shard, msg, 0,
       [this, shard, ios = std::move(ios), done](const Status& st, const wire::Header& h,
@@ -1434,7 +1527,7 @@ Future Client::Impl::Push(const std::vector<PushItem>& items, uint32_t flags,
       if (by_shard[s].empty()) continue;
       op->Add(1);
       const uint32_t f = static_cast<int>(s) == coord_index_ ? flags | step_flags : flags;
-      PushToShard(static_cast<int>(s), std::move(by_shard[s]), f, step,
+      PushToShard(static_cast<int>(s), std::move(by_shard[s]), f, step, op,
                   [op](const Status& st, const std::vector<uint64_t>&) { op->Finish(st); });
     }
     op->Finish(Status::Ok());
@@ -1514,7 +1607,7 @@ Future Client::Impl::PushPull(const std::vector<PushPullItem>& items) {
     for (size_t s = 0; s < push.size(); ++s) {
       if (push[s].empty()) continue;
       op->Add(1);
-      PushToShard(static_cast<int>(s), std::move(push[s]), 0, 0,
+      PushToShard(static_cast<int>(s), std::move(push[s]), 0, 0, op,
                   [this, op, s, ios = std::move(pull[s])](const Status& st,
                                                           std::vector<uint64_t> versions) mutable {
                     if (!st.ok()) return op->Finish(st);

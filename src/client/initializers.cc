@@ -5,7 +5,7 @@
 #include <functional>
 #include <random>
 
-#include "kernels/update.h"
+#include "core/dtype.h"
 #include "tessera/client.h"
 
 namespace tessera {
@@ -86,7 +86,7 @@ Result<std::vector<uint8_t>> InitialValue(const Initializer& init, const std::st
       break;
     }
   }
-  for (uint64_t i = 0; i < *n; ++i) kernels::StoreAs(dtype, draw(), out.data() + i * esize);
+  for (uint64_t i = 0; i < *n; ++i) StoreAs(dtype, draw(), out.data() + i * esize);
   return out;
 }
 

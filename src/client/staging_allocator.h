@@ -7,6 +7,8 @@
 #include <map>
 #include <optional>
 
+#include "core/bytes.h"
+
 namespace tessera::client {
 
 class StagingAllocator {
@@ -20,7 +22,7 @@ class StagingAllocator {
   uint64_t size() const { return size_; }
 
   std::optional<uint64_t> Allocate(uint64_t bytes) {
-    bytes = (bytes + 63) / 64 * 64;
+    bytes = AlignUp(bytes, 64);
     if (bytes == 0) bytes = 64;
     for (auto it = free_.begin(); it != free_.end(); ++it) {
       if (it->second < bytes) continue;

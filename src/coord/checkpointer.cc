@@ -106,7 +106,7 @@ void Checkpointer::Begin(Reason reason, std::vector<Done> waiters) {
   }
   const uint64_t id = r.id;
   PostAfter(options_.timeout, [this, id] {
-    if (!round_ || round_->id != id) return;
+    if (!Current(id)) return;
     std::string missing;
     for (size_t k = 0; k < round_->written.size(); ++k) {
       if (!round_->written[k]) missing += (missing.empty() ? "" : ", ") + std::to_string(k);
@@ -121,7 +121,7 @@ void Checkpointer::Begin(Reason reason, std::vector<Done> waiters) {
 void Checkpointer::OnFrame(int shard, const wire::Header& h, std::span<const uint8_t> frame) {
   if (h.opcode == wire::Opcode::kCkptPrepared) {
     auto m = wire::DecodeBody<wire::CkptPrepared>(h, frame);
-    if (!m.ok() || !round_ || m->round != round_->id) return;
+    if (!m.ok() || !Current(m->round)) return;
     round_->prepared[static_cast<size_t>(shard)] = *m;
     for (const auto& p : round_->prepared) {
       if (!p) return;
@@ -130,7 +130,7 @@ void Checkpointer::OnFrame(int shard, const wire::Header& h, std::span<const uin
   }
   if (h.opcode == wire::Opcode::kCkptWritten) {
     auto m = wire::DecodeBody<wire::CkptWritten>(h, frame);
-    if (!m.ok() || !round_ || m->round != round_->id) return;
+    if (!m.ok() || !Current(m->round)) return;
     if (m->code != StatusCode::kOk) {
       return Abort(Status(m->code, "ps task " + std::to_string(shard) + ": " + m->message));
     }
@@ -155,7 +155,8 @@ void Checkpointer::OnFrame(int shard, const wire::Header& h, std::span<const uin
 }
 
 void Checkpointer::OnShardLost(int shard) {
-  if (round_) Abort(Status::Unavailable("ps task " + std::to_string(shard) + " was lost"));
+  if (round_ && !round_->abandoned)
+    Abort(Status::Unavailable("ps task " + std::to_string(shard) + " was lost"));
 }
 
 void Checkpointer::OnAllPrepared() {
@@ -252,7 +253,7 @@ void Checkpointer::OnAllPrepared() {
         return ckpt::FsyncDirectory(tmp);
       },
       [this, id = r.id](Status st) {
-        if (!round_ || round_->id != id) return;
+        if (!Current(id)) return;
         if (!st.ok()) return Abort(st);
         SendWrites();
       });
@@ -265,8 +266,8 @@ void Checkpointer::SendWrites() {
   if (total >= (uint64_t{64} << 20)) {
     // Seconds of writing and hashing: say so, so that a quiet log is not
     // taken for a hang (the round's completion line follows).
-    TLOG_INFO("checkpoint at global step {}: writing {} MiB in {} files to {}", r.step,
-              total >> 20, r.layout.file_sizes.size(), r.tmp_dir);
+    TLOG_INFO("checkpoint at global step {}: writing {} MiB in {} files to {}", r.step, total >> 20,
+              r.layout.file_sizes.size(), r.tmp_dir);
   }
   for (size_t k = 0; k < r.writes.size(); ++k) {
     if (!host_.send_to_shard(static_cast<int>(k), wire::Encode(r.writes[k], 0))) {
@@ -314,7 +315,7 @@ void Checkpointer::OnAllWritten() {
         return Status::Ok();
       },
       [this, id = r.id, manifest](Status st) {
-        if (!round_ || round_->id != id) return;
+        if (!Current(id)) return;
         if (!st.ok()) return Abort(st);
         uint64_t total = 0;
         for (const auto& f : manifest->files) total += f.bytes;
@@ -376,18 +377,25 @@ void Checkpointer::Abort(const Status& why) {
   for (int k = 0; k < coord_->num_shards(); ++k) {
     host_.send_to_shard(k, wire::Encode(wire::CkptAbort{r.id}, 0));
   }
-  if (!r.tmp_dir.empty()) {
-    const std::string tmp = r.tmp_dir;
-    InBackground(
-        [tmp]() -> Status {
-          std::error_code ec;
-          fs::remove_all(tmp, ec);
-          return Status::Ok();
-        },
-        [](Status) {});
-  }
   if (host_.on_failed) host_.on_failed(why);
-  Finish(why.WithContext("checkpoint"));
+  const Status failed = why.WithContext("checkpoint");
+  if (r.tmp_dir.empty()) return Finish(failed);
+  // The waiters hear of the failure once nothing of the round is left on
+  // disk, so that whoever sees the error sees the directory as it was. Until
+  // then the round stays, abandoned: requests queue behind it and its
+  // messages are ignored.
+  r.abandoned = true;
+  InBackground(
+      [tmp = r.tmp_dir]() -> Status {
+        std::error_code ec;
+        fs::remove_all(tmp, ec);
+        return Status::Ok();
+      },
+      [this, id = r.id, failed](Status) {
+        if (round_ && round_->id == id) Finish(failed);
+      });
+  // A stopping progress thread may never run that callback.
+  if (stopped_) Finish(failed);
 }
 
 void Checkpointer::InBackground(std::function<Status()> work, std::function<void(Status)> then) {
@@ -430,6 +438,8 @@ void Checkpointer::PostAfter(std::chrono::milliseconds delay, std::function<void
 void Checkpointer::Stop() {
   stopped_ = true;
   next_reason_.reset();
+  if (round_ && round_->abandoned)
+    return Finish(Status::Unavailable("checkpoint: the coordinator is stopping"));
   if (round_) Abort(Status::Unavailable("the coordinator is stopping"));
 }
 

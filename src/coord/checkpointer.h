@@ -96,7 +96,10 @@ class Checkpointer {
     std::string tmp_dir, final_dir;
     std::vector<wire::CkptWrite> writes;  // per shard
     std::chrono::steady_clock::time_point started;
+    bool abandoned = false;  // failed; its files are being removed
   };
+  // Whether round `id` is the one running (not finished, not abandoned).
+  bool Current(uint64_t id) const { return round_ && round_->id == id && !round_->abandoned; }
 
   void Tick();
   void Begin(Reason reason, std::vector<Done> waiters);

@@ -13,6 +13,11 @@
 
 namespace tessera {
 
+// `n` rounded up to a multiple of `alignment`.
+constexpr uint64_t AlignUp(uint64_t n, uint64_t alignment) {
+  return (n + alignment - 1) / alignment * alignment;
+}
+
 // FNV-1a, 64 bit: a cheap integrity check (not a MAC) for self-describing blobs.
 uint64_t Fnv1a64(std::span<const uint8_t> bytes, uint64_t seed = 0xcbf29ce484222325ULL);
 

@@ -1,3 +1,4 @@
+#include <cstdint>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -104,6 +105,11 @@ TaskId ClusterSpec::chief() const {
   return {"worker", 0};
 }
 
+TaskId ClusterSpec::coordinator() const {
+  if (separate_coordinator()) return {"coordinator", 0};
+  return {"ps", 0};
+}
+
 Result<int> ClusterSpec::worker_rank(const TaskId& task) const {
   int chiefs = num_tasks("chief");
   if (task.job == "chief" && task.index == 0 && chiefs == 1) return 0;
@@ -111,6 +117,15 @@ Result<int> ClusterSpec::worker_rank(const TaskId& task) const {
     return chiefs + task.index;
   }
   return Status::NotFound(task.ToString() + " is not a worker task of the cluster spec");
+}
+
+Result<TaskId> ClusterSpec::worker_task(int rank) const {
+  const int chiefs = num_tasks("chief") == 1 ? 1 : 0;
+  if (rank < 0 || rank >= chiefs + num_tasks("worker")) {
+    return Status::NotFound("worker rank " + std::to_string(rank) + " is not in the cluster spec");
+  }
+  if (rank < chiefs) return TaskId{"chief", 0};
+  return TaskId{"worker", rank - chiefs};
 }
 
 Status ClusterSpec::Validate() const {
@@ -202,8 +217,13 @@ Result<TfConfig> ParseTfConfig(const std::string& json_text) {
   if (!task.contains("type") || !task["type"].is_string()) {
     return Status::InvalidArgument("TF_CONFIG task has no string \"type\"");
   }
-  if (!task.contains("index") || !task["index"].is_number_integer()) {
-    return Status::InvalidArgument("TF_CONFIG task has no integer \"index\"");
+  const nlohmann::json& index = task.contains("index") ? task["index"] : nlohmann::json();
+  const bool index_ok = index.is_number_unsigned()
+                            ? index.get<uint64_t>() <= INT32_MAX
+                            : index.is_number_integer() && index.get<int64_t>() >= 0 &&
+                                  index.get<int64_t>() <= INT32_MAX;
+  if (!index_ok) {
+    return Status::InvalidArgument("TF_CONFIG task has no integer \"index\" of 0 or more");
   }
   cfg.task.job = task["type"].get<std::string>();
   cfg.task.index = task["index"].get<int>();

@@ -44,16 +44,14 @@ class HostParamMemory final : public ParamMemory {
     return kernels::ApplyOptimizerCpu(rule, h, dtype, param, grad, n, state, step);
   }
   Status Accumulate(DType dtype, void* acc, const void* grad, size_t n, bool first) override {
-    kernels::Accumulate(dtype, acc, grad, n, first);
-    return Status::Ok();
+    return kernels::Accumulate(dtype, acc, grad, n, first);
   }
   Result<const void*> FinishAccumulation(DType dtype, void* acc, size_t n, double scale) override {
     return kernels::FinishAccumulation(dtype, acc, n, scale, &rounded_);
   }
   Status ResetRuleState(UpdateRule rule, const Hyperparams& h, DType dtype, const void* param,
                         size_t n, const kernels::RuleState& state) override {
-    kernels::ResetRuleState(rule, h, dtype, param, n, state);
-    return Status::Ok();
+    return kernels::ResetRuleState(rule, h, dtype, param, n, state);
   }
 
  private:

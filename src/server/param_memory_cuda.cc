@@ -83,7 +83,7 @@ class CudaParamMemory final : public ParamMemory {
     TESSERA_RETURN_IF_ERROR(ToHost(p.data(), param, p.size()));
     kernels::RuleState host{s0.empty() ? nullptr : s0.data(), s1.empty() ? nullptr : s1.data(),
                             master.empty() ? nullptr : master.data()};
-    kernels::ResetRuleState(rule, h, dtype, p.data(), n, host);
+    TESSERA_RETURN_IF_ERROR(kernels::ResetRuleState(rule, h, dtype, p.data(), n, host));
     if (!s0.empty()) TESSERA_RETURN_IF_ERROR(FromHost(state.slot0, s0.data(), s0.size()));
     if (!s1.empty()) TESSERA_RETURN_IF_ERROR(FromHost(state.slot1, s1.data(), s1.size()));
     if (!master.empty()) {

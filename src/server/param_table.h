@@ -52,6 +52,10 @@ struct Param {
   std::vector<bool> contributed;  // by worker rank, this step
   // Bounded: steps each worker rank has pushed.
   std::vector<uint64_t> pushed_steps;
+  // Sync: a step whose update failed. Its pushers were told OK when their
+  // gradients were counted, so every later push and pull of the chunk gets
+  // this error instead, until an initialising push sets a value afresh.
+  Status failure;
 
   void ResetAggregation() {
     agg_count = 0;

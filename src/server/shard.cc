@@ -1,4 +1,5 @@
 #include "server/shard.h"
+#include "core/dtype.h"
 
 #include <fmt/format.h>
 
@@ -31,11 +32,10 @@ std::string FormatValues(const Param& p, const uint8_t* d) {
         out += fmt::format("{:.10g}", reinterpret_cast<const double*>(d)[i]);
         break;
       case DType::kF16:
-        out += fmt::format("{:.4g}", kernels::HalfToFloat(reinterpret_cast<const uint16_t*>(d)[i]));
+        out += fmt::format("{:.4g}", HalfToFloat(reinterpret_cast<const uint16_t*>(d)[i]));
         break;
       case DType::kBF16:
-        out += fmt::format("{:.4g}",
-                           kernels::BFloat16ToFloat(reinterpret_cast<const uint16_t*>(d)[i]));
+        out += fmt::format("{:.4g}", BFloat16ToFloat(reinterpret_cast<const uint16_t*>(d)[i]));
         break;
       case DType::kI32:
         out += std::to_string(reinterpret_cast<const int32_t*>(d)[i]);
@@ -85,8 +85,8 @@ Status Shard::Start() {
     // until the end of training).
     TESSERA_RETURN_IF_ERROR(ckpt::CheckWritableDirectory(options_.checkpoint_dir));
   }
-  const bool separate_coordinator = options_.cluster.num_tasks("coordinator") > 0;
-  if (is_coordinator_only() || (!separate_coordinator && options_.task_index == 0)) {
+  if (is_coordinator_only() ||
+      (!options_.cluster.separate_coordinator() && options_.task_index == 0)) {
     coord_ = std::make_unique<coord::Coordinator>(options_.cluster.num_tasks("ps"));
     joined_shards_.assign(static_cast<size_t>(options_.cluster.num_tasks("ps")), nullptr);
     joined_ = true;
@@ -236,6 +236,7 @@ void Shard::Stop() {
     });
     done->get_future().wait_for(options_.checkpoint_timeout + std::chrono::seconds(5));
   }
+  SayBye();
   listener_.reset();
   // Peers' staging slots are freed only after the progress thread stopped:
   // over tcp a put arriving late is written by that thread.
@@ -291,8 +292,16 @@ void Shard::SendError(Peer& peer, uint64_t request_id, const Status& st) {
 
 void Shard::Drop(Peer& peer, const Status& why, uint64_t request_id, bool tell) {
   refused_++;
-  TLOG_WARN("closing connection from {} ({}): {}", peer.ep->peer(),
-            peer.hello.task.empty() ? "unauthenticated" : peer.hello.task, why.ToString());
+  uint64_t held_back = 0;
+  // A stranger can be refused as often as it connects: those lines are
+  // throttled (the count of refusals is in the status counters).
+  if (peer.authenticated || refusal_log_.Allow(LogThrottle::Clock::now(), &held_back)) {
+    TLOG_WARN("closing connection from {} ({}): {}{}", peer.ep->peer(),
+              peer.hello.task.empty() ? "unauthenticated" : peer.hello.task, why.ToString(),
+              held_back == 0 ? ""
+                             : " (and " + std::to_string(held_back) +
+                                   " more unauthenticated connections closed, not logged)");
+  }
   auto ep = peer.ep;
   OnDisconnect(ep, why);  // nothing more it sends is read
   if (!tell) return ep->Close();
@@ -319,6 +328,33 @@ void Shard::ScheduleSweep(std::chrono::milliseconds after) {
   ctx_->PostAfter(after, [this] { DropOverdue(); });
 }
 
+void Shard::SayBye() {
+  constexpr auto kByeWait = std::chrono::seconds(2);
+  auto answered = std::make_shared<std::promise<void>>();
+  ctx_->Post([this, answered] {
+    bye_acks_awaited_ = 0;
+    bye_answered_ = answered;
+    const auto bye = wire::Encode(wire::Bye{}, kByeRequestId);
+    if (coord_link_ && joined_) {
+      coord_link_->Send(kProtocolMsg, bye);
+      bye_acks_awaited_++;
+    }
+    for (auto& [raw, peer] : peers_) {
+      if (!peer->is_shard) continue;
+      peer->ep->Send(kProtocolMsg, bye);
+      bye_acks_awaited_++;
+    }
+    if (bye_acks_awaited_ == 0) OnByeAnswered();
+  });
+  answered->get_future().wait_for(kByeWait);
+}
+
+void Shard::OnByeAnswered() {
+  if (bye_acks_awaited_ > 0 && --bye_acks_awaited_ > 0) return;
+  if (bye_answered_) bye_answered_->set_value();
+  bye_answered_.reset();
+}
+
 void Shard::OnDisconnect(const EndpointPtr& ep, const Status& why) {
   if (coord_link_ && ep.get() == coord_link_.get()) return OnLinkLost(why);
   std::erase_if(closing_, [&](const auto& c) { return c.first == ep; });
@@ -327,11 +363,19 @@ void Shard::OnDisconnect(const EndpointPtr& ep, const Status& why) {
   Peer* peer = it->second.get();
   if (peer->is_shard) {
     const size_t k = peer->hello.worker_rank;
-    TLOG_WARN("{} left the coordinator: {}", peer->hello.task, why.message());
+    if (peer->said_bye) {
+      TLOG_INFO("{} stopped", peer->hello.task);
+    } else {
+      TLOG_WARN("{} left the coordinator: {}", peer->hello.task, why.message());
+    }
     if (k < joined_shards_.size() && joined_shards_[k] == peer) joined_shards_[k] = nullptr;
     if (checkpointer_) checkpointer_->OnShardLost(static_cast<int>(k));
   } else if (peer->authenticated && !peer->is_observer) {
-    TLOG_INFO("{} disconnected: {}", peer->hello.task, why.message());
+    if (peer->said_bye) {
+      TLOG_INFO("{} left", peer->hello.task);
+    } else {
+      TLOG_INFO("{} disconnected: {}", peer->hello.task, why.message());
+    }
     const uint32_t rank = peer->hello.worker_rank;
     if (--connected_ranks_[rank] == 0) departed_[rank] = peer->hello.task;
   }
@@ -400,6 +444,9 @@ void Shard::OnMessage(const EndpointPtr& ep, std::span<const uint8_t> frame) {
   }
   switch (h->opcode) {
     case wire::Opcode::kPing:
+      return Reply(peer, h->request_id, wire::Ack{});
+    case wire::Opcode::kBye:
+      peer.said_bye = true;
       return Reply(peer, h->request_id, wire::Ack{});
     case wire::Opcode::kDeclare: {
       auto m = wire::DecodeBody<wire::Declare>(*h, frame);
@@ -710,15 +757,19 @@ bool Shard::NeedsNoLease(const Param& p, uint32_t flags) {
 
 bool Shard::TryApplyPush(PendingPush& push) {
   if (frozen_) return false;  // a checkpoint round is cutting the state
+  const bool init = push.flags & wire::kFlagInit;
   for (const auto& e : push.msg.entries) {
     const Param* p = table_->Find(e.key_id);
+    if (!init && !p->failure.ok()) {
+      SendError(*push.peer, push.request_id, p->failure);
+      return true;
+    }
     if (NeedsNoLease(*p, push.flags)) {
       if (push.msg.step > p->step) return false;  // ahead of the cluster: wait for the step
     } else if (p->readers > 0) {
       return false;
     }
   }
-  const bool init = push.flags & wire::kFlagInit;
   const uint32_t rank = push.peer->hello.worker_rank;
   const bool from_slot = push.msg.payload.empty();
   const bool from_ipc = from_slot && (push.flags & wire::kFlagIpcSlot);
@@ -750,6 +801,7 @@ bool Shard::TryApplyPush(PendingPush& push) {
       if (st.ok()) st = Publish(*p);
       p->updates = 0;
       p->ResetAggregation();
+      p->failure = Status::Ok();
       p->version++;
       p->initialized = true;
     } else if (t.mode.kind == Consistency::kSync) {
@@ -815,8 +867,21 @@ bool Shard::TryApplyStep(Param& p) {
   const double scale = mode.average ? 1.0 / mode.replicas_to_aggregate : 1.0;
   auto grad =
       memory_->FinishAccumulation(p.entry.tensor.dtype, p.agg.data(), p.entry.elem_count, scale);
-  Status st = grad.ok() ? ApplyGradient(p, *grad) : grad.status();
-  if (!st.ok()) TLOG_ERROR("{}: step {} not applied: {}", p.display_name, p.step, st.ToString());
+  Status st = apply_step_failpoint_.Check();
+  if (st.ok()) st = grad.ok() ? ApplyGradient(p, *grad) : grad.status();
+  if (!st.ok()) {
+    std::string pushers;
+    for (size_t rank = 0; rank < p.contributed.size(); ++rank) {
+      if (!p.contributed[rank]) continue;
+      if (!pushers.empty()) pushers += ", ";
+      pushers += WorkerName(static_cast<uint32_t>(rank));
+    }
+    p.failure = Status(st.code(), "tensor '" + p.display_name + "': sync step " +
+                                      std::to_string(p.step) + " (pushed by " + pushers +
+                                      ") could not be applied, so its value is not that step's: " +
+                                      st.message() + "; restart from the last checkpoint to go on");
+    TLOG_ERROR("{}", p.failure.message());
+  }
   p.step++;
   steps_applied_++;
   p.ResetAggregation();
@@ -865,7 +930,91 @@ void Shard::OnPull(Peer& peer, uint64_t request_id, wire::Pull msg) {
   if (TryGrantPull(pull)) return;
   Status st = StepReachable(pull);
   if (!st.ok()) return SendError(peer, request_id, st);
+  if (pull.msg.wait_ms > 0) {
+    pull.deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(pull.msg.wait_ms);
+  }
   waiting_pulls_.push_back(std::move(pull));
+  if (waiting_pulls_.back().deadline) ScheduleWaitSweep();
+}
+
+void Shard::ScheduleWaitSweep() {
+  if (wait_sweep_scheduled_ || stopping_) return;
+  std::optional<std::chrono::steady_clock::time_point> earliest;
+  for (const auto& p : waiting_pulls_) {
+    if (p.deadline && (!earliest || *p.deadline < *earliest)) earliest = p.deadline;
+  }
+  if (!earliest) return;
+  // At most 100 ms late, and never a wake-up more often while pulls wait.
+  const auto in = std::chrono::duration_cast<std::chrono::milliseconds>(
+      *earliest - std::chrono::steady_clock::now());
+  wait_sweep_scheduled_ = true;
+  ctx_->PostAfter(std::clamp(in, std::chrono::milliseconds(1), std::chrono::milliseconds(100)),
+                  [this] {
+                    wait_sweep_scheduled_ = false;
+                    SweepWaitingPulls();
+                  });
+}
+
+void Shard::SweepWaitingPulls() {
+  if (stopping_) return;
+  const auto now = std::chrono::steady_clock::now();
+  for (auto it = waiting_pulls_.begin(); it != waiting_pulls_.end();) {
+    if (!it->deadline || *it->deadline > now) {
+      ++it;
+      continue;
+    }
+    const std::string what = WhatPullWaitsFor(*it);
+    TLOG_WARN("{}'s pull waited {} ms: {}", it->peer->hello.task, it->msg.wait_ms, what);
+    SendError(
+        *it->peer, it->request_id,
+        Status::DeadlineExceeded("waited " + std::to_string(it->msg.wait_ms) + " ms: " + what));
+    it = waiting_pulls_.erase(it);
+  }
+  ScheduleWaitSweep();
+}
+
+std::string Shard::WorkerName(uint32_t rank) const {
+  auto task = options_.cluster.worker_task(static_cast<int>(rank));
+  return task.ok() ? task->ToString() : "worker rank " + std::to_string(rank);
+}
+
+std::string Shard::WhatPullWaitsFor(const PendingPull& pull) const {
+  for (const auto& e : pull.msg.entries) {
+    const Param* p = table_->Find(e.key_id);
+    const std::string name = "tensor '" + p->display_name + "'";
+    if (!p->initialized) return name + " is not initialised yet (the chief has not pushed it)";
+    const auto& mode = p->entry.tensor.mode;
+    if (mode.kind == Consistency::kSync && p->step < e.min_step) {
+      std::string pushed, missing;
+      for (uint32_t rank = 0; rank < mode.total_num_replicas; ++rank) {
+        std::string& list = rank < p->contributed.size() && p->contributed[rank] ? pushed : missing;
+        list += (list.empty() ? "" : ", ") + WorkerName(rank);
+      }
+      return name + ": sync step " + std::to_string(p->step) + " has " +
+             std::to_string(p->agg_count) + " of the " +
+             std::to_string(mode.replicas_to_aggregate) + " gradients it needs; pushed by " +
+             (pushed.empty() ? "no worker" : pushed) + "; not pushed by " +
+             (missing.empty() ? "none" : missing) +
+             (p->agg_count >= mode.replicas_to_aggregate ? " (it waits for readers to finish)"
+                                                         : "");
+    }
+    if (mode.kind == Consistency::kBounded && p->StepReached() < e.min_step) {
+      std::string behind;
+      for (uint32_t rank = 0; rank < p->pushed_steps.size(); ++rank) {
+        if (p->pushed_steps[rank] >= e.min_step) continue;
+        behind += (behind.empty() ? "" : ", ") + WorkerName(rank) + " has pushed " +
+                  std::to_string(p->pushed_steps[rank]) + " steps";
+      }
+      return name + ": step " + std::to_string(e.min_step) +
+             " is not yet pushed by every worker (" + behind + ")";
+    }
+    if (p->version < e.min_version) {
+      return name + " is at version " + std::to_string(p->version) + ", not yet " +
+             std::to_string(e.min_version);
+    }
+    if (p->writer_waiting) return name + " has an update waiting for readers to finish";
+  }
+  return "nothing (it was about to be answered)";
 }
 
 Status Shard::StepReachable(const PendingPull& pull) const {
@@ -899,6 +1048,10 @@ Status Shard::StepReachable(const PendingPull& pull) const {
 bool Shard::TryGrantPull(PendingPull& pull) {
   for (const auto& e : pull.msg.entries) {
     const Param* p = table_->Find(e.key_id);
+    if (!p->failure.ok()) {
+      SendError(*pull.peer, pull.request_id, p->failure);
+      return true;
+    }
     if (!p->initialized || p->version < e.min_version || p->StepReached() < e.min_step ||
         p->writer_waiting) {
       return false;

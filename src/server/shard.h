@@ -4,6 +4,7 @@
 #pragma once
 
 #include <deque>
+#include <future>
 #include <map>
 #include <memory>
 #include <optional>
@@ -14,6 +15,8 @@
 #include "ckpt/checkpoint.h"
 #include "coord/checkpointer.h"
 #include "coord/coordinator.h"
+#include "core/failpoint.h"
+#include "core/log_throttle.h"
 #include "server/admission.h"
 #include "server/param_table.h"
 #include "tessera/server.h"
@@ -53,6 +56,7 @@ class Shard {
     std::set<uint32_t> known_arenas;
     bool is_shard = false;     // a ps task's link to this coordinator
     bool is_observer = false;  // `tessera status`: asks for status, nothing else
+    bool said_bye = false;     // leaves on purpose: its disconnect is no loss
   };
   struct Lease {
     transport::Endpoint* owner;
@@ -70,10 +74,19 @@ class Shard {
     Peer* peer;
     uint64_t request_id;
     wire::Pull msg;
+    // When its wait_ms runs out (none: no limit of its own).
+    std::optional<std::chrono::steady_clock::time_point> deadline;
   };
 
   void OnMessage(const EndpointPtr& ep, std::span<const uint8_t> frame);
   void OnDisconnect(const EndpointPtr& ep, const Status& why);
+  // Stopping on purpose: a ps task tells its coordinator, and a coordinator
+  // its ps tasks, and waits briefly for their acks, so that none of them
+  // logs a lost peer (or tries to rejoin loudly).
+  void SayBye();
+  void OnByeAnswered();
+  // The request id of such a bye: its ack is told from any other by it.
+  static constexpr uint64_t kByeRequestId = ~uint64_t{0};
   // Refuses the peer: forgets it and, when `tell`, sends it `why` first.
   void Drop(Peer& peer, const Status& why, uint64_t request_id = 0, bool tell = true);
   void ScheduleSweep(std::chrono::milliseconds after);
@@ -93,6 +106,16 @@ class Shard {
   void OnCreate(Peer& peer, uint64_t request_id, const wire::Create& msg);
   void OnPush(Peer& peer, uint64_t request_id, uint32_t flags, wire::Push msg);
   void OnPull(Peer& peer, uint64_t request_id, wire::Pull msg);
+  // Answers the waiting pulls whose wait_ms ran out, saying what each waits
+  // for, and schedules the next sweep while any has a deadline. One timer at
+  // a time, whatever the peers ask: a timer per pull would outlive it, for
+  // as long as the peer's wait_ms says.
+  void SweepWaitingPulls();
+  void ScheduleWaitSweep();
+  // What a pull still waits for, naming the tensor, the step and the workers
+  // that have and have not pushed it.
+  std::string WhatPullWaitsFor(const PendingPull& pull) const;
+  std::string WorkerName(uint32_t rank) const;
   void OnRelease(Peer& peer, const wire::Release& msg);
   void OnSetHyper(Peer& peer, uint64_t request_id, const wire::SetHyper& msg);
   void OnShardPeerMessage(Peer& peer, const wire::Header& h, std::span<const uint8_t> frame);
@@ -177,6 +200,7 @@ class Shard {
   uint64_t next_lease_ = 1;
   std::deque<PendingPush> blocked_pushes_;
   std::deque<PendingPull> waiting_pulls_;
+  bool wait_sweep_scheduled_ = false;
   std::deque<uint32_t> pending_steps_;  // sync chunks whose step is complete, waiting for readers
   std::vector<std::pair<Peer*, uint64_t>> init_waiters_;
   bool stopping_ = false;
@@ -187,7 +211,11 @@ class Shard {
   std::vector<Peer*> joined_shards_;  // coordinator: ps task index -> its link
   EndpointPtr coord_link_;            // a ps task's link to the coordinator
   std::optional<wire::ClientHandshake> link_handshake_;
-  bool joined_ = false;  // creates are served (restore known)
+  bool joined_ = false;                // creates are served (restore known)
+  bool coordinator_said_bye_ = false;  // the link's end is a stop, not a loss
+  // SayBye's acks still awaited, and who waits for them.
+  size_t bye_acks_awaited_ = 0;
+  std::shared_ptr<std::promise<void>> bye_answered_;
   std::deque<std::tuple<EndpointPtr, uint64_t, wire::Create>> deferred_creates_;
   std::chrono::steady_clock::time_point next_join_report_;
   std::unique_ptr<ckpt::Checkpoint> restore_;
@@ -208,6 +236,11 @@ class Shard {
   std::optional<Snapshot> snapshot_;
   bool frozen_ = false;  // between checkpoint-prepare and -write: no update applies
   uint64_t frozen_round_ = 0;
+  // TESSERA_FAIL_AT=apply-step[:N]: the tests' way to make a sync step's
+  // update fail.
+  FailPoint apply_step_failpoint_{"apply-step"};
+  // At most 10 lines a minute about refused strangers.
+  LogThrottle refusal_log_{10, std::chrono::minutes(1)};
 
   std::atomic<uint64_t> pushes_applied_{0}, pulls_served_{0}, refused_{0}, tensors_{0},
       leases_revoked_{0}, steps_applied_{0}, stale_dropped_{0}, duplicate_dropped_{0},

@@ -66,6 +66,12 @@ void Shard::OnShardPeerMessage(Peer& peer, const wire::Header& h, std::span<cons
   switch (h.opcode) {
     case wire::Opcode::kPing:
       return Reply(peer, h.request_id, wire::Ack{});
+    case wire::Opcode::kBye:
+      peer.said_bye = true;
+      return Reply(peer, h.request_id, wire::Ack{});
+    case wire::Opcode::kAck:
+      if (h.request_id == kByeRequestId) OnByeAnswered();
+      return;
     case wire::Opcode::kJoin: {
       joined_shards_[static_cast<size_t>(k)] = &peer;
       wire::JoinReply reply;
@@ -111,8 +117,7 @@ void Shard::OnSaveCheckpoint(Peer& peer, uint64_t request_id) {
 
 void Shard::JoinCoordinator() {
   if (stopping_ || coord_link_) return;
-  const bool separate = options_.cluster.num_tasks("coordinator") > 0;
-  const TaskId coord_task = separate ? TaskId{"coordinator", 0} : TaskId{"ps", 0};
+  const TaskId coord_task = options_.cluster.coordinator();
   const TaskAddress addr = options_.cluster.address(coord_task).value();
   ctx_->Connect(addr.host, addr.port, 2000ms,
                 [this, coord_task, addr](Result<std::shared_ptr<transport::Endpoint>> ep) {
@@ -160,7 +165,7 @@ void Shard::OnLinkFrame(std::span<const uint8_t> frame) {
     }
     case wire::Opcode::kWelcome: {
       auto w = wire::DecodeBody<wire::Welcome>(*h, frame);
-      const bool separate = options_.cluster.num_tasks("coordinator") > 0;
+      const bool separate = options_.cluster.separate_coordinator();
       Status st = w.ok() ? Status::Ok() : w.status();
       if (st.ok() && link_handshake_) {
         st = link_handshake_->CheckWelcome(*w, separate ? wire::kCoordinatorIndex : 0u,
@@ -181,6 +186,13 @@ void Shard::OnLinkFrame(std::span<const uint8_t> frame) {
     case wire::Opcode::kCkptWrite:
     case wire::Opcode::kCkptAbort:
       return OnCoordinatorFrame(frame);
+    case wire::Opcode::kBye:
+      coordinator_said_bye_ = true;
+      coord_link_->Send(kProtocolMsg, wire::Encode(wire::Ack{}, h->request_id));
+      return;
+    case wire::Opcode::kAck:
+      if (h->request_id == kByeRequestId) OnByeAnswered();
+      return;
     case wire::Opcode::kError: {
       auto err = wire::DecodeBody<wire::Error>(*h, frame);
       Status st = err.ok() ? Status(err->code, err->message) : err.status();
@@ -227,7 +239,12 @@ void Shard::OnLinkLost(const Status& why) {
   if (!coord_link_) return;
   coord_link_.reset();
   if (stopping_) return;
-  TLOG_WARN("lost the coordinator: {}; rejoining", why.message());
+  if (coordinator_said_bye_) {
+    TLOG_INFO("the coordinator stopped; joining it again when it is back");
+  } else {
+    TLOG_WARN("lost the coordinator: {}; rejoining", why.message());
+  }
+  coordinator_said_bye_ = false;
   snapshot_.reset();
   Unfreeze();
   ctx_->PostAfter(1s, [this] { JoinCoordinator(); });

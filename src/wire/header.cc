@@ -74,6 +74,8 @@ const char* OpcodeName(Opcode op) {
       return "status";
     case Opcode::kStatusReply:
       return "status-reply";
+    case Opcode::kBye:
+      return "bye";
   }
   return "unknown";
 }

@@ -18,8 +18,9 @@ constexpr uint16_t kProtocolMsg = 1;
 
 constexpr uint32_t kMagic = 0x41525354;  // "TSRA" read as little-endian
 // 2: CUDA IPC (node ids, IPC handles). 3: the client proves first; the
-// hello carries the cluster spec.
-constexpr uint16_t kVersion = 3;
+// hello carries the cluster spec. 4: pulls say how long they may wait;
+// workers say bye.
+constexpr uint16_t kVersion = 4;
 constexpr size_t kHeaderSize = 24;
 // No control message is larger: tensor data never travels in messages.
 constexpr uint32_t kMaxBodyLength = 16u << 20;
@@ -58,8 +59,9 @@ enum class Opcode : uint16_t {
   kCheckpointSaved = 31,
   kStatus = 32,
   kStatusReply = 33,
+  kBye = 34,
 };
-constexpr uint16_t kMaxOpcode = 33;
+constexpr uint16_t kMaxOpcode = 34;
 const char* OpcodeName(Opcode op);
 
 // Header flags.

@@ -436,6 +436,7 @@ void Pull::EncodeBody(ByteWriter& w) const {
     w.Put(e.min_step);
   }
   w.Put(inline_max);
+  w.Put(wait_ms);
 }
 Result<Pull> Pull::DecodeBody(ByteReader& r) {
   Pull m;
@@ -449,6 +450,7 @@ Result<Pull> Pull::DecodeBody(ByteReader& r) {
     }
   }
   if (!r.Get(&m.inline_max)) return Truncated("inline_max");
+  if (!r.Get(&m.wait_ms)) return Truncated("wait_ms");
   return m;
 }
 

@@ -44,6 +44,7 @@ struct Hello {
   std::string cluster;
   void EncodeBody(ByteWriter& w) const;
   static Result<Hello> DecodeBody(ByteReader& r);
+  bool operator==(const Hello&) const = default;
 };
 
 // Challenge::shard_index of a coordinator that is not a shard.
@@ -55,6 +56,7 @@ struct Challenge {
   uint32_t shard_index = 0;
   void EncodeBody(ByteWriter& w) const;
   static Result<Challenge> DecodeBody(ByteReader& r);
+  bool operator==(const Challenge&) const = default;
 };
 
 struct Auth {
@@ -62,6 +64,7 @@ struct Auth {
   Proof client_proof{};
   void EncodeBody(ByteWriter& w) const;
   static Result<Auth> DecodeBody(ByteReader& r);
+  bool operator==(const Auth&) const = default;
 };
 
 struct Welcome {
@@ -73,6 +76,7 @@ struct Welcome {
   std::vector<uint8_t> staging_ipc;
   void EncodeBody(ByteWriter& w) const;
   static Result<Welcome> DecodeBody(ByteReader& r);
+  bool operator==(const Welcome&) const = default;
 };
 
 struct TensorDecl {
@@ -83,6 +87,7 @@ struct TensorDecl {
   int32_t pinned_shard = -1;
   Hyperparams hyper;
   ConsistencyMode mode;  // with its zeros filled in by the declaring client
+  bool operator==(const TensorDecl&) const = default;
 };
 
 // What a declared tensor must satisfy whoever checks it: the client before
@@ -98,12 +103,14 @@ struct Declare {
   std::vector<TensorDecl> tensors;
   void EncodeBody(ByteWriter& w) const;
   static Result<Declare> DecodeBody(ByteReader& r);
+  bool operator==(const Declare&) const = default;
 };
 
 struct ChunkPlacement {
   uint32_t shard = 0;
   uint64_t elem_offset = 0;
   uint64_t elem_count = 0;
+  bool operator==(const ChunkPlacement&) const = default;
 };
 
 struct DeclareReply {
@@ -117,6 +124,7 @@ struct DeclareReply {
   uint64_t restored_step = 0;
   void EncodeBody(ByteWriter& w) const;
   static Result<DeclareReply> DecodeBody(ByteReader& r);
+  bool operator==(const DeclareReply&) const = default;
 };
 
 // To a shard: hold these chunks.
@@ -126,6 +134,7 @@ struct CreateEntry {
   uint32_t num_chunks = 1;
   uint64_t elem_offset = 0;
   uint64_t elem_count = 0;
+  bool operator==(const CreateEntry&) const = default;
 };
 
 struct Create {
@@ -133,6 +142,7 @@ struct Create {
   std::vector<CreateEntry> entries;
   void EncodeBody(ByteWriter& w) const;
   static Result<Create> DecodeBody(ByteReader& r);
+  bool operator==(const Create&) const = default;
 };
 
 struct KeyLocation {
@@ -141,12 +151,14 @@ struct KeyLocation {
   uint64_t arena_offset = 0;
   uint64_t byte_length = 0;
   uint64_t version = 0;
+  bool operator==(const KeyLocation&) const = default;
 };
 
 struct ArenaKey {
   uint32_t arena_id = 0;
   std::vector<uint8_t> region;
   std::vector<uint8_t> ipc;  // same node, GPU shard: the arena's CUDA IPC handle
+  bool operator==(const ArenaKey&) const = default;
 };
 
 // A CUDA IPC handle's size (cudaIpcMemHandle_t).
@@ -158,12 +170,14 @@ struct CreateReply {
   std::vector<ArenaKey> arenas;  // arenas this connection has not been told about yet
   void EncodeBody(ByteWriter& w) const;
   static Result<CreateReply> DecodeBody(ByteReader& r);
+  bool operator==(const CreateReply&) const = default;
 };
 
 struct PushEntry {
   uint32_t key_id = 0;
   uint64_t staging_offset = 0;
   uint64_t byte_length = 0;
+  bool operator==(const PushEntry&) const = default;
 };
 
 // "push-done": the bytes are in the sender's staging slot; apply them.
@@ -179,6 +193,7 @@ struct Push {
   size_t EncodedSizeHint() const { return 16 + entries.size() * 20 + payload.size(); }
   void EncodeBody(ByteWriter& w) const;
   static Result<Push> DecodeBody(ByteReader& r);
+  bool operator==(const Push&) const = default;
 };
 
 // What became of one pushed chunk.
@@ -195,12 +210,14 @@ struct PushReply {
   size_t EncodedSizeHint() const { return 8 + versions.size() * 9; }
   void EncodeBody(ByteWriter& w) const;
   static Result<PushReply> DecodeBody(ByteReader& r);
+  bool operator==(const PushReply&) const = default;
 };
 
 struct PullEntry {
   uint32_t key_id = 0;
   uint64_t min_version = 0;
   uint64_t min_step = 0;  // sync: applied steps; bounded: steps every worker pushed
+  bool operator==(const PullEntry&) const = default;
 };
 
 struct Pull {
@@ -209,9 +226,14 @@ struct Pull {
   // The bytes may come back inside the reply when they total at most this
   // (0: always by a one-sided read).
   uint32_t inline_max = 0;
-  size_t EncodedSizeHint() const { return 8 + entries.size() * 20; }
+  // How long the shard may hold the pull waiting for a version or step: it
+  // then answers DeadlineExceeded saying what is missing (who has not pushed
+  // the step). 0: no limit of its own.
+  uint32_t wait_ms = 0;
+  size_t EncodedSizeHint() const { return 12 + entries.size() * 20; }
   void EncodeBody(ByteWriter& w) const;
   static Result<Pull> DecodeBody(ByteReader& r);
+  bool operator==(const Pull&) const = default;
 };
 
 // The keys are readable now and stay unchanged until the lease is released.
@@ -223,6 +245,7 @@ struct PullReply {
   size_t EncodedSizeHint() const { return 16 + versions.size() * 8 + data.size(); }
   void EncodeBody(ByteWriter& w) const;
   static Result<PullReply> DecodeBody(ByteReader& r);
+  bool operator==(const PullReply&) const = default;
 };
 
 struct Release {
@@ -230,18 +253,21 @@ struct Release {
   uint64_t lease_id = 0;
   void EncodeBody(ByteWriter& w) const;
   static Result<Release> DecodeBody(ByteReader& r);
+  bool operator==(const Release&) const = default;
 };
 
 struct InitDone {
   static constexpr Opcode kOpcode = Opcode::kInitDone;
   void EncodeBody(ByteWriter&) const {}
   static Result<InitDone> DecodeBody(ByteReader&) { return InitDone{}; }
+  bool operator==(const InitDone&) const = default;
 };
 
 struct WaitInit {
   static constexpr Opcode kOpcode = Opcode::kWaitInit;
   void EncodeBody(ByteWriter&) const {}
   static Result<WaitInit> DecodeBody(ByteReader&) { return WaitInit{}; }
+  bool operator==(const WaitInit&) const = default;
 };
 
 // A worker's heartbeat; answered with an Ack.
@@ -249,12 +275,14 @@ struct Ping {
   static constexpr Opcode kOpcode = Opcode::kPing;
   void EncodeBody(ByteWriter&) const {}
   static Result<Ping> DecodeBody(ByteReader&) { return Ping{}; }
+  bool operator==(const Ping&) const = default;
 };
 
 struct Ack {
   static constexpr Opcode kOpcode = Opcode::kAck;
   void EncodeBody(ByteWriter&) const {}
   static Result<Ack> DecodeBody(ByteReader&) { return Ack{}; }
+  bool operator==(const Ack&) const = default;
 };
 
 // The chief changes optimizer hyper-parameters (a learning-rate schedule).
@@ -264,6 +292,7 @@ struct SetHyper {
   Hyperparams hyper;
   void EncodeBody(ByteWriter& w) const;
   static Result<SetHyper> DecodeBody(ByteReader& r);
+  bool operator==(const SetHyper&) const = default;
 };
 
 // To the coordinator, after a worker's push was accepted: advances the global
@@ -275,12 +304,14 @@ struct StepDone {
   bool sync = false;
   void EncodeBody(ByteWriter& w) const;
   static Result<StepDone> DecodeBody(ByteReader& r);
+  bool operator==(const StepDone&) const = default;
 };
 
 struct GetStep {
   static constexpr Opcode kOpcode = Opcode::kGetStep;
   void EncodeBody(ByteWriter&) const {}
   static Result<GetStep> DecodeBody(ByteReader&) { return GetStep{}; }
+  bool operator==(const GetStep&) const = default;
 };
 
 struct StepReply {
@@ -288,6 +319,7 @@ struct StepReply {
   uint64_t global_step = 0;
   void EncodeBody(ByteWriter& w) const;
   static Result<StepReply> DecodeBody(ByteReader& r);
+  bool operator==(const StepReply&) const = default;
 };
 
 // A ps task that is not the coordinator joins it after authenticating.
@@ -295,6 +327,7 @@ struct Join {
   static constexpr Opcode kOpcode = Opcode::kJoin;
   void EncodeBody(ByteWriter&) const {}
   static Result<Join> DecodeBody(ByteReader&) { return Join{}; }
+  bool operator==(const Join&) const = default;
 };
 
 // What a joining shard restores: the step directory of the checkpoint whose
@@ -306,6 +339,7 @@ struct JoinReply {
   uint64_t global_step = 0;
   void EncodeBody(ByteWriter& w) const;
   static Result<JoinReply> DecodeBody(ByteReader& r);
+  bool operator==(const JoinReply&) const = default;
 };
 
 // Checkpoint round, phase 1 (coordinator to every shard): stop applying
@@ -315,6 +349,7 @@ struct CkptPrepare {
   uint64_t round = 0;
   void EncodeBody(ByteWriter& w) const { w.Put(round); }
   static Result<CkptPrepare> DecodeBody(ByteReader& r);
+  bool operator==(const CkptPrepare&) const = default;
 };
 
 struct CkptPrepared {
@@ -325,6 +360,7 @@ struct CkptPrepared {
   uint64_t chunks = 0;  // initialised chunks held
   void EncodeBody(ByteWriter& w) const;
   static Result<CkptPrepared> DecodeBody(ByteReader& r);
+  bool operator==(const CkptPrepared&) const = default;
 };
 
 // One slot of one chunk and where its bytes go.
@@ -335,6 +371,7 @@ struct CkptEntry {
   uint32_t file = 0;
   uint64_t offset = 0;  // in the file
   uint64_t bytes = 0;
+  bool operator==(const CkptEntry&) const = default;
 };
 
 // Phase 2: write every sync tensor as of `step` (waiting for the ones behind
@@ -348,6 +385,7 @@ struct CkptWrite {
   std::vector<CkptEntry> entries;
   void EncodeBody(ByteWriter& w) const;
   static Result<CkptWrite> DecodeBody(ByteReader& r);
+  bool operator==(const CkptWrite&) const = default;
 };
 
 struct CkptWritten {
@@ -359,6 +397,7 @@ struct CkptWritten {
   std::vector<uint64_t> updates;
   void EncodeBody(ByteWriter& w) const;
   static Result<CkptWritten> DecodeBody(ByteReader& r);
+  bool operator==(const CkptWritten&) const = default;
 };
 
 // The round failed elsewhere: resume and forget it.
@@ -367,6 +406,7 @@ struct CkptAbort {
   uint64_t round = 0;
   void EncodeBody(ByteWriter& w) const { w.Put(round); }
   static Result<CkptAbort> DecodeBody(ByteReader& r);
+  bool operator==(const CkptAbort&) const = default;
 };
 
 // A worker asks for a checkpoint now; answered when it is complete.
@@ -374,6 +414,7 @@ struct SaveCheckpoint {
   static constexpr Opcode kOpcode = Opcode::kSaveCheckpoint;
   void EncodeBody(ByteWriter&) const {}
   static Result<SaveCheckpoint> DecodeBody(ByteReader&) { return SaveCheckpoint{}; }
+  bool operator==(const SaveCheckpoint&) const = default;
 };
 
 struct CheckpointSaved {
@@ -382,6 +423,7 @@ struct CheckpointSaved {
   std::string path;
   void EncodeBody(ByteWriter& w) const;
   static Result<CheckpointSaved> DecodeBody(ByteReader& r);
+  bool operator==(const CheckpointSaved&) const = default;
 };
 
 // "status" (an observer asks) and its reply: what the task holds and has
@@ -390,12 +432,23 @@ struct StatusRequest {
   static constexpr Opcode kOpcode = Opcode::kStatus;
   void EncodeBody(ByteWriter&) const {}
   static Result<StatusRequest> DecodeBody(ByteReader&) { return StatusRequest{}; }
+  bool operator==(const StatusRequest&) const = default;
 };
 struct StatusReply {
   static constexpr Opcode kOpcode = Opcode::kStatusReply;
   std::string json;
   void EncodeBody(ByteWriter& w) const;
   static Result<StatusReply> DecodeBody(ByteReader& r);
+  bool operator==(const StatusReply&) const = default;
+};
+
+// A worker leaves on purpose: answered with an Ack, after which the shard
+// takes the connection's end as a departure, not a loss.
+struct Bye {
+  static constexpr Opcode kOpcode = Opcode::kBye;
+  void EncodeBody(ByteWriter&) const {}
+  static Result<Bye> DecodeBody(ByteReader&) { return Bye{}; }
+  bool operator==(const Bye&) const = default;
 };
 
 struct Error {
@@ -405,6 +458,7 @@ struct Error {
   void EncodeBody(ByteWriter& w) const;
   static Result<Error> DecodeBody(ByteReader& r);
   Status ToStatus() const { return {code, message}; }
+  bool operator==(const Error&) const = default;
 };
 
 template <typename Msg>

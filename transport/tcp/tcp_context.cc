@@ -137,7 +137,7 @@ Result<std::unique_ptr<Region>> TcpContext::Register(void* data, size_t size, Me
 }
 
 void TcpContext::SetHandler(uint16_t msg_id, MessageHandler handler) {
-  handlers_[msg_id] = std::move(handler);
+  handlers_.Set(msg_id, std::move(handler));
 }
 
 void TcpContext::SetDisconnectHandler(DisconnectHandler handler) {
@@ -289,12 +289,7 @@ void TcpContext::Dispatch(const std::shared_ptr<TcpEndpoint>& ep, uint16_t msg_i
                           std::span<const uint8_t> bytes) {
   counters_.messages_received++;
   counters_.message_bytes_received += bytes.size();
-  auto handler = handlers_.find(msg_id);
-  if (handler == handlers_.end()) {
-    TLOG_WARN("{}: no handler for message {} from {}; dropped", options_.name, msg_id, ep->peer_);
-    return;
-  }
-  handler->second(ep, bytes);
+  handlers_.Dispatch(ep, msg_id, bytes);
 }
 
 std::string TcpContext::Describe() const {

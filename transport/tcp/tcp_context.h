@@ -22,8 +22,10 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/log_throttle.h"
 #include "transport/atomic_counters.h"
 #include "transport/event_loop.h"
+#include "transport/message_handlers.h"
 #include "transport/tcp/tcp_frame.h"
 #include "transport/tcp/tcp_region.h"
 #include "transport/transport.h"
@@ -90,9 +92,12 @@ class TcpContext final : public Context {
   int epoll_fd_ = -1;
   std::shared_ptr<RegionTable> regions_ = std::make_shared<RegionTable>();
   AtomicCounters counters_;
+  // Lines about connections from unauthenticated peers closed for breaking
+  // the protocol: at most 10 a minute (the loop thread's).
+  LogThrottle refusal_log_{10, std::chrono::minutes(1)};
 
   // Set before connections exist, then only read.
-  std::unordered_map<uint16_t, MessageHandler> handlers_;
+  MessageHandlers handlers_{options_.name};
   DisconnectHandler on_disconnect_;
 
   // Progress thread only.
@@ -113,6 +118,8 @@ class TcpEndpoint final : public Endpoint, public std::enable_shared_from_this<T
   void Get(void* local, size_t len, const RemoteRegion& remote, uint64_t remote_addr,
            Completion done) override;
   void Flush(Completion done) override;
+  // One socket, whose frames the peer's progress thread serves in order.
+  bool PutsLandBeforeLaterMessages() const override { return true; }
   void Close() override;
   void Abort() override;
   bool alive() const override { return alive_.load(); }

@@ -11,6 +11,7 @@
 
 #include "core/log.h"
 #include "transport/region_desc.h"
+#include "transport/run_on_loop.h"
 #include "transport/tcp/tcp_context.h"
 
 namespace tessera::transport::tcp {
@@ -43,10 +44,7 @@ TcpEndpoint::~TcpEndpoint() {
   if (fd_ >= 0) close(fd_);
 }
 
-void TcpEndpoint::Run(std::function<void()> fn) {
-  if (ctx_->InProgressThread()) return fn();
-  ctx_->Post([self = shared_from_this(), fn = std::move(fn)] { fn(); });
-}
+void TcpEndpoint::Run(std::function<void()> fn) { RunOnProgress(*ctx_, this, std::move(fn)); }
 
 Status TcpEndpoint::DeadStatus() const {
   return Status::Unavailable("connection to " + peer_ + " is closed" +
@@ -268,8 +266,7 @@ void TcpEndpoint::ReadSome() {
   for (int round = 0; round < 16 && !dead_; ++round) {
     ssize_t r = 0;
     const bool buffered = rpos_ < rend_;
-    if (state_ == RecvState::kPayload && !buffered && payload_left_ >= kDirectBytes &&
-        !closing_) {
+    if (state_ == RecvState::kPayload && !buffered && payload_left_ >= kDirectBytes && !closing_) {
       // A large payload goes straight into its region or buffer.
       const size_t want = static_cast<size_t>(std::min<uint64_t>(payload_left_, SSIZE_MAX));
       r = recv(fd_, payload_dst_, want, 0);
@@ -346,8 +343,9 @@ bool TcpEndpoint::Parse() {
 Status TcpEndpoint::OnPreamble() {
   if (!std::equal(kPreamble.begin(), kPreamble.end(), hdr_.begin())) {
     return Status::FailedPrecondition(
-        peer_ + " does not speak Tessera's tcp transport (is it started with another "
-                "--transport?)");
+        peer_ +
+        " does not speak Tessera's tcp transport (is it started with another "
+        "--transport?)");
   }
   state_ = RecvState::kHeader;
   if (connect_done_) {
@@ -373,10 +371,10 @@ Status TcpEndpoint::OnHeader() {
   switch (cur_.type) {
     case FrameType::kMessage: {
       if (cur_.length > message_limit()) {
-        return Status::ResourceExhausted(
-            peer_ + " sent a " + std::to_string(cur_.length) + "-byte message, over the " +
-            std::to_string(message_limit()) + "-byte limit" +
-            (authenticated() ? "" : " before authentication"));
+        return Status::ResourceExhausted(peer_ + " sent a " + std::to_string(cur_.length) +
+                                         "-byte message, over the " +
+                                         std::to_string(message_limit()) + "-byte limit" +
+                                         (authenticated() ? "" : " before authentication"));
       }
       const size_t len = static_cast<size_t>(cur_.length);
       if (rend_ - rpos_ >= len) {
@@ -422,8 +420,7 @@ Status TcpEndpoint::OnHeader() {
     case FrameType::kPutDone:
     case FrameType::kGetData: {
       auto it = ops_.find(cur_.op);
-      const FrameType asked =
-          cur_.type == FrameType::kPutDone ? FrameType::kPut : FrameType::kGet;
+      const FrameType asked = cur_.type == FrameType::kPutDone ? FrameType::kPut : FrameType::kGet;
       if (it == ops_.end() || it->second.type != asked ||
           cur_.length != (asked == FrameType::kGet ? it->second.len : 0)) {
         return Status::InvalidArgument(peer_ + " answered an operation this side did not ask for");
@@ -483,7 +480,14 @@ void TcpEndpoint::CompleteOp(uint64_t id, Status st) {
 }
 
 void TcpEndpoint::Refuse(const Status& why) {
-  TLOG_WARN("{}: closing the connection from {}: {}", ctx_->options_.name, peer_, why.ToString());
+  uint64_t held_back = 0;
+  if (authenticated() || ctx_->refusal_log_.Allow(LogThrottle::Clock::now(), &held_back)) {
+    TLOG_WARN("{}: closing the connection from {}: {}{}", ctx_->options_.name, peer_,
+              why.ToString(),
+              held_back == 0 ? ""
+                             : " (and " + std::to_string(held_back) +
+                                   " more connections of unauthenticated peers, not logged)");
+  }
   MarkDead(why, true);
 }
 

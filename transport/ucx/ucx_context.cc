@@ -17,46 +17,12 @@
 #include "transport/region_desc.h"
 #include "transport/run_on_loop.h"
 #include "transport/sockaddr.h"
+#include "transport/ucx/ucx_errors.h"
+#include "transport/ucx/ucx_library.h"
 #include "transport/ucx/ucx_tcp_policy.h"
 
-namespace tessera::transport {
+namespace tessera::transport::ucx {
 namespace {
-
-// The one UCX active-message id; the message id travels in the AM header.
-constexpr unsigned kAmId = 1;
-// Backend-internal message ids: the connection handshake.
-constexpr uint16_t kConnectMsg = 0xff01;
-constexpr uint16_t kConnectAckMsg = 0xff02;
-
-Status FromUcs(ucs_status_t status, const std::string& what) {
-  std::string msg = what + ": " + ucs_status_string(status);
-  switch (status) {
-    case UCS_OK:
-      return Status::Ok();
-    case UCS_ERR_UNREACHABLE:
-    case UCS_ERR_CONNECTION_RESET:
-    case UCS_ERR_ENDPOINT_TIMEOUT:
-    case UCS_ERR_REJECTED:
-    case UCS_ERR_NOT_CONNECTED:
-    case UCS_ERR_IO_ERROR:
-      return Status::Unavailable(msg);
-    case UCS_ERR_CANCELED:
-      return Status::Aborted(msg);
-    case UCS_ERR_TIMED_OUT:
-      return Status::DeadlineExceeded(msg);
-    case UCS_ERR_NO_MEMORY:
-    case UCS_ERR_NO_RESOURCE:
-    case UCS_ERR_EXCEEDS_LIMIT:
-      return Status::ResourceExhausted(msg);
-    case UCS_ERR_INVALID_PARAM:
-    case UCS_ERR_INVALID_ADDR:
-      return Status::InvalidArgument(msg);
-    case UCS_ERR_UNSUPPORTED:
-      return Status::Unimplemented(msg);
-    default:
-      return Status::Internal(msg);
-  }
-}
 
 // UCX 1.13's shared-memory transports (posix, sysv) cannot report peer
 // failure, so an endpoint that asks for it never uses them. Same-host peers
@@ -72,147 +38,6 @@ ucp_err_handling_mode_t ErrorModeFor(PeerFailureMode mode, const sockaddr_storag
       break;
   }
   return IsLocalAddress(peer) ? UCP_ERR_HANDLING_MODE_NONE : UCP_ERR_HANDLING_MODE_PEER;
-}
-
-// What a UCX request needs until its callback.
-struct SendRequest {
-  uint8_t header[2];
-  std::vector<uint8_t> bytes;
-  Completion done;
-};
-struct RmaRequest {
-  Completion done;
-  // Its completion is a sign of the peer's life (Endpoint::last_traffic).
-  std::shared_ptr<UcxEndpoint> ep;
-};
-
-void NoteSuccess(SendRequest*, const Status&) {}
-void NoteSuccess(RmaRequest* req, const Status& st) {
-  if (st.ok() && req->ep) req->ep->NoteTraffic();
-}
-
-void CompleteSend(void* request, ucs_status_t status, void* user_data) {
-  auto* req = static_cast<SendRequest*>(user_data);
-  if (req->done) req->done(FromUcs(status, "send"));
-  delete req;
-  ucp_request_free(request);
-}
-
-void CompleteRma(void* request, ucs_status_t status, void* user_data) {
-  auto* req = static_cast<RmaRequest*>(user_data);
-  const Status st = FromUcs(status, "one-sided operation");
-  NoteSuccess(req, st);
-  if (req->done) req->done(st);
-  delete req;
-  ucp_request_free(request);
-}
-
-// Handles a UCX non-blocking call's return: completed now, failed, or pending.
-template <typename Req>
-void FinishImmediate(ucs_status_ptr_t sp, Req* req, const char* what) {
-  if (sp == nullptr) {
-    NoteSuccess(req, Status::Ok());
-    if (req->done) req->done(Status::Ok());
-    delete req;
-  } else if (UCS_PTR_IS_ERR(sp)) {
-    if (req->done) req->done(FromUcs(UCS_PTR_STATUS(sp), what));
-    delete req;
-  }
-  // Otherwise the callback owns req.
-}
-
-uint64_t QueryMemoryTypes(ucp_context_h context) {
-  ucp_context_attr_t attr{};
-  attr.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES;
-  if (ucp_context_query(context, &attr) != UCS_OK) return UCS_BIT(UCS_MEMORY_TYPE_HOST);
-  return attr.memory_types;
-}
-
-std::string MemoryTypeNames(uint64_t types) {
-  std::string out;
-  for (int t = 0; t < UCS_MEMORY_TYPE_LAST; ++t) {
-    if ((types & UCS_BIT(t)) == 0) continue;
-    if (!out.empty()) out += ", ";
-    out += ucs_memory_type_names[t];
-  }
-  return out.empty() ? "none" : out;
-}
-
-}  // namespace
-
-std::string UcxLibraryPath() {
-  Dl_info info{};
-  if (dladdr(reinterpret_cast<void*>(&ucp_get_version_string), &info) == 0 ||
-      info.dli_fname == nullptr) {
-    return "an unknown path";
-  }
-  return info.dli_fname;
-}
-
-bool UcxHasCudaModule() {
-  std::error_code ec;
-  const auto modules = std::filesystem::path(UcxLibraryPath()).parent_path() / "ucx";
-  for (const auto& e : std::filesystem::directory_iterator(modules, ec)) {
-    if (e.path().filename().string().rfind("libuct_cuda", 0) == 0) return true;
-  }
-  return false;
-}
-
-namespace {
-
-class UcxRegion final : public Region {
- public:
-  UcxRegion(std::shared_ptr<UcpContextHolder> ctx, ucp_mem_h memh, void* data, size_t size,
-            MemoryKind kind, std::vector<uint8_t> desc, gpu::DeviceBuffer owned_gpu)
-      : ctx_(std::move(ctx)),
-        memh_(memh),
-        data_(data),
-        size_(size),
-        kind_(kind),
-        desc_(std::move(desc)),
-        owned_gpu_(std::move(owned_gpu)) {}
-  ~UcxRegion() override { ucp_mem_unmap(ctx_->handle, memh_); }
-  void* data() const override { return data_; }
-  size_t size() const override { return size_; }
-  MemoryKind kind() const override { return kind_; }
-  std::vector<uint8_t> Describe() const override { return desc_; }
-  void AdoptGpuBuffer(gpu::DeviceBuffer buffer) { owned_gpu_ = std::move(buffer); }
-
- private:
-  std::shared_ptr<UcpContextHolder> ctx_;
-  ucp_mem_h memh_;
-  void* data_;
-  size_t size_;
-  MemoryKind kind_;
-  std::vector<uint8_t> desc_;
-  gpu::DeviceBuffer owned_gpu_;  // Allocate(kCuda): freed after the unmap
-};
-
-class UcxRemoteRegion final : public RemoteRegion {
- public:
-  UcxRemoteRegion(const UcxEndpoint* owner, ucp_rkey_h rkey, uint64_t base, uint64_t size)
-      : owner_(owner), rkey_(rkey), base_(base), size_(size) {}
-  ~UcxRemoteRegion() override { ucp_rkey_destroy(rkey_); }
-  uint64_t base() const override { return base_; }
-  uint64_t size() const override { return size_; }
-  ucp_rkey_h rkey() const { return rkey_; }
-  const UcxEndpoint* owner() const { return owner_; }
-
- private:
-  const UcxEndpoint* owner_;
-  ucp_rkey_h rkey_;
-  uint64_t base_;
-  uint64_t size_;
-};
-
-// True for a UCX older than 1.15 on a host with RDMA devices (see Init).
-bool MissesRcWakeups() {
-  unsigned major = 0, minor = 0, release = 0;
-  ucp_get_version(&major, &minor, &release);
-  if (major > 1 || (major == 1 && minor >= 15)) return false;
-  std::error_code ec;
-  std::filesystem::directory_iterator devices("/sys/class/infiniband", ec);
-  return !ec && devices != std::filesystem::directory_iterator();
 }
 
 }  // namespace
@@ -268,21 +93,6 @@ Result<std::unique_ptr<Context>> UcxContext::Create(const ContextOptions& option
   std::unique_ptr<UcxContext> ctx(new UcxContext(options));
   TESSERA_RETURN_IF_ERROR(ctx->Init());
   return std::unique_ptr<Context>(std::move(ctx));
-}
-
-void ApplyUcxDefaults() {
-  // Set in the environment because UCX 1.13 refuses these keys through
-  // ucp_config_modify; a value the user set is always left alone.
-  //
-  // A restarted server must listen on its port again while the connections
-  // of the process it replaces still sit in TIME_WAIT (SO_REUSEADDR, as
-  // every server sets it).
-  setenv("UCX_TCP_CM_REUSEADDR", "y", /*overwrite=*/0);
-  // UCX's default 8 KiB tcp segments cap a stream near 1 GB/s here; 256 KiB
-  // ones carry 2.5-4.4 GB/s for 1-64 MiB puts, gets, pushes and pulls on
-  // loopback (docs/PERFORMANCE.md).
-  setenv("UCX_TCP_TX_SEG_SIZE", "256k", /*overwrite=*/0);
-  setenv("UCX_TCP_RX_SEG_SIZE", "256k", /*overwrite=*/0);
 }
 
 Status UcxContext::Init() {
@@ -380,20 +190,6 @@ UcxContext::~UcxContext() {
   }
 }
 
-std::string DescribeUcxLibrary() {
-  ucp_params_t params{};
-  params.field_mask = UCP_PARAM_FIELD_FEATURES;
-  params.features = UCP_FEATURE_RMA;
-  ucp_context_h context = nullptr;
-  std::string types = "unknown";
-  if (ucp_init(&params, nullptr, &context) == UCS_OK) {
-    types = MemoryTypeNames(QueryMemoryTypes(context));
-    ucp_cleanup(context);
-  }
-  return std::string("UCX ") + ucp_get_version_string() + " from " + UcxLibraryPath() +
-         " (memory types: " + types + ")";
-}
-
 Status UcxContext::CanRegister(MemoryKind kind) const {
   if (kind == MemoryKind::kHost) return Status::Ok();
   if ((memory_types_ & UCS_BIT(UCS_MEMORY_TYPE_CUDA)) == 0 && UcxHasCudaModule()) {
@@ -485,7 +281,7 @@ Result<std::unique_ptr<Region>> UcxContext::Map(void* data, size_t size, MemoryK
 }
 
 void UcxContext::SetHandler(uint16_t msg_id, MessageHandler handler) {
-  handlers_[msg_id] = std::move(handler);
+  handlers_.Set(msg_id, std::move(handler));
 }
 
 void UcxContext::SetDisconnectHandler(DisconnectHandler handler) {
@@ -722,12 +518,7 @@ void UcxContext::Dispatch(const std::shared_ptr<UcxEndpoint>& ep, uint16_t msg_i
     CloseEndpoint(ep.get(), true);
     return;
   }
-  auto handler = handlers_.find(msg_id);
-  if (handler == handlers_.end()) {
-    TLOG_WARN("{}: no handler for message {} from {}; dropped", options_.name, msg_id, ep->peer_);
-    return;
-  }
-  handler->second(ep, bytes);
+  handlers_.Dispatch(ep, msg_id, bytes);
 }
 
 Counters UcxContext::counters() const { return counters_.Snapshot(); }
@@ -739,157 +530,4 @@ std::string UcxContext::Describe() const {
          ", memory types: " + MemoryTypeNames(memory_types_) + ")";
 }
 
-// ---------------------------------------------------------------------------
-// UcxEndpoint
-
-UcxEndpoint::~UcxEndpoint() = default;
-
-Status UcxEndpoint::DeadStatus() const {
-  return close_reason_.ok() ? Status::Unavailable("connection to " + peer_ + " is closed")
-                            : close_reason_;
-}
-
-void UcxEndpoint::Send(uint16_t msg_id, std::vector<uint8_t> bytes, Completion done) {
-  if (ctx_->InProgressThread()) return SendNow(msg_id, std::move(bytes), std::move(done));
-  ctx_->Post([self = shared_from_this(), msg_id, bytes = std::move(bytes),
-              done = std::move(done)]() mutable {
-    self->SendNow(msg_id, std::move(bytes), std::move(done));
-  });
-}
-
-void UcxEndpoint::SendNow(uint16_t msg_id, std::vector<uint8_t> bytes, Completion done) {
-  if (ep_ == nullptr) {
-    if (done) done(DeadStatus());
-    return;
-  }
-  ctx_->counters_.messages_sent++;
-  ctx_->counters_.message_bytes_sent += bytes.size();
-  auto* req = new SendRequest{{static_cast<uint8_t>(msg_id), static_cast<uint8_t>(msg_id >> 8)},
-                              std::move(bytes),
-                              std::move(done)};
-  ucp_request_param_t param{};
-  param.op_attr_mask =
-      UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
-  param.flags = UCP_AM_SEND_FLAG_REPLY;
-  param.cb.send = &CompleteSend;
-  param.user_data = req;
-  ucs_status_ptr_t sp = ucp_am_send_nbx(ep_, kAmId, req->header, sizeof(req->header),
-                                        req->bytes.data(), req->bytes.size(), &param);
-  FinishImmediate(sp, req, "send");
-}
-
-Result<std::unique_ptr<RemoteRegion>> UcxEndpoint::Attach(std::span<const uint8_t> description) {
-  auto desc = DecodeRegionDesc(description);
-  if (!desc.ok()) return desc.status().WithContext("from " + peer_);
-  if (desc->backend != BackendId::kUcx) {
-    return Status::InvalidArgument("remote key from " + peer_ + " is not a UCX key");
-  }
-  return RunOnLoop(*ctx_, [&]() -> Result<std::unique_ptr<RemoteRegion>> {
-    if (ep_ == nullptr) return DeadStatus();
-    ucp_rkey_h rkey = nullptr;
-    ucs_status_t st = ucp_ep_rkey_unpack(ep_, desc->key.data(), &rkey);
-    if (st != UCS_OK) return FromUcs(st, "remote key from " + peer_ + " refused");
-    return std::unique_ptr<RemoteRegion>(new UcxRemoteRegion(this, rkey, desc->base, desc->size));
-  });
-}
-
-void UcxEndpoint::Put(const void* local, size_t len, const RemoteRegion& remote,
-                      uint64_t remote_addr, Completion done) {
-  Rma(Op::kPut, const_cast<void*>(local), len, remote, remote_addr, std::move(done));
-}
-
-void UcxEndpoint::Get(void* local, size_t len, const RemoteRegion& remote, uint64_t remote_addr,
-                      Completion done) {
-  Rma(Op::kGet, local, len, remote, remote_addr, std::move(done));
-}
-
-void UcxEndpoint::Rma(Op op, void* local, size_t len, const RemoteRegion& remote,
-                      uint64_t remote_addr, Completion done) {
-  if (ctx_->InProgressThread()) return RmaNow(op, local, len, remote, remote_addr, std::move(done));
-  ctx_->Post([self = shared_from_this(), op, local, len, &remote, remote_addr,
-              done = std::move(done)]() mutable {
-    self->RmaNow(op, local, len, remote, remote_addr, std::move(done));
-  });
-}
-
-namespace {
-Status CheckRma(const UcxEndpoint* ep, const RemoteRegion& remote, uint64_t addr, size_t len,
-                const std::string& peer) {
-  const auto* r = dynamic_cast<const UcxRemoteRegion*>(&remote);
-  if (r == nullptr || r->owner() != ep) {
-    return Status::InvalidArgument("remote region was not attached to the endpoint of " + peer);
-  }
-  if (!remote.Contains(addr, len)) {
-    return Status::OutOfRange("one-sided access of " + std::to_string(len) + " bytes at 0x" +
-                              fmt::format("{:x}", addr) + " lies outside the region of " + peer);
-  }
-  return Status::Ok();
-}
-}  // namespace
-
-void UcxEndpoint::RmaNow(Op op, void* local, size_t len, const RemoteRegion& remote,
-                         uint64_t remote_addr, Completion done) {
-  if (ep_ == nullptr) return done(DeadStatus());
-  Status st = CheckRma(this, remote, remote_addr, len, peer_);
-  if (!st.ok()) return done(st);
-  auto& counters = ctx_->counters_;
-  (op == Op::kPut ? counters.puts : counters.gets)++;
-  (op == Op::kPut ? counters.put_bytes : counters.get_bytes) += len;
-  auto* req = new RmaRequest{std::move(done), shared_from_this()};
-  ucp_request_param_t param{};
-  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-  param.cb.send = &CompleteRma;
-  param.user_data = req;
-  ucp_rkey_h rkey = static_cast<const UcxRemoteRegion&>(remote).rkey();
-  ucs_status_ptr_t sp = op == Op::kPut ? ucp_put_nbx(ep_, local, len, remote_addr, rkey, &param)
-                                       : ucp_get_nbx(ep_, local, len, remote_addr, rkey, &param);
-  FinishImmediate(sp, req, op == Op::kPut ? "put" : "get");
-}
-
-void UcxEndpoint::Flush(Completion done) {
-  if (ctx_->InProgressThread()) return FlushNow(std::move(done));
-  ctx_->Post([self = shared_from_this(), done = std::move(done)]() mutable {
-    self->FlushNow(std::move(done));
-  });
-}
-
-void UcxEndpoint::FlushNow(Completion done) {
-  if (ep_ == nullptr) return done(DeadStatus());
-  auto* req = new RmaRequest{std::move(done), shared_from_this()};
-  ucp_request_param_t param{};
-  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-  param.cb.send = &CompleteRma;
-  param.user_data = req;
-  ucs_status_ptr_t sp = ucp_ep_flush_nbx(ep_, &param);
-  FinishImmediate(sp, req, "flush");
-}
-
-std::string UcxEndpoint::DescribeLanes() {
-  return RunOnLoop(*ctx_, [this]() -> std::string {
-    if (ep_ == nullptr) return "closed";
-    char* buf = nullptr;
-    size_t len = 0;
-    FILE* f = open_memstream(&buf, &len);
-    if (f == nullptr) return "unknown";
-    ucp_ep_print_info(ep_, f);
-    fclose(f);
-    std::string out(buf, len);
-    free(buf);
-    return out;
-  });
-}
-
-void UcxEndpoint::CloseWith(bool force) {
-  auto self = shared_from_this();
-  auto close = [self, force] {
-    if (self->ep_ == nullptr) return;
-    self->ctx_->CloseEndpoint(self.get(), force);
-  };
-  if (ctx_->InProgressThread()) {
-    close();
-  } else {
-    ctx_->Post(close);
-  }
-}
-
-}  // namespace tessera::transport
+}  // namespace tessera::transport::ucx

@@ -10,73 +10,12 @@
 
 #include "transport/atomic_counters.h"
 #include "transport/event_loop.h"
+#include "transport/message_handlers.h"
 #include "transport/transport.h"
+#include "transport/ucx/ucx_endpoint.h"
+#include "transport/ucx/ucx_region.h"
 
-namespace tessera::transport {
-
-// ucp_context_h outlives the Context object while regions still use it.
-struct UcpContextHolder {
-  ucp_context_h handle = nullptr;
-  ~UcpContextHolder() {
-    if (handle) ucp_cleanup(handle);
-  }
-};
-
-class UcxContext;
-
-// Sets UCX environment defaults unless the user set them (see ucx_context.cc).
-void ApplyUcxDefaults();
-
-class UcxEndpoint final : public Endpoint, public std::enable_shared_from_this<UcxEndpoint> {
- public:
-  UcxEndpoint(UcxContext* ctx, std::string peer, const ContextOptions& options)
-      : Endpoint(options), ctx_(ctx), peer_(std::move(peer)) {}
-  ~UcxEndpoint() override;
-
-  void Send(uint16_t msg_id, std::vector<uint8_t> bytes, Completion done) override;
-  Result<std::unique_ptr<RemoteRegion>> Attach(std::span<const uint8_t> description) override;
-  void Put(const void* local, size_t len, const RemoteRegion& remote, uint64_t remote_addr,
-           Completion done) override;
-  void Get(void* local, size_t len, const RemoteRegion& remote, uint64_t remote_addr,
-           Completion done) override;
-  void Flush(Completion done) override;
-  void Close() override { CloseWith(/*force=*/false); }
-  void Abort() override { CloseWith(/*force=*/true); }
-  bool alive() const override { return alive_.load(); }
-  std::string peer() const override { return peer_; }
-  std::string DescribeLanes() override;
-  using Endpoint::NoteTraffic;  // for the completion callbacks
-
- private:
-  friend class UcxContext;
-  void SendNow(uint16_t msg_id, std::vector<uint8_t> bytes, Completion done);
-  enum class Op { kPut, kGet };
-  void Rma(Op op, void* local, size_t len, const RemoteRegion& remote, uint64_t remote_addr,
-           Completion done);
-  void RmaNow(Op op, void* local, size_t len, const RemoteRegion& remote, uint64_t remote_addr,
-              Completion done);
-  void FlushNow(Completion done);
-  Status DeadStatus() const;
-  void CloseWith(bool force);
-
-  UcxContext* ctx_;
-  std::string peer_;
-  ucp_ep_h ep_ = nullptr;  // loop thread only
-  std::atomic<bool> alive_{true};
-  bool connected_ = false;        // loop thread only: the handshake completed
-  ConnectCallback connect_done_;  // client side, until connected
-  Status close_reason_;           // loop thread only
-};
-
-// Which UCX this process loaded and what it can map: "UCX 1.13.1 from
-// /usr/lib/x86_64-linux-gnu/libucp.so.0 (memory types: host)". The UCX is
-// chosen at build time (meson -Ducx_prefix=...); this says which one ran.
-std::string DescribeUcxLibrary();
-// The path of the libucp this process loaded.
-std::string UcxLibraryPath();
-// Whether that UCX was built with CUDA (its CUDA module is beside it), which
-// it shows in its memory types only where a CUDA driver answers.
-bool UcxHasCudaModule();
+namespace tessera::transport::ucx {
 
 class UcxContext final : public Context {
  public:
@@ -133,7 +72,7 @@ class UcxContext final : public Context {
   AtomicCounters counters_;
 
   // Set before connections exist, then only read.
-  std::unordered_map<uint16_t, MessageHandler> handlers_;
+  MessageHandlers handlers_{options_.name};
   DisconnectHandler on_disconnect_;
   AcceptHandler accept_handler_;
 
@@ -142,4 +81,4 @@ class UcxContext final : public Context {
   std::vector<void*> closing_;  // ucp_ep_close_nbx requests in flight
 };
 
-}  // namespace tessera::transport
+}  // namespace tessera::transport::ucx

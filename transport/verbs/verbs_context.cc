@@ -240,7 +240,7 @@ DeviceSet::~DeviceSet() {
 }
 
 void VerbsContext::SetHandler(uint16_t msg_id, MessageHandler handler) {
-  handlers_[msg_id] = std::move(handler);
+  handlers_.Set(msg_id, std::move(handler));
 }
 
 void VerbsContext::SetDisconnectHandler(DisconnectHandler handler) {
@@ -605,12 +605,7 @@ void VerbsContext::Dispatch(const std::shared_ptr<VerbsEndpoint>& ep, uint16_t m
                             std::span<const uint8_t> bytes) {
   counters_.messages_received++;
   counters_.message_bytes_received += bytes.size();
-  auto handler = handlers_.find(msg_id);
-  if (handler == handlers_.end()) {
-    TLOG_WARN("{}: no handler for message {} from {}; dropped", options_.name, msg_id, ep->peer_);
-    return;
-  }
-  handler->second(ep, bytes);
+  handlers_.Dispatch(ep, msg_id, bytes);
 }
 
 Counters VerbsContext::counters() const { return counters_.Snapshot(); }

@@ -26,6 +26,7 @@
 
 #include "transport/atomic_counters.h"
 #include "transport/event_loop.h"
+#include "transport/message_handlers.h"
 #include "transport/transport.h"
 
 namespace tessera::transport::verbs {
@@ -171,7 +172,7 @@ class VerbsContext final : public Context {
   AtomicCounters counters_;
 
   // Set before connections exist, then only read.
-  std::unordered_map<uint16_t, MessageHandler> handlers_;
+  MessageHandlers handlers_{options_.name};
   DisconnectHandler on_disconnect_;
 
   // Progress thread only.

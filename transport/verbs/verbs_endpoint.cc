@@ -26,11 +26,10 @@ Status VerbsEndpoint::DeadStatus() const {
 // Issuing
 
 void VerbsEndpoint::Send(uint16_t msg_id, std::vector<uint8_t> bytes, Completion done) {
-  if (ctx_->InProgressThread()) return SendNow(msg_id, std::move(bytes), std::move(done));
-  ctx_->Post([self = shared_from_this(), msg_id, bytes = std::move(bytes),
-              done = std::move(done)]() mutable {
-    self->SendNow(msg_id, std::move(bytes), std::move(done));
-  });
+  RunOnProgress(*ctx_, this,
+                [this, msg_id, bytes = std::move(bytes), done = std::move(done)]() mutable {
+                  SendNow(msg_id, std::move(bytes), std::move(done));
+                });
 }
 
 void VerbsEndpoint::SendNow(uint16_t msg_id, std::vector<uint8_t> bytes, Completion done) {
@@ -51,22 +50,18 @@ void VerbsEndpoint::SendNow(uint16_t msg_id, std::vector<uint8_t> bytes, Complet
 
 void VerbsEndpoint::Put(const void* local, size_t len, const RemoteRegion& remote,
                         uint64_t remote_addr, Completion done) {
-  auto run = [self = shared_from_this(), local, len, &remote, remote_addr,
-              done = std::move(done)]() mutable {
-    self->RmaNow(Op::kWrite, const_cast<void*>(local), len, remote, remote_addr, std::move(done));
-  };
-  if (ctx_->InProgressThread()) return run();
-  ctx_->Post(std::move(run));
+  RunOnProgress(
+      *ctx_, this, [this, local, len, &remote, remote_addr, done = std::move(done)]() mutable {
+        RmaNow(Op::kWrite, const_cast<void*>(local), len, remote, remote_addr, std::move(done));
+      });
 }
 
 void VerbsEndpoint::Get(void* local, size_t len, const RemoteRegion& remote, uint64_t remote_addr,
                         Completion done) {
-  auto run = [self = shared_from_this(), local, len, &remote, remote_addr,
-              done = std::move(done)]() mutable {
-    self->RmaNow(Op::kRead, local, len, remote, remote_addr, std::move(done));
-  };
-  if (ctx_->InProgressThread()) return run();
-  ctx_->Post(std::move(run));
+  RunOnProgress(*ctx_, this,
+                [this, local, len, &remote, remote_addr, done = std::move(done)]() mutable {
+                  RmaNow(Op::kRead, local, len, remote, remote_addr, std::move(done));
+                });
 }
 
 void VerbsEndpoint::RmaNow(Op::Kind kind, void* local, size_t len, const RemoteRegion& remote,
@@ -90,11 +85,8 @@ void VerbsEndpoint::RmaNow(Op::Kind kind, void* local, size_t len, const RemoteR
 }
 
 void VerbsEndpoint::Flush(Completion done) {
-  auto run = [self = shared_from_this(), done = std::move(done)]() mutable {
-    self->FlushNow(std::move(done));
-  };
-  if (ctx_->InProgressThread()) return run();
-  ctx_->Post(std::move(run));
+  RunOnProgress(*ctx_, this,
+                [this, done = std::move(done)]() mutable { FlushNow(std::move(done)); });
 }
 
 void VerbsEndpoint::FlushNow(Completion done) {

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "core/bytes.h"
 #include "gpu/cuda.h"
 #include "transport/region_desc.h"
 #include "transport/run_on_loop.h"
@@ -127,7 +128,7 @@ Result<std::unique_ptr<Region>> VerbsContext::Allocate(size_t size, MemoryKind k
     return region;
   }
   if (size == 0) return Status::InvalidArgument("cannot allocate an empty region");
-  void* data = std::aligned_alloc(4096, (size + 4095) / 4096 * 4096);
+  void* data = std::aligned_alloc(4096, AlignUp(size, 4096));
   if (data == nullptr) return Status::ResourceExhausted("allocating " + std::to_string(size));
   std::memset(data, 0, size);
   return MapRegion(data, size, kind, access, /*owned=*/true);

@@ -1,0 +1,65 @@
+// A UCX connection: active messages for control, ucp_put/get_nbx on the
+// peer's mapped regions for data.
+#pragma once
+
+#include <ucp/api/ucp.h>
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "transport/transport.h"
+
+namespace tessera::transport::ucx {
+
+// The one UCX active-message id; the message id travels in the AM header.
+inline constexpr unsigned kAmId = 1;
+// Backend-internal message ids: the connection handshake.
+inline constexpr uint16_t kConnectMsg = 0xff01;
+inline constexpr uint16_t kConnectAckMsg = 0xff02;
+
+class UcxContext;
+
+class UcxEndpoint final : public Endpoint, public std::enable_shared_from_this<UcxEndpoint> {
+ public:
+  UcxEndpoint(UcxContext* ctx, std::string peer, const ContextOptions& options)
+      : Endpoint(options), ctx_(ctx), peer_(std::move(peer)) {}
+  ~UcxEndpoint() override;
+
+  void Send(uint16_t msg_id, std::vector<uint8_t> bytes, Completion done) override;
+  Result<std::unique_ptr<RemoteRegion>> Attach(std::span<const uint8_t> description) override;
+  void Put(const void* local, size_t len, const RemoteRegion& remote, uint64_t remote_addr,
+           Completion done) override;
+  void Get(void* local, size_t len, const RemoteRegion& remote, uint64_t remote_addr,
+           Completion done) override;
+  void Flush(Completion done) override;
+  void Close() override { CloseWith(/*force=*/false); }
+  void Abort() override { CloseWith(/*force=*/true); }
+  bool alive() const override { return alive_.load(); }
+  std::string peer() const override { return peer_; }
+  std::string DescribeLanes() override;
+  using Endpoint::NoteTraffic;  // for the completion callbacks
+
+ private:
+  friend class UcxContext;
+  void SendNow(uint16_t msg_id, std::vector<uint8_t> bytes, Completion done);
+  enum class Op { kPut, kGet };
+  void Rma(Op op, void* local, size_t len, const RemoteRegion& remote, uint64_t remote_addr,
+           Completion done);
+  void RmaNow(Op op, void* local, size_t len, const RemoteRegion& remote, uint64_t remote_addr,
+              Completion done);
+  void FlushNow(Completion done);
+  Status DeadStatus() const;
+  void CloseWith(bool force);
+
+  UcxContext* ctx_;
+  std::string peer_;
+  ucp_ep_h ep_ = nullptr;  // loop thread only
+  std::atomic<bool> alive_{true};
+  bool connected_ = false;        // loop thread only: the handshake completed
+  ConnectCallback connect_done_;  // client side, until connected
+  Status close_reason_;           // loop thread only
+};
+
+}  // namespace tessera::transport::ucx
