@@ -73,7 +73,11 @@ t = tasks[0]
 assert t["memory"] == "host memory" and t["staged_through_host"] is False, t
 assert t["stats"]["pushes_applied"] > 0 and t["stats"]["pulls_served"] > 0, t
 assert t["coordinator"] is True and t["global_step"] > 0, t
-print(f"status: {t['stats']['pushes_applied']} pushes, global step {t['global_step']}")
+# The shards count steps: the coordinator heard of them from its ps task only.
+reports = t["step_reports"]
+assert reports["from_workers"] == 0 and sum(reports["from_ps_tasks"]) > 0, t
+print(f"status: {t['stats']['pushes_applied']} pushes, global step {t['global_step']}, "
+      f"{sum(reports['from_ps_tasks'])} step reports from ps tasks")
 PY
 # A wrong secret: the task is named unreachable, and the exit code says so.
 head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$out/wrong"

@@ -196,11 +196,11 @@ class ClusterTest : public ::testing::TestWithParam<const char*> {
     return {c0, c1, std::move(c2), t0, t1};
   }
 
-  // The global step is reported to the coordinator after each push returns:
-  // poll briefly for it to reach `want`.
+  // The shards report the steps they counted to the coordinator after the
+  // push returns: poll for the global step to reach `want` (up to 10 s).
   static uint64_t EventualGlobalStep(Client& c, uint64_t want) {
     uint64_t got = 0;
-    for (int i = 0; i < 100; ++i) {
+    for (int i = 0; i < 500; ++i) {
       auto r = c.GlobalStep();
       if (!r.ok()) return UINT64_MAX;
       got = *r;

@@ -609,29 +609,99 @@ TEST_P(ClusterTest, GlobalStepCountsAsyncPushes) {
   EXPECT_EQ(EventualGlobalStep(b, 5), 5u);
 }
 
-// A small push that goes only to the coordinator's own shard reports its
-// step in the push itself: one message per push, and the step is counted by
-// the time the push returns. A push spread over two shards still counts once.
-TEST_P(ClusterTest, SmallPushReportsItsStepWithoutAMessageOfItsOwn) {
+// The shards count the global step: a push's part to the lowest-numbered
+// shard counts its worker's step. A push spread over two shards counts once,
+// and a push carries no message besides itself.
+TEST_P(ClusterTest, ShardsCountAsyncStepsOncePerPush) {
   StartCluster(2, 1);
   auto opts = Options(0);
   opts.heartbeat_timeout = 0ms;  // no pings among the counted messages
   auto client = Client::Connect(opts);
   ASSERT_TRUE(client.ok()) << client.status().ToString();
   Client& c = **client;
-  TensorSpec on_coordinator = F32("a", 2), elsewhere = F32("b", 2);
-  on_coordinator.pinned_shard = 0;  // ps0 also runs the coordinator
-  elsewhere.pinned_shard = 1;
-  auto t = c.DeclareMany({on_coordinator, elsewhere}).value();
+  TensorSpec on_first = F32("a", 2), on_second = F32("b", 2);
+  on_first.pinned_shard = 0;
+  on_second.pinned_shard = 1;
+  auto t = c.DeclareMany({on_first, on_second}).value();
   ASSERT_TRUE(c.Initialize().ok());
   std::vector<float> v(2, 1.0f);
   auto before = c.counters();
-  for (int i = 0; i < 10; ++i) ASSERT_TRUE(c.Push({PushItem::Of<float>(t[0], v)}).ok());
-  EXPECT_EQ(c.counters().messages_sent - before.messages_sent, 10u);
-  EXPECT_EQ(c.GlobalStep().value(), 10u);
-  ASSERT_TRUE(c.Push({PushItem::Of<float>(t[0], v), PushItem::Of<float>(t[1], v)}).ok());
-  EXPECT_EQ(EventualGlobalStep(c, 11), 11u);
-  EXPECT_EQ(c.GlobalStep().value(), 11u) << "counted once";
+  for (int i = 0; i < 10; ++i) ASSERT_TRUE(c.Push({PushItem::Of<float>(t[1], v)}).ok());
+  EXPECT_EQ(c.counters().messages_sent - before.messages_sent, 10u) << "one message per push";
+  EXPECT_EQ(EventualGlobalStep(c, 10), 10u);
+  for (int i = 0; i < 5; ++i) {
+    ASSERT_TRUE(c.Push({PushItem::Of<float>(t[0], v), PushItem::Of<float>(t[1], v)}).ok());
+  }
+  EXPECT_EQ(EventualGlobalStep(c, 15), 15u);
+  EXPECT_EQ(c.GlobalStep().value(), 15u) << "a push over two shards counts once";
+  EXPECT_EQ(servers_[0]->stats().step_messages_from_workers, 0u);
+}
+
+// A worker has no step to report: the shards count steps. One that sends a
+// step report anyway is disconnected, and the global step does not move.
+TEST_P(ClusterTest, WorkerStepReportIsRefused) {
+  StartCluster(1, 2);
+  Client& c = Connect(0);
+  ASSERT_TRUE(c.Declare(F32("w", 4)).ok());
+  ASSERT_TRUE(c.Initialize().ok());
+  RawPeer raw(spec_.tasks("ps")[0], transport_);
+  ASSERT_TRUE(raw.connected());
+  ASSERT_TRUE(wire::Decode<wire::Welcome>(raw.Authenticate(secret_, WorkerHello(1))).ok());
+  raw.Send(wire::StepsApplied{1000, 0, {}}, 3);
+  auto refused = wire::Decode<wire::Error>(raw.Next());
+  ASSERT_TRUE(refused.ok()) << refused.status().ToString();
+  EXPECT_NE(refused->message.find("unexpected steps-applied from a worker"), std::string::npos)
+      << refused->message;
+  EXPECT_EQ(servers_[0]->stats().step_messages_from_workers, 1u);
+  EXPECT_EQ(c.GlobalStep().value(), 0u);
+}
+
+// Sync training, 2 shards x 3 workers x 100 steps, every tensor chunked over
+// both shards: the coordinator hears at most one step report per ps task per
+// step and nothing from the workers, and the global step is exact.
+TEST_P(ClusterTest, ShardsReportEachSyncStepAtMostOnce) {
+  StartCluster(2, 3);
+  const int64_t n = 64;
+  TensorSpec spec{"w", DType::kF64, {n}, UpdateRule::kAdd, {}, -1};
+  spec.mode = ConsistencyMode::Sync(3, 3, /*average=*/false);
+  std::vector<Client*> workers;
+  std::vector<Tensor> handles;
+  for (int w = 0; w < 3; ++w) {
+    auto opts = Options(w);
+    opts.chunk_bytes = 256;  // 2 chunks of 32 elements: one on each shard
+    clients_.push_back(testing::ValueOrThrow(Client::Connect(opts), "connecting a worker"));
+    workers.push_back(clients_.back().get());
+    handles.push_back(workers.back()->Declare(spec).value());
+  }
+  ASSERT_EQ(workers[0]->info(handles[0]).value().chunks.size(), 2u);
+  ASSERT_TRUE(workers[0]->Initialize().ok());
+  const int steps = 100;
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int w = 0; w < 3; ++w) {
+    threads.emplace_back([&, w] {
+      if (!workers[w]->WaitForInit(10s).ok()) failures++;
+      std::vector<double> g(n, 1.0), got(n);
+      for (int t = 0; t < steps; ++t) {
+        if (!workers[w]->Push({PushItem::Of<double>(handles[w], g)}, t).ok()) failures++;
+        if (!workers[w]->Pull({PullItem::AfterStep<double>(handles[w], got, t + 1)}).ok()) {
+          failures++;
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  ASSERT_EQ(failures, 0);
+  EXPECT_EQ(EventualGlobalStep(*workers[0], steps), static_cast<uint64_t>(steps));
+  const ServerStats coordinator = servers_[0]->stats();
+  ASSERT_EQ(coordinator.step_reports_from_ps.size(), 2u);
+  uint64_t reports = 0;
+  for (uint64_t r : coordinator.step_reports_from_ps) {
+    EXPECT_LE(r, static_cast<uint64_t>(steps)) << "more than one report per ps task per step";
+    reports += r;
+  }
+  EXPECT_GE(reports, static_cast<uint64_t>(steps)) << "every step was reported";
+  EXPECT_EQ(coordinator.step_messages_from_workers, 0u);
 }
 
 // replicas_to_aggregate = 2 of 3: a third push for an applied step is a

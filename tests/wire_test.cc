@@ -78,7 +78,7 @@ std::vector<Sample> Samples() {
       Make("push_inline", Push{7, {{0, 0, 4}}, {9, 9, 9, 9}}, kFlagInit),
       Make("release", Release{5}),
       Make("set_hyper", SetHyper{{1, 2}, Hyperparams{}}),
-      Make("step_done", StepDone{3, true}),
+      Make("steps_applied", StepsApplied{2, 3, {{0, 2}, {2, 1}}}),
       Make("step_reply", StepReply{9}),
       Make("init_done", InitDone{}),
       Make("error", Error{StatusCode::kNotFound, "no such tensor"}),

@@ -170,6 +170,15 @@ int RunStatus(const StatusOptions& o) {
         if (j.contains("global_step")) {
           printf("  global step %llu\n", j.at("global_step").get<unsigned long long>());
         }
+        if (j.contains("step_reports")) {
+          const auto& r = j.at("step_reports");
+          std::string per_task;
+          for (const auto& n : r.at("from_ps_tasks")) {
+            per_task += (per_task.empty() ? "" : ", ") + std::to_string(n.get<uint64_t>());
+          }
+          printf("  step reports received: from ps tasks [%s], from workers %llu\n",
+                 per_task.c_str(), r.at("from_workers").get<unsigned long long>());
+        }
       } catch (const nlohmann::json::exception& e) {
         printf("  malformed status reply: %s\n", e.what());
         failed++;

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "tessera/cluster.h"
 #include "tessera/status.h"
@@ -81,6 +82,11 @@ struct ServerStats {
   uint64_t host_staged_bytes = 0;
   // Workers on this node given CUDA IPC handles (GPU memory only).
   uint64_t cuda_ipc_workers = 0;
+  // Coordinator: the step reports each ps task sent it (the shards count the
+  // global step: at most one report per ps task per sync step), and step
+  // messages workers sent it (none: they are refused).
+  std::vector<uint64_t> step_reports_from_ps;
+  uint64_t step_messages_from_workers = 0;
 };
 
 class Server {

@@ -339,8 +339,14 @@ class Client::Impl {
     for (const auto& io : ios) raw += io.chunk->bytes;
     return raw <= std::min(options_.inline_bytes, wire::kMaxInlineBytes);
   }
+  // A push's step, and whether this part counts it (wire::Push::step_parts;
+  // only the first message of the part carries it).
+  struct PushStep {
+    uint64_t step = 0;
+    uint32_t parts = 0;
+  };
   // `op` (may be null) hears of the chunks the shard dropped.
-  void PushToShard(int shard, std::vector<ChunkIo> ios, uint32_t flags, uint64_t step,
+  void PushToShard(int shard, std::vector<ChunkIo> ios, uint32_t flags, PushStep tag,
                    std::shared_ptr<Future::State> op,
                    std::function<void(Status, std::vector<uint64_t>)> done);
   // Counts what the shard did with each pushed chunk, and tells `op` which
@@ -1093,9 +1099,10 @@ void Client::Impl::NoteOutcomes(const std::vector<uint8_t>& outcomes, const Chun
   }
 }
 
-void Client::Impl::PushToShard(int shard, std::vector<ChunkIo> ios, uint32_t flags, uint64_t step,
+void Client::Impl::PushToShard(int shard, std::vector<ChunkIo> ios, uint32_t flags, PushStep tag,
                                std::shared_ptr<Future::State> op,
                                std::function<void(Status, std::vector<uint64_t>)> done) {
+  const uint64_t step = tag.step;
   ShardConn& s = shards_[shard];
   if (!s.dead.ok()) {
     Reconnect(shard);  // fails this call; a later one may succeed
@@ -1122,6 +1129,7 @@ void Client::Impl::PushToShard(int shard, std::vector<ChunkIo> ios, uint32_t fla
     for (const auto& io : ios) raw += io.chunk->bytes;
     wire::Push msg;
     msg.step = step;
+    msg.step_parts = tag.parts;
     msg.entries.reserve(ios.size());
     msg.payload.reserve(raw);
     bool from_gpu = false;
@@ -1162,12 +1170,12 @@ void Client::Impl::PushToShard(int shard, std::vector<ChunkIo> ios, uint32_t fla
       if (rest.empty()) used += b;
     }
     auto versions = std::make_shared<std::vector<uint64_t>>();
-    PushToShard(shard, std::move(first), flags, step, op,
+    PushToShard(shard, std::move(first), flags, tag, op,
                 [this, shard, rest = std::move(rest), flags, step, op, versions, done](
                     const Status& st, const std::vector<uint64_t>& v) mutable {
                   if (!st.ok()) return done(st, {});
                   versions->insert(versions->end(), v.begin(), v.end());
-                  PushToShard(shard, std::move(rest), flags, step, op,
+                  PushToShard(shard, std::move(rest), flags, PushStep{step, 0}, op,
                               [versions, done](const Status& st2, std::vector<uint64_t> v2) {
                                 versions->insert(versions->end(), v2.begin(), v2.end());
                                 done(st2, std::move(*versions));
@@ -1179,8 +1187,8 @@ void Client::Impl::PushToShard(int shard, std::vector<ChunkIo> ios, uint32_t fla
   if (!offset) {
     // Wait for earlier pushes to this shard to free their staging space.
     s.waiting_for_staging.push_back(
-        [this, shard, ios = std::move(ios), flags, step, op, done]() mutable {
-          PushToShard(shard, std::move(ios), flags, step, op, std::move(done));
+        [this, shard, ios = std::move(ios), flags, tag, op, done]() mutable {
+          PushToShard(shard, std::move(ios), flags, tag, op, std::move(done));
         });
     return;
   }
@@ -1228,6 +1236,7 @@ void Client::Impl::PushToShard(int shard, std::vector<ChunkIo> ios, uint32_t fla
     // host memory), wait for the copies, then say so in one push-done.
     wire::Push msg;
     msg.step = step;
+    msg.step_parts = tag.parts;
     uint64_t rel = *offset, bytes = 0;
     Status st;
     for (const auto& io : ios) {
@@ -1277,6 +1286,7 @@ void Client::Impl::PushToShard(int shard, std::vector<ChunkIo> ios, uint32_t fla
     if (groups.empty() || (group_bytes >= kGroupBytes && !same_tensor)) {
       groups.push_back(std::make_shared<Group>());
       groups.back()->msg.step = step;
+      groups.back()->msg.step_parts = groups.size() == 1 ? tag.parts : 0;
       groups.back()->first = i;
       group_bytes = 0;
     }
@@ -1466,7 +1476,6 @@ Future Client::Impl::Push(const std::vector<PushItem>& items, uint32_t flags,
                           std::optional<uint64_t> tagged_step) {
   const uint64_t step = tagged_step.value_or(0);
   std::vector<std::vector<ChunkIo>> by_shard(shards_.size());
-  bool sync = false;
   {
     std::lock_guard<std::mutex> lock(tensors_mu_);
     for (const auto& item : items) {
@@ -1485,7 +1494,6 @@ Future Client::Impl::Push(const std::vector<PushItem>& items, uint32_t flags,
             ConsistencyName((*e)->spec.mode.kind) +
             ", without a step: use Push(items, step) with the worker's step"));
       }
-      sync |= sync_tensor;
       if (Status st = CheckPart(item.chunks, **e); !st.ok()) return FailedFuture(st);
       for (size_t i = 0; i < (*e)->chunks.size(); ++i) {
         if (i % item.chunks.parts != item.chunks.part) continue;
@@ -1500,35 +1508,37 @@ Future Client::Impl::Push(const std::vector<PushItem>& items, uint32_t flags,
   }
   auto op = NewOp();
   op->Add(1);  // held until every part is issued
-  // The coordinator keeps the global step, so it hears of each push once the
-  // whole push is accepted: by a StepDone message, or, when the whole push
-  // is one inline message to the coordinator's own shard, by a flag on it
-  // (one message fewer on the smallest calls).
-  const bool report_step = !(flags & wire::kFlagInit) && !items.empty();
-  bool step_rides_push = report_step && TravelsInline(by_shard[coord_index_]);
-  for (size_t s = 0; s < by_shard.size() && step_rides_push; ++s) {
-    if (static_cast<int>(s) != coord_index_ && !by_shard[s].empty()) step_rides_push = false;
+  // The shards count the global step (never the chief's init): an async
+  // push on the part to its lowest-numbered shard, a sync push on every part
+  // holding a sync tensor, each saying how many there are.
+  std::vector<uint32_t> step_parts(by_shard.size(), 0);
+  if (!(flags & wire::kFlagInit)) {
+    uint32_t sync_parts = 0;
+    for (size_t s = 0; s < by_shard.size(); ++s) {
+      for (const auto& io : by_shard[s]) {
+        if (io.tensor->spec.mode.kind != Consistency::kSync) continue;
+        step_parts[s] = 1;
+        sync_parts++;
+        break;
+      }
+    }
+    if (sync_parts > 0) {
+      for (auto& parts : step_parts) parts = parts ? sync_parts : 0;
+    } else {
+      for (size_t s = 0; s < by_shard.size(); ++s) {
+        if (by_shard[s].empty()) continue;
+        step_parts[s] = 1;
+        break;
+      }
+    }
   }
-  if (report_step && !step_rides_push) {
-    Future(op).Then([this, step, sync](const Status& st) {
-      if (!st.ok()) return;
-      ctx_->Post([this, step, sync] {
-        ShardConn& coord = shards_[coord_index_];
-        if (coord.dead.ok() && coord.ep) {
-          coord.ep->Send(kProtocolMsg, wire::Encode(wire::StepDone{step, sync}, 0));
-        }
-      });
-    });
-  }
-  const uint32_t step_flags =
-      step_rides_push ? wire::kFlagStepDone | (sync ? wire::kFlagSyncStep : 0u) : 0u;
-  ctx_->Post([this, op, flags, step_flags, step, by_shard = std::move(by_shard)]() mutable {
+  ctx_->Post([this, op, flags, step, step_parts = std::move(step_parts),
+              by_shard = std::move(by_shard)]() mutable {
     for (size_t s = 0; s < by_shard.size(); ++s) {
       if (by_shard[s].empty()) continue;
       op->Add(1);
-      const uint32_t f = static_cast<int>(s) == coord_index_ ? flags | step_flags : flags;
-      PushToShard(static_cast<int>(s), std::move(by_shard[s]), f, step, op,
-                  [op](const Status& st, const std::vector<uint64_t>&) { op->Finish(st); });
+      PushToShard(static_cast<int>(s), std::move(by_shard[s]), flags, PushStep{step, step_parts[s]},
+                  op, [op](const Status& st, const std::vector<uint64_t>&) { op->Finish(st); });
     }
     op->Finish(Status::Ok());
   });
@@ -1607,7 +1617,7 @@ Future Client::Impl::PushPull(const std::vector<PushPullItem>& items) {
     for (size_t s = 0; s < push.size(); ++s) {
       if (push[s].empty()) continue;
       op->Add(1);
-      PushToShard(static_cast<int>(s), std::move(push[s]), 0, 0, op,
+      PushToShard(static_cast<int>(s), std::move(push[s]), 0, PushStep{}, op,
                   [this, op, s, ios = std::move(pull[s])](const Status& st,
                                                           std::vector<uint64_t> versions) mutable {
                     if (!st.ok()) return op->Finish(st);

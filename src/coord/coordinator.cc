@@ -117,18 +117,53 @@ void Coordinator::RestoreFrom(const ckpt::Checkpoint* checkpoint) {
   global_step_ = checkpoint->manifest.global_step;
 }
 
-void Coordinator::OnStepDone(uint32_t worker_rank, uint64_t step, bool sync) {
-  if (!sync || replicas_to_aggregate_ == 0) {
-    global_step_++;
-    return;
+Status Coordinator::OnStepsApplied(int shard, const wire::StepsApplied& report) {
+  const std::string from = "step report from ps task " + std::to_string(shard);
+  if (shard < 0 || shard >= num_shards_) {
+    return Status::InvalidArgument(from + " of a cluster of " + std::to_string(num_shards_));
   }
+  for (const auto& worker : report.sync_workers) {
+    if (worker.rank >= static_cast<uint32_t>(num_workers_)) {
+      return Status::InvalidArgument(from + " names worker rank " + std::to_string(worker.rank) +
+                                     ", but the cluster has " + std::to_string(num_workers_) +
+                                     " workers");
+    }
+    if (worker.parts == 0 || worker.parts > static_cast<uint32_t>(num_shards_)) {
+      return Status::InvalidArgument(from + " says the step of worker rank " +
+                                     std::to_string(worker.rank) + " spans " +
+                                     std::to_string(worker.parts) + " shards");
+    }
+  }
+  step_reports_by_shard_[static_cast<size_t>(shard)].fetch_add(1, std::memory_order_relaxed);
+  global_step_ += report.async_steps;
+  for (const auto& worker : report.sync_workers) CountSyncPart(shard, worker, report.sync_step);
+  return Status::Ok();
+}
+
+std::vector<uint64_t> Coordinator::step_reports_by_shard() const {
+  std::vector<uint64_t> counts;
+  counts.reserve(step_reports_by_shard_.size());
+  for (const auto& n : step_reports_by_shard_) counts.push_back(n.load(std::memory_order_relaxed));
+  return counts;
+}
+
+void Coordinator::CountSyncPart(int shard, const wire::SyncStepWorker& worker, uint64_t step) {
   if (step < global_step_) return;  // a late worker: that step is counted already
-  auto& done = step_reports_[step];
-  done.insert(worker_rank);
-  if (done.size() >= replicas_to_aggregate_) {
+  // Steps that never complete (a worker's part lost with a shard, backup
+  // workers) are kept only for the newest kMaxOpenSteps steps.
+  constexpr size_t kMaxOpenSteps = 64;
+  auto& shards = sync_parts_[step][worker.rank];
+  shards.insert(shard);
+  if (shards.size() < worker.parts) return;
+  auto& done = sync_steps_done_[step];
+  done.insert(worker.rank);
+  if (replicas_to_aggregate_ == 0 || done.size() >= replicas_to_aggregate_) {
     global_step_ = step + 1;
-    step_reports_.erase(step_reports_.begin(), step_reports_.upper_bound(step));
+    sync_parts_.erase(sync_parts_.begin(), sync_parts_.upper_bound(step));
+    sync_steps_done_.erase(sync_steps_done_.begin(), sync_steps_done_.upper_bound(step));
   }
+  while (sync_parts_.size() > kMaxOpenSteps) sync_parts_.erase(sync_parts_.begin());
+  while (sync_steps_done_.size() > kMaxOpenSteps) sync_steps_done_.erase(sync_steps_done_.begin());
 }
 
 }  // namespace tessera::coord

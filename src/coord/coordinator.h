@@ -1,8 +1,9 @@
-// The coordinator's state, embedded in shard 0: where every tensor lives
+// The coordinator's state, hosted by ps task 0 or the coordinator job: where every tensor lives
 // (decided once, so workers agree whatever order they declare in) and whether
 // the chief has initialised the parameters.
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <map>
 #include <memory>
@@ -37,8 +38,11 @@ class Coordinator {
     bool initialized = false;     // the chief initialised it
   };
 
-  explicit Coordinator(int num_shards, DeclareLimits limits = {})
-      : num_shards_(num_shards), limits_(limits) {}
+  Coordinator(int num_shards, int num_workers, DeclareLimits limits = {})
+      : num_shards_(num_shards),
+        num_workers_(num_workers),
+        limits_(limits),
+        step_reports_by_shard_(static_cast<size_t>(num_shards)) {}
 
   // The cluster resumes from this checkpoint: its global step, and declares
   // learn which tensors the shards restore (same name, dtype and shape).
@@ -50,10 +54,14 @@ class Coordinator {
   Result<wire::DeclareReply> Declare(const wire::Declare& msg, const std::string& who,
                                      bool by_chief);
 
-  // The global step (TensorFlow's global_step): sync steps count once
-  // replicas_to_aggregate workers (of the first sync tensor declared) have
-  // finished them; async pushes count one each.
-  void OnStepDone(uint32_t worker_rank, uint64_t step, bool sync);
+  // The global step (TensorFlow's global_step), from the steps the shards
+  // counted: sync steps count once replicas_to_aggregate workers (of the
+  // first sync tensor declared) have finished them; async steps count one
+  // each. Refuses a report naming a worker the cluster does not have.
+  Status OnStepsApplied(int shard, const wire::StepsApplied& report);
+  // Step reports received from each ps task: at most one per sync step.
+  // Safe to read from any thread.
+  std::vector<uint64_t> step_reports_by_shard() const;
   uint64_t global_step() const { return global_step_; }
 
   // The chief's init-done: what it declared so far is initialised.
@@ -67,7 +75,12 @@ class Coordinator {
   Status CheckLimits(const wire::TensorDecl& t, uint64_t chunk_bytes, uint64_t* new_tensors,
                      uint64_t* new_chunks) const;
 
+  // One ps task says `worker` finished sync step `step` there; the worker's
+  // step is done once every shard it spans said so.
+  void CountSyncPart(int shard, const wire::SyncStepWorker& worker, uint64_t step);
+
   int num_shards_;
+  int num_workers_;
   DeclareLimits limits_;
   uint64_t num_chunks_ = 0;
   std::unique_ptr<Placer> placer_;  // made on the first declare (its policy wins)
@@ -75,8 +88,12 @@ class Coordinator {
   const ckpt::Checkpoint* restored_ = nullptr;
   bool initialized_ = false;
   uint64_t global_step_ = 0;
-  uint32_t replicas_to_aggregate_ = 0;                   // from the first sync tensor
-  std::map<uint64_t, std::set<uint32_t>> step_reports_;  // step -> workers done
+  uint32_t replicas_to_aggregate_ = 0;  // from the first sync tensor
+  // Sync steps not yet counted: step -> worker -> the ps tasks that counted
+  // the worker's step; and step -> the workers whose step is done.
+  std::map<uint64_t, std::map<uint32_t, std::set<int>>> sync_parts_;
+  std::map<uint64_t, std::set<uint32_t>> sync_steps_done_;
+  std::vector<std::atomic<uint64_t>> step_reports_by_shard_;
 };
 
 }  // namespace tessera::coord

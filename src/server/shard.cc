@@ -87,7 +87,8 @@ Status Shard::Start() {
   }
   if (is_coordinator_only() ||
       (!options_.cluster.separate_coordinator() && options_.task_index == 0)) {
-    coord_ = std::make_unique<coord::Coordinator>(options_.cluster.num_tasks("ps"));
+    coord_ = std::make_unique<coord::Coordinator>(options_.cluster.num_tasks("ps"),
+                                                  options_.cluster.num_workers());
     joined_shards_.assign(static_cast<size_t>(options_.cluster.num_tasks("ps")), nullptr);
     joined_ = true;
     if (!options_.checkpoint_dir.empty()) TESSERA_RETURN_IF_ERROR(StartCheckpoints());
@@ -148,7 +149,13 @@ std::string Shard::StatusJson() const {
                         {"checkpoints_written", s.checkpoints_written},
                         {"host_staged_bytes", s.host_staged_bytes},
                         {"cuda_ipc_workers", s.cuda_ipc_workers}}}};
-  if (coord_) j["global_step"] = coord_->global_step();
+  if (coord_) {
+    j["global_step"] = coord_->global_step();
+    // What the coordinator was told of steps, and by whom: the shards count
+    // them, at most one report per ps task per sync step; workers say none.
+    j["step_reports"] = {{"from_ps_tasks", coord_->step_reports_by_shard()},
+                         {"from_workers", step_messages_from_workers_.load()}};
+  }
   return j.dump();
 }
 
@@ -281,6 +288,8 @@ ServerStats Shard::stats() const {
   s.checkpoint_rounds_failed = checkpoint_rounds_failed_;
   s.host_staged_bytes = host_staged_bytes_;
   s.cuda_ipc_workers = cuda_ipc_workers_;
+  if (coord_) s.step_reports_from_ps = coord_->step_reports_by_shard();
+  s.step_messages_from_workers = step_messages_from_workers_;
   return s;
 }
 
@@ -485,20 +494,13 @@ void Shard::OnMessage(const EndpointPtr& ep, std::span<const uint8_t> frame) {
       if (!m.ok()) return bad(m.status());
       return OnRelease(peer, *m);
     }
-    case wire::Opcode::kStepDone:
-    case wire::Opcode::kGetStep: {
+    case wire::Opcode::kGetStep:
       if (!coord_) {
         return SendError(
             peer, h->request_id,
             Status::FailedPrecondition("global step asked of a shard that is not the coordinator"));
       }
-      if (h->opcode == wire::Opcode::kGetStep) {
-        return Reply(peer, h->request_id, wire::StepReply{coord_->global_step()});
-      }
-      auto m = wire::DecodeBody<wire::StepDone>(*h, frame);
-      if (!m.ok()) return bad(m.status());
-      return CountStep(peer.hello.worker_rank, m->step, m->sync);
-    }
+      return Reply(peer, h->request_id, wire::StepReply{coord_->global_step()});
     case wire::Opcode::kSaveCheckpoint:
       if (!coord_) {
         return SendError(peer, h->request_id,
@@ -531,6 +533,8 @@ void Shard::OnMessage(const EndpointPtr& ep, std::span<const uint8_t> frame) {
       return;
     }
     default:
+      // The shards count steps: a worker has no step to report.
+      if (h->opcode == wire::Opcode::kStepsApplied) step_messages_from_workers_++;
       return Drop(peer,
                   Status::InvalidArgument(std::string("unexpected ") + wire::OpcodeName(h->opcode) +
                                           " from a worker"),
@@ -713,6 +717,11 @@ Status Shard::ValidatePush(const Peer& peer, uint32_t flags, const wire::Push& m
     return Status::FailedPrecondition("push from the CUDA IPC slot, but " + peer.hello.task +
                                       " was offered none");
   }
+  if (msg.step_parts > static_cast<uint32_t>(options_.cluster.num_tasks("ps"))) {
+    return Status::InvalidArgument("push whose step spans " + std::to_string(msg.step_parts) +
+                                   " shards, but the cluster has " +
+                                   std::to_string(options_.cluster.num_tasks("ps")) + " ps tasks");
+  }
   const uint64_t slot = inline_bytes ? msg.payload.size() : peer.staging->size();
   for (const auto& e : msg.entries) {
     const Param* p = table_->Find(e.key_id);
@@ -839,15 +848,50 @@ bool Shard::TryApplyPush(PendingPush& push) {
   }
   pushes_applied_++;
   Reply(*push.peer, push.request_id, reply);
-  if ((push.flags & wire::kFlagStepDone) && coord_) {
-    CountStep(rank, push.msg.step, push.flags & wire::kFlagSyncStep);
-  }
+  if (push.msg.step_parts > 0 && !init) CountStep(push);
   return true;
 }
 
-void Shard::CountStep(uint32_t worker_rank, uint64_t step, bool sync) {
-  coord_->OnStepDone(worker_rank, step, sync);
-  if (checkpointer_) checkpointer_->OnGlobalStep(coord_->global_step());
+void Shard::CountStep(const PendingPush& push) {
+  const uint32_t rank = push.peer->hello.worker_rank;
+  for (const auto& e : push.msg.entries) {
+    const auto& mode = table_->Find(e.key_id)->entry.tensor.mode;
+    if (mode.kind == Consistency::kSync) {
+      step_counter_.CountSync(rank, push.msg.step, mode.replicas_to_aggregate, push.msg.step_parts);
+      return ScheduleStepReport();
+    }
+  }
+  step_counter_.CountAsync();
+  ScheduleStepReport();
+}
+
+void Shard::ScheduleStepReport() {
+  // Once per turn of the loop: the async steps of every push handled in
+  // this turn travel in one report.
+  if (step_report_posted_) return;
+  step_report_posted_ = true;
+  ctx_->Post([this] {
+    step_report_posted_ = false;
+    ReportSteps();
+  });
+}
+
+void Shard::ReportSteps() {
+  if (stopping_ || !step_counter_.has_reports()) return;
+  if (hosts_coordinator()) {
+    for (const auto& report : step_counter_.TakeReports()) {
+      Status st = coord_->OnStepsApplied(options_.task_index, report);
+      if (!st.ok()) TLOG_ERROR("{}", st.message());
+    }
+    if (checkpointer_) checkpointer_->OnGlobalStep(coord_->global_step());
+    return;
+  }
+  // Without a joined link the steps wait in the counter, and go when it
+  // (re)joins.
+  if (!coord_link_ || !link_joined_) return;
+  for (const auto& report : step_counter_.TakeReports()) {
+    coord_link_->Send(kProtocolMsg, wire::Encode(report, 0));
+  }
 }
 
 Status Shard::ApplyGradient(Param& p, const void* grad) {

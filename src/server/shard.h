@@ -19,6 +19,7 @@
 #include "core/log_throttle.h"
 #include "server/admission.h"
 #include "server/param_table.h"
+#include "server/step_counter.h"
 #include "tessera/server.h"
 #include "transport/transport.h"
 #include "wire/handshake.h"
@@ -163,9 +164,12 @@ class Shard {
 
   Status ValidatePush(const Peer& peer, uint32_t flags, const wire::Push& msg);
   bool TryApplyPush(PendingPush& push);
-  // Coordinator only: worker_rank finished its step (StepDone, or a push
-  // flagged kFlagStepDone).
-  void CountStep(uint32_t worker_rank, uint64_t step, bool sync);
+  // The push's part that counts its worker's step (step_parts > 0) was
+  // accepted: the step is counted here and reported to the coordinator
+  // (ReportSteps), batched.
+  void CountStep(const PendingPush& push);
+  void ScheduleStepReport();
+  void ReportSteps();
   static bool NeedsNoLease(const Param& p, uint32_t flags);
   Status ApplyGradient(Param& p, const void* grad);
   bool TryApplyStep(Param& p);
@@ -211,7 +215,10 @@ class Shard {
   std::vector<Peer*> joined_shards_;  // coordinator: ps task index -> its link
   EndpointPtr coord_link_;            // a ps task's link to the coordinator
   std::optional<wire::ClientHandshake> link_handshake_;
-  bool joined_ = false;                // creates are served (restore known)
+  bool joined_ = false;       // creates are served (restore known)
+  bool link_joined_ = false;  // the link is up and joined: reports may go
+  StepCounter step_counter_;
+  bool step_report_posted_ = false;
   bool coordinator_said_bye_ = false;  // the link's end is a stop, not a loss
   // SayBye's acks still awaited, and who waits for them.
   size_t bye_acks_awaited_ = 0;
@@ -245,7 +252,7 @@ class Shard {
   std::atomic<uint64_t> pushes_applied_{0}, pulls_served_{0}, refused_{0}, tensors_{0},
       leases_revoked_{0}, steps_applied_{0}, stale_dropped_{0}, duplicate_dropped_{0},
       chunks_restored_{0}, checkpoints_written_{0}, checkpoint_rounds_failed_{0},
-      host_staged_bytes_{0}, cuda_ipc_workers_{0};
+      host_staged_bytes_{0}, cuda_ipc_workers_{0}, step_messages_from_workers_{0};
 };
 
 }  // namespace tessera::server

@@ -81,6 +81,13 @@ void Shard::OnShardPeerMessage(Peer& peer, const wire::Header& h, std::span<cons
                 reply.restore_path.empty() ? "" : "; it restores from " + reply.restore_path);
       return Reply(peer, h.request_id, reply);
     }
+    case wire::Opcode::kStepsApplied: {
+      auto m = wire::DecodeBody<wire::StepsApplied>(h, frame);
+      Status st = m.ok() ? coord_->OnStepsApplied(k, *m) : m.status();
+      if (!st.ok()) return Drop(peer, st.WithContext(peer.hello.task + "'s step report"));
+      if (checkpointer_) checkpointer_->OnGlobalStep(coord_->global_step());
+      return;
+    }
     case wire::Opcode::kCkptPrepared:
     case wire::Opcode::kCkptWritten:
       if (checkpointer_) checkpointer_->OnFrame(k, h, frame);
@@ -206,6 +213,8 @@ void Shard::OnLinkFrame(std::span<const uint8_t> frame) {
 }
 
 void Shard::OnJoined(const wire::JoinReply& reply) {
+  link_joined_ = true;
+  ReportSteps();  // what was counted while the link was down
   if (joined_) {
     TLOG_INFO("rejoined the coordinator");
     return;
@@ -230,6 +239,7 @@ void Shard::OnJoined(const wire::JoinReply& reply) {
 void Shard::RefuseCoordinator(const Status& why) {
   TLOG_ERROR("could not join the coordinator: {}; trying again in 5 s", why.message());
   link_handshake_.reset();
+  link_joined_ = false;
   auto link = std::move(coord_link_);
   if (link) link->Close();
   if (!stopping_) ctx_->PostAfter(5s, [this] { JoinCoordinator(); });
@@ -238,6 +248,7 @@ void Shard::RefuseCoordinator(const Status& why) {
 void Shard::OnLinkLost(const Status& why) {
   if (!coord_link_) return;
   coord_link_.reset();
+  link_joined_ = false;
   if (stopping_) return;
   if (coordinator_said_bye_) {
     TLOG_INFO("the coordinator stopped; joining it again when it is back");

@@ -44,8 +44,8 @@ const char* OpcodeName(Opcode op) {
       return "error";
     case Opcode::kSetHyper:
       return "set-hyper";
-    case Opcode::kStepDone:
-      return "step-done";
+    case Opcode::kStepsApplied:
+      return "steps-applied";
     case Opcode::kGetStep:
       return "get-step";
     case Opcode::kStepReply:

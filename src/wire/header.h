@@ -19,8 +19,9 @@ constexpr uint16_t kProtocolMsg = 1;
 constexpr uint32_t kMagic = 0x41525354;  // "TSRA" read as little-endian
 // 2: CUDA IPC (node ids, IPC handles). 3: the client proves first; the
 // hello carries the cluster spec. 4: pulls say how long they may wait;
-// workers say bye.
-constexpr uint16_t kVersion = 4;
+// workers say bye. 5: shards count steps (Push::step_parts, StepsApplied);
+// workers no longer send StepDone.
+constexpr uint16_t kVersion = 5;
 constexpr size_t kHeaderSize = 24;
 // No control message is larger: tensor data never travels in messages.
 constexpr uint32_t kMaxBodyLength = 16u << 20;
@@ -44,7 +45,7 @@ enum class Opcode : uint16_t {
   kAck = 16,
   kError = 17,
   kSetHyper = 18,
-  kStepDone = 19,
+  kStepsApplied = 19,
   kGetStep = 20,
   kStepReply = 21,
   kPing = 22,
@@ -66,15 +67,10 @@ const char* OpcodeName(Opcode op);
 
 // Header flags.
 constexpr uint32_t kFlagInit = 1u << 0;  // a push that initialises (the chief's)
-// A push to the coordinator's own shard that also reports the worker's step
-// as done (the StepDone message, without a message of its own), and whether
-// that step was a synchronous one.
-constexpr uint32_t kFlagStepDone = 1u << 1;
-constexpr uint32_t kFlagSyncStep = 1u << 2;
 // A push whose bytes the worker copied into its CUDA IPC slot (same node,
 // GPU shard) instead of putting them into its fabric staging slot.
 constexpr uint32_t kFlagIpcSlot = 1u << 3;
-constexpr uint32_t kKnownFlags = kFlagInit | kFlagStepDone | kFlagSyncStep | kFlagIpcSlot;
+constexpr uint32_t kKnownFlags = kFlagInit | kFlagIpcSlot;
 
 struct Header {
   uint16_t version = kVersion;

@@ -369,6 +369,7 @@ Result<CreateReply> CreateReply::DecodeBody(ByteReader& r) {
 
 void Push::EncodeBody(ByteWriter& w) const {
   w.Put(step);
+  w.Put(step_parts);
   w.Put(static_cast<uint32_t>(entries.size()));
   for (const auto& e : entries) {
     w.Put(e.key_id);
@@ -380,7 +381,7 @@ void Push::EncodeBody(ByteWriter& w) const {
 Result<Push> Push::DecodeBody(ByteReader& r) {
   Push m;
   uint32_t count = 0;
-  if (!r.Get(&m.step)) return Truncated("step");
+  if (!r.Get(&m.step) || !r.Get(&m.step_parts)) return Truncated("step");
   if (!GetCount(r, 20, &count)) return Truncated("entry count");
   if (count == 0) return Status::InvalidArgument("push of no tensors");
   m.entries.resize(count);
@@ -496,16 +497,24 @@ Result<SetHyper> SetHyper::DecodeBody(ByteReader& r) {
   return m;
 }
 
-void StepDone::EncodeBody(ByteWriter& w) const {
-  w.Put(step);
-  w.Put(static_cast<uint8_t>(sync ? 1 : 0));
+void StepsApplied::EncodeBody(ByteWriter& w) const {
+  w.Put(async_steps);
+  w.Put(sync_step);
+  w.Put(static_cast<uint32_t>(sync_workers.size()));
+  for (const auto& worker : sync_workers) {
+    w.Put(worker.rank);
+    w.Put(worker.parts);
+  }
 }
-Result<StepDone> StepDone::DecodeBody(ByteReader& r) {
-  StepDone m;
-  uint8_t sync = 0;
-  if (!r.Get(&m.step) || !r.Get(&sync)) return Truncated("step");
-  if (sync > 1) return Status::InvalidArgument("bad sync flag");
-  m.sync = sync == 1;
+Result<StepsApplied> StepsApplied::DecodeBody(ByteReader& r) {
+  StepsApplied m;
+  uint32_t count = 0;
+  if (!r.Get(&m.async_steps) || !r.Get(&m.sync_step)) return Truncated("steps");
+  if (!GetCount(r, 8, &count)) return Truncated("worker count");
+  m.sync_workers.resize(count);
+  for (auto& worker : m.sync_workers) {
+    if (!r.Get(&worker.rank) || !r.Get(&worker.parts)) return Truncated("worker");
+  }
   return m;
 }
 

@@ -190,7 +190,13 @@ struct Push {
   uint64_t step = 0;  // the worker's step (sync and bounded tensors)
   std::vector<PushEntry> entries;
   std::vector<uint8_t> payload;  // inline bytes, or empty
-  size_t EncodedSizeHint() const { return 16 + entries.size() * 20 + payload.size(); }
+  // Whether this part counts the worker's step, and over how many shards:
+  // 0: it does not (an init, or an async push's other parts). An async push
+  // counts on one part (1); a sync push on every part holding a sync tensor,
+  // each saying how many there are, so the coordinator counts the worker's
+  // step once every one of them was accepted.
+  uint32_t step_parts = 0;
+  size_t EncodedSizeHint() const { return 20 + entries.size() * 20 + payload.size(); }
   void EncodeBody(ByteWriter& w) const;
   static Result<Push> DecodeBody(ByteReader& r);
   bool operator==(const Push&) const = default;
@@ -295,16 +301,25 @@ struct SetHyper {
   bool operator==(const SetHyper&) const = default;
 };
 
-// To the coordinator, after a worker's push was accepted: advances the global
-// step (sync: once replicas_to_aggregate workers finished a step; async: by
-// one per push). No reply.
-struct StepDone {
-  static constexpr Opcode kOpcode = Opcode::kStepDone;
-  uint64_t step = 0;
-  bool sync = false;
+// From a ps task to the coordinator: the worker steps this shard counted
+// (the parts of pushes with step_parts > 0), so the global step never needs a
+// message from a worker. Async steps travel as a count, batched; a sync step
+// as the workers that finished it here, once per step (when
+// replicas_to_aggregate of them did, or when a later step shows that it will
+// not grow). No reply.
+struct SyncStepWorker {
+  uint32_t rank = 0;
+  uint32_t parts = 0;  // the shards the worker's step spans (Push::step_parts)
+  bool operator==(const SyncStepWorker&) const = default;
+};
+struct StepsApplied {
+  static constexpr Opcode kOpcode = Opcode::kStepsApplied;
+  uint64_t async_steps = 0;
+  uint64_t sync_step = 0;
+  std::vector<SyncStepWorker> sync_workers;  // empty: no sync step in this report
   void EncodeBody(ByteWriter& w) const;
-  static Result<StepDone> DecodeBody(ByteReader& r);
-  bool operator==(const StepDone&) const = default;
+  static Result<StepsApplied> DecodeBody(ByteReader& r);
+  bool operator==(const StepsApplied&) const = default;
 };
 
 struct GetStep {

@@ -87,8 +87,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     case Opcode::kSetHyper:
       DecodeAs<SetHyper>(*h, frame);
       break;
-    case Opcode::kStepDone:
-      DecodeAs<StepDone>(*h, frame);
+    case Opcode::kStepsApplied:
+      DecodeAs<StepsApplied>(*h, frame);
       break;
     case Opcode::kGetStep:
       DecodeAs<GetStep>(*h, frame);

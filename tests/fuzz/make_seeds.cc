@@ -63,7 +63,7 @@ void WireSeeds(const fs::path& dir) {
   put(Encode(DeclareReply{{{{0, 0, 32}}}, {0}, {0}, 0}, 6));
   put(Encode(Create{{CreateEntry{Decl(), 0, 1, 0, 32}}}, 7));
   put(Encode(CreateReply{{{1, 1, 0, 128, 0}}, {{1, {9, 9}, {}}}}, 8));
-  put(Encode(Push{3, {{1, 0, 128}}, {}}, 9, kFlagSyncStep));
+  put(Encode(Push{3, {{1, 0, 128}}, {}, 2}, 9));
   put(Encode(Push{0, {{1, 0, 4}}, {1, 2, 3, 4}}, 9));
   put(Encode(PushReply{{4}, {0}}, 10));
   put(Encode(Pull{{{1, 0, 3}}, 4096}, 11));
@@ -74,7 +74,7 @@ void WireSeeds(const fs::path& dir) {
   put(Encode(Ack{}, 16));
   put(Encode(Error{StatusCode::kInvalidArgument, "bad tensor"}, 17));
   put(Encode(SetHyper{{1}, {}}, 18));
-  put(Encode(StepDone{3, true}, 19));
+  put(Encode(StepsApplied{2, 3, {{0, 2}, {2, 1}}}, 19));
   put(Encode(GetStep{}, 20));
   put(Encode(StepReply{3}, 21));
   put(Encode(Ping{}, 22));

@@ -1,0 +1,43 @@
+#include "server/step_counter.h"
+
+#include <algorithm>
+
+namespace tessera::server {
+
+void StepCounter::MakeReady(uint64_t step, std::vector<wire::SyncStepWorker> workers) {
+  wire::StepsApplied report;
+  report.sync_step = step;
+  report.sync_workers = std::move(workers);
+  ready_.push_back(std::move(report));
+  reported_below_ = std::max(reported_below_, step + 1);
+}
+
+void StepCounter::CountSync(uint32_t rank, uint64_t step, uint32_t replicas, uint32_t parts) {
+  if (step < reported_below_) return;
+  while (!open_.empty() && open_.begin()->first < step) {
+    auto earlier = open_.extract(open_.begin());
+    MakeReady(earlier.key(), std::move(earlier.mapped()));
+  }
+  auto& workers = open_[step];
+  auto same = [rank](const wire::SyncStepWorker& w) { return w.rank == rank; };
+  if (std::find_if(workers.begin(), workers.end(), same) != workers.end()) return;  // a duplicate
+  workers.push_back({rank, parts});
+  if (workers.size() >= std::max<uint32_t>(replicas, 1)) {
+    auto done = open_.extract(step);
+    MakeReady(step, std::move(done.mapped()));
+  }
+}
+
+std::vector<wire::StepsApplied> StepCounter::TakeReports() {
+  std::vector<wire::StepsApplied> out(std::make_move_iterator(ready_.begin()),
+                                      std::make_move_iterator(ready_.end()));
+  ready_.clear();
+  if (async_pending_ > 0) {
+    if (out.empty()) out.emplace_back();
+    out.front().async_steps = async_pending_;
+    async_pending_ = 0;
+  }
+  return out;
+}
+
+}  // namespace tessera::server

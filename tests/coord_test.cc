@@ -1,0 +1,115 @@
+// The coordinator's step count and the shard's step counter, without a
+// socket: the global step from the reports of the ps tasks.
+#include <gtest/gtest.h>
+
+#include "coord/coordinator.h"
+#include "server/step_counter.h"
+
+namespace tessera {
+namespace {
+
+wire::Declare OneTensor(const std::string& name, ConsistencyMode mode) {
+  wire::Declare d;
+  d.chunk_bytes = 1u << 20;
+  wire::TensorDecl t;
+  t.name = name;
+  t.dtype = DType::kF32;
+  t.shape = {4};
+  t.rule = UpdateRule::kAdd;
+  t.mode = mode;
+  d.tensors.push_back(t);
+  return d;
+}
+
+TEST(CoordinatorSteps, AsyncStepsAddUp) {
+  coord::Coordinator c(2, 3);
+  ASSERT_TRUE(c.Declare(OneTensor("w", ConsistencyMode::Async()), "worker 0", true).ok());
+  ASSERT_TRUE(c.OnStepsApplied(0, {.async_steps = 4}).ok());
+  ASSERT_TRUE(c.OnStepsApplied(1, {.async_steps = 3}).ok());
+  EXPECT_EQ(c.global_step(), 7u);
+  EXPECT_EQ(c.step_reports_by_shard(), (std::vector<uint64_t>{1, 1}));
+}
+
+TEST(CoordinatorSteps, SyncStepCountsOnceItsReplicasFinished) {
+  coord::Coordinator c(2, 3);
+  ASSERT_TRUE(c.Declare(OneTensor("w", ConsistencyMode::Sync(3, 3, false)), "w0", true).ok());
+  // Two workers' steps lie on ps 0 alone; the third pushed to ps 1 alone.
+  ASSERT_TRUE(c.OnStepsApplied(0, {.sync_step = 0, .sync_workers = {{0, 1}, {1, 1}}}).ok());
+  EXPECT_EQ(c.global_step(), 0u);
+  ASSERT_TRUE(c.OnStepsApplied(1, {.sync_step = 0, .sync_workers = {{2, 1}}}).ok());
+  EXPECT_EQ(c.global_step(), 1u);
+  // A late report of a counted step changes nothing.
+  ASSERT_TRUE(c.OnStepsApplied(1, {.sync_step = 0, .sync_workers = {{0, 1}}}).ok());
+  EXPECT_EQ(c.global_step(), 1u);
+  ASSERT_TRUE(c.OnStepsApplied(0, {.sync_step = 1, .sync_workers = {{2, 1}, {0, 1}, {1, 1}}}).ok());
+  EXPECT_EQ(c.global_step(), 2u);
+}
+
+// A worker's step over two shards is done once both counted it: a part lost
+// with a shard holds the step back, so a restarted shard resumes there.
+TEST(CoordinatorSteps, AStepOverTwoShardsWaitsForBoth) {
+  coord::Coordinator c(2, 1);
+  ASSERT_TRUE(c.Declare(OneTensor("w", ConsistencyMode::Sync(1, 1, false)), "w0", true).ok());
+  ASSERT_TRUE(c.OnStepsApplied(0, {.sync_step = 0, .sync_workers = {{0, 2}}}).ok());
+  EXPECT_EQ(c.global_step(), 0u);
+  ASSERT_TRUE(c.OnStepsApplied(0, {.sync_step = 0, .sync_workers = {{0, 2}}}).ok());
+  EXPECT_EQ(c.global_step(), 0u) << "the same shard twice is still one part";
+  ASSERT_TRUE(c.OnStepsApplied(1, {.sync_step = 0, .sync_workers = {{0, 2}}}).ok());
+  EXPECT_EQ(c.global_step(), 1u);
+}
+
+TEST(CoordinatorSteps, RefusesReportsNamingStrangers) {
+  coord::Coordinator c(2, 3);
+  ASSERT_TRUE(c.Declare(OneTensor("w", ConsistencyMode::Sync(3, 3, false)), "w0", true).ok());
+  Status st = c.OnStepsApplied(0, {.sync_step = 0, .sync_workers = {{3, 1}}});
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("worker rank 3"), std::string::npos) << st.message();
+  EXPECT_FALSE(c.OnStepsApplied(0, {.sync_step = 0, .sync_workers = {{0, 3}}}).ok())
+      << "a step over 3 shards of 2";
+  EXPECT_FALSE(c.OnStepsApplied(0, {.sync_step = 0, .sync_workers = {{0, 0}}}).ok());
+  EXPECT_FALSE(c.OnStepsApplied(2, {.async_steps = 1}).ok()) << "no ps task 2";
+  EXPECT_FALSE(c.OnStepsApplied(-1, {.async_steps = 1}).ok());
+  EXPECT_EQ(c.global_step(), 0u);
+}
+
+TEST(StepCounter, ReportsASyncStepOnceItsReplicasFinished) {
+  server::StepCounter counter;
+  counter.CountSync(1, 0, 3, 2);
+  counter.CountSync(0, 0, 3, 2);
+  counter.CountSync(0, 0, 3, 2);  // a duplicate
+  EXPECT_FALSE(counter.has_reports());
+  counter.CountSync(2, 0, 3, 1);
+  auto reports = counter.TakeReports();
+  ASSERT_EQ(reports.size(), 1u);
+  EXPECT_EQ(reports[0], (wire::StepsApplied{0, 0, {{1, 2}, {0, 2}, {2, 1}}}));
+  counter.CountSync(1, 0, 3, 2);  // a backup worker, late
+  EXPECT_FALSE(counter.has_reports());
+}
+
+TEST(StepCounter, ALaterStepFlushesAnEarlierOneThatCannotGrow) {
+  server::StepCounter counter;
+  counter.CountSync(0, 4, 2, 1);
+  EXPECT_FALSE(counter.has_reports());
+  counter.CountSync(0, 5, 2, 1);  // step 4's other worker counted it elsewhere
+  counter.CountAsync();
+  counter.CountAsync();
+  auto reports = counter.TakeReports();
+  ASSERT_EQ(reports.size(), 1u);
+  EXPECT_EQ(reports[0], (wire::StepsApplied{2, 4, {{0, 1}}})) << "the async steps ride the first";
+  counter.CountSync(1, 5, 2, 1);
+  reports = counter.TakeReports();
+  ASSERT_EQ(reports.size(), 1u);
+  EXPECT_EQ(reports[0], (wire::StepsApplied{0, 5, {{0, 1}, {1, 1}}}));
+  EXPECT_TRUE(counter.TakeReports().empty());
+}
+
+TEST(StepCounter, AsyncStepsTravelAsOneCount) {
+  server::StepCounter counter;
+  for (int i = 0; i < 5; ++i) counter.CountAsync();
+  auto reports = counter.TakeReports();
+  ASSERT_EQ(reports.size(), 1u);
+  EXPECT_EQ(reports[0], (wire::StepsApplied{5, 0, {}}));
+}
+
+}  // namespace
+}  // namespace tessera
