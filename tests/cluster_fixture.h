@@ -46,8 +46,8 @@ class RawPeer {
   transport::Endpoint& endpoint() { return *ep_; }
 
   template <typename Msg>
-  void Send(const Msg& msg, uint64_t request_id) {
-    ep_->Send(1, wire::Encode(msg, request_id));
+  void Send(const Msg& msg, uint64_t request_id, uint32_t flags = 0) {
+    ep_->Send(1, wire::Encode(msg, request_id, flags));
   }
   // The next frame from the shard, or empty after 5 s.
   std::vector<uint8_t> Next() {

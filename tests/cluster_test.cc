@@ -637,6 +637,65 @@ TEST_P(ClusterTest, ShardsCountAsyncStepsOncePerPush) {
   EXPECT_EQ(servers_[0]->stats().step_messages_from_workers, 0u);
 }
 
+// push_pull answers with the weights after the push: in one message each
+// way for tensors that travel inline, as a push then a pull for larger ones
+// (here chunked over both shards).
+TEST_P(ClusterTest, PushPullReturnsTheWeightsAfterThePush) {
+  StartCluster(2, 1);
+  auto opts = Options(0);
+  opts.heartbeat_timeout = 0ms;  // no pings among the counted messages
+  auto client = Client::Connect(opts);
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  Client& c = **client;
+  const int64_t big_n = 3 * (1 << 20) / 4;  // 3 MiB: 3 chunks of 1 MiB
+  TensorSpec small = F32("small", 4);
+  small.pinned_shard = 1;
+  auto t = c.DeclareMany({small, F32("big", big_n)}).value();
+  ASSERT_TRUE(c.Initialize().ok());
+  std::vector<float> grad(4, 1.0f), got(4);
+  for (int i = 1; i <= 3; ++i) {
+    const auto before = c.counters();
+    ASSERT_TRUE(c.PushPull({{t[0], grad.data(), got.data(), 16}}).ok());
+    EXPECT_EQ(got, std::vector<float>(4, static_cast<float>(i)));
+    const auto after = c.counters();
+    EXPECT_EQ(after.messages_sent - before.messages_sent, 1u) << "one round trip";
+    EXPECT_EQ(after.messages_received - before.messages_received, 1u);
+  }
+  std::vector<float> big_grad(static_cast<size_t>(big_n), 0.5f), big_got(big_grad.size());
+  ASSERT_TRUE(c.PushPull({{t[1], big_grad.data(), big_got.data(), big_grad.size() * 4}}).ok());
+  EXPECT_EQ(big_got, std::vector<float>(big_grad.size(), 0.5f));
+  EXPECT_EQ(EventualGlobalStep(c, 0), 0u) << "push_pull counts no step, as before";
+}
+
+// A push asking for the weights back is refused where it cannot be served:
+// its bytes not inline, or a sync tensor (its weights change only when the
+// step applies). The connection survives.
+TEST_P(ClusterTest, PushThenPullIsRefusedWhereItCannotBeServed) {
+  StartCluster(1, 2);
+  Client& c = Connect(0);
+  TensorSpec sync = F32("s", 4);
+  sync.mode = ConsistencyMode::Sync(2, 2, false);
+  ASSERT_TRUE(c.DeclareMany({F32("a", 4), sync}).ok());
+  ASSERT_TRUE(c.Initialize().ok());
+  RawPeer raw(spec_.tasks("ps")[0], transport_);
+  ASSERT_TRUE(raw.connected());
+  ASSERT_TRUE(wire::Decode<wire::Welcome>(raw.Authenticate(secret_, WorkerHello(1))).ok());
+  const std::vector<uint8_t> bytes(16, 0);
+  const uint32_t async_key = 0, sync_key = 1;  // created in the order declared
+  raw.Send(wire::Push{0, {{sync_key, 0, 16}}, bytes}, 3, wire::kFlagThenPull);
+  auto refused = wire::Decode<wire::Error>(raw.Next());
+  ASSERT_TRUE(refused.ok()) << refused.status().ToString();
+  EXPECT_NE(refused->message.find("which is sync"), std::string::npos) << refused->message;
+  raw.Send(wire::Push{0, {{async_key, 0, 16}}, {}}, 4, wire::kFlagThenPull);
+  refused = wire::Decode<wire::Error>(raw.Next());
+  ASSERT_TRUE(refused.ok()) << refused.status().ToString();
+  EXPECT_NE(refused->message.find("inline"), std::string::npos) << refused->message;
+  raw.Send(wire::Push{0, {{async_key, 0, 16}}, bytes}, 5, wire::kFlagThenPull);
+  auto weights = wire::Decode<wire::PullReply>(raw.Next());
+  ASSERT_TRUE(weights.ok()) << weights.status().ToString();
+  EXPECT_EQ(weights->data, bytes) << "zero plus a zero gradient";
+}
+
 // A worker has no step to report: the shards count steps. One that sends a
 // step report anyway is disconnected, and the global step does not move.
 TEST_P(ClusterTest, WorkerStepReportIsRefused) {

@@ -22,7 +22,8 @@ namespace {
 
 using bench::Row;
 
-const std::vector<std::string> kScenarios = {"fabric", "push", "pull", "push_pull", "step"};
+const std::vector<std::string> kScenarios = {"fabric",    "push",           "pull",
+                                             "push_pull", "push_then_pull", "step"};
 
 void PrintTable(const std::vector<Row>& rows) {
   printf("%-15s %-10s %9s %5s %3s %3s | %10s %10s %9s %7s | %-31s %10s %9s | %7s %s\n", "scenario",
@@ -81,8 +82,10 @@ int RunBench(const BenchOptions& in) {
   if (o.scenarios.empty()) o.scenarios = {"push", "pull"};
   for (const auto& s : o.scenarios) {
     if (std::find(kScenarios.begin(), kScenarios.end(), s) == kScenarios.end()) {
-      fprintf(stderr, "bench: unknown scenario '%s' (fabric, push, pull, push_pull, step)\n",
-              s.c_str());
+      fprintf(
+          stderr,
+          "bench: unknown scenario '%s' (fabric, push, pull, push_pull, push_then_pull, step)\n",
+          s.c_str());
       return 2;
     }
   }

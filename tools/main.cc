@@ -178,7 +178,8 @@ int main(int argc, char** argv) try {
   auto* bench_cmd = app.add_subcommand(
       "bench", "Tessera's latency and bandwidth beside the raw fabric's (ucx_perftest)");
   bench_cmd->add_option("scenarios", bench.scenarios,
-                        "fabric, push, pull, push_pull, step (default: push pull)");
+                        "fabric, push, pull, push_pull, push_then_pull (push_pull's work as "
+                        "two calls), step (default: push pull)");
   bench_cmd
       ->add_option("--transport", bench.transports,
                    "tcp (Tessera's sockets), ucx-tcp, shm (UCX), another UCX_TLS value, or verbs "

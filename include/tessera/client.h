@@ -317,7 +317,11 @@ class Client {
     return st;
   }
   Future PullAsync(const std::vector<PullItem>& items);
-  // Pushes, then pulls each tensor's value with this push applied.
+  // Pushes, then pulls each tensor's value with this push applied (async and
+  // bounded tensors; a sync tensor is refused: push it with its step, then
+  // pull after that step). Where a shard's part travels inline
+  // (ClientOptions::inline_bytes) it is one round trip: the shard answers the
+  // push with the weights. Larger parts are a push, then a pull.
   Future PushPullAsync(const std::vector<PushPullItem>& items);
   Status Push(const std::vector<PushItem>& items) { return PushAsync(items).Wait(); }
   Status Pull(const std::vector<PullItem>& items) { return PullAsync(items).Wait(); }

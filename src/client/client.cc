@@ -353,7 +353,18 @@ class Client::Impl {
   // it dropped.
   void NoteOutcomes(const std::vector<uint8_t>& outcomes, const ChunkIo* ios, uint64_t step,
                     Future::State* op);
+  // A push message carrying its bytes (TravelsInline), copied from GPU
+  // memory where they are there.
+  Result<wire::Push> InlinePush(const std::vector<ChunkIo>& ios, PushStep tag);
   void PullFromShard(int shard, std::vector<ChunkIo> ios, const std::function<void(Status)>& done);
+  // push_pull's one round trip to a shard, for gradients that travel inline:
+  // the shard answers the push with the weights it produced.
+  void PushThenPullInline(int shard, std::vector<ChunkIo> gradients, std::vector<ChunkIo> weights,
+                          std::function<void(Status)> done);
+  // Lands a pull reply's bytes in `ios`: copied from the reply when inline,
+  // else read one-sided under its lease, which is then released.
+  void AcceptPullReply(int shard, std::vector<ChunkIo> ios, wire::PullReply reply,
+                       const std::function<void(Status)>& done);
   Result<const TensorEntry*> Lookup(Tensor t, size_t bytes, std::optional<DType> dtype,
                                     bool check_bytes = true) const;
   // The same with tensors_mu_ held by the caller (one lock for a whole batch).
@@ -1099,6 +1110,33 @@ void Client::Impl::NoteOutcomes(const std::vector<uint8_t>& outcomes, const Chun
   }
 }
 
+Result<wire::Push> Client::Impl::InlinePush(const std::vector<ChunkIo>& ios, PushStep tag) {
+  uint64_t raw = 0;
+  for (const auto& io : ios) raw += io.chunk->bytes;
+  wire::Push msg;
+  msg.step = tag.step;
+  msg.step_parts = tag.parts;
+  msg.entries.reserve(ios.size());
+  msg.payload.reserve(raw);
+  bool from_gpu = false;
+  for (const auto& io : ios) {
+    const size_t at = msg.payload.size();
+    msg.entries.push_back({io.chunk->key_id, at, io.chunk->bytes});
+    if (!io.on_gpu) {
+      msg.payload.insert(msg.payload.end(), io.local, io.local + io.chunk->bytes);
+      continue;
+    }
+    msg.payload.resize(at + io.chunk->bytes);
+    if (Status st = GpuCopyAsync(msg.payload.data() + at, io.local, io.chunk->bytes); !st.ok()) {
+      return st.WithContext("push from GPU memory");
+    }
+    gpu_inline_bytes_ += io.chunk->bytes;
+    from_gpu = true;
+  }
+  if (from_gpu) TESSERA_RETURN_IF_ERROR(GpuWait().WithContext("push from GPU memory"));
+  return msg;
+}
+
 void Client::Impl::PushToShard(int shard, std::vector<ChunkIo> ios, uint32_t flags, PushStep tag,
                                std::shared_ptr<Future::State> op,
                                std::function<void(Status, std::vector<uint64_t>)> done) {
@@ -1125,32 +1163,9 @@ void Client::Impl::PushToShard(int shard, std::vector<ChunkIo> ios, uint32_t fla
   };
   if (TravelsInline(ios)) {
     // Small: the bytes ride in the push-done itself.
-    uint64_t raw = 0;
-    for (const auto& io : ios) raw += io.chunk->bytes;
-    wire::Push msg;
-    msg.step = step;
-    msg.step_parts = tag.parts;
-    msg.entries.reserve(ios.size());
-    msg.payload.reserve(raw);
-    bool from_gpu = false;
-    for (const auto& io : ios) {
-      const size_t at = msg.payload.size();
-      msg.entries.push_back({io.chunk->key_id, at, io.chunk->bytes});
-      if (!io.on_gpu) {
-        msg.payload.insert(msg.payload.end(), io.local, io.local + io.chunk->bytes);
-        continue;
-      }
-      msg.payload.resize(at + io.chunk->bytes);
-      if (Status st = GpuCopyAsync(msg.payload.data() + at, io.local, io.chunk->bytes); !st.ok()) {
-        return done(st.WithContext("push from GPU memory"), {});
-      }
-      gpu_inline_bytes_ += io.chunk->bytes;
-      from_gpu = true;
-    }
-    if (from_gpu) {
-      if (Status st = GpuWait(); !st.ok()) return done(st.WithContext("push from GPU memory"), {});
-    }
-    return Request(shard, msg, flags, on_reply(std::move(ios), done));
+    auto msg = InlinePush(ios, tag);
+    if (!msg.ok()) return done(msg.status(), {});
+    return Request(shard, *msg, flags, on_reply(std::move(ios), done));
   }
   if (Status st = GpuPathTo(s, ios); !st.ok()) return done(st.WithContext("push"), {});
   uint64_t total = 0;
@@ -1351,125 +1366,126 @@ void Client::Impl::PullFromShard(int shard, std::vector<ChunkIo> ios,
   for (const auto& io : ios) msg.entries.push_back({io.chunk->key_id, io.min_version, io.min_step});
   msg.inline_max = static_cast<uint32_t>(std::min(options_.inline_bytes, wire::kMaxInlineBytes));
   msg.wait_ms = ShardWaitMs(options_.op_timeout);
-  Request(
-      shard, msg, 0,
-      [this, shard, ios = std::move(ios), done](const Status& st, const wire::Header& h,
-                                                std::span<const uint8_t> frame) {
-        if (!st.ok()) return done(st);
-        auto reply = wire::DecodeBody<wire::PullReply>(h, frame);
-        if (!reply.ok()) return done(reply.status());
-        if (reply->lease_id == 0) {
-          // The bytes came inline: no lease to give back.
-          uint64_t total = 0;
-          for (const auto& io : ios) total += io.chunk->bytes;
-          if (total != reply->data.size()) {
-            return done(Status::Internal("inline pull reply of " +
-                                         std::to_string(reply->data.size()) + " bytes for " +
-                                         std::to_string(total)));
-          }
-          const uint8_t* src = reply->data.data();
-          bool to_gpu = false;
-          for (const auto& io : ios) {
-            if (io.on_gpu) {
-              if (Status st2 = GpuCopyAsync(io.local, src, io.chunk->bytes); !st2.ok()) {
-                return done(st2.WithContext("pull into GPU memory"));
-              }
-              gpu_inline_bytes_ += io.chunk->bytes;
-              to_gpu = true;
-            } else {
-              std::memcpy(io.local, src, io.chunk->bytes);
-            }
-            src += io.chunk->bytes;
-          }
-          // The reply's bytes must stay until the copies are done.
-          return done(to_gpu ? GpuWait().WithContext("pull into GPU memory") : Status::Ok());
+  Request(shard, msg, 0,
+          [this, shard, ios = std::move(ios), done](const Status& st, const wire::Header& h,
+                                                    std::span<const uint8_t> frame) {
+            if (!st.ok()) return done(st);
+            auto reply = wire::DecodeBody<wire::PullReply>(h, frame);
+            if (!reply.ok()) return done(reply.status());
+            AcceptPullReply(shard, std::move(ios), std::move(*reply), done);
+          });
+}
+
+void Client::Impl::AcceptPullReply(int shard, std::vector<ChunkIo> ios, wire::PullReply reply,
+                                   const std::function<void(Status)>& done) {
+  if (reply.lease_id == 0) {
+    // The bytes came inline: no lease to give back.
+    uint64_t total = 0;
+    for (const auto& io : ios) total += io.chunk->bytes;
+    if (total != reply.data.size()) {
+      return done(Status::Internal("inline pull reply of " + std::to_string(reply.data.size()) +
+                                   " bytes for " + std::to_string(total)));
+    }
+    const uint8_t* src = reply.data.data();
+    bool to_gpu = false;
+    for (const auto& io : ios) {
+      if (io.on_gpu) {
+        if (Status st2 = GpuCopyAsync(io.local, src, io.chunk->bytes); !st2.ok()) {
+          return done(st2.WithContext("pull into GPU memory"));
         }
-        ShardConn& s = shards_[shard];
-        struct Progress {
-          int outstanding;
-          Status status;
-          bool finished = false;
-        };
-        auto progress =
-            std::make_shared<Progress>(Progress{static_cast<int>(ios.size()), Status::Ok()});
-        uint64_t lease = reply->lease_id;
-        const uint64_t op_id = s.next_op++;
-        auto finish = [this, shard, op_id, progress, done](const Status& result) {
-          if (progress->finished) return;
-          progress->finished = true;
-          shards_[shard].in_flight.erase(op_id);
-          done(result);
-        };
-        s.in_flight[op_id] = finish;
-        // Same node, GPU shard: device copies out of the mapped arenas. Else,
-        // GPU chunks on a fabric that cannot reach GPU memory are read into
-        // host memory and copied up once the gets are done (counted).
-        std::shared_ptr<std::vector<uint8_t>> bounce;
-        std::vector<std::pair<uint8_t*, size_t>> bounce_to;  // (GPU destination, bytes)
-        bool all_mapped = !ios.empty();
-        for (const auto& io : ios) all_mapped &= s.ipc_arenas.count(io.chunk->arena_id) > 0;
-        if (all_mapped) {
-          Status copied;
-          uint64_t bytes = 0;
-          for (const auto& io : ios) {
-            const uint8_t* src =
-                s.ipc_arenas.at(io.chunk->arena_id).data() + io.chunk->arena_offset;
-            if (copied.ok()) copied = GpuCopyAsync(io.local, src, io.chunk->bytes);
-            bytes += io.chunk->bytes;
-          }
-          if (copied.ok()) copied = GpuWait();
-          ipc_bytes_ += copied.ok() ? bytes : 0;
-          if (s.dead.ok() && s.ep) s.ep->Send(kProtocolMsg, wire::Encode(wire::Release{lease}, 0));
-          return finish(copied.WithContext("copying from the CUDA IPC mapping of " + s.name()));
-        }
-        std::vector<uint8_t*> into;  // where each get lands, when some are staged
-        if (!fabric_gpu_.ok()) {
-          uint64_t need = 0;
-          for (const auto& io : ios) need += io.on_gpu ? io.chunk->bytes : 0;
-          if (need > 0) {
-            bounce = std::make_shared<std::vector<uint8_t>>(need);
-            uint64_t at = 0;
-            for (const auto& io : ios) {
-              into.push_back(io.on_gpu ? bounce->data() + at : io.local);
-              if (!io.on_gpu) continue;
-              bounce_to.emplace_back(io.local, io.chunk->bytes);
-              at += io.chunk->bytes;
-            }
-          }
-        }
-        auto step = [this, shard, progress, lease, finish, bounce,
-                     bounce_to = std::move(bounce_to)](const Status& st2) {
-          if (!st2.ok() && progress->status.ok()) progress->status = st2;
-          if (--progress->outstanding > 0) return;
-          if (bounce && progress->status.ok()) {
-            const uint8_t* src = bounce->data();
-            Status up;
-            for (const auto& [dst, n] : bounce_to) {
-              if (up.ok()) up = GpuCopyAsync(dst, src, n);
-              src += n;
-            }
-            if (up.ok()) up = GpuWait();
-            if (up.ok()) staged_bytes_ += bounce->size();
-            progress->status = up.WithContext("staging into GPU memory through host memory");
-          }
-          // The bytes are ours: let the shard update them again.
-          ShardConn& conn = shards_[shard];
-          if (conn.dead.ok() && conn.ep)
-            conn.ep->Send(kProtocolMsg, wire::Encode(wire::Release{lease}, 0));
-          finish(progress->status.ok() ? progress->status : ShardError(shard, progress->status));
-        };
-        for (size_t i = 0; i < ios.size(); ++i) {
-          const Chunk* chunk = ios[i].chunk;
-          auto arena = s.arenas.find(chunk->arena_id);
-          if (arena == s.arenas.end()) {
-            step(Status::Internal("no key for arena " + std::to_string(chunk->arena_id) + " of " +
-                                  s.name()));
-            continue;
-          }
-          s.ep->Get(into.empty() ? ios[i].local : into[i], chunk->bytes, *arena->second,
-                    arena->second->base() + chunk->arena_offset, step);
-        }
-      });
+        gpu_inline_bytes_ += io.chunk->bytes;
+        to_gpu = true;
+      } else {
+        std::memcpy(io.local, src, io.chunk->bytes);
+      }
+      src += io.chunk->bytes;
+    }
+    // The reply's bytes must stay until the copies are done.
+    return done(to_gpu ? GpuWait().WithContext("pull into GPU memory") : Status::Ok());
+  }
+  ShardConn& s = shards_[shard];
+  struct Progress {
+    int outstanding;
+    Status status;
+    bool finished = false;
+  };
+  auto progress = std::make_shared<Progress>(Progress{static_cast<int>(ios.size()), Status::Ok()});
+  uint64_t lease = reply.lease_id;
+  const uint64_t op_id = s.next_op++;
+  auto finish = [this, shard, op_id, progress, done](const Status& result) {
+    if (progress->finished) return;
+    progress->finished = true;
+    shards_[shard].in_flight.erase(op_id);
+    done(result);
+  };
+  s.in_flight[op_id] = finish;
+  // Same node, GPU shard: device copies out of the mapped arenas. Else,
+  // GPU chunks on a fabric that cannot reach GPU memory are read into
+  // host memory and copied up once the gets are done (counted).
+  std::shared_ptr<std::vector<uint8_t>> bounce;
+  std::vector<std::pair<uint8_t*, size_t>> bounce_to;  // (GPU destination, bytes)
+  bool all_mapped = !ios.empty();
+  for (const auto& io : ios) all_mapped &= s.ipc_arenas.count(io.chunk->arena_id) > 0;
+  if (all_mapped) {
+    Status copied;
+    uint64_t bytes = 0;
+    for (const auto& io : ios) {
+      const uint8_t* src = s.ipc_arenas.at(io.chunk->arena_id).data() + io.chunk->arena_offset;
+      if (copied.ok()) copied = GpuCopyAsync(io.local, src, io.chunk->bytes);
+      bytes += io.chunk->bytes;
+    }
+    if (copied.ok()) copied = GpuWait();
+    ipc_bytes_ += copied.ok() ? bytes : 0;
+    if (s.dead.ok() && s.ep) s.ep->Send(kProtocolMsg, wire::Encode(wire::Release{lease}, 0));
+    return finish(copied.WithContext("copying from the CUDA IPC mapping of " + s.name()));
+  }
+  std::vector<uint8_t*> into;  // where each get lands, when some are staged
+  if (!fabric_gpu_.ok()) {
+    uint64_t need = 0;
+    for (const auto& io : ios) need += io.on_gpu ? io.chunk->bytes : 0;
+    if (need > 0) {
+      bounce = std::make_shared<std::vector<uint8_t>>(need);
+      uint64_t at = 0;
+      for (const auto& io : ios) {
+        into.push_back(io.on_gpu ? bounce->data() + at : io.local);
+        if (!io.on_gpu) continue;
+        bounce_to.emplace_back(io.local, io.chunk->bytes);
+        at += io.chunk->bytes;
+      }
+    }
+  }
+  auto step = [this, shard, progress, lease, finish, bounce,
+               bounce_to = std::move(bounce_to)](const Status& st2) {
+    if (!st2.ok() && progress->status.ok()) progress->status = st2;
+    if (--progress->outstanding > 0) return;
+    if (bounce && progress->status.ok()) {
+      const uint8_t* src = bounce->data();
+      Status up;
+      for (const auto& [dst, n] : bounce_to) {
+        if (up.ok()) up = GpuCopyAsync(dst, src, n);
+        src += n;
+      }
+      if (up.ok()) up = GpuWait();
+      if (up.ok()) staged_bytes_ += bounce->size();
+      progress->status = up.WithContext("staging into GPU memory through host memory");
+    }
+    // The bytes are ours: let the shard update them again.
+    ShardConn& conn = shards_[shard];
+    if (conn.dead.ok() && conn.ep)
+      conn.ep->Send(kProtocolMsg, wire::Encode(wire::Release{lease}, 0));
+    finish(progress->status.ok() ? progress->status : ShardError(shard, progress->status));
+  };
+  for (size_t i = 0; i < ios.size(); ++i) {
+    const Chunk* chunk = ios[i].chunk;
+    auto arena = s.arenas.find(chunk->arena_id);
+    if (arena == s.arenas.end()) {
+      step(Status::Internal("no key for arena " + std::to_string(chunk->arena_id) + " of " +
+                            s.name()));
+      continue;
+    }
+    s.ep->Get(into.empty() ? ios[i].local : into[i], chunk->bytes, *arena->second,
+              arena->second->base() + chunk->arena_offset, step);
+  }
 }
 
 Future Client::Impl::Push(const std::vector<PushItem>& items, uint32_t flags,
@@ -1581,6 +1597,26 @@ Future Client::Impl::Pull(const std::vector<PullItem>& items) {
   return Future(op);
 }
 
+void Client::Impl::PushThenPullInline(int shard, std::vector<ChunkIo> gradients,
+                                      std::vector<ChunkIo> weights,
+                                      std::function<void(Status)> done) {
+  ShardConn& s = shards_[shard];
+  if (!s.dead.ok()) {
+    Reconnect(shard);  // fails this call; a later one may succeed
+    return done(s.dead);
+  }
+  auto msg = InlinePush(gradients, PushStep{});
+  if (!msg.ok()) return done(msg.status());
+  Request(shard, *msg, wire::kFlagThenPull,
+          [this, shard, weights = std::move(weights), done = std::move(done)](
+              const Status& st, const wire::Header& h, std::span<const uint8_t> frame) mutable {
+            if (!st.ok()) return done(st);
+            auto reply = wire::DecodeBody<wire::PullReply>(h, frame);
+            if (!reply.ok()) return done(reply.status());
+            AcceptPullReply(shard, std::move(weights), std::move(*reply), done);
+          });
+}
+
 Future Client::Impl::PushPull(const std::vector<PushPullItem>& items) {
   std::vector<std::vector<ChunkIo>> push(shards_.size()), pull(shards_.size());
   for (const auto& item : items) {
@@ -1617,6 +1653,13 @@ Future Client::Impl::PushPull(const std::vector<PushPullItem>& items) {
     for (size_t s = 0; s < push.size(); ++s) {
       if (push[s].empty()) continue;
       op->Add(1);
+      if (TravelsInline(push[s])) {
+        // One round trip: the shard answers the push with the weights.
+        PushThenPullInline(static_cast<int>(s), std::move(push[s]), std::move(pull[s]),
+                           [op](const Status& st) { op->Finish(st); });
+        continue;
+      }
+      // Larger: the push, then a pull of at least the version it produced.
       PushToShard(static_cast<int>(s), std::move(push[s]), 0, PushStep{}, op,
                   [this, op, s, ios = std::move(pull[s])](const Status& st,
                                                           std::vector<uint64_t> versions) mutable {

@@ -717,6 +717,12 @@ Status Shard::ValidatePush(const Peer& peer, uint32_t flags, const wire::Push& m
     return Status::FailedPrecondition("push from the CUDA IPC slot, but " + peer.hello.task +
                                       " was offered none");
   }
+  const bool then_pull = flags & wire::kFlagThenPull;
+  if (then_pull && (!inline_bytes || (flags & wire::kFlagInit))) {
+    return Status::InvalidArgument(
+        "a push answered with the weights (push_pull) must carry its bytes inline and not "
+        "initialise");
+  }
   if (msg.step_parts > static_cast<uint32_t>(options_.cluster.num_tasks("ps"))) {
     return Status::InvalidArgument("push whose step spans " + std::to_string(msg.step_parts) +
                                    " shards, but the cluster has " +
@@ -741,6 +747,11 @@ Status Shard::ValidatePush(const Peer& peer, uint32_t flags, const wire::Push& m
     if (!(flags & wire::kFlagInit) && !p->initialized) {
       return Status::FailedPrecondition("tensor '" + p->display_name +
                                         "' is not initialised yet (the chief initialises it)");
+    }
+    if (then_pull && p->entry.tensor.mode.kind == Consistency::kSync) {
+      return Status::InvalidArgument("push_pull of tensor '" + p->display_name +
+                                     "', which is sync: its weights change when the step "
+                                     "applies; push, then pull after the step");
     }
   }
   return Status::Ok();
@@ -847,9 +858,25 @@ bool Shard::TryApplyPush(PendingPush& push) {
     }
   }
   pushes_applied_++;
-  Reply(*push.peer, push.request_id, reply);
+  if (push.flags & wire::kFlagThenPull) {
+    ReplyWithWeights(push, reply.versions);
+  } else {
+    Reply(*push.peer, push.request_id, reply);
+  }
   if (push.msg.step_parts > 0 && !init) CountStep(push);
   return true;
+}
+
+void Shard::ReplyWithWeights(const PendingPush& push, const std::vector<uint64_t>& versions) {
+  // The pull half of a push_pull: the weights this push produced, inline
+  // (the gradients came inline, and weights are as large).
+  PendingPull pull{push.peer, push.request_id, {}, std::nullopt};
+  pull.msg.inline_max = static_cast<uint32_t>(push.msg.payload.size());
+  pull.msg.entries.reserve(push.msg.entries.size());
+  for (size_t i = 0; i < push.msg.entries.size(); ++i) {
+    pull.msg.entries.push_back({push.msg.entries[i].key_id, versions[i], 0});
+  }
+  if (!TryGrantPull(pull)) waiting_pulls_.push_back(std::move(pull));
 }
 
 void Shard::CountStep(const PendingPush& push) {

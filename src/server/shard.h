@@ -164,6 +164,8 @@ class Shard {
 
   Status ValidatePush(const Peer& peer, uint32_t flags, const wire::Push& msg);
   bool TryApplyPush(PendingPush& push);
+  // Answers a push flagged kFlagThenPull with the weights after it.
+  void ReplyWithWeights(const PendingPush& push, const std::vector<uint64_t>& versions);
   // The push's part that counts its worker's step (step_parts > 0) was
   // accepted: the step is counted here and reported to the coordinator
   // (ReportSteps), batched.

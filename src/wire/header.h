@@ -19,8 +19,8 @@ constexpr uint16_t kProtocolMsg = 1;
 constexpr uint32_t kMagic = 0x41525354;  // "TSRA" read as little-endian
 // 2: CUDA IPC (node ids, IPC handles). 3: the client proves first; the
 // hello carries the cluster spec. 4: pulls say how long they may wait;
-// workers say bye. 5: shards count steps (Push::step_parts, StepsApplied);
-// workers no longer send StepDone.
+// workers say bye. 5: shards count steps (Push::step_parts, StepsApplied),
+// workers no longer send StepDone; push_pull in one round trip (then-pull).
 constexpr uint16_t kVersion = 5;
 constexpr size_t kHeaderSize = 24;
 // No control message is larger: tensor data never travels in messages.
@@ -67,10 +67,14 @@ const char* OpcodeName(Opcode op);
 
 // Header flags.
 constexpr uint32_t kFlagInit = 1u << 0;  // a push that initialises (the chief's)
+// push_pull in one round trip: a push whose bytes ride inline, answered
+// with the weights after it (a pull-reply, inline) instead of a push-reply.
+// Not for sync tensors, whose weights change only when the step applies.
+constexpr uint32_t kFlagThenPull = 1u << 1;
 // A push whose bytes the worker copied into its CUDA IPC slot (same node,
 // GPU shard) instead of putting them into its fabric staging slot.
 constexpr uint32_t kFlagIpcSlot = 1u << 3;
-constexpr uint32_t kKnownFlags = kFlagInit | kFlagIpcSlot;
+constexpr uint32_t kKnownFlags = kFlagInit | kFlagThenPull | kFlagIpcSlot;
 
 struct Header {
   uint16_t version = kVersion;
