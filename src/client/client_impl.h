@@ -1,0 +1,301 @@
+// Client::Impl, the worker's side, shared by the files that implement it:
+// future.cc (waiting), shard_link.cc (connections: connect, handshake,
+// heartbeats, reconnect, re-create), tensor_table.cc (declares and lookups),
+// push_path.cc, pull_path.cc, push_pull.cc, gpu_path.cc (GPU buffers),
+// coordinator_calls.cc (init barrier, global step, hyper-parameters), and
+// client.cc (the public API). Everything marked "loop thread" runs on the
+// transport's progress thread (or a waiter driving it).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "client/future_state.h"
+#include "client/silence_meter.h"
+#include "client/staging_allocator.h"
+#include "core/log.h"
+#include "gpu/cuda.h"
+#include "tessera/client.h"
+#include "transport/transport.h"
+#include "wire/handshake.h"
+#include "wire/messages.h"
+
+namespace tessera {
+
+using wire::kProtocolMsg;
+
+class Client::Impl {
+ public:
+  explicit Impl(ClientOptions options) : options_(std::move(options)) {}
+  ~Impl();
+
+  Status Start();
+  Result<std::vector<Tensor>> DeclareMany(const std::vector<TensorSpec>& specs);
+  Status Initialize();
+  Status WaitForInit(std::chrono::milliseconds timeout);
+  Status SetHyperparams(Tensor t, const Hyperparams& hyper);
+  Result<uint64_t> GlobalStep();
+  Result<Client::CheckpointInfo> SaveCheckpoint(std::chrono::milliseconds timeout) {
+    auto saved = Call<wire::SaveCheckpoint, wire::CheckpointSaved>(coord_index_,
+                                                                   wire::SaveCheckpoint{}, timeout);
+    if (!saved.ok()) return saved.status();
+    return Client::CheckpointInfo{saved->global_step, saved->path};
+  }
+  // `step`: the worker's step; none for a push without one, which sync
+  // tensors refuse.
+  Future Push(const std::vector<PushItem>& items, uint32_t flags, std::optional<uint64_t> step);
+  Future Pull(const std::vector<PullItem>& items);
+  Future PushPull(const std::vector<PushPullItem>& items);
+
+  struct Chunk {
+    int shard;
+    uint64_t elem_offset, elem_count, byte_offset, bytes;
+    uint32_t key_id = 0, arena_id = 0;
+    uint64_t arena_offset = 0;
+  };
+  struct TensorEntry {
+    TensorSpec spec;
+    uint64_t bytes;
+    std::vector<Chunk> chunks;
+    bool restored = false;     // the shards loaded it from a checkpoint
+    bool initialized = false;  // the chief initialised it already
+    wire::TensorDecl decl;     // as declared (modes filled in), for re-creating
+  };
+
+  ClientOptions options_;
+  // When the next heartbeat is due (loop thread): a later one shows that
+  // the progress loop was held up.
+  std::chrono::steady_clock::time_point next_heartbeat_{};
+  TaskId task_;
+  int worker_rank_ = 0;
+  std::unique_ptr<transport::Context> ctx_;
+  std::shared_ptr<ProgressDriver> driver_;  // over ctx_, for Future::Wait
+
+  std::atomic<uint64_t> dropped_stale_{0}, dropped_duplicate_{0};  // sync push outcomes
+  // GPU buffers (see ClientCounters).
+  Status fabric_gpu_;        // whether the fabric reaches GPU memory, else why not
+  std::string ipc_node_id_;  // sent in hellos when this worker can use CUDA IPC
+  gpu::Stream stream_;       // loop thread; created on first use
+  std::atomic<uint64_t> ipc_bytes_{0}, staged_bytes_{0}, gpu_inline_bytes_{0};
+  std::atomic<int> ipc_shards_{0};
+  // From the coordinator's declare replies.
+  std::optional<uint64_t> restored_step_;  // under tensors_mu_
+
+  mutable std::mutex tensors_mu_;
+  std::deque<TensorEntry>
+      tensors_;  // index = Tensor::index; append-only, so chunk pointers stay valid
+  std::unordered_map<std::string, uint32_t> by_name_;
+
+ private:
+  using Frame = std::vector<uint8_t>;
+  using ReplyFn = std::function<void(Status, const wire::Header&, std::span<const uint8_t>)>;
+
+  struct ShardConn {
+    TaskId task;
+    TaskAddress addr;
+    std::shared_ptr<transport::Endpoint> ep;
+    std::unique_ptr<transport::RemoteRegion> staging;
+    client::StagingAllocator alloc;
+    std::unordered_map<uint32_t, std::unique_ptr<transport::RemoteRegion>> arenas;
+    // A GPU shard on this node: its slot for this worker and its arenas,
+    // mapped with CUDA IPC (pushes and pulls are device copies then).
+    gpu::IpcMapping ipc_slot;
+    std::unordered_map<uint32_t, gpu::IpcMapping> ipc_arenas;
+    std::deque<std::function<void()>> waiting_for_staging;
+    Status dead;                // non-OK once the connection is gone
+    bool reconnecting = false;  // a restarted shard is being joined again
+    std::chrono::steady_clock::time_point next_reconnect;
+    // Listening time without any traffic from the shard (heartbeats).
+    SilenceMeter silence;
+    // One-sided work in flight, failed by OnShardLost: a fabric may never
+    // complete operations towards a peer that hangs.
+    std::unordered_map<uint64_t, std::function<void(const Status&)>> in_flight;
+    uint64_t next_op = 1;
+    std::string name() const { return task.ToString() + " (" + addr.ToString() + ")"; }
+  };
+  struct PendingRequest {
+    int shard;
+    ReplyFn fn;
+  };
+
+  // Loop thread.
+  template <typename Msg>
+  void Request(int shard, const Msg& msg, uint32_t flags, ReplyFn fn);
+  // Tells every shard still connected that this worker leaves on purpose,
+  // and waits briefly for their answers, so that none logs a lost worker.
+  void SayBye();
+  void OnFrame(const std::shared_ptr<transport::Endpoint>& ep, std::span<const uint8_t> frame);
+  void OnShardLost(int shard, const Status& why);
+  void ConnectShard(int shard, std::chrono::steady_clock::time_point deadline);
+  void Heartbeat();
+  // What a failed one-sided operation on a shard reports: why the shard was
+  // lost if it was, else the fabric's error naming the shard.
+  Status ShardError(int shard, const Status& st) const {
+    const ShardConn& s = shards_[shard];
+    return s.dead.ok() ? st.WithContext(s.name()) : s.dead;
+  }
+  void Handshake(int shard, std::function<void(Status)> done);
+  // A lost ps task (not the coordinator) is tried again now and then; once
+  // it answers, this worker's chunks are created on it again (a restarted
+  // shard restores them from the newest checkpoint) and calls succeed again.
+  void Reconnect(int shard);
+  void ReCreate(int shard);
+
+  // Any thread: sends and waits for the reply frame.
+  template <typename Msg, typename ReplyMsg>
+  Result<ReplyMsg> Call(int shard, const Msg& msg, std::chrono::milliseconds timeout,
+                        uint32_t flags = 0);
+
+  struct ChunkIo {
+    const Chunk* chunk;
+    uint8_t* local;  // source (push) or destination (pull)
+    uint64_t min_version = 0;
+    uint64_t min_step = 0;
+    // Push: the tensor the chunk belongs to. A tensor's chunks on one shard
+    // travel in one push-done, so that they are applied together.
+    const TensorEntry* tensor = nullptr;
+    bool on_gpu = false;  // `local` is GPU memory
+  };
+  static Status CheckPart(const ChunkPart& p, const TensorEntry& e) {
+    if (p.parts == 0 || p.part >= p.parts) {
+      return Status::InvalidArgument("tensor '" + e.spec.name + "': chunk part " +
+                                     std::to_string(p.part) + " of " + std::to_string(p.parts));
+    }
+    return Status::Ok();
+  }
+  // Whether `ptr` is GPU memory, checked against what the caller said.
+  static Result<bool> OnGpu(const void* ptr, BufferMemory said);
+  // Device copies (any direction) on this client's stream, on the loop
+  // thread; GpuWait waits for them and reports their error.
+  Status GpuCopyAsync(void* dst, const void* src, size_t bytes);
+  Status GpuWait();
+  // Why GPU chunks cannot move to or from shard `s` one-sided, or OK.
+  Status GpuPathTo(const ShardConn& s, const std::vector<ChunkIo>& ios) const;
+  // Maps an arena of a GPU shard on this node (loop thread).
+  void MapArena(ShardConn& s, const wire::ArenaKey& a);
+  void UnmapShard(ShardConn& s);
+  // Whether a push of these chunks to one shard carries their bytes inside
+  // its message (ClientOptions::inline_bytes).
+  bool TravelsInline(const std::vector<ChunkIo>& ios) const {
+    if (ios.empty()) return false;
+    uint64_t raw = 0;
+    for (const auto& io : ios) raw += io.chunk->bytes;
+    return raw <= std::min(options_.inline_bytes, wire::kMaxInlineBytes);
+  }
+  // A push's step, and whether this part counts it (wire::Push::step_parts;
+  // only the first message of the part carries it).
+  struct PushStep {
+    uint64_t step = 0;
+    uint32_t parts = 0;
+  };
+  // Hears how a push to one shard ended, and the versions it produced.
+  using PushDone = std::function<void(Status, std::vector<uint64_t>)>;
+  // `op` (may be null) hears of the chunks the shard dropped.
+  void PushToShard(int shard, std::vector<ChunkIo> ios, uint32_t flags, PushStep tag,
+                   std::shared_ptr<Future::State> op, PushDone done);
+  // The rest of a push too large to travel inline, once `offset` in the
+  // shard's staging slot is ours: into the CUDA IPC slot, or put one-sided
+  // in groups, each group's push-done sent as its puts land.
+  void PushThroughSlot(int shard, std::vector<ChunkIo> ios, uint32_t flags, PushStep tag,
+                       std::shared_ptr<Future::State> op, uint64_t offset, PushDone done);
+  // Handles a push-reply: each chunk's outcome (NoteOutcomes), then `finish`.
+  ReplyFn OnPushReply(std::vector<ChunkIo> sent, uint64_t step, std::shared_ptr<Future::State> op,
+                      PushDone finish);
+  // Counts what the shard did with each pushed chunk, and tells `op` which
+  // it dropped.
+  void NoteOutcomes(const std::vector<uint8_t>& outcomes, const ChunkIo* ios, uint64_t step,
+                    Future::State* op);
+  // A push message carrying its bytes (TravelsInline), copied from GPU
+  // memory where they are there.
+  Result<wire::Push> InlinePush(const std::vector<ChunkIo>& ios, PushStep tag);
+  void PullFromShard(int shard, std::vector<ChunkIo> ios, const std::function<void(Status)>& done);
+  // push_pull's one round trip to a shard, for gradients that travel inline:
+  // the shard answers the push with the weights it produced.
+  void PushThenPullInline(int shard, std::vector<ChunkIo> gradients, std::vector<ChunkIo> weights,
+                          std::function<void(Status)> done);
+  // Lands a pull reply's bytes in `ios`: copied from the reply when inline,
+  // else read one-sided under its lease, which is then released.
+  void AcceptPullReply(int shard, std::vector<ChunkIo> ios, wire::PullReply reply,
+                       const std::function<void(Status)>& done);
+  Result<const TensorEntry*> Lookup(Tensor t, size_t bytes, std::optional<DType> dtype,
+                                    bool check_bytes = true) const;
+  // The same with tensors_mu_ held by the caller (one lock for a whole batch).
+  Result<const TensorEntry*> LookupLocked(Tensor t, size_t bytes, std::optional<DType> dtype,
+                                          bool check_bytes = true) const;
+  std::shared_ptr<Future::State> NewOp() const {
+    auto st = std::make_shared<Future::State>();
+    st->timeout = options_.op_timeout;
+    st->driver = driver_;
+    return st;
+  }
+
+  // One per ps task, then the coordinator when it runs separately. The task
+  // and address are fixed by Start(); the rest belongs to the loop thread.
+  std::vector<ShardConn> shards_;
+  int coord_index_ = 0;
+  std::unordered_map<transport::Endpoint*, int> shard_of_;
+  std::unordered_map<uint64_t, PendingRequest> pending_;
+  uint64_t next_request_ = 1;
+
+  // Start-up progress, shared with the thread in Start().
+  std::mutex start_mu_;
+  std::condition_variable start_cv_;
+  std::vector<int> start_state_;  // 0 connecting, 1 ready, -1 failed for good
+  std::vector<std::string> start_error_;
+  StatusCode start_code_ = StatusCode::kUnavailable;
+  bool stopping_ = false;
+};
+
+template <typename Msg>
+void Client::Impl::Request(int shard, const Msg& msg, uint32_t flags, ReplyFn fn) {
+  ShardConn& s = shards_[shard];
+  wire::Header none;
+  if ((!s.dead.ok() && !s.reconnecting) || !s.ep) {
+    if (!s.dead.ok()) Reconnect(shard);  // fails this call; a later one may succeed
+    return fn(s.dead.ok() ? Status::Unavailable(s.name() + " is not connected") : s.dead, none, {});
+  }
+  uint64_t id = next_request_++;
+  pending_[id] = PendingRequest{shard, std::move(fn)};
+  s.ep->Send(kProtocolMsg, wire::Encode(msg, id, flags), [this, id](const Status& st) {
+    if (st.ok()) return;
+    auto it = pending_.find(id);
+    if (it == pending_.end()) return;
+    auto cb = std::move(it->second.fn);
+    pending_.erase(it);
+    cb(st, wire::Header{}, {});
+  });
+}
+
+template <typename Msg, typename ReplyMsg>
+Result<ReplyMsg> Client::Impl::Call(int shard, const Msg& msg, std::chrono::milliseconds timeout,
+                                    uint32_t flags) {
+  auto promise = std::make_shared<std::promise<Result<ReplyMsg>>>();
+  auto future = promise->get_future();
+  auto request_id = std::make_shared<std::atomic<uint64_t>>(0);
+  ctx_->Post([=, this] {
+    request_id->store(next_request_);
+    Request(shard, msg, flags,
+            [promise](const Status& st, const wire::Header& h, std::span<const uint8_t> frame) {
+              if (!st.ok()) return promise->set_value(st);
+              promise->set_value(wire::DecodeBody<ReplyMsg>(h, frame));
+            });
+  });
+  if (future.wait_for(timeout) != std::future_status::ready) {
+    ctx_->Post([this, request_id] { pending_.erase(request_id->load()); });
+    return Status::DeadlineExceeded(std::string(wire::OpcodeName(Msg::kOpcode)) + " to " +
+                                    shards_[shard].name() + " got no answer within " +
+                                    std::to_string(timeout.count()) + " ms");
+  }
+  return future.get();
+}
+
+}  // namespace tessera

@@ -1,0 +1,94 @@
+// The client's calls to the coordinator: the chief's init barrier, the
+// global step, hyper-parameters.
+
+#include "client/client_impl.h"
+
+namespace tessera {
+
+Status Client::Impl::Initialize() {
+  if (worker_rank_ != 0) {
+    return Status::FailedPrecondition(task_.ToString() + " is not the chief (" +
+                                      options_.cluster.chief().ToString() +
+                                      " is); use WaitForInit");
+  }
+  std::vector<PushItem> items;
+  std::vector<std::vector<uint8_t>> generated;
+  size_t restored = 0, kept = 0;
+  {
+    std::lock_guard<std::mutex> lock(tensors_mu_);
+    generated.reserve(tensors_.size());
+    for (uint32_t i = 0; i < tensors_.size(); ++i) {
+      auto& e = tensors_[i];
+      if (e.restored || e.initialized) {
+        // Restored from a checkpoint, or initialised before (a restarted
+        // chief, or an earlier Initialize): the values have moved on; keep them.
+        (e.restored ? restored : kept)++;
+        continue;
+      }
+      if (e.spec.initial.empty()) {
+        auto value = InitialValue(e.spec.initializer, e.spec.name, e.spec.dtype, e.spec.shape);
+        if (!value.ok()) return value.status();
+        generated.push_back(std::move(*value));
+        items.push_back({{i}, generated.back().data(), e.bytes});
+      } else {
+        items.push_back({{i}, e.spec.initial.data(), e.bytes});
+      }
+    }
+  }
+  if (restored > 0) {
+    TLOG_INFO("{}: {} tensor(s) restored from the checkpoint of global step {}; initialising {}",
+              task_.ToString(), restored, restored_step_.value_or(0), items.size());
+  }
+  if (kept > 0) {
+    TLOG_INFO("{}: {} tensor(s) were initialised before; not initialising them again",
+              task_.ToString(), kept);
+  }
+  if (!items.empty())
+    TESSERA_RETURN_IF_ERROR(Push(items, wire::kFlagInit, 0).Wait().WithContext("initialising"));
+  auto ack = Call<wire::InitDone, wire::Ack>(coord_index_, wire::InitDone{}, options_.op_timeout);
+  if (!ack.ok()) return ack.status();
+  std::lock_guard<std::mutex> lock(tensors_mu_);
+  for (auto& e : tensors_) e.initialized = true;
+  return Status::Ok();
+}
+
+Status Client::Impl::SetHyperparams(Tensor t, const Hyperparams& hyper) {
+  if (worker_rank_ != 0) {
+    return Status::FailedPrecondition(task_.ToString() + " is not the chief; only " +
+                                      options_.cluster.chief().ToString() +
+                                      " changes hyper-parameters");
+  }
+  TESSERA_RETURN_IF_ERROR(hyper.Validate());
+  auto entry = Lookup(t, 0, std::nullopt, /*check_bytes=*/false);
+  if (!entry.ok()) return entry.status();
+  std::vector<wire::SetHyper> by_shard(shards_.size());
+  for (const auto& c : (*entry)->chunks) by_shard[c.shard].key_ids.push_back(c.key_id);
+  for (size_t s = 0; s < by_shard.size(); ++s) {
+    if (by_shard[s].key_ids.empty()) continue;
+    by_shard[s].hyper = hyper;
+    auto ack =
+        Call<wire::SetHyper, wire::Ack>(static_cast<int>(s), by_shard[s], options_.op_timeout);
+    if (!ack.ok()) return ack.status();
+  }
+  return Status::Ok();
+}
+
+Result<uint64_t> Client::Impl::GlobalStep() {
+  auto reply =
+      Call<wire::GetStep, wire::StepReply>(coord_index_, wire::GetStep{}, options_.op_timeout);
+  if (!reply.ok()) return reply.status();
+  return reply->global_step;
+}
+
+Status Client::Impl::WaitForInit(std::chrono::milliseconds timeout) {
+  auto ack = Call<wire::WaitInit, wire::Ack>(coord_index_, wire::WaitInit{}, timeout);
+  if (ack.ok()) return Status::Ok();
+  if (ack.status().code() == StatusCode::kDeadlineExceeded) {
+    return Status::DeadlineExceeded("the chief (" + options_.cluster.chief().ToString() +
+                                    ") has not initialised the parameters within " +
+                                    std::to_string(timeout.count()) + " ms");
+  }
+  return ack.status();
+}
+
+}  // namespace tessera

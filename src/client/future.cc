@@ -1,0 +1,62 @@
+// Waiting on a Future: drive the client's progress, then sleep.
+
+#include "client/future_state.h"
+#include "core/spin.h"
+
+namespace tessera {
+
+Status Future::Wait() const {
+  if (!state_) return Status::FailedPrecondition("waiting on an empty Future");
+  return WaitFor(state_->timeout);
+}
+
+Status Future::WaitFor(std::chrono::milliseconds limit) const {
+  if (!state_) return Status::FailedPrecondition("waiting on an empty Future");
+  // A small call completes within microseconds: drive the client's progress
+  // from this thread while work keeps coming, and for a moment after, before
+  // paying for a sleep and a wake-up on the condition variable. The spin
+  // never yields its core (beside a CPU hog that costs a whole slice) and
+  // ends once this thread was descheduled (see core/spin.h).
+  constexpr auto kSpin = std::chrono::microseconds(50);
+  SpinWindow spin(kSpin);
+  while (!state_->ready.load(std::memory_order_acquire)) {
+    if (state_->driver && state_->driver->Drive()) {
+      spin.Restart();
+    } else if (!spin.Continue()) {
+      break;
+    }
+  }
+  // Hand progress back to the client's progress thread now, whether the
+  // answer came or this thread is about to sleep: nothing then waits for
+  // the progress thread to notice that nobody drives any more.
+  if (state_->driver) state_->driver->StopDriving();
+  std::unique_lock<std::mutex> lock(state_->mu);
+  if (!state_->cv.wait_for(lock, limit, [&] { return state_->ready.load(); })) {
+    return Status::DeadlineExceeded("operation did not complete within " +
+                                    std::to_string(limit.count()) + " ms");
+  }
+  return state_->status;
+}
+
+std::vector<DroppedChunk> Future::dropped() const {
+  if (!state_) return {};
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->ready.load() ? state_->dropped : std::vector<DroppedChunk>{};
+}
+
+bool Future::ready() const { return state_ && state_->ready.load(std::memory_order_acquire); }
+
+void Future::Then(std::function<void(Status)> fn) const {
+  Status st;
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    if (!state_->done) {
+      state_->then.push_back(std::move(fn));
+      return;
+    }
+    st = state_->status;
+  }
+  fn(st);
+}
+
+}  // namespace tessera

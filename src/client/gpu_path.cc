@@ -1,0 +1,67 @@
+// GPU buffers: which they are, device copies, and the CUDA IPC mappings of
+// GPU shards on this node.
+
+#include "client/client_impl.h"
+
+namespace tessera {
+
+Result<bool> Client::Impl::OnGpu(const void* ptr, BufferMemory said) {
+  if (said == BufferMemory::kHost) return false;  // taken as said: no CUDA call
+  const bool device = gpu::QueryPointer(ptr).device;
+  if (said == BufferMemory::kCuda && !device) {
+    return Status::InvalidArgument(std::string("the buffer was given as GPU memory, but ") +
+                                   (gpu::Built()
+                                        ? "CUDA does not know it as device memory (cudaMalloc it)"
+                                        : "this build has no CUDA"));
+  }
+  return device;
+}
+
+Status Client::Impl::GpuCopyAsync(void* dst, const void* src, size_t bytes) {
+  TESSERA_RETURN_IF_ERROR(gpu::SetDevice(options_.cuda_device));  // per thread
+  if (stream_.handle() == nullptr) {
+    auto stream = gpu::Stream::Create(options_.cuda_device);
+    if (!stream.ok()) return stream.status();
+    stream_ = std::move(*stream);
+  }
+  return gpu::Copy(dst, src, bytes, stream_);
+}
+
+Status Client::Impl::GpuWait() {
+  if (stream_.handle() == nullptr) return Status::Ok();
+  return stream_.Synchronize();
+}
+
+Status Client::Impl::GpuPathTo(const ShardConn& s, const std::vector<ChunkIo>& ios) const {
+  if (s.ipc_slot.data() != nullptr || fabric_gpu_.ok() || options_.allow_host_staging) {
+    return Status::Ok();
+  }
+  for (const auto& io : ios) {
+    if (io.on_gpu) {
+      return Status::FailedPrecondition(
+          "a GPU buffer cannot move to or from " + s.name() + ": " + fabric_gpu_.message() +
+          "; run this worker on the shard's node (CUDA IPC), or set "
+          "ClientOptions::allow_host_staging to copy through host memory");
+    }
+  }
+  return Status::Ok();
+}
+
+void Client::Impl::MapArena(ShardConn& s, const wire::ArenaKey& a) {
+  if (a.ipc.empty() || s.ipc_slot.data() == nullptr) return;
+  auto m = gpu::IpcMapping::Open(a.ipc.data(), a.ipc.size(), options_.cuda_device);
+  if (!m.ok()) {
+    TLOG_WARN("{}: arena {} not mapped with CUDA IPC ({}): pulls use the fabric", s.name(),
+              a.arena_id, m.status().message());
+    return;
+  }
+  s.ipc_arenas[a.arena_id] = std::move(*m);
+}
+
+void Client::Impl::UnmapShard(ShardConn& s) {
+  if (s.ipc_slot.data() != nullptr) ipc_shards_--;
+  s.ipc_slot = gpu::IpcMapping{};
+  s.ipc_arenas.clear();
+}
+
+}  // namespace tessera

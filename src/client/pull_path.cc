@@ -1,0 +1,189 @@
+// The pull path: a pull split by shard, the bytes inline in the reply or
+// read one-sided under a lease.
+
+#include <algorithm>
+#include <cstring>
+
+#include "client/client_impl.h"
+
+namespace tessera {
+namespace {
+
+// How long a shard may hold a pull before answering what it still waits for
+// (who has not pushed a sync step): a little less than the op timeout, so
+// that its answer, not the bare timeout, reaches the caller.
+uint32_t ShardWaitMs(std::chrono::milliseconds op_timeout) {
+  const auto margin =
+      std::clamp(op_timeout / 5, std::chrono::milliseconds(10), std::chrono::milliseconds(2000));
+  const auto wait = std::max(op_timeout - margin, std::chrono::milliseconds(1));
+  return static_cast<uint32_t>(std::min<int64_t>(wait.count(), UINT32_MAX));
+}
+
+}  // namespace
+
+void Client::Impl::PullFromShard(int shard, std::vector<ChunkIo> ios,
+                                 const std::function<void(Status)>& done) {
+  if (Status st = GpuPathTo(shards_[shard], ios); !st.ok()) return done(st.WithContext("pull"));
+  wire::Pull msg;
+  for (const auto& io : ios) msg.entries.push_back({io.chunk->key_id, io.min_version, io.min_step});
+  msg.inline_max = static_cast<uint32_t>(std::min(options_.inline_bytes, wire::kMaxInlineBytes));
+  msg.wait_ms = ShardWaitMs(options_.op_timeout);
+  Request(shard, msg, 0,
+          [this, shard, ios = std::move(ios), done](const Status& st, const wire::Header& h,
+                                                    std::span<const uint8_t> frame) {
+            if (!st.ok()) return done(st);
+            auto reply = wire::DecodeBody<wire::PullReply>(h, frame);
+            if (!reply.ok()) return done(reply.status());
+            AcceptPullReply(shard, std::move(ios), std::move(*reply), done);
+          });
+}
+
+void Client::Impl::AcceptPullReply(int shard, std::vector<ChunkIo> ios, wire::PullReply reply,
+                                   const std::function<void(Status)>& done) {
+  if (reply.lease_id == 0) {
+    // The bytes came inline: no lease to give back.
+    uint64_t total = 0;
+    for (const auto& io : ios) total += io.chunk->bytes;
+    if (total != reply.data.size()) {
+      return done(Status::Internal("inline pull reply of " + std::to_string(reply.data.size()) +
+                                   " bytes for " + std::to_string(total)));
+    }
+    const uint8_t* src = reply.data.data();
+    bool to_gpu = false;
+    for (const auto& io : ios) {
+      if (io.on_gpu) {
+        if (Status st2 = GpuCopyAsync(io.local, src, io.chunk->bytes); !st2.ok()) {
+          return done(st2.WithContext("pull into GPU memory"));
+        }
+        gpu_inline_bytes_ += io.chunk->bytes;
+        to_gpu = true;
+      } else {
+        std::memcpy(io.local, src, io.chunk->bytes);
+      }
+      src += io.chunk->bytes;
+    }
+    // The reply's bytes must stay until the copies are done.
+    return done(to_gpu ? GpuWait().WithContext("pull into GPU memory") : Status::Ok());
+  }
+  ShardConn& s = shards_[shard];
+  struct Progress {
+    int outstanding;
+    Status status;
+    bool finished = false;
+  };
+  auto progress = std::make_shared<Progress>(Progress{static_cast<int>(ios.size()), Status::Ok()});
+  uint64_t lease = reply.lease_id;
+  const uint64_t op_id = s.next_op++;
+  auto finish = [this, shard, op_id, progress, done](const Status& result) {
+    if (progress->finished) return;
+    progress->finished = true;
+    shards_[shard].in_flight.erase(op_id);
+    done(result);
+  };
+  s.in_flight[op_id] = finish;
+  // Same node, GPU shard: device copies out of the mapped arenas. Else,
+  // GPU chunks on a fabric that cannot reach GPU memory are read into
+  // host memory and copied up once the gets are done (counted).
+  std::shared_ptr<std::vector<uint8_t>> bounce;
+  std::vector<std::pair<uint8_t*, size_t>> bounce_to;  // (GPU destination, bytes)
+  bool all_mapped = !ios.empty();
+  for (const auto& io : ios) all_mapped &= s.ipc_arenas.count(io.chunk->arena_id) > 0;
+  if (all_mapped) {
+    Status copied;
+    uint64_t bytes = 0;
+    for (const auto& io : ios) {
+      const uint8_t* src = s.ipc_arenas.at(io.chunk->arena_id).data() + io.chunk->arena_offset;
+      if (copied.ok()) copied = GpuCopyAsync(io.local, src, io.chunk->bytes);
+      bytes += io.chunk->bytes;
+    }
+    if (copied.ok()) copied = GpuWait();
+    ipc_bytes_ += copied.ok() ? bytes : 0;
+    if (s.dead.ok() && s.ep) s.ep->Send(kProtocolMsg, wire::Encode(wire::Release{lease}, 0));
+    return finish(copied.WithContext("copying from the CUDA IPC mapping of " + s.name()));
+  }
+  std::vector<uint8_t*> into;  // where each get lands, when some are staged
+  if (!fabric_gpu_.ok()) {
+    uint64_t need = 0;
+    for (const auto& io : ios) need += io.on_gpu ? io.chunk->bytes : 0;
+    if (need > 0) {
+      bounce = std::make_shared<std::vector<uint8_t>>(need);
+      uint64_t at = 0;
+      for (const auto& io : ios) {
+        into.push_back(io.on_gpu ? bounce->data() + at : io.local);
+        if (!io.on_gpu) continue;
+        bounce_to.emplace_back(io.local, io.chunk->bytes);
+        at += io.chunk->bytes;
+      }
+    }
+  }
+  auto step = [this, shard, progress, lease, finish, bounce,
+               bounce_to = std::move(bounce_to)](const Status& st2) {
+    if (!st2.ok() && progress->status.ok()) progress->status = st2;
+    if (--progress->outstanding > 0) return;
+    if (bounce && progress->status.ok()) {
+      const uint8_t* src = bounce->data();
+      Status up;
+      for (const auto& [dst, n] : bounce_to) {
+        if (up.ok()) up = GpuCopyAsync(dst, src, n);
+        src += n;
+      }
+      if (up.ok()) up = GpuWait();
+      if (up.ok()) staged_bytes_ += bounce->size();
+      progress->status = up.WithContext("staging into GPU memory through host memory");
+    }
+    // The bytes are ours: let the shard update them again.
+    ShardConn& conn = shards_[shard];
+    if (conn.dead.ok() && conn.ep)
+      conn.ep->Send(kProtocolMsg, wire::Encode(wire::Release{lease}, 0));
+    finish(progress->status.ok() ? progress->status : ShardError(shard, progress->status));
+  };
+  for (size_t i = 0; i < ios.size(); ++i) {
+    const Chunk* chunk = ios[i].chunk;
+    auto arena = s.arenas.find(chunk->arena_id);
+    if (arena == s.arenas.end()) {
+      step(Status::Internal("no key for arena " + std::to_string(chunk->arena_id) + " of " +
+                            s.name()));
+      continue;
+    }
+    s.ep->Get(into.empty() ? ios[i].local : into[i], chunk->bytes, *arena->second,
+              arena->second->base() + chunk->arena_offset, step);
+  }
+}
+
+Future Client::Impl::Pull(const std::vector<PullItem>& items) {
+  std::vector<std::vector<ChunkIo>> by_shard(shards_.size());
+  {
+    std::lock_guard<std::mutex> lock(tensors_mu_);
+    for (const auto& item : items) {
+      auto on_gpu = OnGpu(item.data, item.memory);
+      if (!on_gpu.ok()) return FailedFuture(on_gpu.status().WithContext("pull"));
+      auto e = LookupLocked(item.tensor, item.bytes, item.dtype);
+      if (!e.ok()) {
+        return FailedFuture(e.status().WithContext(*on_gpu ? "pull into GPU memory" : "pull"));
+      }
+      if (Status st = CheckPart(item.chunks, **e); !st.ok()) return FailedFuture(st);
+      for (size_t i = 0; i < (*e)->chunks.size(); ++i) {
+        if (i % item.chunks.parts != item.chunks.part) continue;
+        const Chunk& c = (*e)->chunks[i];
+        auto& list = by_shard[c.shard];
+        if (list.empty()) list.reserve(items.size());
+        list.push_back({&c, static_cast<uint8_t*>(item.data) + c.byte_offset, item.min_version,
+                        item.min_step, nullptr, *on_gpu});
+      }
+    }
+  }
+  auto op = NewOp();
+  op->Add(1);
+  ctx_->Post([this, op, by_shard = std::move(by_shard)]() mutable {
+    for (size_t s = 0; s < by_shard.size(); ++s) {
+      if (by_shard[s].empty()) continue;
+      op->Add(1);
+      PullFromShard(static_cast<int>(s), std::move(by_shard[s]),
+                    [op](const Status& st) { op->Finish(st); });
+    }
+    op->Finish(Status::Ok());
+  });
+  return Future(op);
+}
+
+}  // namespace tessera

@@ -1,0 +1,362 @@
+// The push path: a push split by shard, its bytes inline or put one-sided
+// into the staging slot, the outcome of each chunk.
+
+#include <cstring>
+
+#include "client/client_impl.h"
+#include "core/bytes.h"
+
+namespace tessera {
+
+void Client::Impl::NoteOutcomes(const std::vector<uint8_t>& outcomes, const ChunkIo* ios,
+                                uint64_t step, Future::State* op) {
+  for (size_t i = 0; i < outcomes.size(); ++i) {
+    DroppedChunk::Why why;
+    if (outcomes[i] == static_cast<uint8_t>(wire::PushOutcome::kStale)) {
+      dropped_stale_++;
+      why = DroppedChunk::Why::kStale;
+    } else if (outcomes[i] == static_cast<uint8_t>(wire::PushOutcome::kDuplicate)) {
+      dropped_duplicate_++;
+      why = DroppedChunk::Why::kDuplicate;
+    } else {
+      continue;
+    }
+    if (op == nullptr) continue;
+    const ChunkIo& io = ios[i];
+    std::lock_guard<std::mutex> lock(op->mu);
+    op->dropped.push_back({io.tensor->spec.name,
+                           static_cast<uint32_t>(io.chunk - io.tensor->chunks.data()), step, why});
+  }
+}
+
+Client::Impl::ReplyFn Client::Impl::OnPushReply(std::vector<ChunkIo> sent, uint64_t step,
+                                                std::shared_ptr<Future::State> op,
+                                                PushDone finish) {
+  return [this, step, op = std::move(op), sent = std::move(sent), finish = std::move(finish)](
+             const Status& st, const wire::Header& h, std::span<const uint8_t> frame) {
+    if (!st.ok()) return finish(st, {});
+    auto reply = wire::DecodeBody<wire::PushReply>(h, frame);
+    if (!reply.ok()) return finish(reply.status(), {});
+    if (reply->outcomes.size() > sent.size()) {
+      return finish(Status::Internal("push reply does not match the request"), {});
+    }
+    NoteOutcomes(reply->outcomes, sent.data(), step, op.get());
+    finish(Status::Ok(), std::move(reply->versions));
+  };
+}
+
+Result<wire::Push> Client::Impl::InlinePush(const std::vector<ChunkIo>& ios, PushStep tag) {
+  uint64_t raw = 0;
+  for (const auto& io : ios) raw += io.chunk->bytes;
+  wire::Push msg;
+  msg.step = tag.step;
+  msg.step_parts = tag.parts;
+  msg.entries.reserve(ios.size());
+  msg.payload.reserve(raw);
+  bool from_gpu = false;
+  for (const auto& io : ios) {
+    const size_t at = msg.payload.size();
+    msg.entries.push_back({io.chunk->key_id, at, io.chunk->bytes});
+    if (!io.on_gpu) {
+      msg.payload.insert(msg.payload.end(), io.local, io.local + io.chunk->bytes);
+      continue;
+    }
+    msg.payload.resize(at + io.chunk->bytes);
+    if (Status st = GpuCopyAsync(msg.payload.data() + at, io.local, io.chunk->bytes); !st.ok()) {
+      return st.WithContext("push from GPU memory");
+    }
+    gpu_inline_bytes_ += io.chunk->bytes;
+    from_gpu = true;
+  }
+  if (from_gpu) TESSERA_RETURN_IF_ERROR(GpuWait().WithContext("push from GPU memory"));
+  return msg;
+}
+
+void Client::Impl::PushToShard(int shard, std::vector<ChunkIo> ios, uint32_t flags, PushStep tag,
+                               std::shared_ptr<Future::State> op, PushDone done) {
+  const uint64_t step = tag.step;
+  ShardConn& s = shards_[shard];
+  if (!s.dead.ok()) {
+    Reconnect(shard);  // fails this call; a later one may succeed
+    return done(s.dead, {});
+  }
+  if (TravelsInline(ios)) {
+    // Small: the bytes ride in the push-done itself.
+    auto msg = InlinePush(ios, tag);
+    if (!msg.ok()) return done(msg.status(), {});
+    return Request(shard, *msg, flags, OnPushReply(std::move(ios), step, op, done));
+  }
+  if (Status st = GpuPathTo(s, ios); !st.ok()) return done(st.WithContext("push"), {});
+  uint64_t total = 0;
+  for (const auto& io : ios) total += AlignUp(io.chunk->bytes, 64);
+  if (total > s.alloc.size()) {
+    // Larger than the whole slot: send in parts, each within the slot.
+    std::vector<ChunkIo> first, rest;
+    uint64_t used = 0;
+    for (auto& io : ios) {
+      uint64_t b = AlignUp(io.chunk->bytes, 64);
+      if (b > s.alloc.size()) {
+        return done(Status::InvalidArgument("a chunk of " + std::to_string(io.chunk->bytes) +
+                                            " bytes exceeds the staging slot on " + s.name()),
+                    {});
+      }
+      (used + b <= s.alloc.size() && rest.empty() ? first : rest).push_back(io);
+      if (rest.empty()) used += b;
+    }
+    auto versions = std::make_shared<std::vector<uint64_t>>();
+    PushToShard(shard, std::move(first), flags, tag, op,
+                [this, shard, rest = std::move(rest), flags, step, op, versions, done](
+                    const Status& st, const std::vector<uint64_t>& v) mutable {
+                  if (!st.ok()) return done(st, {});
+                  versions->insert(versions->end(), v.begin(), v.end());
+                  PushToShard(shard, std::move(rest), flags, PushStep{step, 0}, op,
+                              [versions, done](const Status& st2, std::vector<uint64_t> v2) {
+                                versions->insert(versions->end(), v2.begin(), v2.end());
+                                done(st2, std::move(*versions));
+                              });
+                });
+    return;
+  }
+  auto offset = s.alloc.Allocate(total);
+  if (!offset) {
+    // Wait for earlier pushes to this shard to free their staging space.
+    s.waiting_for_staging.push_back(
+        [this, shard, ios = std::move(ios), flags, tag, op, done]() mutable {
+          PushToShard(shard, std::move(ios), flags, tag, op, std::move(done));
+        });
+    return;
+  }
+  PushThroughSlot(shard, std::move(ios), flags, tag, std::move(op), *offset, std::move(done));
+}
+
+void Client::Impl::PushThroughSlot(int shard, std::vector<ChunkIo> ios, uint32_t flags,
+                                   PushStep tag, std::shared_ptr<Future::State> op, uint64_t offset,
+                                   PushDone done) {
+  const uint64_t step = tag.step;
+  ShardConn& s = shards_[shard];
+  // Pipelined: the entries go in groups of about kGroupBytes (never splitting
+  // a tensor, whose chunks here must apply at once), and each group's
+  // push-done is sent as soon as its puts are complete at the shard, so the
+  // shard applies one group while the next is still on the wire.
+  constexpr uint64_t kGroupBytes = 1u << 20;
+  struct Group {
+    wire::Push msg;
+    size_t first = 0;  // index of its first entry among `ios`
+    int outstanding = 0;
+  };
+  struct Progress {
+    size_t groups_left = 0;
+    Status status;
+    bool finished = false;
+    std::vector<uint64_t> versions;
+    std::vector<ChunkIo> sent;  // `ios`, once the groups are laid out
+  };
+  auto progress = std::make_shared<Progress>();
+  progress->versions.resize(ios.size());
+  const uint64_t base = s.staging->base();
+  const uint64_t op_id = s.next_op++;
+  // Runs once: when every group is answered, on a failure, or when the shard
+  // is lost.
+  auto finish = [this, shard, op_id, progress, off = offset, done](const Status& st,
+                                                                   std::vector<uint64_t> versions) {
+    if (progress->finished) return;
+    progress->finished = true;
+    ShardConn& conn = shards_[shard];
+    conn.in_flight.erase(op_id);
+    conn.alloc.Free(off);
+    if (!conn.waiting_for_staging.empty()) {
+      auto next = std::move(conn.waiting_for_staging.front());
+      conn.waiting_for_staging.pop_front();
+      next();
+    }
+    done(st, std::move(versions));
+  };
+  s.in_flight[op_id] = [finish](const Status& why) { finish(why, {}); };
+
+  if (s.ipc_slot.data() != nullptr) {
+    // Same node, GPU shard: copy straight into the mapped slot (from GPU or
+    // host memory), wait for the copies, then say so in one push-done.
+    wire::Push msg;
+    msg.step = step;
+    msg.step_parts = tag.parts;
+    uint64_t rel = offset, bytes = 0;
+    Status st;
+    for (const auto& io : ios) {
+      msg.entries.push_back({io.chunk->key_id, rel, io.chunk->bytes});
+      if (st.ok()) st = GpuCopyAsync(s.ipc_slot.data() + rel, io.local, io.chunk->bytes);
+      rel += AlignUp(io.chunk->bytes, 64);
+      bytes += io.chunk->bytes;
+    }
+    if (st.ok()) st = GpuWait();
+    if (!st.ok())
+      return finish(st.WithContext("copying into the CUDA IPC slot of " + s.name()), {});
+    ipc_bytes_ += bytes;
+    return Request(shard, msg, flags | wire::kFlagIpcSlot,
+                   OnPushReply(std::move(ios), step, op,
+                               [finish](const Status& st2, std::vector<uint64_t> versions) {
+                                 finish(st2, std::move(versions));
+                               }));
+  }
+  // A fabric that cannot reach GPU memory, and the user allowed staging:
+  // the GPU chunks are copied to host memory first (counted).
+  std::shared_ptr<std::vector<uint8_t>> bounce;
+  if (!fabric_gpu_.ok()) {
+    uint64_t need = 0;
+    for (const auto& io : ios) need += io.on_gpu ? io.chunk->bytes : 0;
+    if (need > 0) {
+      bounce = std::make_shared<std::vector<uint8_t>>(need);
+      uint64_t at = 0;
+      Status st;
+      for (auto& io : ios) {
+        if (!io.on_gpu) continue;
+        if (st.ok()) st = GpuCopyAsync(bounce->data() + at, io.local, io.chunk->bytes);
+        io.local = bounce->data() + at;
+        at += io.chunk->bytes;
+      }
+      if (st.ok()) st = GpuWait();
+      if (!st.ok()) return finish(st.WithContext("staging a GPU buffer through host memory"), {});
+      staged_bytes_ += need;
+    }
+  }
+
+  progress->sent = std::move(ios);
+  const std::vector<ChunkIo>& sent = progress->sent;
+  std::vector<std::shared_ptr<Group>> groups;
+  uint64_t rel = offset, group_bytes = 0;
+  for (size_t i = 0; i < sent.size(); ++i) {
+    const bool same_tensor = i > 0 && sent[i].tensor == sent[i - 1].tensor;
+    if (groups.empty() || (group_bytes >= kGroupBytes && !same_tensor)) {
+      groups.push_back(std::make_shared<Group>());
+      groups.back()->msg.step = step;
+      groups.back()->msg.step_parts = groups.size() == 1 ? tag.parts : 0;
+      groups.back()->first = i;
+      group_bytes = 0;
+    }
+    groups.back()->msg.entries.push_back({sent[i].chunk->key_id, rel, sent[i].chunk->bytes});
+    rel += AlignUp(sent[i].chunk->bytes, 64);
+    group_bytes += sent[i].chunk->bytes;
+  }
+  progress->groups_left = groups.size();
+  auto send = [this, shard, flags, step, op, progress, finish](const std::shared_ptr<Group>& g) {
+    if (progress->finished) return;
+    if (!progress->status.ok()) return finish(ShardError(shard, progress->status), {});
+    Request(shard, g->msg, flags,
+            [this, step, op, progress, finish, g](const Status& st, const wire::Header& h,
+                                                  std::span<const uint8_t> frame) {
+              if (!st.ok()) return finish(st, {});
+              auto reply = wire::DecodeBody<wire::PushReply>(h, frame);
+              if (!reply.ok()) return finish(reply.status(), {});
+              if (reply->versions.size() != g->msg.entries.size() ||
+                  reply->outcomes.size() > g->msg.entries.size()) {
+                return finish(Status::Internal("push reply does not match the request"), {});
+              }
+              NoteOutcomes(reply->outcomes, &progress->sent[g->first], step, op.get());
+              std::copy(reply->versions.begin(), reply->versions.end(),
+                        progress->versions.begin() + static_cast<std::ptrdiff_t>(g->first));
+              if (--progress->groups_left == 0) finish(Status::Ok(), std::move(progress->versions));
+            });
+  };
+  // The shard reads the slot once the push message arrives: this group's
+  // puts (and every earlier one) must have landed by then. On an endpoint
+  // that serves its stream in order they have, and the message follows the
+  // puts at once; elsewhere a flush waits for them first. Either way the
+  // reply comes after the puts' completions, so the buffers they read
+  // (`bounce`, if any) outlive them.
+  const bool ordered = s.ep->PutsLandBeforeLaterMessages();
+  for (const auto& g : groups) {
+    g->outstanding = ordered ? 1 : static_cast<int>(g->msg.entries.size()) + 1;
+    auto put_done = [progress, bounce](const Status& st) {
+      (void)bounce;
+      if (!st.ok() && progress->status.ok()) progress->status = st;
+    };
+    auto one_done = [put_done, send, g](const Status& st) {
+      put_done(st);
+      if (--g->outstanding == 0) send(g);
+    };
+    for (size_t k = 0; k < g->msg.entries.size(); ++k) {
+      const auto& e = g->msg.entries[k];
+      s.ep->Put(sent[g->first + k].local, e.byte_length, *s.staging, base + e.staging_offset,
+                ordered ? transport::Completion(put_done) : transport::Completion(one_done));
+    }
+    if (ordered) {
+      one_done(Status::Ok());
+    } else {
+      s.ep->Flush(one_done);
+    }
+  }
+}
+
+Future Client::Impl::Push(const std::vector<PushItem>& items, uint32_t flags,
+                          std::optional<uint64_t> tagged_step) {
+  const uint64_t step = tagged_step.value_or(0);
+  std::vector<std::vector<ChunkIo>> by_shard(shards_.size());
+  {
+    std::lock_guard<std::mutex> lock(tensors_mu_);
+    for (const auto& item : items) {
+      auto on_gpu = OnGpu(item.data, item.memory);
+      if (!on_gpu.ok()) return FailedFuture(on_gpu.status().WithContext("push"));
+      auto e = LookupLocked(item.tensor, item.bytes, item.dtype);
+      if (!e.ok()) {
+        return FailedFuture(e.status().WithContext(*on_gpu ? "push from GPU memory" : "push"));
+      }
+      const bool sync_tensor = (*e)->spec.mode.kind == Consistency::kSync;
+      if (sync_tensor && !tagged_step && !(flags & wire::kFlagInit)) {
+        // Untagged, it would count as step 0, and the worker's real step-0
+        // push would then be dropped as stale.
+        return FailedFuture(Status::InvalidArgument(
+            "push to tensor '" + (*e)->spec.name + "', which is " +
+            ConsistencyName((*e)->spec.mode.kind) +
+            ", without a step: use Push(items, step) with the worker's step"));
+      }
+      if (Status st = CheckPart(item.chunks, **e); !st.ok()) return FailedFuture(st);
+      for (size_t i = 0; i < (*e)->chunks.size(); ++i) {
+        if (i % item.chunks.parts != item.chunks.part) continue;
+        const Chunk& c = (*e)->chunks[i];
+        auto& list = by_shard[c.shard];
+        if (list.empty()) list.reserve(items.size());
+        list.push_back(
+            {&c, const_cast<uint8_t*>(static_cast<const uint8_t*>(item.data)) + c.byte_offset, 0, 0,
+             *e, *on_gpu});
+      }
+    }
+  }
+  auto op = NewOp();
+  op->Add(1);  // held until every part is issued
+  // The shards count the global step (never the chief's init): an async
+  // push on the part to its lowest-numbered shard, a sync push on every part
+  // holding a sync tensor, each saying how many there are.
+  std::vector<uint32_t> step_parts(by_shard.size(), 0);
+  if (!(flags & wire::kFlagInit)) {
+    uint32_t sync_parts = 0;
+    for (size_t s = 0; s < by_shard.size(); ++s) {
+      for (const auto& io : by_shard[s]) {
+        if (io.tensor->spec.mode.kind != Consistency::kSync) continue;
+        step_parts[s] = 1;
+        sync_parts++;
+        break;
+      }
+    }
+    if (sync_parts > 0) {
+      for (auto& parts : step_parts) parts = parts ? sync_parts : 0;
+    } else {
+      for (size_t s = 0; s < by_shard.size(); ++s) {
+        if (by_shard[s].empty()) continue;
+        step_parts[s] = 1;
+        break;
+      }
+    }
+  }
+  ctx_->Post([this, op, flags, step, step_parts = std::move(step_parts),
+              by_shard = std::move(by_shard)]() mutable {
+    for (size_t s = 0; s < by_shard.size(); ++s) {
+      if (by_shard[s].empty()) continue;
+      op->Add(1);
+      PushToShard(static_cast<int>(s), std::move(by_shard[s]), flags, PushStep{step, step_parts[s]},
+                  op, [op](const Status& st, const std::vector<uint64_t>&) { op->Finish(st); });
+    }
+    op->Finish(Status::Ok());
+  });
+  return Future(op);
+}
+
+}  // namespace tessera

@@ -1,0 +1,447 @@
+// The client's links to its shards: connect, handshake, heartbeats, a lost
+// shard reported and reconnected, its chunks re-created after a restart.
+
+#include <thread>
+
+#include "client/client_impl.h"
+#include "core/node_id.h"
+#include "core/placement.h"
+#include "core/secret.h"
+#include "core/timeouts.h"
+
+namespace tessera {
+
+Client::Impl::~Impl() {
+  if (!ctx_) return;
+  SayBye();
+  std::promise<void> closed;
+  ctx_->Post([this, &closed] {
+    stopping_ = true;
+    for (auto& s : shards_) {
+      if (s.ep) s.ep->Close();
+    }
+    pending_.clear();
+    // Remote regions must go before the context.
+    for (auto& s : shards_) {
+      s.staging.reset();
+      s.arenas.clear();
+      UnmapShard(s);
+    }
+    closed.set_value();
+  });
+  closed.get_future().wait();
+  if (driver_) driver_->Close();
+  ctx_.reset();
+}
+
+void Client::Impl::SayBye() {
+  // Bounded: a shard that does not answer is closed on anyway.
+  constexpr auto kByeWait = std::chrono::seconds(2);
+  auto answered = std::make_shared<std::promise<void>>();
+  auto remaining = std::make_shared<size_t>(0);
+  ctx_->Post([this, answered, remaining] {
+    for (size_t s = 0; s < shards_.size(); ++s) {
+      // Only to a shard this worker proved itself to: to any other a bye
+      // is a protocol breach.
+      if (!shards_[s].ep || !shards_[s].dead.ok() || !shards_[s].ep->authenticated()) continue;
+      ++*remaining;
+      Request(static_cast<int>(s), wire::Bye{}, 0,
+              [answered, remaining](const Status&, const wire::Header&, std::span<const uint8_t>) {
+                if (--*remaining == 0) answered->set_value();
+              });
+    }
+    if (*remaining == 0) answered->set_value();
+  });
+  answered->get_future().wait_for(kByeWait);
+}
+
+void Client::Impl::OnFrame(const std::shared_ptr<transport::Endpoint>& ep,
+                           std::span<const uint8_t> frame) {
+  auto sit = shard_of_.find(ep.get());
+  if (sit == shard_of_.end()) return;
+  auto h = wire::DecodeHeader(frame);
+  if (!h.ok()) {
+    TLOG_WARN("bad message from {}: {}", shards_[sit->second].name(), h.status().ToString());
+    return OnShardLost(sit->second, h.status().WithContext("bad message"));
+  }
+  auto it = pending_.find(h->request_id);
+  if (it == pending_.end()) {
+    if (h->opcode == wire::Opcode::kPullReply) {
+      // Nobody waits for it any more (the caller gave up): hand the lease back.
+      auto reply = wire::DecodeBody<wire::PullReply>(*h, frame);
+      if (reply.ok()) ep->Send(kProtocolMsg, wire::Encode(wire::Release{reply->lease_id}, 0));
+      return;
+    }
+    if (h->opcode == wire::Opcode::kError) {
+      auto err = wire::DecodeBody<wire::Error>(*h, frame);
+      TLOG_WARN("{}: {}", shards_[sit->second].name(), err.ok() ? err->message : "malformed error");
+    }
+    return;
+  }
+  auto fn = std::move(it->second.fn);
+  pending_.erase(it);
+  if (h->opcode == wire::Opcode::kError) {
+    auto err = wire::DecodeBody<wire::Error>(*h, frame);
+    return fn(err.ok() ? err->ToStatus() : err.status(), *h, frame);
+  }
+  fn(Status::Ok(), *h, frame);
+}
+
+void Client::Impl::OnShardLost(int shard, const Status& why) {
+  ShardConn& s = shards_[shard];
+  if (!s.dead.ok()) return;
+  s.dead = Status::Unavailable(s.name() + " is gone: " + why.message());
+  if (!stopping_) TLOG_ERROR("{}", s.dead.message());
+  // Forced: a hung peer would never let a graceful close finish, and the
+  // abort fails the one-sided operations still in flight.
+  if (s.ep) s.ep->Abort();
+  std::vector<ReplyFn> fail;
+  for (auto it = pending_.begin(); it != pending_.end();) {
+    if (it->second.shard == shard) {
+      fail.push_back(std::move(it->second.fn));
+      it = pending_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (auto& fn : fail) fn(s.dead, wire::Header{}, {});
+  auto in_flight = std::move(s.in_flight);
+  s.in_flight.clear();
+  for (auto& [id, abort] : in_flight) abort(s.dead);
+  auto waiting = std::move(s.waiting_for_staging);
+  for (auto& fn : waiting) fn();
+}
+
+Status Client::Impl::Start() {
+  TESSERA_RETURN_IF_ERROR(options_.cluster.Validate());
+  task_ = options_.task;
+  auto rank = options_.cluster.worker_rank(task_);
+  if (!rank.ok()) return rank.status();
+  worker_rank_ = *rank;
+  TESSERA_RETURN_IF_ERROR(CheckSecretStrength(options_.secret, options_.allow_weak_secret));
+  TESSERA_RETURN_IF_ERROR(LogLevelFromEnv().status());
+  if (options_.chunk_bytes < 64) return Status::InvalidArgument("chunk_bytes must be at least 64");
+  // Liveness fits the fabric and the host: the environment may set both
+  // heartbeat times, and TESSERA_TIMEOUT_SCALE stretches them (emulation).
+  auto hb_timeout = TimeoutFromEnv("TESSERA_HEARTBEAT_TIMEOUT_MS", options_.heartbeat_timeout);
+  if (!hb_timeout.ok()) return hb_timeout.status();
+  auto hb_interval = TimeoutFromEnv("TESSERA_HEARTBEAT_INTERVAL_MS", options_.heartbeat_interval);
+  if (!hb_interval.ok()) return hb_interval.status();
+  options_.heartbeat_timeout = *hb_timeout;
+  options_.heartbeat_interval = *hb_interval;
+  if (options_.heartbeat_timeout.count() > 0 && options_.heartbeat_interval.count() <= 0) {
+    return Status::InvalidArgument("heartbeat_interval must be above 0 when heartbeats are on");
+  }
+  auto placement = ParsePlacementPolicy(options_.placement);
+  if (!placement.ok()) return placement.status();
+
+  transport::ContextOptions topts;
+  topts.backend = options_.transport;
+  topts.name = task_.job + std::to_string(task_.index);
+  topts.busy_poll = options_.busy_poll;
+  // The caller waiting on a Future polls for its reply itself (WaitFor). A
+  // progress thread polling too, without yielding, would hold the core the
+  // caller needs whenever the two share one (pinned workers do).
+  topts.spin_before_sleep = std::chrono::microseconds(0);
+  auto ctx = transport::Context::Open(topts);
+  if (!ctx.ok()) return ctx.status();
+  ctx_ = std::move(*ctx);
+  fabric_gpu_ = ctx_->CanRegister(transport::MemoryKind::kCuda);
+  if (options_.cuda_ipc && gpu::Available().ok()) ipc_node_id_ = NodeId();
+  driver_ = std::make_shared<ProgressDriver>(ctx_.get());
+  ctx_->SetHandler(kProtocolMsg, [this](const std::shared_ptr<transport::Endpoint>& ep,
+                                        std::span<const uint8_t> frame) { OnFrame(ep, frame); });
+  ctx_->SetDisconnectHandler(
+      [this](const std::shared_ptr<transport::Endpoint>& ep, const Status& why) {
+        auto it = shard_of_.find(ep.get());
+        if (it != shard_of_.end()) OnShardLost(it->second, why);
+      });
+
+  // Connections: one per ps task, then the coordinator if it runs separately
+  // (else ps task 0 is the coordinator).
+  const int num_ps = options_.cluster.num_tasks("ps");
+  const bool separate_coordinator = options_.cluster.separate_coordinator();
+  const int n = num_ps + (separate_coordinator ? 1 : 0);
+  coord_index_ = separate_coordinator ? num_ps : 0;
+  shards_.resize(static_cast<size_t>(n));
+  start_state_.assign(static_cast<size_t>(n), 0);
+  start_error_.assign(static_cast<size_t>(n), "no answer yet");
+  for (int i = 0; i < n; ++i) {
+    shards_[i].task = i < num_ps ? TaskId{"ps", i} : options_.cluster.coordinator();
+    shards_[i].addr = options_.cluster.address(shards_[i].task).value();
+    // A tick may count at most two intervals of listening: a later one
+    // means this process was busy, not that the shard was silent.
+    shards_[i].silence = SilenceMeter(options_.heartbeat_timeout, 2 * options_.heartbeat_interval);
+  }
+  const auto start = std::chrono::steady_clock::now();
+  const auto deadline = start + options_.startup_timeout;
+  ctx_->Post([this, n, deadline] {
+    for (int i = 0; i < n; ++i) ConnectShard(i, deadline);
+  });
+
+  // Wait like TensorFlow did, but say for whom, and give up in the end.
+  std::unique_lock<std::mutex> lock(start_mu_);
+  auto next_report = start + options_.report_interval;
+  while (true) {
+    bool all_ready = true;
+    std::string missing, failed;
+    for (int i = 0; i < n; ++i) {
+      if (start_state_[i] == 1) continue;
+      all_ready = false;
+      std::string line = shards_[i].name() + ": " + start_error_[i];
+      (start_state_[i] < 0 ? failed : missing) +=
+          (missing.empty() && start_state_[i] >= 0 ? "" : "; ") + line;
+    }
+    if (all_ready) break;
+    if (!failed.empty()) return Status(start_code_, "cannot join the cluster: " + failed);
+    auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) {
+      return Status::DeadlineExceeded("ps tasks not reachable within " +
+                                      std::to_string(options_.startup_timeout.count()) +
+                                      " ms: " + missing);
+    }
+    if (now >= next_report) {
+      TLOG_INFO("{} waiting for ps tasks: {}", task_.ToString(), missing);
+      next_report = now + options_.report_interval;
+    }
+    start_cv_.wait_until(lock, std::min(deadline, next_report));
+  }
+  if (options_.heartbeat_timeout.count() > 0) {
+    ctx_->Post([this] {
+      for (auto& conn : shards_) conn.silence.Reset(std::chrono::steady_clock::now());
+      ctx_->PostAfter(options_.heartbeat_interval, [this] { Heartbeat(); });
+    });
+  }
+  TLOG_INFO("{} connected to {} ps task(s){} over {}", task_.ToString(), num_ps,
+            separate_coordinator ? " and the coordinator" : "", ctx_->Describe());
+  return Status::Ok();
+}
+
+void Client::Impl::Heartbeat() {
+  if (stopping_) return;
+  // The event loop polled the fabric until idle before running this timer,
+  // so whatever the shards sent meanwhile has been seen.
+  const auto now = std::chrono::steady_clock::now();
+  const auto late = now - next_heartbeat_;
+  if (next_heartbeat_.time_since_epoch().count() != 0 && late > options_.heartbeat_timeout) {
+    // Worth knowing (it explains slow calls), and not held against the
+    // shards: the silence meters count at most two intervals for it.
+    TLOG_WARN("{}: this worker's progress loop was held up for {} ms; heartbeats resume",
+              task_.ToString(),
+              std::chrono::duration_cast<std::chrono::milliseconds>(late).count());
+  }
+  next_heartbeat_ = now + options_.heartbeat_interval;
+  for (int i = 0; i < static_cast<int>(shards_.size()); ++i) {
+    ShardConn& s = shards_[i];
+    if (!s.dead.ok()) {
+      Reconnect(i);
+      continue;
+    }
+    if (!s.ep) continue;
+    if (s.silence.Tick(now, s.ep->last_traffic())) {
+      OnShardLost(
+          i, Status::DeadlineExceeded("no answer to heartbeats and no traffic at all for " +
+                                      std::to_string(s.silence.silent().count()) +
+                                      " ms of listening (heartbeat timeout " +
+                                      std::to_string(options_.heartbeat_timeout.count()) + " ms)"));
+      continue;
+    }
+    Request(i, wire::Ping{}, 0,
+            [](const Status&, const wire::Header&, std::span<const uint8_t>) {});
+  }
+  ctx_->PostAfter(options_.heartbeat_interval, [this] { Heartbeat(); });
+}
+
+void Client::Impl::ConnectShard(int shard, std::chrono::steady_clock::time_point deadline) {
+  if (stopping_) return;
+  ShardConn& s = shards_[shard];
+  auto attempt = std::chrono::milliseconds(2000);
+  ctx_->Connect(s.addr.host, s.addr.port, attempt,
+                [this, shard, deadline](Result<std::shared_ptr<transport::Endpoint>> ep) {
+                  // A connect the closing context cancels: ctx_ is going.
+                  if (stopping_) return;
+                  if (!ep.ok()) {
+                    {
+                      std::lock_guard<std::mutex> lock(start_mu_);
+                      start_error_[shard] = ep.status().message();
+                    }
+                    if (std::chrono::steady_clock::now() < deadline) {
+                      ctx_->PostAfter(std::chrono::milliseconds(300),
+                                      [this, shard, deadline] { ConnectShard(shard, deadline); });
+                    }
+                    return;
+                  }
+                  ShardConn& conn = shards_[shard];
+                  conn.ep = *ep;
+                  conn.dead = Status::Ok();
+                  shard_of_[conn.ep.get()] = shard;
+                  Handshake(shard, [this, shard](const Status& st) {
+                    {
+                      std::lock_guard<std::mutex> lock(start_mu_);
+                      start_state_[shard] = st.ok() ? 1 : -1;
+                      if (!st.ok()) {
+                        start_error_[shard] = st.message();
+                        start_code_ = st.code();
+                      }
+                    }
+                    start_cv_.notify_all();
+                    if (!st.ok()) OnShardLost(shard, st);
+                  });
+                });
+}
+
+void Client::Impl::Reconnect(int shard) {
+  ShardConn& s = shards_[shard];
+  const auto now = std::chrono::steady_clock::now();
+  if (stopping_ || s.reconnecting || shard == coord_index_ || s.dead.ok() ||
+      now < s.next_reconnect) {
+    return;
+  }
+  s.next_reconnect = now + std::chrono::seconds(1);
+  s.reconnecting = true;
+  ctx_->Connect(s.addr.host, s.addr.port, std::chrono::milliseconds(2000),
+                [this, shard](Result<std::shared_ptr<transport::Endpoint>> ep) {
+                  ShardConn& conn = shards_[shard];
+                  if (!ep.ok() || stopping_) {
+                    conn.reconnecting = false;
+                    return;
+                  }
+                  // The old connection's regions go with it.
+                  conn.staging.reset();
+                  conn.arenas.clear();
+                  UnmapShard(conn);
+                  if (conn.ep) shard_of_.erase(conn.ep.get());
+                  conn.ep = *ep;
+                  shard_of_[conn.ep.get()] = shard;
+                  conn.silence.Reset(std::chrono::steady_clock::now());
+                  Handshake(shard, [this, shard](const Status& st) {
+                    if (!st.ok()) {
+                      TLOG_WARN("{} answers again but refused this worker: {}",
+                                shards_[shard].name(), st.message());
+                      shards_[shard].reconnecting = false;
+                      if (shards_[shard].ep) shards_[shard].ep->Abort();
+                      return;
+                    }
+                    ReCreate(shard);
+                  });
+                });
+}
+
+void Client::Impl::ReCreate(int shard) {
+  wire::Create create;
+  std::vector<Chunk*> chunks;
+  {
+    std::lock_guard<std::mutex> lock(tensors_mu_);
+    for (auto& e : tensors_) {
+      for (uint32_t c = 0; c < e.chunks.size(); ++c) {
+        Chunk& chunk = e.chunks[c];
+        if (chunk.shard != shard) continue;
+        wire::CreateEntry ce;
+        ce.tensor = e.decl;
+        ce.chunk_index = c;
+        ce.num_chunks = static_cast<uint32_t>(e.chunks.size());
+        ce.elem_offset = chunk.elem_offset;
+        ce.elem_count = chunk.elem_count;
+        create.entries.push_back(std::move(ce));
+        chunks.push_back(&chunk);
+      }
+    }
+  }
+  auto finish = [this, shard](const Status& st) {
+    ShardConn& conn = shards_[shard];
+    conn.reconnecting = false;
+    if (!st.ok()) {
+      TLOG_WARN("{}: re-creating this worker's tensors failed: {}", conn.name(), st.message());
+      if (conn.ep) conn.ep->Abort();
+      return;
+    }
+    conn.dead = Status::Ok();
+    TLOG_INFO("{} is back; this worker's tensors on it were created again", conn.name());
+  };
+  if (create.entries.empty()) return finish(Status::Ok());
+  Request(shard, create, 0,
+          [this, shard, chunks, finish](const Status& st, const wire::Header& h,
+                                        std::span<const uint8_t> frame) {
+            if (!st.ok()) return finish(st);
+            auto reply = wire::DecodeBody<wire::CreateReply>(h, frame);
+            if (!reply.ok()) return finish(reply.status());
+            if (reply->keys.size() != chunks.size())
+              return finish(Status::Internal("create reply does not match the request"));
+            ShardConn& conn = shards_[shard];
+            for (const auto& a : reply->arenas) {
+              auto r = conn.ep->Attach(a.region);
+              if (!r.ok()) return finish(r.status());
+              conn.arenas[a.arena_id] = std::move(*r);
+              MapArena(conn, a);
+            }
+            for (size_t k = 0; k < chunks.size(); ++k) {
+              if (reply->keys[k].byte_length != chunks[k]->bytes)
+                return finish(Status::Internal("shard holds a chunk of another size"));
+              chunks[k]->key_id = reply->keys[k].key_id;
+              chunks[k]->arena_id = reply->keys[k].arena_id;
+              chunks[k]->arena_offset = reply->keys[k].arena_offset;
+            }
+            finish(Status::Ok());
+          });
+}
+
+void Client::Impl::Handshake(int shard, std::function<void(Status)> done) {
+  auto fail = std::move(done);  // called once: with the error, or OK when welcomed
+  wire::Hello hello;
+  hello.worker_rank = static_cast<uint32_t>(worker_rank_);
+  hello.task = task_.ToString();
+  hello.node_id = ipc_node_id_;
+  hello.cluster = options_.cluster.ToJson();
+  auto handshake = std::make_shared<wire::ClientHandshake>(options_.secret, std::move(hello));
+  Request(shard, handshake->hello(), 0,
+          [this, shard, handshake, fail](const Status& st, const wire::Header& h,
+                                         std::span<const uint8_t> frame) {
+            if (!st.ok()) return fail(st);
+            auto c = wire::DecodeBody<wire::Challenge>(h, frame);
+            if (!c.ok()) return fail(c.status());
+            Request(
+                shard, handshake->Answer(*c), 0,
+                [this, shard, handshake, fail](const Status& st2, const wire::Header& h2,
+                                               std::span<const uint8_t> f2) {
+                  if (!st2.ok()) return fail(st2);
+                  auto w = wire::DecodeBody<wire::Welcome>(h2, f2);
+                  if (!w.ok()) return fail(w.status());
+                  ShardConn& s = shards_[shard];
+                  const uint32_t expect_index = shard == coord_index_ && s.task.job == "coordinator"
+                                                    ? wire::kCoordinatorIndex
+                                                    : static_cast<uint32_t>(shard);
+                  if (Status proven = handshake->CheckWelcome(*w, expect_index, s.name());
+                      !proven.ok()) {
+                    return fail(proven);
+                  }
+                  s.ep->MarkAuthenticated();
+                  if (s.task.job == "ps") {  // the coordinator has no staging slot
+                    auto staging = s.ep->Attach(w->staging_region);
+                    if (!staging.ok()) return fail(staging.status());
+                    if (AlignUp(options_.chunk_bytes, 64) > (*staging)->size()) {
+                      return fail(Status::InvalidArgument(
+                          "chunk_bytes " + std::to_string(options_.chunk_bytes) + " exceeds the " +
+                          std::to_string((*staging)->size()) + "-byte staging slot of " + s.name() +
+                          "; lower chunk_bytes or start the shard with a larger --staging-mib"));
+                    }
+                    s.alloc.Reset((*staging)->size());
+                    s.staging = std::move(*staging);
+                    if (!w->staging_ipc.empty()) {
+                      auto slot = gpu::IpcMapping::Open(
+                          w->staging_ipc.data(), w->staging_ipc.size(), options_.cuda_device);
+                      if (slot.ok()) {
+                        s.ipc_slot = std::move(*slot);
+                        ipc_shards_++;
+                        TLOG_INFO("{} shares this node: reached through CUDA IPC", s.name());
+                      } else {
+                        TLOG_WARN("{} offered CUDA IPC, which failed ({}): using the fabric",
+                                  s.name(), slot.status().message());
+                      }
+                    }
+                  }
+                  fail(Status::Ok());  // i.e. done
+                });
+          });
+}
+
+}  // namespace tessera
