@@ -111,6 +111,21 @@ TEST(TestUtil, ValueOrThrowFailsTheTestInsteadOfAborting) {
 
 // Every layer asks the spec where the coordinator is: ps task 0, unless the
 // cluster has a coordinator job.
+// IPv6 literals in brackets, and what parses prints back the same (the
+// cluster fuzzer found "[[x]]:1" did not).
+TEST(ClusterSpec, HostPortRoundTrips) {
+  auto v6 = TaskAddress::Parse("[::1]:2222");
+  ASSERT_TRUE(v6.ok()) << v6.status().ToString();
+  EXPECT_EQ(v6->host, "::1");
+  EXPECT_EQ(v6->ToString(), "[::1]:2222");
+  auto v4 = TaskAddress::Parse("10.0.0.1:80");
+  ASSERT_TRUE(v4.ok());
+  EXPECT_EQ(v4->ToString(), "10.0.0.1:80");
+  for (const char* bad : {"[[x]]:1", "[]:1", "::1:2222", "a]:1", "[a:1", ":1", "h:", "h:0"}) {
+    EXPECT_FALSE(TaskAddress::Parse(bad).ok()) << bad;
+  }
+}
+
 TEST(ClusterSpec, CoordinatorIsPsZeroUnlessItHasItsOwnJob) {
   auto spec = ClusterSpec::FromHostLists("a:1,b:2", "c:3", "");
   ASSERT_TRUE(spec.ok());

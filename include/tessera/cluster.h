@@ -20,7 +20,11 @@ namespace tessera {
 struct TaskAddress {
   std::string host;
   uint16_t port = 0;
-  std::string ToString() const { return host + ":" + std::to_string(port); }
+  // "host:port", "[v6::address]:port".
+  std::string ToString() const {
+    const bool v6 = host.find(':') != std::string::npos;
+    return (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
+  }
   bool operator==(const TaskAddress&) const = default;
   static Result<TaskAddress> Parse(const std::string& host_port);
 };

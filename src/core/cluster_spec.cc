@@ -64,8 +64,16 @@ Result<TaskAddress> TaskAddress::Parse(const std::string& host_port) {
     return Status::InvalidArgument("'" + host_port + "' is not host:port");
   }
   std::string host = host_port.substr(0, colon);
-  if (host.size() > 2 && host.front() == '[' && host.back() == ']')
-    host = host.substr(1, host.size() - 2);
+  const bool bracketed = host.size() > 2 && host.front() == '[' && host.back() == ']';
+  if (bracketed) host = host.substr(1, host.size() - 2);
+  // An IPv6 literal comes in brackets ("[::1]:2222"), and only it: what
+  // parses then prints back the same (ToString brackets a host with ':').
+  if (host.find_first_of("[]") != std::string::npos ||
+      (!bracketed && host.find(':') != std::string::npos)) {
+    return Status::InvalidArgument("'" + host_port +
+                                   "' is not host:port (an IPv6 address goes in brackets: "
+                                   "[::1]:2222)");
+  }
   const std::string port_text = host_port.substr(colon + 1);
   char* end = nullptr;
   long port = std::strtol(port_text.c_str(), &end, 10);
