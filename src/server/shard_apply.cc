@@ -1,0 +1,333 @@
+// Pushes: validated against the table and the sender's slot, then applied by
+// the consistency mode (assign and init, async, bounded, sync aggregation);
+// the steps they count go to the coordinator.
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "core/dtype.h"
+#include "core/log.h"
+#include "core/node_id.h"
+#include "core/timeouts.h"
+#include "gpu/cuda.h"
+#include "kernels/update.h"
+#include "server/shard.h"
+
+namespace tessera::server {
+namespace {
+
+// `d`: the chunk's value, in host memory.
+std::string FormatValues(const Param& p, const uint8_t* d) {
+  std::string out;
+  for (uint64_t i = 0; i < p.entry.elem_count; ++i) {
+    if (i) out += ", ";
+    switch (p.entry.tensor.dtype) {
+      case DType::kF32:
+        out += fmt::format("{:.6g}", reinterpret_cast<const float*>(d)[i]);
+        break;
+      case DType::kF64:
+        out += fmt::format("{:.10g}", reinterpret_cast<const double*>(d)[i]);
+        break;
+      case DType::kF16:
+        out += fmt::format("{:.4g}", HalfToFloat(reinterpret_cast<const uint16_t*>(d)[i]));
+        break;
+      case DType::kBF16:
+        out += fmt::format("{:.4g}", BFloat16ToFloat(reinterpret_cast<const uint16_t*>(d)[i]));
+        break;
+      case DType::kI32:
+        out += std::to_string(reinterpret_cast<const int32_t*>(d)[i]);
+        break;
+      case DType::kI64:
+        out += std::to_string(reinterpret_cast<const int64_t*>(d)[i]);
+        break;
+    }
+  }
+  return p.entry.elem_count == 1 ? out : "[" + out + "]";
+}
+
+}  // namespace
+
+Status Shard::ValidatePush(const Peer& peer, uint32_t flags, const wire::Push& msg) {
+  // The bytes are inline, or in the sender's staging slot (fabric or IPC).
+  const bool inline_bytes = !msg.payload.empty();
+  if (!inline_bytes && (flags & wire::kFlagIpcSlot) && peer.ipc_slot == nullptr) {
+    return Status::FailedPrecondition("push from the CUDA IPC slot, but " + peer.hello.task +
+                                      " was offered none");
+  }
+  const bool then_pull = flags & wire::kFlagThenPull;
+  if (then_pull && (!inline_bytes || (flags & wire::kFlagInit))) {
+    return Status::InvalidArgument(
+        "a push answered with the weights (push_pull) must carry its bytes inline and not "
+        "initialise");
+  }
+  if (msg.step_parts > static_cast<uint32_t>(options_.cluster.num_tasks("ps"))) {
+    return Status::InvalidArgument("push whose step spans " + std::to_string(msg.step_parts) +
+                                   " shards, but the cluster has " +
+                                   std::to_string(options_.cluster.num_tasks("ps")) + " ps tasks");
+  }
+  const uint64_t slot = inline_bytes ? msg.payload.size() : peer.staging->size();
+  for (const auto& e : msg.entries) {
+    const Param* p = table_->Find(e.key_id);
+    if (p == nullptr) return Status::NotFound("push to unknown key id " + std::to_string(e.key_id));
+    if (e.byte_length != p->bytes) {
+      return Status::InvalidArgument("push to tensor '" + p->display_name + "' (" +
+                                     DescribeTensor(p->entry.tensor.dtype, p->entry.tensor.shape) +
+                                     ", " + std::to_string(p->bytes) + " bytes) carries " +
+                                     std::to_string(e.byte_length) + " bytes");
+    }
+    if (e.staging_offset > slot || e.byte_length > slot - e.staging_offset) {
+      return Status::OutOfRange(
+          "push to tensor '" + p->display_name + "' reads [" + std::to_string(e.staging_offset) +
+          ", +" + std::to_string(e.byte_length) + ") outside the " + std::to_string(slot) +
+          (inline_bytes ? " inline bytes" : "-byte staging slot"));
+    }
+    if (!(flags & wire::kFlagInit) && !p->initialized) {
+      return Status::FailedPrecondition("tensor '" + p->display_name +
+                                        "' is not initialised yet (the chief initialises it)");
+    }
+    if (then_pull && p->entry.tensor.mode.kind == Consistency::kSync) {
+      return Status::InvalidArgument("push_pull of tensor '" + p->display_name +
+                                     "', which is sync: its weights change when the step "
+                                     "applies; push, then pull after the step");
+    }
+  }
+  return Status::Ok();
+}
+
+void Shard::OnPush(Peer& peer, uint64_t request_id, uint32_t flags, wire::Push msg) {
+  Status st = ValidatePush(peer, flags, msg);
+  if (!st.ok()) return SendError(peer, request_id, st);
+  PendingPush push{&peer, request_id, flags, std::move(msg)};
+  if (!TryApplyPush(push)) {
+    blocked_pushes_.push_back(std::move(push));
+    MarkWaitingWriters();
+    return;
+  }
+  RetryWaiting();
+}
+
+bool Shard::NeedsNoLease(const Param& p, uint32_t flags) {
+  // A sync push only adds to the step's sum; the parameter changes when the
+  // step applies (ApplyAggregated), which waits for readers itself.
+  return !(flags & wire::kFlagInit) && p.entry.tensor.mode.kind == Consistency::kSync;
+}
+
+bool Shard::TryApplyPush(PendingPush& push) {
+  if (frozen_) return false;  // a checkpoint round is cutting the state
+  const bool init = push.flags & wire::kFlagInit;
+  for (const auto& e : push.msg.entries) {
+    const Param* p = table_->Find(e.key_id);
+    if (!init && !p->failure.ok()) {
+      SendError(*push.peer, push.request_id, p->failure);
+      return true;
+    }
+    if (NeedsNoLease(*p, push.flags)) {
+      if (push.msg.step > p->step) return false;  // ahead of the cluster: wait for the step
+    } else if (p->readers > 0) {
+      return false;
+    }
+  }
+  const uint32_t rank = push.peer->hello.worker_rank;
+  const bool from_slot = push.msg.payload.empty();
+  const bool from_ipc = from_slot && (push.flags & wire::kFlagIpcSlot);
+  const auto* staging = !from_slot ? push.msg.payload.data()
+                        : from_ipc ? push.peer->ipc_slot
+                                   : static_cast<const uint8_t*>(push.peer->staging->data());
+  wire::PushReply reply;
+  reply.versions.reserve(push.msg.entries.size());
+  reply.outcomes.reserve(push.msg.entries.size());
+  for (const auto& e : push.msg.entries) {
+    Param* p = table_->Find(e.key_id);
+    const auto& t = p->entry.tensor;
+    auto outcome = wire::PushOutcome::kApplied;
+    // The gradient where the kernels can read it (copied to the GPU when it
+    // came inline or through a host staging slot).
+    auto reachable = memory_->Reachable(staging + e.staging_offset, e.byte_length);
+    Status st = reachable.status();
+    const void* grad = reachable.ok() ? *reachable : nullptr;
+    if (from_slot && !from_ipc && table_->staged()) host_staged_bytes_ += e.byte_length;
+    if (!st.ok()) {
+      // Reported below.
+    } else if (init) {
+      // Initial value (or a restore): the optimizer starts afresh from it.
+      st = memory_->ApplyUpdate(UpdateRule::kAssign, t.dtype, p->data, grad, p->entry.elem_count);
+      if (st.ok()) {
+        st = memory_->ResetRuleState(t.rule, p->hyper, t.dtype, p->data, p->entry.elem_count,
+                                     p->rule_state());
+      }
+      if (st.ok()) st = Publish(*p);
+      p->updates = 0;
+      p->ResetAggregation();
+      p->failure = Status::Ok();
+      p->version++;
+      p->initialized = true;
+    } else if (t.mode.kind == Consistency::kSync) {
+      if (push.msg.step < p->step || p->agg_count >= t.mode.replicas_to_aggregate) {
+        // Its step was applied, or has its replicas and waits to apply: a
+        // late worker or a backup worker. TensorFlow drops these too.
+        outcome = wire::PushOutcome::kStale;
+        stale_dropped_++;
+      } else if (p->contributed[rank]) {
+        outcome = wire::PushOutcome::kDuplicate;
+        duplicate_dropped_++;
+      } else {
+        st = memory_->Accumulate(t.dtype, p->agg.data(), grad, p->entry.elem_count,
+                                 p->agg_count == 0);
+        p->contributed[rank] = true;
+        if (++p->agg_count == t.mode.replicas_to_aggregate) pending_steps_.push_back(p->key_id);
+      }
+    } else {
+      st = ApplyGradient(*p, grad);
+      if (t.mode.kind == Consistency::kBounded && rank < p->pushed_steps.size()) {
+        p->pushed_steps[rank] = std::max(p->pushed_steps[rank], push.msg.step + 1);
+      }
+    }
+    if (!st.ok()) {
+      SendError(*push.peer, push.request_id, st.WithContext("tensor '" + p->display_name + "'"));
+      return true;
+    }
+    p->writer_waiting = false;
+    reply.versions.push_back(p->version);
+    reply.outcomes.push_back(static_cast<uint8_t>(outcome));
+    if (options_.log_updates && p->entry.elem_count <= 8 &&
+        outcome == wire::PushOutcome::kApplied && t.mode.kind != Consistency::kSync) {
+      LogUpdate(*p, push.peer->hello.task);
+    }
+  }
+  pushes_applied_++;
+  if (push.flags & wire::kFlagThenPull) {
+    ReplyWithWeights(push, reply.versions);
+  } else {
+    Reply(*push.peer, push.request_id, reply);
+  }
+  if (push.msg.step_parts > 0 && !init) CountStep(push);
+  return true;
+}
+
+void Shard::ReplyWithWeights(const PendingPush& push, const std::vector<uint64_t>& versions) {
+  // The pull half of a push_pull: the weights this push produced, inline
+  // (the gradients came inline, and weights are as large).
+  PendingPull pull{push.peer, push.request_id, {}, std::nullopt};
+  pull.msg.inline_max = static_cast<uint32_t>(push.msg.payload.size());
+  pull.msg.entries.reserve(push.msg.entries.size());
+  for (size_t i = 0; i < push.msg.entries.size(); ++i) {
+    pull.msg.entries.push_back({push.msg.entries[i].key_id, versions[i], 0});
+  }
+  if (!TryGrantPull(pull)) waiting_pulls_.push_back(std::move(pull));
+}
+
+void Shard::CountStep(const PendingPush& push) {
+  const uint32_t rank = push.peer->hello.worker_rank;
+  for (const auto& e : push.msg.entries) {
+    const auto& mode = table_->Find(e.key_id)->entry.tensor.mode;
+    if (mode.kind == Consistency::kSync) {
+      step_counter_.CountSync(rank, push.msg.step, mode.replicas_to_aggregate, push.msg.step_parts);
+      return ScheduleStepReport();
+    }
+  }
+  step_counter_.CountAsync();
+  ScheduleStepReport();
+}
+
+void Shard::ScheduleStepReport() {
+  // Once per turn of the loop: the async steps of every push handled in
+  // this turn travel in one report.
+  if (step_report_posted_) return;
+  step_report_posted_ = true;
+  ctx_->Post([this] {
+    step_report_posted_ = false;
+    ReportSteps();
+  });
+}
+
+void Shard::ReportSteps() {
+  if (stopping_ || !step_counter_.has_reports()) return;
+  if (hosts_coordinator()) {
+    for (const auto& report : step_counter_.TakeReports()) {
+      Status st = coord_->OnStepsApplied(options_.task_index, report);
+      if (!st.ok()) TLOG_ERROR("{}", st.message());
+    }
+    if (checkpointer_) checkpointer_->OnGlobalStep(coord_->global_step());
+    return;
+  }
+  // Without a joined link the steps wait in the counter, and go when it
+  // (re)joins.
+  if (!coord_link_ || !link_joined_) return;
+  for (const auto& report : step_counter_.TakeReports()) {
+    coord_link_->Send(kProtocolMsg, wire::Encode(report, 0));
+  }
+}
+
+Status Shard::ApplyGradient(Param& p, const void* grad) {
+  const auto& t = p.entry.tensor;
+  Status st = IsOptimizer(t.rule)
+                  ? memory_->ApplyOptimizer(t.rule, p.hyper, t.dtype, p.data, grad,
+                                            p.entry.elem_count, p.rule_state(), ++p.updates)
+                  : memory_->ApplyUpdate(t.rule, t.dtype, p.data, grad, p.entry.elem_count);
+  if (st.ok()) st = Publish(p);
+  if (st.ok()) p.version++;
+  return st;
+}
+
+bool Shard::TryApplyStep(Param& p) {
+  if (p.readers > 0 || frozen_) return false;
+  const auto& mode = p.entry.tensor.mode;
+  const double scale = mode.average ? 1.0 / mode.replicas_to_aggregate : 1.0;
+  auto grad =
+      memory_->FinishAccumulation(p.entry.tensor.dtype, p.agg.data(), p.entry.elem_count, scale);
+  Status st = apply_step_failpoint_.Check();
+  if (st.ok()) st = grad.ok() ? ApplyGradient(p, *grad) : grad.status();
+  if (!st.ok()) {
+    std::string pushers;
+    for (size_t rank = 0; rank < p.contributed.size(); ++rank) {
+      if (!p.contributed[rank]) continue;
+      if (!pushers.empty()) pushers += ", ";
+      pushers += WorkerName(static_cast<uint32_t>(rank));
+    }
+    p.failure = Status(st.code(), "tensor '" + p.display_name + "': sync step " +
+                                      std::to_string(p.step) + " (pushed by " + pushers +
+                                      ") could not be applied, so its value is not that step's: " +
+                                      st.message() + "; restart from the last checkpoint to go on");
+    TLOG_ERROR("{}", p.failure.message());
+  }
+  p.step++;
+  steps_applied_++;
+  p.ResetAggregation();
+  p.writer_waiting = false;
+  if (snapshot_ && p.step == snapshot_->step && snapshot_->behind.erase(p.key_id) > 0) {
+    // This chunk just reached the checkpoint's step.
+    if (Capture(p) && snapshot_->behind.empty()) StartSnapshotWriter();
+  }
+  if (options_.log_updates && p.entry.elem_count <= 8) {
+    LogUpdate(p, "step " + std::to_string(p.step - 1) + " of " +
+                     std::to_string(mode.replicas_to_aggregate) + " workers");
+  }
+  return true;
+}
+
+void Shard::MarkWaitingWriters() {
+  // Writers have priority: a tensor with an update waiting for its readers
+  // takes no new readers.
+  for (const auto& push : blocked_pushes_) {
+    for (const auto& e : push.msg.entries) {
+      Param* p = table_->Find(e.key_id);
+      if (!NeedsNoLease(*p, push.flags)) p->writer_waiting = true;
+    }
+  }
+  for (uint32_t key : pending_steps_) table_->Find(key)->writer_waiting = true;
+}
+
+void Shard::LogUpdate(const Param& p, const std::string& by) const {
+  std::vector<uint8_t> value(p.bytes);
+  if (Status st = ReadValue(p, value.data()); !st.ok()) {
+    TLOG_WARN("{}: cannot read its value to log it: {}", p.display_name, st.message());
+    return;
+  }
+  TLOG_INFO("{} = {}  (version {}, {} by {})", p.display_name, FormatValues(p, value.data()),
+            p.version, p.version == 1 ? "initialised" : UpdateRuleName(p.entry.tensor.rule), by);
+}
+
+}  // namespace tessera::server

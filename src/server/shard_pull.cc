@@ -1,0 +1,266 @@
+// Pulls: granted inline or under a lease once the version or step is
+// there, held with a deadline until then; leases, their release and revoke.
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "core/dtype.h"
+#include "core/log.h"
+#include "core/node_id.h"
+#include "core/timeouts.h"
+#include "gpu/cuda.h"
+#include "kernels/update.h"
+#include "server/shard.h"
+
+namespace tessera::server {
+
+void Shard::OnPull(Peer& peer, uint64_t request_id, wire::Pull msg) {
+  for (const auto& e : msg.entries) {
+    if (table_->Find(e.key_id) == nullptr) {
+      return SendError(peer, request_id,
+                       Status::NotFound("pull of unknown key id " + std::to_string(e.key_id)));
+    }
+  }
+  PendingPull pull{&peer, request_id, std::move(msg)};
+  if (TryGrantPull(pull)) return;
+  Status st = StepReachable(pull);
+  if (!st.ok()) return SendError(peer, request_id, st);
+  if (pull.msg.wait_ms > 0) {
+    pull.deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(pull.msg.wait_ms);
+  }
+  waiting_pulls_.push_back(std::move(pull));
+  if (waiting_pulls_.back().deadline) ScheduleWaitSweep();
+}
+
+void Shard::ScheduleWaitSweep() {
+  if (wait_sweep_scheduled_ || stopping_) return;
+  std::optional<std::chrono::steady_clock::time_point> earliest;
+  for (const auto& p : waiting_pulls_) {
+    if (p.deadline && (!earliest || *p.deadline < *earliest)) earliest = p.deadline;
+  }
+  if (!earliest) return;
+  // At most 100 ms late, and never a wake-up more often while pulls wait.
+  const auto in = std::chrono::duration_cast<std::chrono::milliseconds>(
+      *earliest - std::chrono::steady_clock::now());
+  wait_sweep_scheduled_ = true;
+  ctx_->PostAfter(std::clamp(in, std::chrono::milliseconds(1), std::chrono::milliseconds(100)),
+                  [this] {
+                    wait_sweep_scheduled_ = false;
+                    SweepWaitingPulls();
+                  });
+}
+
+void Shard::SweepWaitingPulls() {
+  if (stopping_) return;
+  const auto now = std::chrono::steady_clock::now();
+  for (auto it = waiting_pulls_.begin(); it != waiting_pulls_.end();) {
+    if (!it->deadline || *it->deadline > now) {
+      ++it;
+      continue;
+    }
+    const std::string what = WhatPullWaitsFor(*it);
+    TLOG_WARN("{}'s pull waited {} ms: {}", it->peer->hello.task, it->msg.wait_ms, what);
+    SendError(
+        *it->peer, it->request_id,
+        Status::DeadlineExceeded("waited " + std::to_string(it->msg.wait_ms) + " ms: " + what));
+    it = waiting_pulls_.erase(it);
+  }
+  ScheduleWaitSweep();
+}
+
+std::string Shard::WorkerName(uint32_t rank) const {
+  auto task = options_.cluster.worker_task(static_cast<int>(rank));
+  return task.ok() ? task->ToString() : "worker rank " + std::to_string(rank);
+}
+
+std::string Shard::WhatPullWaitsFor(const PendingPull& pull) const {
+  for (const auto& e : pull.msg.entries) {
+    const Param* p = table_->Find(e.key_id);
+    const std::string name = "tensor '" + p->display_name + "'";
+    if (!p->initialized) return name + " is not initialised yet (the chief has not pushed it)";
+    const auto& mode = p->entry.tensor.mode;
+    if (mode.kind == Consistency::kSync && p->step < e.min_step) {
+      std::string pushed, missing;
+      for (uint32_t rank = 0; rank < mode.total_num_replicas; ++rank) {
+        std::string& list = rank < p->contributed.size() && p->contributed[rank] ? pushed : missing;
+        list += (list.empty() ? "" : ", ") + WorkerName(rank);
+      }
+      return name + ": sync step " + std::to_string(p->step) + " has " +
+             std::to_string(p->agg_count) + " of the " +
+             std::to_string(mode.replicas_to_aggregate) + " gradients it needs; pushed by " +
+             (pushed.empty() ? "no worker" : pushed) + "; not pushed by " +
+             (missing.empty() ? "none" : missing) +
+             (p->agg_count >= mode.replicas_to_aggregate ? " (it waits for readers to finish)"
+                                                         : "");
+    }
+    if (mode.kind == Consistency::kBounded && p->StepReached() < e.min_step) {
+      std::string behind;
+      for (uint32_t rank = 0; rank < p->pushed_steps.size(); ++rank) {
+        if (p->pushed_steps[rank] >= e.min_step) continue;
+        behind += (behind.empty() ? "" : ", ") + WorkerName(rank) + " has pushed " +
+                  std::to_string(p->pushed_steps[rank]) + " steps";
+      }
+      return name + ": step " + std::to_string(e.min_step) +
+             " is not yet pushed by every worker (" + behind + ")";
+    }
+    if (p->version < e.min_version) {
+      return name + " is at version " + std::to_string(p->version) + ", not yet " +
+             std::to_string(e.min_version);
+    }
+    if (p->writer_waiting) return name + " has an update waiting for readers to finish";
+  }
+  return "nothing (it was about to be answered)";
+}
+
+Status Shard::StepReachable(const PendingPull& pull) const {
+  for (const auto& e : pull.msg.entries) {
+    const Param* p = table_->Find(e.key_id);
+    const auto& mode = p->entry.tensor.mode;
+    if (mode.kind != Consistency::kSync || p->StepReached() >= e.min_step) continue;
+    if (p->agg_count >= mode.replicas_to_aggregate) continue;  // complete, waiting for readers
+    // Workers that may still push this step: not yet counted, not gone.
+    uint32_t possible = 0;
+    std::string gone;
+    for (uint32_t rank = 0; rank < mode.total_num_replicas; ++rank) {
+      if (rank < p->contributed.size() && p->contributed[rank]) continue;
+      auto d = departed_.find(rank);
+      if (d == departed_.end()) {
+        possible++;
+      } else {
+        gone += (gone.empty() ? "" : ", ") + d->second;
+      }
+    }
+    const uint32_t needed = mode.replicas_to_aggregate - p->agg_count;
+    if (possible < needed) {
+      return Status::Unavailable("step " + std::to_string(p->step) + " of '" + p->display_name +
+                                 "' cannot complete: it needs " + std::to_string(needed) +
+                                 " more worker(s) and " + gone + " disconnected");
+    }
+  }
+  return Status::Ok();
+}
+
+bool Shard::TryGrantPull(PendingPull& pull) {
+  for (const auto& e : pull.msg.entries) {
+    const Param* p = table_->Find(e.key_id);
+    if (!p->failure.ok()) {
+      SendError(*pull.peer, pull.request_id, p->failure);
+      return true;
+    }
+    if (!p->initialized || p->version < e.min_version || p->StepReached() < e.min_step ||
+        p->writer_waiting) {
+      return false;
+    }
+  }
+  wire::PullReply reply;
+  // Small pulls get the bytes in the reply: one round trip, no lease (the
+  // copy is made here, between updates, so it is never half-applied).
+  uint64_t total = 0;
+  for (const auto& e : pull.msg.entries) total += table_->Find(e.key_id)->bytes;
+  if (total <= std::min<uint64_t>(pull.msg.inline_max, wire::kMaxInlineBytes)) {
+    reply.data.resize(total);
+    uint64_t at = 0;
+    for (const auto& e : pull.msg.entries) {
+      const Param* p = table_->Find(e.key_id);
+      if (Status st = ReadValue(*p, reply.data.data() + at); !st.ok()) {
+        SendError(*pull.peer, pull.request_id, st.WithContext("reading '" + p->display_name + "'"));
+        return true;
+      }
+      at += p->bytes;
+      reply.versions.push_back(p->version);
+    }
+    pulls_served_++;
+    Reply(*pull.peer, pull.request_id, reply);
+    return true;
+  }
+  reply.lease_id = next_lease_++;
+  Lease lease{pull.peer->ep.get(),
+              pull.peer->hello.task,
+              {},
+              std::chrono::steady_clock::now() + options_.lease_timeout};
+  for (const auto& e : pull.msg.entries) {
+    Param* p = table_->Find(e.key_id);
+    p->readers++;
+    lease.keys.push_back(e.key_id);
+    reply.versions.push_back(p->version);
+  }
+  leases_[reply.lease_id] = std::move(lease);
+  pulls_served_++;
+  Reply(*pull.peer, pull.request_id, reply);
+  return true;
+}
+
+void Shard::OnRelease(Peer& peer, const wire::Release& msg) {
+  auto it = leases_.find(msg.lease_id);
+  if (it == leases_.end() || it->second.owner != peer.ep.get()) {
+    TLOG_WARN("{} released lease {} it does not hold", peer.hello.task, msg.lease_id);
+    return;
+  }
+  EndLease(it);
+  RetryWaiting();
+}
+
+void Shard::EndLease(std::unordered_map<uint64_t, Lease>::iterator it) {
+  for (uint32_t key : it->second.keys) table_->Find(key)->readers--;
+  leases_.erase(it);
+}
+
+void Shard::RevokeExpiredLeases() {
+  if (stopping_) return;
+  const auto now = std::chrono::steady_clock::now();
+  bool revoked = false;
+  for (auto it = leases_.begin(); it != leases_.end();) {
+    auto next = std::next(it);
+    if (it->second.expires <= now) {
+      TLOG_WARN("{} held pull lease {} for longer than {} ms; revoked so updates can go on",
+                it->second.task, it->first, options_.lease_timeout.count());
+      leases_revoked_++;
+      EndLease(it);
+      revoked = true;
+    }
+    it = next;
+  }
+  if (revoked) RetryWaiting();
+  ctx_->PostAfter(LeaseCheckInterval(), [this] { RevokeExpiredLeases(); });
+}
+
+void Shard::RetryWaiting() {
+  // Updates first (writers have priority), then the pulls they unblock. An
+  // applied sync step can unblock pushes for the next step, which can
+  // complete that one: repeat until nothing moves.
+  bool moved = true;
+  while (moved) {
+    moved = false;
+    for (auto it = pending_steps_.begin(); it != pending_steps_.end();) {
+      bool applied = TryApplyStep(*table_->Find(*it));
+      moved |= applied;
+      it = applied ? pending_steps_.erase(it) : std::next(it);
+    }
+    for (auto it = blocked_pushes_.begin(); it != blocked_pushes_.end();) {
+      bool applied = TryApplyPush(*it);
+      moved |= applied;
+      it = applied ? blocked_pushes_.erase(it) : std::next(it);
+    }
+  }
+  MarkWaitingWriters();
+  for (auto it = waiting_pulls_.begin(); it != waiting_pulls_.end();) {
+    if (TryGrantPull(*it)) {
+      it = waiting_pulls_.erase(it);
+      continue;
+    }
+    // A sync step that lost the workers it needs fails its waiters, naming
+    // who is gone, instead of leaving them to time out.
+    Status st = StepReachable(*it);
+    if (!st.ok()) {
+      SendError(*it->peer, it->request_id, st);
+      it = waiting_pulls_.erase(it);
+      continue;
+    }
+    ++it;
+  }
+}
+
+}  // namespace tessera::server

@@ -1,0 +1,286 @@
+// A shard's peers: admission, the handshake (hello, auth, what a peer may
+// claim), CUDA IPC slots, refusals, and leaving on purpose or not.
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "core/dtype.h"
+#include "core/log.h"
+#include "core/node_id.h"
+#include "core/timeouts.h"
+#include "gpu/cuda.h"
+#include "kernels/update.h"
+#include "server/shard.h"
+
+namespace tessera::server {
+
+void Shard::SendError(Peer& peer, uint64_t request_id, const Status& st) {
+  wire::Error err{st.code(), options_.job + " task " + std::to_string(options_.task_index) + ": " +
+                                 st.message()};
+  Reply(peer, request_id, err);
+}
+
+void Shard::Drop(Peer& peer, const Status& why, uint64_t request_id, bool tell) {
+  refused_++;
+  uint64_t held_back = 0;
+  // A stranger can be refused as often as it connects: those lines are
+  // throttled (the count of refusals is in the status counters).
+  if (peer.authenticated || refusal_log_.Allow(LogThrottle::Clock::now(), &held_back)) {
+    TLOG_WARN("closing connection from {} ({}): {}{}", peer.ep->peer(),
+              peer.hello.task.empty() ? "unauthenticated" : peer.hello.task, why.ToString(),
+              held_back == 0 ? ""
+                             : " (and " + std::to_string(held_back) +
+                                   " more unauthenticated connections closed, not logged)");
+  }
+  auto ep = peer.ep;
+  OnDisconnect(ep, why);  // nothing more it sends is read
+  if (!tell) return ep->Close();
+  // Tell the peer why, and leave the closing to it: a close from here can
+  // overtake the reason (UCX reports a disconnect over tcp while the message
+  // travels through shared memory). A peer that does not close is closed
+  // after the hello deadline, or sooner when too many linger.
+  ep->Send(kProtocolMsg,
+           wire::Encode(wire::Error{why.code(), options_.job + " task " +
+                                                    std::to_string(options_.task_index) + ": " +
+                                                    why.message()},
+                        request_id));
+  closing_.push_back({ep, std::chrono::steady_clock::now() + admission_->options().hello_deadline});
+  if (closing_.size() > admission_->options().max_unauthenticated) {
+    closing_.front().first->Close();
+    closing_.pop_front();
+  }
+  ScheduleSweep(admission_->options().hello_deadline);
+}
+
+void Shard::ScheduleSweep(std::chrono::milliseconds after) {
+  if (overdue_sweep_scheduled_ || stopping_) return;
+  overdue_sweep_scheduled_ = true;
+  ctx_->PostAfter(after, [this] { DropOverdue(); });
+}
+
+void Shard::SayBye() {
+  constexpr auto kByeWait = std::chrono::seconds(2);
+  auto answered = std::make_shared<std::promise<void>>();
+  ctx_->Post([this, answered] {
+    bye_acks_awaited_ = 0;
+    bye_answered_ = answered;
+    const auto bye = wire::Encode(wire::Bye{}, kByeRequestId);
+    if (coord_link_ && joined_) {
+      coord_link_->Send(kProtocolMsg, bye);
+      bye_acks_awaited_++;
+    }
+    for (auto& [raw, peer] : peers_) {
+      if (!peer->is_shard) continue;
+      peer->ep->Send(kProtocolMsg, bye);
+      bye_acks_awaited_++;
+    }
+    if (bye_acks_awaited_ == 0) OnByeAnswered();
+  });
+  answered->get_future().wait_for(kByeWait);
+}
+
+void Shard::OnByeAnswered() {
+  if (bye_acks_awaited_ > 0 && --bye_acks_awaited_ > 0) return;
+  if (bye_answered_) bye_answered_->set_value();
+  bye_answered_.reset();
+}
+
+void Shard::OnDisconnect(const EndpointPtr& ep, const Status& why) {
+  if (coord_link_ && ep.get() == coord_link_.get()) return OnLinkLost(why);
+  std::erase_if(closing_, [&](const auto& c) { return c.first == ep; });
+  auto it = peers_.find(ep.get());
+  if (it == peers_.end()) return;
+  Peer* peer = it->second.get();
+  if (peer->is_shard) {
+    const size_t k = peer->hello.worker_rank;
+    if (peer->said_bye) {
+      TLOG_INFO("{} stopped", peer->hello.task);
+    } else {
+      TLOG_WARN("{} left the coordinator: {}", peer->hello.task, why.message());
+    }
+    if (k < joined_shards_.size() && joined_shards_[k] == peer) joined_shards_[k] = nullptr;
+    if (checkpointer_) checkpointer_->OnShardLost(static_cast<int>(k));
+  } else if (peer->authenticated && !peer->is_observer) {
+    if (peer->said_bye) {
+      TLOG_INFO("{} left", peer->hello.task);
+    } else {
+      TLOG_INFO("{} disconnected: {}", peer->hello.task, why.message());
+    }
+    const uint32_t rank = peer->hello.worker_rank;
+    if (--connected_ranks_[rank] == 0) departed_[rank] = peer->hello.task;
+  }
+  for (auto lit = leases_.begin(); lit != leases_.end();) {
+    auto next = std::next(lit);
+    if (lit->second.owner == ep.get()) EndLease(lit);
+    lit = next;
+  }
+  std::erase_if(blocked_pushes_, [&](const PendingPush& p) { return p.peer == peer; });
+  std::erase_if(waiting_pulls_, [&](const PendingPull& p) { return p.peer == peer; });
+  std::erase_if(init_waiters_, [&](const auto& w) { return w.first == peer; });
+  admission_->Forget(reinterpret_cast<uintptr_t>(ep.get()));
+  peers_.erase(it);
+  RetryWaiting();
+}
+
+void Shard::OnAccept(const EndpointPtr& ep) {
+  auto owned = std::make_unique<Peer>(ep, options_.secret);
+  Peer& peer = *owned;
+  peers_[ep.get()] = std::move(owned);
+  const auto now = std::chrono::steady_clock::now();
+  auto d = admission_->Admit(reinterpret_cast<uintptr_t>(ep.get()), HostOfPeer(ep->peer()), now);
+  if (d.evicted) {
+    auto it = peers_.find(reinterpret_cast<transport::Endpoint*>(*d.evicted));
+    if (it != peers_.end()) {
+      Drop(*it->second,
+           Status::Unavailable("did not authenticate, and " +
+                               std::to_string(admission_->options().max_unauthenticated) +
+                               " newer connections that had not either were waiting"));
+    }
+  }
+  if (!d.admitted.ok()) return Drop(peer, d.admitted);
+  ScheduleSweep(admission_->options().hello_deadline);
+}
+
+void Shard::DropOverdue() {
+  overdue_sweep_scheduled_ = false;
+  const auto now = std::chrono::steady_clock::now();
+  while (!closing_.empty() && closing_.front().second <= now) {
+    closing_.front().first->Close();
+    closing_.pop_front();
+  }
+  for (auto conn : admission_->Overdue(now)) {
+    auto it = peers_.find(reinterpret_cast<transport::Endpoint*>(conn));
+    if (it == peers_.end()) {
+      admission_->Forget(conn);
+      continue;
+    }
+    Drop(*it->second,
+         Status::DeadlineExceeded("did not authenticate within " +
+                                  std::to_string(admission_->options().hello_deadline.count()) +
+                                  " ms"),
+         0, /*tell=*/false);
+  }
+  if (admission_->unauthenticated() > 0 || !closing_.empty()) {
+    ScheduleSweep(admission_->options().hello_deadline / 4);
+  }
+}
+
+Status Shard::OnHello(Peer& peer, const wire::Header& h, std::span<const uint8_t> frame) {
+  auto m = wire::DecodeBody<wire::Hello>(h, frame);
+  if (!m.ok()) return m.status();
+  // Nothing is checked against the cluster before the peer proved itself, so
+  // that a stranger learns nothing of it; the challenge carries no proof.
+  const uint32_t index =
+      is_coordinator_only() ? wire::kCoordinatorIndex : static_cast<uint32_t>(options_.task_index);
+  Reply(peer, h.request_id, peer.handshake.OnHello(std::move(*m), index));
+  return Status::Ok();
+}
+
+Status Shard::CheckClaims(const wire::Hello& m) const {
+  if (m.task.empty()) return Status::InvalidArgument("hello without a task name");
+  if (m.role == wire::PeerRole::kShard) {
+    const int k = static_cast<int>(m.worker_rank);
+    if (!hosts_coordinator()) {
+      return Status::PermissionDenied(m.task + " tried to join a task that is not the coordinator");
+    }
+    if (k >= options_.cluster.num_tasks("ps") || m.task != TaskId{"ps", k}.ToString()) {
+      return Status::PermissionDenied(m.task + " joins as ps task " + std::to_string(k) +
+                                      ", which the cluster spec does not name so");
+    }
+  } else if (m.role == wire::PeerRole::kObserver) {
+    return Status::Ok();  // no rank, no spec: an observer counts for nothing
+  } else if (static_cast<int>(m.worker_rank) >= options_.cluster.num_workers()) {
+    return Status::PermissionDenied(m.task + " claims worker rank " +
+                                    std::to_string(m.worker_rank) + " but the cluster has " +
+                                    std::to_string(options_.cluster.num_workers()) + " workers");
+  }
+  auto theirs = ClusterSpec::FromJson(m.cluster);
+  if (!theirs.ok())
+    return theirs.status().WithContext("the cluster spec in " + m.task + "'s hello");
+  const std::string diff = options_.cluster.DifferenceFrom(*theirs);
+  if (!diff.empty()) {
+    return Status::FailedPrecondition(
+        "the cluster spec of " + m.task + " (there) differs from that of " +
+        TaskId{options_.job, options_.task_index}.ToString() + " (here): " + diff +
+        ". Give every task the same cluster spec");
+  }
+  return Status::Ok();
+}
+
+Status Shard::OnAuth(Peer& peer, const wire::Header& h, std::span<const uint8_t> frame) {
+  auto m = wire::DecodeBody<wire::Auth>(h, frame);
+  if (!m.ok()) return m.status();
+  const auto conn = reinterpret_cast<uintptr_t>(peer.ep.get());
+  if (Status proof = peer.handshake.CheckAuth(*m, peer.ep->peer()); !proof.ok()) {
+    admission_->NoteFailure(HostOfPeer(peer.ep->peer()), std::chrono::steady_clock::now());
+    return proof;
+  }
+  admission_->Forget(conn);
+  TESSERA_RETURN_IF_ERROR(CheckClaims(peer.handshake.hello()));
+  peer.hello = peer.handshake.hello();
+  peer.ep->MarkAuthenticated();
+  wire::Welcome welcome;
+  welcome.server_proof = peer.handshake.ServerProof();
+  if (peer.hello.role == wire::PeerRole::kObserver) {
+    peer.authenticated = true;
+    peer.is_observer = true;
+    Reply(peer, h.request_id, welcome);  // no staging slot, no keys
+    return Status::Ok();
+  }
+  if (peer.hello.role == wire::PeerRole::kShard) {
+    peer.authenticated = true;
+    peer.is_shard = true;
+    Reply(peer, h.request_id, welcome);  // no staging slot: shards write no tensors here
+    return Status::Ok();
+  }
+  if (!is_coordinator_only()) {
+    if (arena_kind_ != transport::MemoryKind::kHost) {
+      TESSERA_RETURN_IF_ERROR(memory_->MakeCurrent());
+    }
+    auto staging = ctx_->Allocate(options_.staging_bytes_per_worker, arena_kind_,
+                                  transport::RemoteAccess::kWrite);
+    if (!staging.ok()) return staging.status().WithContext("staging slot for " + peer.hello.task);
+    peer.staging = std::move(*staging);
+    welcome.staging_region = peer.staging->Describe();
+    if (!memory_->is_host() && !peer.hello.node_id.empty() && peer.hello.node_id == NodeId()) {
+      // Same node: the worker may map a GPU slot and the arenas instead.
+      Status ipc = OfferIpcSlot(peer, &welcome);
+      if (!ipc.ok()) {
+        TLOG_WARN("{} shares this node, but CUDA IPC is not offered: {}", peer.hello.task,
+                  ipc.message());
+      }
+    }
+  }
+  peer.authenticated = true;
+  connected_ranks_[peer.hello.worker_rank]++;
+  departed_.erase(peer.hello.worker_rank);  // a restarted worker is back
+  TLOG_INFO("{} connected from {}", peer.hello.task, peer.ep->peer());
+  Reply(peer, h.request_id, welcome);
+  return Status::Ok();
+}
+
+Status Shard::OfferIpcSlot(Peer& peer, wire::Welcome* welcome) {
+  if (arena_kind_ == transport::MemoryKind::kCuda) {
+    // The fabric's slot is GPU memory of its own allocation: map that.
+    peer.ipc_slot = static_cast<uint8_t*>(peer.staging->data());
+  } else {
+    auto slot = memory_->Allocate(peer.staging->size());
+    if (!slot.ok()) return slot.status();
+    peer.ipc_slot_owner = std::move(*slot);
+    peer.ipc_slot = peer.ipc_slot_owner.data();
+  }
+  auto handle = gpu::ExportIpc(peer.ipc_slot);
+  if (!handle.ok()) {
+    peer.ipc_slot = nullptr;
+    peer.ipc_slot_owner = StateBuffer{};
+    return handle.status();
+  }
+  welcome->staging_ipc.assign(handle->begin(), handle->end());
+  cuda_ipc_workers_++;
+  return Status::Ok();
+}
+
+}  // namespace tessera::server
