@@ -225,6 +225,40 @@ TEST_F(CheckpointTest, RestoredClusterContinuesExactly) {
 }
 
 // Saved by 2 shards with one chunk size, restored by 3 with another.
+// A learning-rate schedule set at run time (SetHyperparams) is saved in the
+// checkpoint and in force after a restart, whatever the code declares, and
+// a later declare by another worker sees it too.
+TEST_F(CheckpointTest, HyperparametersSetAtRunTimeSurviveARestart) {
+  TensorSpec w{"w", DType::kF64, {4}, UpdateRule::kSgd, {}, -1};
+  w.hyper.learning_rate = 1.0f;
+  const std::vector<double> one(4, 1.0);
+  std::vector<double> got(4);
+  StartCluster(2, 2);
+  {
+    Client& c = Connect(0);
+    auto t = c.Declare(w).value();
+    ASSERT_TRUE(c.Initialize().ok());
+    Hyperparams half = w.hyper;
+    half.learning_rate = 0.5f;
+    ASSERT_TRUE(c.SetHyperparams(t, half).ok());
+    ASSERT_TRUE(c.Push({PushItem::Of<double>(t, one)}).ok());  // 0 - 0.5
+    Client& other = Connect(1);
+    auto t1 = other.Declare(w).value();
+    EXPECT_EQ(other.info(t1).value().hyper.learning_rate, 0.5f) << "declared after the change";
+    ASSERT_TRUE(c.SaveCheckpoint().ok());
+  }
+  StopCluster();
+
+  StartCluster(2, 2);
+  Client& c = Connect(0);
+  auto t = c.Declare(w).value();  // the code still says 1.0
+  EXPECT_EQ(c.info(t).value().hyper.learning_rate, 0.5f);
+  ASSERT_TRUE(c.Initialize().ok());
+  ASSERT_TRUE(c.Push({PushItem::Of<double>(t, one)}).ok());
+  ASSERT_TRUE(c.Pull({PullItem::Of<double>(t, got)}).ok());
+  EXPECT_EQ(got, std::vector<double>(4, -1.0)) << "the saved 0.5, not the declared 1.0";
+}
+
 TEST_F(CheckpointTest, RestoresOntoADifferentShardCount) {
   std::vector<std::vector<uint8_t>> saved_values;
   StartCluster(2, 1);

@@ -72,6 +72,21 @@ TEST(CoordinatorSteps, RefusesReportsNamingStrangers) {
   EXPECT_EQ(c.global_step(), 0u);
 }
 
+TEST(CoordinatorHyper, DeclaresReturnWhatTheChiefSetSince) {
+  coord::Coordinator c(1, 2);
+  ASSERT_TRUE(c.Declare(OneTensor("w", ConsistencyMode::Async()), "w0", true).ok());
+  Hyperparams h;
+  h.learning_rate = 0.25f;
+  ASSERT_TRUE(c.UpdateHyper({"w", h}).ok());
+  auto again = c.Declare(OneTensor("w", ConsistencyMode::Async()), "w1", false);
+  ASSERT_TRUE(again.ok());
+  ASSERT_EQ(again->hyper.size(), 1u);
+  EXPECT_EQ(again->hyper[0].learning_rate, 0.25f);
+  EXPECT_EQ(c.UpdateHyper({"nope", h}).code(), StatusCode::kNotFound);
+  h.learning_rate = -1.0f;
+  EXPECT_FALSE(c.UpdateHyper({"w", h}).ok()) << "a negative learning rate";
+}
+
 TEST(StepCounter, ReportsASyncStepOnceItsReplicasFinished) {
   server::StepCounter counter;
   counter.CountSync(1, 0, 3, 2);

@@ -44,7 +44,8 @@ std::vector<Sample> Samples() {
   Challenge challenge;
   challenge.shard_index = 1;
   Declare declare{1 << 20, 1, {Decl("w", DType::kF32, {3, 4}), Decl("b", DType::kBF16, {})}};
-  DeclareReply declare_reply{{{{0, 0, 12}}, {{1, 0, 6}, {0, 6, 6}}}, {1, 1}, {1, 0}, 40};
+  DeclareReply declare_reply{
+      {{{0, 0, 12}}, {{1, 0, 6}, {0, 6, 6}}}, {1, 1}, {1, 0}, 40, {{}, {.learning_rate = 0.5f}}};
   CkptWrite ckpt_write{3,
                        40,
                        "/ckpt/.step-00000040.tmp",
@@ -78,6 +79,7 @@ std::vector<Sample> Samples() {
       Make("push_inline", Push{7, {{0, 0, 4}}, {9, 9, 9, 9}}, kFlagInit),
       Make("release", Release{5}),
       Make("set_hyper", SetHyper{{1, 2}, Hyperparams{}}),
+      Make("update_hyper", UpdateHyper{"w", Hyperparams{.learning_rate = 0.5f}}),
       Make("steps_applied", StepsApplied{2, 3, {{0, 2}, {2, 1}}}),
       Make("step_reply", StepReply{9}),
       Make("init_done", InitDone{}),

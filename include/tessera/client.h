@@ -106,6 +106,9 @@ struct TensorInfo {
   };
   std::vector<ChunkRange> chunks;  // which elements each chunk holds
   ConsistencyMode mode;
+  // In effect: as declared, as the chief set them since (SetHyperparams), or
+  // as saved in the checkpoint the cluster restored.
+  Hyperparams hyper;
 };
 
 // Some chunks of a tensor instead of all: those whose index i has

@@ -61,6 +61,17 @@ Status Client::Impl::SetHyperparams(Tensor t, const Hyperparams& hyper) {
   TESSERA_RETURN_IF_ERROR(hyper.Validate());
   auto entry = Lookup(t, 0, std::nullopt, /*check_bytes=*/false);
   if (!entry.ok()) return entry.status();
+  // The coordinator first: checkpoints save what it holds, and re-creates
+  // on a restarted shard carry it.
+  auto recorded = Call<wire::UpdateHyper, wire::Ack>(
+      coord_index_, wire::UpdateHyper{(*entry)->spec.name, hyper}, options_.op_timeout);
+  if (!recorded.ok()) return recorded.status();
+  {
+    std::lock_guard<std::mutex> lock(tensors_mu_);
+    auto& mutable_entry = tensors_[t.index];
+    mutable_entry.spec.hyper = hyper;
+    mutable_entry.decl.hyper = hyper;
+  }
   std::vector<wire::SetHyper> by_shard(shards_.size());
   for (const auto& c : (*entry)->chunks) by_shard[c.shard].key_ids.push_back(c.key_id);
   for (size_t s = 0; s < by_shard.size(); ++s) {

@@ -88,6 +88,9 @@ Result<std::vector<Tensor>> Client::Impl::DeclareMany(const std::vector<TensorSp
   if (!placed.ok()) return placed.status();
   if (placed->tensors.size() != specs.size())
     return Status::Internal("declare reply does not match the request");
+  // The hyper-parameters in effect win over the declared ones: those the
+  // chief set since, or those saved in the checkpoint the cluster restored.
+  for (size_t i = 0; i < placed->hyper.size(); ++i) declare.tensors[i].hyper = placed->hyper[i];
 
   std::vector<TensorEntry> entries(specs.size());
   std::vector<wire::Create> creates(shards_.size());
@@ -95,6 +98,7 @@ Result<std::vector<Tensor>> Client::Impl::DeclareMany(const std::vector<TensorSp
   for (size_t i = 0; i < specs.size(); ++i) {
     TensorEntry& e = entries[i];
     e.spec = specs[i];
+    e.spec.hyper = declare.tensors[i].hyper;
     e.restored = i < placed->restored.size() && placed->restored[i] == 1;
     e.initialized = i < placed->initialized.size() && placed->initialized[i] == 1;
     e.decl = declare.tensors[i];

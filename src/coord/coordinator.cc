@@ -81,8 +81,13 @@ Result<wire::DeclareReply> Coordinator::Declare(const wire::Declare& msg, const 
   wire::DeclareReply reply;
   for (const auto& t : msg.tensors) {
     auto it = tensors_.find(t.name);
+    const ckpt::TensorRecord* saved = restored_ ? restored_->Find(t.name) : nullptr;
+    const bool restores = saved && saved->dtype == t.dtype && saved->shape == t.shape;
     if (it == tensors_.end()) {
       Placed placed{t, who, {}};
+      // A restored tensor goes on with the hyper-parameters it was saved
+      // with (a learning-rate schedule's place), whatever the code declares.
+      if (restores) placed.decl.hyper = saved->hyper;
       const uint64_t total = NumElements(t.shape).value();
       const uint64_t per_chunk = std::max<uint64_t>(1, msg.chunk_bytes / DTypeSize(t.dtype));
       uint64_t offset = 0;
@@ -98,11 +103,22 @@ Result<wire::DeclareReply> Coordinator::Declare(const wire::Declare& msg, const 
     if (by_chief) it->second.chief_declared = true;
     reply.tensors.push_back(it->second.chunks);
     reply.initialized.push_back(it->second.initialized ? 1 : 0);
-    const ckpt::TensorRecord* saved = restored_ ? restored_->Find(t.name) : nullptr;
-    reply.restored.push_back(saved && saved->dtype == t.dtype && saved->shape == t.shape ? 1 : 0);
+    reply.restored.push_back(restores ? 1 : 0);
+    reply.hyper.push_back(it->second.decl.hyper);
   }
   reply.restored_step = restored_ ? restored_->manifest.global_step : 0;
   return reply;
+}
+
+Status Coordinator::UpdateHyper(const wire::UpdateHyper& msg) {
+  auto it = tensors_.find(msg.name);
+  if (it == tensors_.end()) {
+    return Status::NotFound("hyper-parameters for tensor '" + msg.name +
+                            "', which no worker declared");
+  }
+  TESSERA_RETURN_IF_ERROR(msg.hyper.Validate().WithContext("tensor '" + msg.name + "'"));
+  it->second.decl.hyper = msg.hyper;
+  return Status::Ok();
 }
 
 void Coordinator::MarkInitialized() {

@@ -64,6 +64,10 @@ class Coordinator {
   std::vector<uint64_t> step_reports_by_shard() const;
   uint64_t global_step() const { return global_step_; }
 
+  // The chief set a tensor's hyper-parameters at run time: declares return
+  // them from now on, and checkpoints save them.
+  Status UpdateHyper(const wire::UpdateHyper& msg);
+
   // The chief's init-done: what it declared so far is initialised.
   void MarkInitialized();
   bool initialized() const { return initialized_; }

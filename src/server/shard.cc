@@ -282,6 +282,22 @@ void Shard::OnMessage(const EndpointPtr& ep, std::span<const uint8_t> frame) {
             Status::FailedPrecondition("global step asked of a shard that is not the coordinator"));
       }
       return Reply(peer, h->request_id, wire::StepReply{coord_->global_step()});
+    case wire::Opcode::kUpdateHyper: {
+      if (!coord_) {
+        return SendError(
+            peer, h->request_id,
+            Status::FailedPrecondition("update-hyper sent to a shard that is not the coordinator"));
+      }
+      if (peer.hello.worker_rank != 0) {
+        return SendError(peer, h->request_id,
+                         Status::PermissionDenied(peer.hello.task + " is not the chief"));
+      }
+      auto m = wire::DecodeBody<wire::UpdateHyper>(*h, frame);
+      if (!m.ok()) return bad(m.status());
+      Status st = coord_->UpdateHyper(*m);
+      if (!st.ok()) return SendError(peer, h->request_id, st);
+      return Reply(peer, h->request_id, wire::Ack{});
+    }
     case wire::Opcode::kSaveCheckpoint:
       if (!coord_) {
         return SendError(peer, h->request_id,

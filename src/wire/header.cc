@@ -76,6 +76,8 @@ const char* OpcodeName(Opcode op) {
       return "status-reply";
     case Opcode::kBye:
       return "bye";
+    case Opcode::kUpdateHyper:
+      return "update-hyper";
   }
   return "unknown";
 }

@@ -20,7 +20,9 @@ constexpr uint32_t kMagic = 0x41525354;  // "TSRA" read as little-endian
 // 2: CUDA IPC (node ids, IPC handles). 3: the client proves first; the
 // hello carries the cluster spec. 4: pulls say how long they may wait;
 // workers say bye. 5: shards count steps (Push::step_parts, StepsApplied),
-// workers no longer send StepDone; push_pull in one round trip (then-pull).
+// workers no longer send StepDone; push_pull in one round trip (then-pull);
+// hyper-parameters set at run time reach the coordinator (update-hyper) and
+// come back in declare replies.
 constexpr uint16_t kVersion = 5;
 constexpr size_t kHeaderSize = 24;
 // No control message is larger: tensor data never travels in messages.
@@ -61,8 +63,9 @@ enum class Opcode : uint16_t {
   kStatus = 32,
   kStatusReply = 33,
   kBye = 34,
+  kUpdateHyper = 35,
 };
-constexpr uint16_t kMaxOpcode = 34;
+constexpr uint16_t kMaxOpcode = 35;
 const char* OpcodeName(Opcode op);
 
 // Header flags.

@@ -262,6 +262,8 @@ void DeclareReply::EncodeBody(ByteWriter& w) const {
     for (uint8_t b : *flags) w.Put(b);
   }
   w.Put(restored_step);
+  w.Put(static_cast<uint32_t>(hyper.size()));
+  for (const auto& h : hyper) PutHyper(w, h);
 }
 Result<DeclareReply> DeclareReply::DecodeBody(ByteReader& r) {
   DeclareReply m;
@@ -289,6 +291,29 @@ Result<DeclareReply> DeclareReply::DecodeBody(ByteReader& r) {
     }
   }
   if (!r.Get(&m.restored_step)) return Truncated("restored_step");
+  uint32_t n = 0;
+  if (!GetCount(r, kHyperBytes, &n)) return Truncated("hyper-parameter count");
+  if (n != 0 && n != m.tensors.size())
+    return Status::InvalidArgument("per-tensor hyper-parameters do not match the tensors");
+  m.hyper.reserve(n);
+  for (uint32_t i = 0; i < n; ++i) {
+    auto h = GetHyper(r);
+    if (!h.ok()) return h.status();
+    m.hyper.push_back(*h);
+  }
+  return m;
+}
+
+void UpdateHyper::EncodeBody(ByteWriter& w) const {
+  w.PutString(name);
+  PutHyper(w, hyper);
+}
+Result<UpdateHyper> UpdateHyper::DecodeBody(ByteReader& r) {
+  UpdateHyper m;
+  if (!r.GetString(&m.name, kMaxNameLength)) return Truncated("name");
+  auto h = GetHyper(r);
+  if (!h.ok()) return h.status();
+  m.hyper = *h;
   return m;
 }
 

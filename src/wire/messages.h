@@ -122,6 +122,10 @@ struct DeclareReply {
   std::vector<uint8_t> initialized;
   std::vector<uint8_t> restored;
   uint64_t restored_step = 0;
+  // Per tensor, the hyper-parameters in effect: as declared first, or as the
+  // chief set them since (UpdateHyper), or as saved in the checkpoint the
+  // cluster restored. Creates carry these.
+  std::vector<Hyperparams> hyper;
   void EncodeBody(ByteWriter& w) const;
   static Result<DeclareReply> DecodeBody(ByteReader& r);
   bool operator==(const DeclareReply&) const = default;
@@ -289,6 +293,18 @@ struct Ack {
   void EncodeBody(ByteWriter&) const {}
   static Result<Ack> DecodeBody(ByteReader&) { return Ack{}; }
   bool operator==(const Ack&) const = default;
+};
+
+// The chief tells the coordinator a tensor's new hyper-parameters, before
+// it sets them on the shards (SetHyper): checkpoints save them, and later
+// declares and re-creates carry them. Answered with an ack.
+struct UpdateHyper {
+  static constexpr Opcode kOpcode = Opcode::kUpdateHyper;
+  std::string name;
+  Hyperparams hyper;
+  void EncodeBody(ByteWriter& w) const;
+  static Result<UpdateHyper> DecodeBody(ByteReader& r);
+  bool operator==(const UpdateHyper&) const = default;
 };
 
 // The chief changes optimizer hyper-parameters (a learning-rate schedule).

@@ -60,7 +60,7 @@ void WireSeeds(const fs::path& dir) {
   put(Encode(Auth{}, 3));
   put(Encode(Welcome{{}, {1, 2, 3}, {}}, 4));
   put(Encode(Declare{1 << 20, 1, {Decl()}}, 5));
-  put(Encode(DeclareReply{{{{0, 0, 32}}}, {0}, {0}, 0}, 6));
+  put(Encode(DeclareReply{{{{0, 0, 32}}}, {0}, {0}, 0, {{}}}, 6));
   put(Encode(Create{{CreateEntry{Decl(), 0, 1, 0, 32}}}, 7));
   put(Encode(CreateReply{{{1, 1, 0, 128, 0}}, {{1, {9, 9}, {}}}}, 8));
   put(Encode(Push{3, {{1, 0, 128}}, {}, 2}, 9));
@@ -74,6 +74,7 @@ void WireSeeds(const fs::path& dir) {
   put(Encode(Ack{}, 16));
   put(Encode(Error{StatusCode::kInvalidArgument, "bad tensor"}, 17));
   put(Encode(SetHyper{{1}, {}}, 18));
+  put(Encode(UpdateHyper{"layer1.weight", {}}, 18));
   put(Encode(StepsApplied{2, 3, {{0, 2}, {2, 1}}}, 19));
   put(Encode(GetStep{}, 20));
   put(Encode(StepReply{3}, 21));
