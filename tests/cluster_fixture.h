@@ -58,14 +58,15 @@ class RawPeer {
     frames_.erase(frames_.begin());
     return f;
   }
-  // Hello, then an auth proof made with `secret`; returns the shard's answer.
+  // Hello, then an auth proof made with `secret`; returns the shard's answer
+  // to it (or its refusal of the hello).
   std::vector<uint8_t> Authenticate(const std::string& secret, const wire::Hello& hello) {
     wire::ClientHandshake handshake(secret, hello);
     Send(handshake.hello(), 1);
     auto first = Next();
-    auto challenge = wire::Decode<wire::Challenge>(first);
-    if (!challenge.ok()) return first;  // e.g. the shard's refusal
-    Send(handshake.Answer(*challenge), 2);
+    auto next = handshake.OnFrame(first, std::nullopt, "the shard");
+    if (!next.ok() || !std::holds_alternative<wire::Auth>(*next)) return first;
+    Send(std::get<wire::Auth>(*next), 2);
     return Next();
   }
 

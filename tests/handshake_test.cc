@@ -112,6 +112,34 @@ TEST(Handshake, AnotherTaskAtTheAddressIsNamed) {
       << st.ToString();
 }
 
+// ClientHandshake::OnFrame, the one reader of the server's side: the frames
+// in turn, an error frame as its status, anything else refused by name.
+TEST(Handshake, ClientReadsTheServerFramesInTurn) {
+  ClientHandshake client(kSecret, WorkerHello());
+  ServerHandshake server(kSecret);
+  wire::Welcome early;
+  auto out_of_turn = client.OnFrame(wire::Encode(early, 1), 0u, "ps task 0");
+  ASSERT_FALSE(out_of_turn.ok());
+  EXPECT_NE(out_of_turn.status().message().find("welcome during the handshake, before a challenge"),
+            std::string::npos)
+      << out_of_turn.status().message();
+  auto refused = client.OnFrame(
+      wire::Encode(wire::Error{StatusCode::kPermissionDenied, "not in the cluster"}, 1), 0u, "x");
+  EXPECT_EQ(refused.status().code(), StatusCode::kPermissionDenied);
+
+  auto auth = client.OnFrame(wire::Encode(server.OnHello(Wire(client.hello()), 2), 1), 2u, "x");
+  ASSERT_TRUE(auth.ok()) << auth.status().ToString();
+  ASSERT_TRUE(std::holds_alternative<wire::Auth>(*auth));
+  ASSERT_TRUE(server.CheckAuth(Wire(std::get<wire::Auth>(*auth)), "h:9").ok());
+  wire::Welcome welcome;
+  welcome.server_proof = server.ServerProof();
+  auto wrong_task = ClientHandshake(client).OnFrame(wire::Encode(welcome, 2), 1u, "h:1");
+  EXPECT_EQ(wrong_task.status().code(), StatusCode::kFailedPrecondition);
+  auto welcomed = client.OnFrame(wire::Encode(welcome, 2), std::nullopt, "h:1");
+  ASSERT_TRUE(welcomed.ok()) << welcomed.status().ToString();
+  EXPECT_TRUE(std::holds_alternative<wire::Welcome>(*welcomed));
+}
+
 TEST(ClusterSpecDifference, NamesWhatDiffers) {
   auto a = ClusterSpec::FromJson(R"({"ps":["a:1","b:1"],"worker":["w:1","w:2"]})").value();
   auto same_but_workers = ClusterSpec::FromJson(R"({"ps":["a:1","b:1"],"worker":["x:1","x:2"]})");

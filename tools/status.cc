@@ -78,13 +78,17 @@ Result<json> AskTask(transport::Context& ctx, Inbox& inbox, const TaskAddress& a
   hello.role = wire::PeerRole::kObserver;
   hello.task = "/job:status/task:0";
   wire::ClientHandshake handshake(secret, std::move(hello));
-  auto challenge = Ask<wire::Challenge>(**ep, inbox, handshake.hello(), 1, timeout);
-  if (!challenge.ok()) return challenge.status();
-  auto welcome = Ask<wire::Welcome>(**ep, inbox, handshake.Answer(*challenge), 2, timeout);
-  if (!welcome.ok()) return welcome.status();
   // Whichever task answers: an observer asks each its own status.
-  const Status proven = handshake.CheckWelcome(*welcome, challenge->shard_index, "it");
-  if (!proven.ok()) return proven;
+  (*ep)->Send(wire::kProtocolMsg, wire::Encode(handshake.hello(), 1));
+  for (uint64_t id = 2;; ++id) {
+    auto frame = inbox.Next(timeout);
+    if (!frame.ok()) return frame.status();
+    auto next = handshake.OnFrame(*frame, std::nullopt, "it");
+    if (!next.ok()) return next.status();
+    const auto* auth = std::get_if<wire::Auth>(&*next);
+    if (auth == nullptr) break;  // welcomed
+    (*ep)->Send(wire::kProtocolMsg, wire::Encode(*auth, id));
+  }
   (*ep)->MarkAuthenticated();
   auto reply = Ask<wire::StatusReply>(**ep, inbox, wire::StatusRequest{}, 3, timeout);
   if (!reply.ok()) return reply.status();

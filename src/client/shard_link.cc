@@ -393,27 +393,38 @@ void Client::Impl::Handshake(int shard, std::function<void(Status)> done) {
   hello.node_id = ipc_node_id_;
   hello.cluster = options_.cluster.ToJson();
   auto handshake = std::make_shared<wire::ClientHandshake>(options_.secret, std::move(hello));
+  const ShardConn& conn = shards_[shard];
+  const uint32_t expect_index = shard == coord_index_ && conn.task.job == "coordinator"
+                                    ? wire::kCoordinatorIndex
+                                    : static_cast<uint32_t>(shard);
+  // The hello's answer is a challenge, the auth's a welcome: each read by
+  // the handshake itself (ClientHandshake::OnFrame).
+  auto read =
+      [handshake, expect_index, name = conn.name()](
+          const Status& st,
+          std::span<const uint8_t> frame) -> Result<std::variant<wire::Auth, wire::Welcome>> {
+    if (!st.ok()) return st;
+    return handshake->OnFrame(frame, expect_index, name);
+  };
   Request(shard, handshake->hello(), 0,
-          [this, shard, handshake, fail](const Status& st, const wire::Header& h,
-                                         std::span<const uint8_t> frame) {
-            if (!st.ok()) return fail(st);
-            auto c = wire::DecodeBody<wire::Challenge>(h, frame);
-            if (!c.ok()) return fail(c.status());
+          [this, shard, read, fail](const Status& st, const wire::Header&,
+                                    std::span<const uint8_t> frame) {
+            auto auth = read(st, frame);
+            if (!auth.ok()) return fail(auth.status());
+            if (!std::holds_alternative<wire::Auth>(*auth)) {
+              return fail(Status::Internal("a welcome before the challenge"));
+            }
             Request(
-                shard, handshake->Answer(*c), 0,
-                [this, shard, handshake, fail](const Status& st2, const wire::Header& h2,
-                                               std::span<const uint8_t> f2) {
-                  if (!st2.ok()) return fail(st2);
-                  auto w = wire::DecodeBody<wire::Welcome>(h2, f2);
-                  if (!w.ok()) return fail(w.status());
-                  ShardConn& s = shards_[shard];
-                  const uint32_t expect_index = shard == coord_index_ && s.task.job == "coordinator"
-                                                    ? wire::kCoordinatorIndex
-                                                    : static_cast<uint32_t>(shard);
-                  if (Status proven = handshake->CheckWelcome(*w, expect_index, s.name());
-                      !proven.ok()) {
-                    return fail(proven);
+                shard, std::get<wire::Auth>(*auth), 0,
+                [this, shard, read, fail](const Status& st2, const wire::Header&,
+                                          std::span<const uint8_t> f2) {
+                  auto welcomed = read(st2, f2);
+                  if (!welcomed.ok()) return fail(welcomed.status());
+                  if (!std::holds_alternative<wire::Welcome>(*welcomed)) {
+                    return fail(Status::Internal("a second challenge"));
                   }
+                  const wire::Welcome* w = &std::get<wire::Welcome>(*welcomed);
+                  ShardConn& s = shards_[shard];
                   s.ep->MarkAuthenticated();
                   if (s.task.job == "ps") {  // the coordinator has no staging slot
                     auto staging = s.ep->Attach(w->staging_region);

@@ -162,23 +162,17 @@ void Shard::OnLinkFrame(std::span<const uint8_t> frame) {
     return;
   }
   switch (h->opcode) {
-    case wire::Opcode::kChallenge: {
-      auto c = wire::DecodeBody<wire::Challenge>(*h, frame);
-      if (!c.ok() || !link_handshake_) {
-        return RefuseCoordinator(c.ok() ? Status::Internal("challenge out of turn") : c.status());
-      }
-      coord_link_->Send(kProtocolMsg, wire::Encode(link_handshake_->Answer(*c), 2));
-      return;
-    }
+    case wire::Opcode::kChallenge:
     case wire::Opcode::kWelcome: {
-      auto w = wire::DecodeBody<wire::Welcome>(*h, frame);
-      const bool separate = options_.cluster.separate_coordinator();
-      Status st = w.ok() ? Status::Ok() : w.status();
-      if (st.ok() && link_handshake_) {
-        st = link_handshake_->CheckWelcome(*w, separate ? wire::kCoordinatorIndex : 0u,
-                                           "the coordinator");
+      if (!link_handshake_) return RefuseCoordinator(Status::Internal("handshake out of turn"));
+      const uint32_t expect =
+          options_.cluster.separate_coordinator() ? wire::kCoordinatorIndex : 0u;
+      auto next = link_handshake_->OnFrame(frame, expect, "the coordinator");
+      if (!next.ok()) return RefuseCoordinator(next.status());
+      if (const auto* auth = std::get_if<wire::Auth>(&*next)) {
+        coord_link_->Send(kProtocolMsg, wire::Encode(*auth, 2));
+        return;
       }
-      if (!st.ok()) return RefuseCoordinator(st);
       link_handshake_.reset();
       coord_link_->MarkAuthenticated();
       coord_link_->Send(kProtocolMsg, wire::Encode(wire::Join{}, 3));

@@ -59,6 +59,33 @@ Status ClientHandshake::CheckWelcome(const Welcome& welcome, uint32_t expect_sha
   return Status::Ok();
 }
 
+Result<std::variant<Auth, Welcome>> ClientHandshake::OnFrame(
+    std::span<const uint8_t> frame, std::optional<uint32_t> expect_shard_index,
+    std::string_view server_name) {
+  auto h = DecodeHeader(frame);
+  if (!h.ok()) return h.status().WithContext(std::string(server_name));
+  if (h->opcode == Opcode::kError) {
+    auto err = DecodeBody<Error>(*h, frame);
+    if (!err.ok()) return err.status().WithContext(std::string(server_name));
+    return Status(err->code, err->message);
+  }
+  if (h->opcode == Opcode::kChallenge && !answered_) {
+    auto challenge = DecodeBody<Challenge>(*h, frame);
+    if (!challenge.ok()) return challenge.status().WithContext(std::string(server_name));
+    return std::variant<Auth, Welcome>(Answer(*challenge));
+  }
+  if (h->opcode == Opcode::kWelcome && answered_) {
+    auto welcome = DecodeBody<Welcome>(*h, frame);
+    if (!welcome.ok()) return welcome.status().WithContext(std::string(server_name));
+    TESSERA_RETURN_IF_ERROR(
+        CheckWelcome(*welcome, expect_shard_index.value_or(challenge_.shard_index), server_name));
+    return std::variant<Auth, Welcome>(std::move(*welcome));
+  }
+  return Status::InvalidArgument(
+      std::string(server_name) + " sent " + OpcodeName(h->opcode) + " during the handshake" +
+      (answered_ ? ", where a welcome was due" : ", before a challenge"));
+}
+
 Challenge ServerHandshake::OnHello(Hello hello, uint32_t shard_index) {
   hello_ = std::move(hello);
   challenge_.server_nonce = RandomNonce();

@@ -12,8 +12,11 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
+#include <span>
 #include <string>
 #include <string_view>
+#include <variant>
 
 #include "core/secret.h"
 #include "tessera/status.h"
@@ -35,6 +38,15 @@ class ClientHandshake {
   // `server_name` ("/job:ps/task:1 at h:p") names it in errors.
   Status CheckWelcome(const Welcome& welcome, uint32_t expect_shard_index,
                       std::string_view server_name) const;
+
+  // The one way every client reads the server's side of the handshake: a
+  // challenge yields the Auth to send back; a welcome, once CheckWelcome
+  // passed, the Welcome (done). An error frame becomes its status; anything
+  // else, or out of turn, is refused, naming it. `expect_shard_index`: none
+  // takes whichever task the challenge names (`tessera status`).
+  Result<std::variant<Auth, Welcome>> OnFrame(std::span<const uint8_t> frame,
+                                              std::optional<uint32_t> expect_shard_index,
+                                              std::string_view server_name);
 
  private:
   std::string secret_;
