@@ -170,7 +170,7 @@ void Shard::Stop() {
     for (auto& [ep, deadline] : closing_) ep->Close();
     closing_.clear();
     peers.swap(peers_);
-    leases_.clear();
+    leases_.Clear();
     blocked_pushes_.clear();
     waiting_pulls_.clear();
     init_waiters_.clear();

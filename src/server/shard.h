@@ -18,6 +18,7 @@
 #include "core/failpoint.h"
 #include "core/log_throttle.h"
 #include "server/admission.h"
+#include "server/lease_table.h"
 #include "server/param_table.h"
 #include "server/step_counter.h"
 #include "tessera/server.h"
@@ -58,12 +59,6 @@ class Shard {
     bool is_shard = false;     // a ps task's link to this coordinator
     bool is_observer = false;  // `tessera status`: asks for status, nothing else
     bool said_bye = false;     // leaves on purpose: its disconnect is no loss
-  };
-  struct Lease {
-    transport::Endpoint* owner;
-    std::string task;
-    std::vector<uint32_t> keys;
-    std::chrono::steady_clock::time_point expires;
   };
   struct PendingPush {
     Peer* peer;
@@ -181,7 +176,8 @@ class Shard {
   // because the workers it needs disconnected.
   Status StepReachable(const PendingPull& pull) const;
   void RetryWaiting();
-  void EndLease(std::unordered_map<uint64_t, Lease>::iterator it);
+  // A lease ended: its chunks have one reader fewer.
+  void EndLease(const LeaseTable::Lease& lease);
   void RevokeExpiredLeases();
   std::chrono::milliseconds LeaseCheckInterval() const;
   void LogUpdate(const Param& p, const std::string& by) const;
@@ -202,8 +198,7 @@ class Shard {
   bool overdue_sweep_scheduled_ = false;
   // Refused connections told why, left for the peer to close until then.
   std::deque<std::pair<EndpointPtr, std::chrono::steady_clock::time_point>> closing_;
-  std::unordered_map<uint64_t, Lease> leases_;
-  uint64_t next_lease_ = 1;
+  LeaseTable leases_;
   std::deque<PendingPush> blocked_pushes_;
   std::deque<PendingPull> waiting_pulls_;
   bool wait_sweep_scheduled_ = false;

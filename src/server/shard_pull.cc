@@ -176,54 +176,51 @@ bool Shard::TryGrantPull(PendingPull& pull) {
     Reply(*pull.peer, pull.request_id, reply);
     return true;
   }
-  reply.lease_id = next_lease_++;
-  Lease lease{pull.peer->ep.get(),
-              pull.peer->hello.task,
-              {},
-              std::chrono::steady_clock::now() + options_.lease_timeout};
+  LeaseTable::Lease lease{pull.peer->ep.get(),
+                          pull.peer->hello.task,
+                          {},
+                          std::chrono::steady_clock::now() + options_.lease_timeout};
+  for (const auto& e : pull.msg.entries) lease.keys.push_back(e.key_id);
+  auto id = leases_.Grant(std::move(lease));
+  if (!id.ok()) {
+    SendError(*pull.peer, pull.request_id, id.status());
+    return true;
+  }
+  reply.lease_id = *id;
   for (const auto& e : pull.msg.entries) {
     Param* p = table_->Find(e.key_id);
     p->readers++;
-    lease.keys.push_back(e.key_id);
     reply.versions.push_back(p->version);
   }
-  leases_[reply.lease_id] = std::move(lease);
   pulls_served_++;
   Reply(*pull.peer, pull.request_id, reply);
   return true;
 }
 
 void Shard::OnRelease(Peer& peer, const wire::Release& msg) {
-  auto it = leases_.find(msg.lease_id);
-  if (it == leases_.end() || it->second.owner != peer.ep.get()) {
+  auto lease = leases_.Release(msg.lease_id, peer.ep.get());
+  if (!lease.ok()) {
     TLOG_WARN("{} released lease {} it does not hold", peer.hello.task, msg.lease_id);
     return;
   }
-  EndLease(it);
+  EndLease(*lease);
   RetryWaiting();
 }
 
-void Shard::EndLease(std::unordered_map<uint64_t, Lease>::iterator it) {
-  for (uint32_t key : it->second.keys) table_->Find(key)->readers--;
-  leases_.erase(it);
+void Shard::EndLease(const LeaseTable::Lease& lease) {
+  for (uint32_t key : lease.keys) table_->Find(key)->readers--;
 }
 
 void Shard::RevokeExpiredLeases() {
   if (stopping_) return;
-  const auto now = std::chrono::steady_clock::now();
-  bool revoked = false;
-  for (auto it = leases_.begin(); it != leases_.end();) {
-    auto next = std::next(it);
-    if (it->second.expires <= now) {
-      TLOG_WARN("{} held pull lease {} for longer than {} ms; revoked so updates can go on",
-                it->second.task, it->first, options_.lease_timeout.count());
-      leases_revoked_++;
-      EndLease(it);
-      revoked = true;
-    }
-    it = next;
+  auto expired = leases_.TakeExpired(std::chrono::steady_clock::now());
+  for (const auto& [id, lease] : expired) {
+    TLOG_WARN("{} held pull lease {} for longer than {} ms; revoked so updates can go on",
+              lease.task, id, options_.lease_timeout.count());
+    leases_revoked_++;
+    EndLease(lease);
   }
-  if (revoked) RetryWaiting();
+  if (!expired.empty()) RetryWaiting();
   ctx_->PostAfter(LeaseCheckInterval(), [this] { RevokeExpiredLeases(); });
 }
 

@@ -112,11 +112,7 @@ void Shard::OnDisconnect(const EndpointPtr& ep, const Status& why) {
     const uint32_t rank = peer->hello.worker_rank;
     if (--connected_ranks_[rank] == 0) departed_[rank] = peer->hello.task;
   }
-  for (auto lit = leases_.begin(); lit != leases_.end();) {
-    auto next = std::next(lit);
-    if (lit->second.owner == ep.get()) EndLease(lit);
-    lit = next;
-  }
+  for (const auto& ended : leases_.ReleaseAllOf(ep.get())) EndLease(ended.lease);
   std::erase_if(blocked_pushes_, [&](const PendingPush& p) { return p.peer == peer; });
   std::erase_if(waiting_pulls_, [&](const PendingPull& p) { return p.peer == peer; });
   std::erase_if(init_waiters_, [&](const auto& w) { return w.first == peer; });
