@@ -1,0 +1,110 @@
+#include <algorithm>
+#include <cstring>
+
+#include "wire/field_codec.h"
+
+namespace tessera::wire::field {
+
+Status Truncated(const char* what) {
+  return Status::InvalidArgument(std::string("truncated or oversized field '") + what + "'");
+}
+
+bool GetCount(ByteReader& r, size_t min_item_bytes, uint32_t* count) {
+  if (!r.Get(count)) return false;
+  return static_cast<uint64_t>(*count) * min_item_bytes <= r.remaining();
+}
+
+void PutFloat(ByteWriter& w, float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  w.Put(bits);
+}
+
+bool GetFloat(ByteReader& r, float* f) {
+  uint32_t bits = 0;
+  if (!r.Get(&bits)) return false;
+  std::memcpy(f, &bits, 4);
+  return true;
+}
+
+void PutHyper(ByteWriter& w, const Hyperparams& h) {
+  for (float f : {h.learning_rate, h.weight_decay, h.momentum, h.beta1, h.beta2, h.epsilon,
+                  h.initial_accumulator}) {
+    PutFloat(w, f);
+  }
+  w.Put(static_cast<uint8_t>(h.nesterov ? 1 : 0));
+}
+
+Result<Hyperparams> GetHyper(ByteReader& r) {
+  Hyperparams h;
+  uint8_t flags = 0;
+  for (float* f : {&h.learning_rate, &h.weight_decay, &h.momentum, &h.beta1, &h.beta2, &h.epsilon,
+                   &h.initial_accumulator}) {
+    if (!GetFloat(r, f)) return Truncated("hyper-parameters");
+  }
+  if (!r.Get(&flags)) return Truncated("hyper-parameter flags");
+  if (flags > 1) return Status::InvalidArgument("unknown hyper-parameter flags");
+  h.nesterov = flags == 1;
+  TESSERA_RETURN_IF_ERROR(h.Validate());
+  return h;
+}
+
+void PutTensorDecl(ByteWriter& w, const TensorDecl& t) {
+  w.PutString(t.name);
+  w.Put(static_cast<uint8_t>(t.dtype));
+  w.Put(static_cast<uint8_t>(t.rule));
+  w.Put(static_cast<uint8_t>(t.shape.size()));
+  for (int64_t d : t.shape) w.Put(d);
+  w.Put(t.pinned_shard);
+  PutHyper(w, t.hyper);
+  w.Put(static_cast<uint8_t>(t.mode.kind));
+  w.Put(t.mode.replicas_to_aggregate);
+  w.Put(t.mode.total_num_replicas);
+  w.Put(static_cast<uint8_t>(t.mode.average ? 1 : 0));
+  w.Put(t.mode.staleness);
+}
+
+Result<TensorDecl> GetTensorDecl(ByteReader& r) {
+  TensorDecl t;
+  uint8_t dtype = 0, rule = 0, ndims = 0;
+  if (!r.GetString(&t.name, kMaxNameLength)) return Truncated("name");
+  if (t.name.empty()) return Status::InvalidArgument("empty tensor name");
+  if (!r.Get(&dtype)) return Truncated("dtype");
+  if (!IsValidDType(dtype)) {
+    return Status::InvalidArgument("tensor '" + t.name + "': invalid dtype " +
+                                   std::to_string(dtype));
+  }
+  t.dtype = static_cast<DType>(dtype);
+  if (!r.Get(&rule)) return Truncated("rule");
+  if (!IsValidUpdateRule(rule)) {
+    return Status::InvalidArgument("tensor '" + t.name + "': invalid update rule " +
+                                   std::to_string(rule));
+  }
+  t.rule = static_cast<UpdateRule>(rule);
+  if (!r.Get(&ndims)) return Truncated("ndims");
+  if (ndims > kMaxDims) {
+    return Status::InvalidArgument("tensor '" + t.name + "': " + std::to_string(ndims) +
+                                   " dimensions (at most " + std::to_string(kMaxDims) + ")");
+  }
+  for (uint8_t i = 0; i < ndims; ++i) {
+    int64_t d = 0;
+    if (!r.Get(&d)) return Truncated("shape");
+    t.shape.push_back(d);
+  }
+  if (!r.Get(&t.pinned_shard)) return Truncated("pinned_shard");
+  auto hyper = GetHyper(r);
+  if (!hyper.ok()) return hyper.status().WithContext("tensor '" + t.name + "'");
+  t.hyper = *hyper;
+  uint8_t kind = 0, average = 0;
+  if (!r.Get(&kind) || !r.Get(&t.mode.replicas_to_aggregate) ||
+      !r.Get(&t.mode.total_num_replicas) || !r.Get(&average) || !r.Get(&t.mode.staleness)) {
+    return Truncated("consistency mode");
+  }
+  if (average > 1) return Status::InvalidArgument("tensor '" + t.name + "': bad average flag");
+  t.mode.kind = static_cast<Consistency>(kind);
+  t.mode.average = average == 1;
+  TESSERA_RETURN_IF_ERROR(ValidateTensorDecl(t));
+  return t;
+}
+
+}  // namespace tessera::wire::field

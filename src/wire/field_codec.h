@@ -1,0 +1,40 @@
+// Fields that several messages share, and how each is read and checked:
+// counts that cannot promise more than the frame holds, floats, hyper-
+// parameters, tensor declarations. Private to src/wire.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <span>
+
+#include "wire/messages.h"
+
+namespace tessera::wire::field {
+
+Status Truncated(const char* what);
+
+// Reads a count of items each at least `min_item_bytes` long, refusing counts
+// the remaining bytes could not hold (so a lying count allocates nothing).
+bool GetCount(ByteReader& r, size_t min_item_bytes, uint32_t* count);
+
+template <size_t N>
+bool GetArray(ByteReader& r, std::array<uint8_t, N>* out) {
+  std::span<const uint8_t> bytes;
+  if (!r.GetBytes(N, &bytes)) return false;
+  std::copy(bytes.begin(), bytes.end(), out->begin());
+  return true;
+}
+
+void PutFloat(ByteWriter& w, float f);
+bool GetFloat(ByteReader& r, float* f);
+
+constexpr size_t kHyperBytes = 7 * 4 + 1;
+void PutHyper(ByteWriter& w, const Hyperparams& h);
+Result<Hyperparams> GetHyper(ByteReader& r);
+
+constexpr size_t kModeBytes = 1 + 4 + 4 + 1 + 4;
+constexpr size_t kMinTensorDeclBytes = 4 + 1 + 1 + 1 + 4 + kHyperBytes + kModeBytes;
+void PutTensorDecl(ByteWriter& w, const TensorDecl& t);
+Result<TensorDecl> GetTensorDecl(ByteReader& r);
+
+}  // namespace tessera::wire::field

@@ -1,0 +1,141 @@
+// The data path's messages: push, pull, their replies, leases, hyper-parameters.
+#include <cstring>
+
+#include "wire/field_codec.h"
+#include "wire/messages.h"
+
+namespace tessera::wire {
+
+using namespace field;  // this layer's own field codecs
+
+void Push::EncodeBody(ByteWriter& w) const {
+  w.Put(step);
+  w.Put(step_parts);
+  w.Put(static_cast<uint32_t>(entries.size()));
+  for (const auto& e : entries) {
+    w.Put(e.key_id);
+    w.Put(e.staging_offset);
+    w.Put(e.byte_length);
+  }
+  w.PutBlob(payload);
+}
+Result<Push> Push::DecodeBody(ByteReader& r) {
+  Push m;
+  uint32_t count = 0;
+  if (!r.Get(&m.step) || !r.Get(&m.step_parts)) return Truncated("step");
+  if (!GetCount(r, 20, &count)) return Truncated("entry count");
+  if (count == 0) return Status::InvalidArgument("push of no tensors");
+  m.entries.resize(count);
+  for (auto& e : m.entries) {
+    if (!r.Get(&e.key_id) || !r.Get(&e.staging_offset) || !r.Get(&e.byte_length))
+      return Truncated("entry");
+  }
+  std::span<const uint8_t> payload;
+  if (!r.GetBlob(&payload, kMaxInlineBytes)) return Truncated("payload");
+  m.payload.assign(payload.begin(), payload.end());
+  return m;
+}
+
+namespace {
+void PutVersions(ByteWriter& w, const std::vector<uint64_t>& v) {
+  w.Put(static_cast<uint32_t>(v.size()));
+  for (uint64_t x : v) w.Put(x);
+}
+bool GetVersions(ByteReader& r, std::vector<uint64_t>* v) {
+  uint32_t count = 0;
+  if (!GetCount(r, 8, &count)) return false;
+  v->resize(count);
+  for (auto& x : *v) {
+    if (!r.Get(&x)) return false;
+  }
+  return true;
+}
+}  // namespace
+
+void PushReply::EncodeBody(ByteWriter& w) const {
+  PutVersions(w, versions);
+  w.PutBytes(outcomes);
+}
+Result<PushReply> PushReply::DecodeBody(ByteReader& r) {
+  PushReply m;
+  if (!GetVersions(r, &m.versions)) return Truncated("versions");
+  std::span<const uint8_t> outcomes;
+  if (!r.GetBytes(m.versions.size(), &outcomes)) return Truncated("outcomes");
+  for (uint8_t o : outcomes) {
+    if (o > static_cast<uint8_t>(PushOutcome::kDuplicate)) {
+      return Status::InvalidArgument("unknown push outcome " + std::to_string(o));
+    }
+  }
+  m.outcomes.assign(outcomes.begin(), outcomes.end());
+  return m;
+}
+
+void Pull::EncodeBody(ByteWriter& w) const {
+  w.Put(static_cast<uint32_t>(entries.size()));
+  for (const auto& e : entries) {
+    w.Put(e.key_id);
+    w.Put(e.min_version);
+    w.Put(e.min_step);
+  }
+  w.Put(inline_max);
+  w.Put(wait_ms);
+}
+Result<Pull> Pull::DecodeBody(ByteReader& r) {
+  Pull m;
+  uint32_t count = 0;
+  if (!GetCount(r, 20, &count)) return Truncated("entry count");
+  if (count == 0) return Status::InvalidArgument("pull of no tensors");
+  m.entries.resize(count);
+  for (auto& e : m.entries) {
+    if (!r.Get(&e.key_id) || !r.Get(&e.min_version) || !r.Get(&e.min_step)) {
+      return Truncated("entry");
+    }
+  }
+  if (!r.Get(&m.inline_max)) return Truncated("inline_max");
+  if (!r.Get(&m.wait_ms)) return Truncated("wait_ms");
+  return m;
+}
+
+void PullReply::EncodeBody(ByteWriter& w) const {
+  w.Put(lease_id);
+  PutVersions(w, versions);
+  w.PutBlob(data);
+}
+Result<PullReply> PullReply::DecodeBody(ByteReader& r) {
+  PullReply m;
+  if (!r.Get(&m.lease_id)) return Truncated("lease_id");
+  if (!GetVersions(r, &m.versions)) return Truncated("versions");
+  std::span<const uint8_t> data;
+  if (!r.GetBlob(&data, kMaxInlineBytes)) return Truncated("data");
+  m.data.assign(data.begin(), data.end());
+  return m;
+}
+
+void Release::EncodeBody(ByteWriter& w) const { w.Put(lease_id); }
+Result<Release> Release::DecodeBody(ByteReader& r) {
+  Release m;
+  if (!r.Get(&m.lease_id)) return Truncated("lease_id");
+  return m;
+}
+
+void SetHyper::EncodeBody(ByteWriter& w) const {
+  w.Put(static_cast<uint32_t>(key_ids.size()));
+  for (uint32_t k : key_ids) w.Put(k);
+  PutHyper(w, hyper);
+}
+Result<SetHyper> SetHyper::DecodeBody(ByteReader& r) {
+  SetHyper m;
+  uint32_t count = 0;
+  if (!GetCount(r, 4, &count)) return Truncated("key count");
+  if (count == 0) return Status::InvalidArgument("set-hyper for no tensors");
+  m.key_ids.resize(count);
+  for (auto& k : m.key_ids) {
+    if (!r.Get(&k)) return Truncated("key id");
+  }
+  auto h = GetHyper(r);
+  if (!h.ok()) return h.status();
+  m.hyper = *h;
+  return m;
+}
+
+}  // namespace tessera::wire
