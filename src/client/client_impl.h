@@ -220,8 +220,8 @@ class Client::Impl {
   void PullFromShard(int shard, std::vector<ChunkIo> ios, const std::function<void(Status)>& done);
   // push_pull's one round trip to a shard, for gradients that travel inline:
   // the shard answers the push with the weights it produced.
-  void PushThenPullInline(int shard, std::vector<ChunkIo> gradients, std::vector<ChunkIo> weights,
-                          std::function<void(Status)> done);
+  void PushThenPullInline(int shard, const std::vector<ChunkIo>& gradients,
+                          std::vector<ChunkIo> weights, std::function<void(Status)> done);
   // Lands a pull reply's bytes in `ios`: copied from the reply when inline,
   // else read one-sided under its lease, which is then released.
   void AcceptPullReply(int shard, std::vector<ChunkIo> ios, wire::PullReply reply,

@@ -5,7 +5,7 @@
 
 namespace tessera {
 
-void Client::Impl::PushThenPullInline(int shard, std::vector<ChunkIo> gradients,
+void Client::Impl::PushThenPullInline(int shard, const std::vector<ChunkIo>& gradients,
                                       std::vector<ChunkIo> weights,
                                       std::function<void(Status)> done) {
   ShardConn& s = shards_[shard];
@@ -63,7 +63,7 @@ Future Client::Impl::PushPull(const std::vector<PushPullItem>& items) {
       op->Add(1);
       if (TravelsInline(push[s])) {
         // One round trip: the shard answers the push with the weights.
-        PushThenPullInline(static_cast<int>(s), std::move(push[s]), std::move(pull[s]),
+        PushThenPullInline(static_cast<int>(s), push[s], std::move(pull[s]),
                            [op](const Status& st) { op->Finish(st); });
         continue;
       }
