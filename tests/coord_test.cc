@@ -118,6 +118,16 @@ TEST(StepCounter, ALaterStepFlushesAnEarlierOneThatCannotGrow) {
   EXPECT_TRUE(counter.TakeReports().empty());
 }
 
+// Reports wait while the coordinator is unreachable, but not without bound:
+// the newest steps are kept, and they supersede the older ones.
+TEST(StepCounter, WaitingReportsAreBounded) {
+  server::StepCounter counter;
+  for (uint64_t step = 0; step < 1000; ++step) counter.CountSync(0, step, 1, 1);
+  auto reports = counter.TakeReports();
+  ASSERT_EQ(reports.size(), 256u);
+  EXPECT_EQ(reports.back().sync_step, 999u);
+}
+
 TEST(StepCounter, AsyncStepsTravelAsOneCount) {
   server::StepCounter counter;
   for (int i = 0; i < 5; ++i) counter.CountAsync();

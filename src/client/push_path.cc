@@ -1,6 +1,7 @@
 // The push path: a push split by shard, its bytes inline or put one-sided
 // into the staging slot, the outcome of each chunk.
 
+#include <algorithm>
 #include <cstring>
 
 #include "client/client_impl.h"
@@ -324,35 +325,27 @@ Future Client::Impl::Push(const std::vector<PushItem>& items, uint32_t flags,
   op->Add(1);  // held until every part is issued
   // The shards count the global step (never the chief's init): an async
   // push on the part to its lowest-numbered shard, a sync push on every part
-  // holding a sync tensor, each saying how many there are.
-  std::vector<uint32_t> step_parts(by_shard.size(), 0);
-  if (!(flags & wire::kFlagInit)) {
-    uint32_t sync_parts = 0;
-    for (size_t s = 0; s < by_shard.size(); ++s) {
-      for (const auto& io : by_shard[s]) {
-        if (io.tensor->spec.mode.kind != Consistency::kSync) continue;
-        step_parts[s] = 1;
-        sync_parts++;
-        break;
-      }
-    }
-    if (sync_parts > 0) {
-      for (auto& parts : step_parts) parts = parts ? sync_parts : 0;
-    } else {
-      for (size_t s = 0; s < by_shard.size(); ++s) {
-        if (by_shard[s].empty()) continue;
-        step_parts[s] = 1;
-        break;
-      }
-    }
-  }
-  ctx_->Post([this, op, flags, step, step_parts = std::move(step_parts),
+  // holding a sync tensor, each saying how many there are. Counted here, so
+  // no per-shard list is built on every push.
+  auto holds_sync = [](const std::vector<ChunkIo>& ios) {
+    return std::any_of(ios.begin(), ios.end(), [](const ChunkIo& io) {
+      return io.tensor->spec.mode.kind == Consistency::kSync;
+    });
+  };
+  const bool counts = !(flags & wire::kFlagInit);
+  const auto sync_parts =
+      static_cast<uint32_t>(std::count_if(by_shard.begin(), by_shard.end(), holds_sync));
+  ctx_->Post([this, op, flags, step, counts, sync_parts, holds_sync,
               by_shard = std::move(by_shard)]() mutable {
+    bool first = true;
     for (size_t s = 0; s < by_shard.size(); ++s) {
       if (by_shard[s].empty()) continue;
+      uint32_t parts = 0;
+      if (counts) parts = sync_parts > 0 ? (holds_sync(by_shard[s]) ? sync_parts : 0) : first;
+      first = false;
       op->Add(1);
-      PushToShard(static_cast<int>(s), std::move(by_shard[s]), flags, PushStep{step, step_parts[s]},
-                  op, [op](const Status& st, const std::vector<uint64_t>&) { op->Finish(st); });
+      PushToShard(static_cast<int>(s), std::move(by_shard[s]), flags, PushStep{step, parts}, op,
+                  [op](const Status& st, const std::vector<uint64_t>&) { op->Finish(st); });
     }
     op->Finish(Status::Ok());
   });

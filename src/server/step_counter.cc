@@ -9,6 +9,9 @@ void StepCounter::MakeReady(uint64_t step, std::vector<wire::SyncStepWorker> wor
   report.sync_step = step;
   report.sync_workers = std::move(workers);
   ready_.push_back(std::move(report));
+  // While the coordinator is unreachable reports wait here; a later
+  // complete step supersedes the old ones, so only the newest are kept.
+  while (ready_.size() > kMaxWaitingReports) ready_.pop_front();
   reported_below_ = std::max(reported_below_, step + 1);
 }
 

@@ -37,6 +37,7 @@ class StepCounter {
   // Holds at most a step or two: a later step flushes the earlier ones.
   std::map<uint64_t, std::vector<wire::SyncStepWorker>> open_;
   uint64_t reported_below_ = 0;  // sync steps below this were reported
+  static constexpr size_t kMaxWaitingReports = 256;
   std::deque<wire::StepsApplied> ready_;
 };
 
