@@ -764,5 +764,131 @@ TEST_F(CheckpointTest, KilledShardRestartsFromTheCheckpointAndTrainingContinues)
   client->reset();
 }
 
+// A standalone coordinator SIGKILLed mid-training and started again: the
+// workers and shards carry on (push and pull never need it), the workers'
+// calls to it wait until they reach it again, and the new process rebuilds
+// placement from the shards' joins and the global step from their step
+// reports. Sync training in f64 with add and SGD ends exactly where a run
+// without the kill ends, and the rebuilt coordinator can still checkpoint.
+TEST_F(CheckpointTest, KilledStandaloneCoordinatorRestartsAndTrainingEndsExactly) {
+  if (std::getenv("TESSERA_BIN") == nullptr) GTEST_SKIP() << "TESSERA_BIN is not set";
+  NewSpec(2, 2);
+  ASSERT_TRUE(spec_.AddJob("coordinator", {{"127.0.0.1", testing::UnusedPort()}}).ok());
+  testing::ShardProcesses tasks(spec_, secret_, 2, {"--checkpoint-dir", dir_.string()});
+  const int coordinator = 2;
+  constexpr uint64_t kSteps = 60;
+  constexpr int64_t kElems = 16;  // 128 bytes in chunks of 64: each tensor on both shards
+  auto connect = [&](int w) {
+    ClientOptions o;
+    o.cluster = spec_;
+    o.task = {"worker", w};
+    o.secret = secret_;
+    o.startup_timeout = 15s;
+    o.op_timeout = 30s;
+    o.chunk_bytes = 64;
+    o.heartbeat_interval = 200ms;
+    o.heartbeat_timeout = 1s;
+    return testing::ValueOrThrow(Client::Connect(o), "worker " + std::to_string(w));
+  };
+  std::vector<std::unique_ptr<Client>> workers;
+  workers.push_back(connect(0));
+  workers.push_back(connect(1));
+  TensorSpec add{"w_add", DType::kF64, {kElems}, UpdateRule::kAdd};
+  TensorSpec sgd{"w_sgd", DType::kF64, {kElems}, UpdateRule::kSgd};
+  sgd.hyper.learning_rate = 0.5f;
+  add.mode = sgd.mode = ConsistencyMode::Sync(2, 2, false);
+  std::vector<std::vector<Tensor>> ts(2);
+  ts[0] = workers[0]->DeclareMany({add, sgd}).value();
+  ASSERT_TRUE(workers[0]->Initialize().ok());
+  ts[1] = workers[1]->DeclareMany({add, sgd}).value();
+  ASSERT_TRUE(workers[1]->WaitForInit(10s).ok());
+
+  // Worker r pushes (r + 1) / 4 to every element at every step: sums that
+  // f64 holds exactly.
+  // Training holds at each of these steps until the test lets it go on:
+  // the coordinator is killed and restarted at once at the first (so the
+  // new one learns the global step from the reports the shards sent
+  // before), and killed at the second and restarted at the third (so steps
+  // run with no coordinator at all, and their reports wait in the shards).
+  const std::vector<uint64_t> holds = {20, 40, 50};
+  std::atomic<uint64_t> done_steps[2] = {0, 0};
+  std::atomic<size_t> released = 0;
+  std::vector<Status> failures(2);
+  auto train = [&](int r) {
+    Client& c = *workers[r];
+    const std::vector<double> grad(kElems, (r + 1) * 0.25);
+    std::vector<double> va(kElems), vs(kElems);
+    for (uint64_t s = 0; s < kSteps; ++s) {
+      for (size_t h = 0; h < holds.size(); ++h) {
+        if (s == holds[h]) testing::WaitUntil([&] { return released > h; }, 60s);
+      }
+      Status st =
+          c.Push({PushItem::Of<double>(ts[r][0], grad), PushItem::Of<double>(ts[r][1], grad)}, s);
+      if (st.ok()) {
+        st = c.Pull({PullItem::AfterStep<double>(ts[r][0], va, s + 1),
+                     PullItem::AfterStep<double>(ts[r][1], vs, s + 1)});
+      }
+      if (!st.ok()) {
+        failures[r] = st.WithContext("step " + std::to_string(s));
+        return;
+      }
+      done_steps[r] = s + 1;
+    }
+  };
+  std::thread t0(train, 0), t1(train, 1);
+  auto reached = [&](uint64_t step) {
+    return testing::WaitUntil([&] { return done_steps[0] >= step && done_steps[1] >= step; }, 60s);
+  };
+  auto global_step = [&] {
+    // Waits until the chief reaches the new coordinator.
+    auto step = workers[0]->GlobalStep();
+    EXPECT_TRUE(step.ok()) << step.status().ToString();
+    return step.value_or(0);
+  };
+  EXPECT_TRUE(reached(holds[0]));
+  EXPECT_EQ(EventualGlobalStep(*workers[0], holds[0]), holds[0]);
+  tasks.Restart(coordinator);  // SIGKILL, then a new process
+  EXPECT_EQ(global_step(), holds[0]);
+  released = 1;
+  EXPECT_TRUE(reached(holds[1]));
+  kill(tasks.pid(coordinator), SIGKILL);
+  released = 2;
+  EXPECT_TRUE(reached(holds[2]));  // ten steps, and no coordinator
+  tasks.Restart(coordinator);
+  EXPECT_EQ(global_step(), holds[2]);
+  released = 3;
+  t0.join();
+  t1.join();
+  ASSERT_TRUE(failures[0].ok()) << failures[0].ToString();
+  ASSERT_TRUE(failures[1].ok()) << failures[1].ToString();
+
+  EXPECT_EQ(EventualGlobalStep(*workers[0], kSteps), kSteps);
+  std::vector<double> va(kElems), vs(kElems);
+  ASSERT_TRUE(workers[1]
+                  ->Pull({PullItem::AfterStep<double>(ts[1][0], va, kSteps),
+                          PullItem::AfterStep<double>(ts[1][1], vs, kSteps)})
+                  .ok());
+  EXPECT_EQ(va, std::vector<double>(kElems, kSteps * 0.75));
+  EXPECT_EQ(vs, std::vector<double>(kElems, -(kSteps * 0.75 * 0.5)));
+
+  // Placement was rebuilt: a checkpoint lays every chunk out where it lives,
+  // and a new tensor is placed beside the old ones.
+  auto saved = workers[0]->SaveCheckpoint();
+  ASSERT_TRUE(saved.ok()) << saved.status().ToString();
+  EXPECT_EQ(saved->global_step, kSteps);
+  auto ckpt = ckpt::Checkpoint::Open(saved->path, /*verify_data=*/true);
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status().ToString();
+  std::vector<double> saved_add(kElems);
+  ASSERT_TRUE(ckpt->ReadSlot("w_add", ckpt::Slot::kParam, 0, kElems * 8,
+                             reinterpret_cast<uint8_t*>(saved_add.data()))
+                  .ok());
+  EXPECT_EQ(saved_add, std::vector<double>(kElems, kSteps * 0.75));
+  TensorSpec late{"late", DType::kF32, {4}, UpdateRule::kAdd};
+  auto more = workers[0]->DeclareMany({add, late});
+  ASSERT_TRUE(more.ok()) << more.status().ToString();
+  workers.clear();
+  tasks.StopAll();
+}
+
 }  // namespace
 }  // namespace tessera

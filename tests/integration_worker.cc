@@ -3,11 +3,17 @@
 // (1 element to 8 MiB, the large ones chunked), pushes `add` updates
 // concurrently with the other workers, and checks the final values against
 // the exact expected sums. Exits 0 only if every byte matches.
+//
+// With --sync-steps N it trains sync tensors instead (every worker's push
+// per step, then a pull of that step), checks the exact sums, and the chief
+// waits for global step N; with --status-json FILE the chief then writes
+// what `tessera status --json` ($TESSERA_BIN) says of the running cluster.
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 
 #include "core/dtype.h"
 #include "core/log.h"
@@ -55,12 +61,86 @@ int Fail(const std::string& what, const Status& st) {
   return 1;
 }
 
+// Sync training: `tensors` f64 tensors of 64 elements, sync over every
+// worker; step s adds (rank + s) % 4 + 1 from each worker to every element.
+int SyncSteps(Client& c, const std::string& task, int me, int workers, uint64_t steps, int tensors,
+              const std::string& status_json) {
+  constexpr int64_t kElems = 64;
+  std::vector<TensorSpec> specs;
+  for (int i = 0; i < tensors; ++i) {
+    TensorSpec s{"sync" + std::to_string(i), DType::kF64, {kElems}, UpdateRule::kAdd, {}, -1};
+    s.mode = ConsistencyMode::Sync(static_cast<uint32_t>(workers), static_cast<uint32_t>(workers),
+                                   false);
+    specs.push_back(std::move(s));
+  }
+  auto handles = c.DeclareMany(specs);
+  if (!handles.ok()) return Fail("declare", handles.status());
+  Status st = c.is_chief() ? c.Initialize() : c.WaitForInit(std::chrono::seconds(60));
+  if (!st.ok()) return Fail("init", st);
+  std::vector<std::vector<double>> values(specs.size(), std::vector<double>(kElems));
+  for (uint64_t s = 0; s < steps; ++s) {
+    const std::vector<double> grad(kElems, static_cast<double>((me + s) % 4 + 1));
+    std::vector<PushItem> push;
+    std::vector<PullItem> pull;
+    for (size_t i = 0; i < specs.size(); ++i) {
+      push.push_back(PushItem::Of<double>((*handles)[i], grad));
+      pull.push_back(PullItem::AfterStep<double>((*handles)[i], values[i], s + 1));
+    }
+    st = c.Push(push, s);
+    if (st.ok()) st = c.Pull(pull);
+    if (!st.ok()) return Fail("step " + std::to_string(s), st);
+  }
+  double expect = 0;
+  for (uint64_t s = 0; s < steps; ++s) {
+    for (int w = 0; w < workers; ++w) expect += static_cast<double>((w + s) % 4 + 1);
+  }
+  for (size_t i = 0; i < specs.size(); ++i) {
+    if (values[i] != std::vector<double>(kElems, expect)) {
+      fprintf(stderr, "integration_worker: %s differs from the expected sum %.0f\n",
+              specs[i].name.c_str(), expect);
+      return 1;
+    }
+  }
+  printf("%s verified %zu sync tensors after %llu steps\n", task.c_str(), specs.size(),
+         static_cast<unsigned long long>(steps));
+  if (!c.is_chief()) return 0;
+  // The shards report steps after the pushes returned: wait for the count.
+  uint64_t global = 0;
+  for (int i = 0; i < 1000 && global < steps; ++i) {
+    auto g = c.GlobalStep();
+    if (!g.ok()) return Fail("global step", g.status());
+    global = *g;
+    if (global < steps) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  if (global != steps) {
+    fprintf(stderr, "integration_worker: global step %llu, expected %llu\n",
+            static_cast<unsigned long long>(global), static_cast<unsigned long long>(steps));
+    return 1;
+  }
+  if (status_json.empty()) return 0;
+  const char* bin = std::getenv("TESSERA_BIN");
+  if (bin == nullptr) return Fail("status", Status::InvalidArgument("TESSERA_BIN is not set"));
+  std::string cmd = std::string(bin) + " status --json";
+  if (const char* transport = std::getenv("TESSERA_TRANSPORT")) {
+    cmd += std::string(" --transport ") + transport;
+  }
+  cmd += " > '" + status_json + "'";
+  if (std::system(cmd.c_str()) != 0) {
+    return Fail("status", Status::Internal("`" + cmd + "` failed"));
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"Tessera integration test worker"};
   int rounds = 2, tensors = 200;
-  uint64_t big_mib = 8, chunk_kib = 1024;
+  uint64_t big_mib = 8, chunk_kib = 1024, sync_steps = 0;
+  std::string status_json;
+  app.add_option("--sync-steps", sync_steps, "train sync tensors for this many steps instead");
+  app.add_option("--status-json", status_json,
+                 "with --sync-steps: the chief writes `tessera status --json` here at the end");
   app.add_option("--rounds", rounds);
   app.add_option("--tensors", tensors);
   app.add_option("--big-mib", big_mib);
@@ -87,6 +167,8 @@ int main(int argc, char** argv) {
   auto client = Client::Connect(opts);
   if (!client.ok()) return Fail("connect", client.status());
   Client& c = **client;
+  if (sync_steps > 0)
+    return SyncSteps(c, cfg->task.ToString(), me, workers, sync_steps, 8, status_json);
 
   auto plan = MakePlan(tensors, big_mib << 20);
   std::vector<TensorSpec> specs;

@@ -8,6 +8,8 @@
 #include <array>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -120,6 +122,39 @@ TEST(LaunchTest, SeparateCoordinatorTask) {
   EXPECT_NE(run.output.find("[coordinator]"), std::string::npos) << run.output;
   EXPECT_NE(run.output.find("chief /job:worker/task:0 initialised"), std::string::npos);
   EXPECT_EQ(ErrorSoundingLines(run.output), "") << "a clean run";
+}
+
+// The coordinator's load, through the CLI: a launched sync run of 2 ps tasks
+// x 3 workers x 100 steps, then `tessera status --json` on the running
+// cluster (the chief runs it before it exits). The shards count steps: the
+// coordinator heard at most one report per ps task per step, none from a
+// worker, and its global step is 100.
+TEST(LaunchTest, StatusShowsAtMostOneStepReportPerShardPerStep) {
+  const std::string out = ::testing::TempDir() + "tessera-status-" + std::to_string(getpid());
+  auto run = Shell("env UCX_TLS=tcp " + Env("TESSERA_BIN") + " launch --ps 2 --workers 3 -- " +
+                       Env("INTEGRATION_WORKER") + " --sync-steps 100 --status-json " + out,
+                   300);
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_EQ(Count(run.output, "verified 8 sync tensors after 100 steps"), 3u) << run.output;
+  std::ifstream in(out);
+  const auto tasks = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  std::remove(out.c_str());
+  ASSERT_TRUE(tasks.is_array()) << "no status JSON in " << out;
+  int coordinators = 0;
+  for (const auto& t : tasks) {
+    ASSERT_FALSE(t.contains("error")) << t.dump();
+    if (!t.value("coordinator", false)) continue;
+    coordinators++;
+    EXPECT_EQ(t.at("global_step").get<uint64_t>(), 100u) << t.dump();
+    const auto& reports = t.at("step_reports");
+    ASSERT_EQ(reports.at("from_ps_tasks").size(), 2u) << t.dump();
+    for (const auto& n : reports.at("from_ps_tasks")) {
+      EXPECT_GE(n.get<uint64_t>(), 1u) << t.dump();
+      EXPECT_LE(n.get<uint64_t>(), 100u) << t.dump();
+    }
+    EXPECT_EQ(reports.at("from_workers").get<uint64_t>(), 0u) << t.dump();
+  }
+  EXPECT_EQ(coordinators, 1) << tasks.dump();
 }
 
 // The example trains y = 2x + noise with synchronous SGD and converges.

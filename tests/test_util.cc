@@ -31,9 +31,11 @@ bool WaitUntil(const std::function<bool()>& done, std::chrono::milliseconds limi
 ShardProcesses::ShardProcesses(const ClusterSpec& spec, const std::string& secret, int n,
                                std::vector<std::string> args,
                                std::map<int, std::vector<std::string>> env)
-    : spec_(spec), secret_(secret), args_(std::move(args)) {
+    : spec_(spec), secret_(secret), args_(std::move(args)), num_ps_(n) {
   if (std::getenv("TESSERA_BIN") == nullptr) return;
-  for (int i = 0; i < n; ++i) pids_.push_back(Spawn(i, env[i]));
+  pids_.assign(static_cast<size_t>(n), -1);
+  if (spec_.separate_coordinator()) pids_.push_back(Spawn(n, env[n]));
+  for (int i = 0; i < n; ++i) pids_[static_cast<size_t>(i)] = Spawn(i, env[i]);
 }
 
 ShardProcesses::~ShardProcesses() {
@@ -48,7 +50,8 @@ pid_t ShardProcesses::Spawn(int i, const std::vector<std::string>& env) {
   const char* bin = std::getenv("TESSERA_BIN");
   std::vector<std::string> argv = {bin, "server"};
   argv.insert(argv.end(), args_.begin(), args_.end());
-  const std::string tf_config = ToTfConfigJson(spec_, {"ps", i});
+  const TaskId task = i < num_ps_ ? TaskId{"ps", i} : spec_.coordinator();
+  const std::string tf_config = ToTfConfigJson(spec_, task);
   pid_t pid = fork();
   if (pid == 0) {
     setenv("TESSERA_SECRET", secret_.c_str(), 1);
@@ -88,13 +91,16 @@ std::optional<int> ShardProcesses::WaitExit(int i, std::chrono::milliseconds lim
 }
 
 void ShardProcesses::StopAll() {
-  // ps task 0 first: it is the coordinator and takes its final checkpoint
-  // while the others still serve.
+  // The coordinator first: it takes its final checkpoint while the others
+  // still serve.
+  const int coordinator = spec_.separate_coordinator() ? num_ps_ : 0;
+  const auto c = static_cast<size_t>(coordinator);
+  if (c < pids_.size() && pids_[c] > 0) kill(pids_[c], SIGTERM);
+  WaitExit(coordinator, std::chrono::seconds(30));
   for (size_t i = 0; i < pids_.size(); ++i) {
     if (pids_[i] > 0) kill(pids_[i], SIGTERM);
-    if (i == 0) WaitExit(0, std::chrono::seconds(30));
   }
-  for (size_t i = 1; i < pids_.size(); ++i) WaitExit(static_cast<int>(i), std::chrono::seconds(30));
+  for (size_t i = 0; i < pids_.size(); ++i) WaitExit(static_cast<int>(i), std::chrono::seconds(30));
 }
 
 long RssKiB(pid_t pid) {

@@ -91,7 +91,9 @@ class RawTcpSocket {
 class ShardProcesses {
  public:
   // Starts ps tasks 0..n-1 with `args` after "server"; `env` adds "K=V"
-  // entries for one task (index -> entries).
+  // entries for one task (index -> entries). Where the spec has a
+  // coordinator job, its task is started first, with the same args, as
+  // index n (pid(n), Restart(n)).
   ShardProcesses(const ClusterSpec& spec, const std::string& secret, int n,
                  std::vector<std::string> args = {},
                  std::map<int, std::vector<std::string>> env = {});
@@ -102,8 +104,8 @@ class ShardProcesses {
   void Restart(int i);
   // Waits up to `limit` for task i to exit; its wait status, or nullopt.
   std::optional<int> WaitExit(int i, std::chrono::milliseconds limit);
-  // A clean shutdown: SIGTERM to ps task 0 (the coordinator) and waits for
-  // it, then the others.
+  // A clean shutdown: SIGTERM to the coordinator (ps task 0, or the
+  // coordinator task) and waits for it, then the others.
   void StopAll();
 
  private:
@@ -111,6 +113,7 @@ class ShardProcesses {
   ClusterSpec spec_;
   std::string secret_;
   std::vector<std::string> args_;
+  int num_ps_ = 0;
   std::vector<pid_t> pids_;
 };
 

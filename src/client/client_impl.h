@@ -45,8 +45,8 @@ class Client::Impl {
   Status SetHyperparams(Tensor t, const Hyperparams& hyper);
   Result<uint64_t> GlobalStep();
   Result<Client::CheckpointInfo> SaveCheckpoint(std::chrono::milliseconds timeout) {
-    auto saved = Call<wire::SaveCheckpoint, wire::CheckpointSaved>(coord_index_,
-                                                                   wire::SaveCheckpoint{}, timeout);
+    auto saved = CallCoordinator<wire::SaveCheckpoint, wire::CheckpointSaved>(
+        wire::SaveCheckpoint{}, timeout);
     if (!saved.ok()) return saved.status();
     return Client::CheckpointInfo{saved->global_step, saved->path};
   }
@@ -144,8 +144,8 @@ class Client::Impl {
     return s.dead.ok() ? st.WithContext(s.name()) : s.dead;
   }
   void Handshake(int shard, std::function<void(Status)> done);
-  // A lost ps task (not the coordinator) is tried again now and then; once
-  // it answers, this worker's chunks are created on it again (a restarted
+  // A lost ps task or coordinator is tried again now and then; once it
+  // answers, this worker's chunks are created on it again (a restarted
   // shard restores them from the newest checkpoint) and calls succeed again.
   void Reconnect(int shard);
   void ReCreate(int shard);
@@ -154,6 +154,13 @@ class Client::Impl {
   template <typename Msg, typename ReplyMsg>
   Result<ReplyMsg> Call(int shard, const Msg& msg, std::chrono::milliseconds timeout,
                         uint32_t flags = 0);
+  // A Call to the coordinator that rides out its restart: while this worker
+  // has lost it, the call waits (within `timeout`) until it is reached again
+  // and is sent once more. Every coordinator request may be repeated.
+  template <typename Msg, typename ReplyMsg>
+  Result<ReplyMsg> CallCoordinator(const Msg& msg, std::chrono::milliseconds timeout);
+  // Loop thread: the coordinator was lost, or reached (again).
+  void NoteCoordinator(bool up);
 
   struct ChunkIo {
     const Chunk* chunk;
@@ -242,6 +249,11 @@ class Client::Impl {
   // and address are fixed by Start(); the rest belongs to the loop thread.
   std::vector<ShardConn> shards_;
   int coord_index_ = 0;
+  // Whether the coordinator is reached, and how often it was (any thread).
+  std::mutex coord_mu_;
+  std::condition_variable coord_cv_;
+  bool coord_up_ = false;
+  uint64_t coord_reached_ = 0;
   std::unordered_map<transport::Endpoint*, int> shard_of_;
   std::unordered_map<uint64_t, PendingRequest> pending_;
   uint64_t next_request_ = 1;
@@ -296,6 +308,30 @@ Result<ReplyMsg> Client::Impl::Call(int shard, const Msg& msg, std::chrono::mill
                                     std::to_string(timeout.count()) + " ms");
   }
   return future.get();
+}
+
+template <typename Msg, typename ReplyMsg>
+Result<ReplyMsg> Client::Impl::CallCoordinator(const Msg& msg, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (true) {
+    uint64_t reached = 0;
+    {
+      std::lock_guard<std::mutex> lock(coord_mu_);
+      reached = coord_reached_;
+    }
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    auto r = Call<Msg, ReplyMsg>(coord_index_, msg, std::max(left, std::chrono::milliseconds(1)));
+    if (r.ok() || r.status().code() != StatusCode::kUnavailable) return r;
+    std::unique_lock<std::mutex> lock(coord_mu_);
+    if (coord_up_ && coord_reached_ == reached) return r;  // the coordinator itself said so
+    const bool back =
+        coord_cv_.wait_until(lock, deadline, [&] { return coord_reached_ != reached; });
+    if (!back) {
+      return Status::Unavailable(r.status().message() + "; not reached again within " +
+                                 std::to_string(timeout.count()) + " ms");
+    }
+  }
 }
 
 }  // namespace tessera

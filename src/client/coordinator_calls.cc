@@ -45,7 +45,7 @@ Status Client::Impl::Initialize() {
   }
   if (!items.empty())
     TESSERA_RETURN_IF_ERROR(Push(items, wire::kFlagInit, 0).Wait().WithContext("initialising"));
-  auto ack = Call<wire::InitDone, wire::Ack>(coord_index_, wire::InitDone{}, options_.op_timeout);
+  auto ack = CallCoordinator<wire::InitDone, wire::Ack>(wire::InitDone{}, options_.op_timeout);
   if (!ack.ok()) return ack.status();
   std::lock_guard<std::mutex> lock(tensors_mu_);
   for (auto& e : tensors_) e.initialized = true;
@@ -63,8 +63,8 @@ Status Client::Impl::SetHyperparams(Tensor t, const Hyperparams& hyper) {
   if (!entry.ok()) return entry.status();
   // The coordinator first: checkpoints save what it holds, and re-creates
   // on a restarted shard carry it.
-  auto recorded = Call<wire::UpdateHyper, wire::Ack>(
-      coord_index_, wire::UpdateHyper{(*entry)->spec.name, hyper}, options_.op_timeout);
+  auto recorded = CallCoordinator<wire::UpdateHyper, wire::Ack>(
+      wire::UpdateHyper{(*entry)->spec.name, hyper}, options_.op_timeout);
   if (!recorded.ok()) return recorded.status();
   {
     std::lock_guard<std::mutex> lock(tensors_mu_);
@@ -86,13 +86,13 @@ Status Client::Impl::SetHyperparams(Tensor t, const Hyperparams& hyper) {
 
 Result<uint64_t> Client::Impl::GlobalStep() {
   auto reply =
-      Call<wire::GetStep, wire::StepReply>(coord_index_, wire::GetStep{}, options_.op_timeout);
+      CallCoordinator<wire::GetStep, wire::StepReply>(wire::GetStep{}, options_.op_timeout);
   if (!reply.ok()) return reply.status();
   return reply->global_step;
 }
 
 Status Client::Impl::WaitForInit(std::chrono::milliseconds timeout) {
-  auto ack = Call<wire::WaitInit, wire::Ack>(coord_index_, wire::WaitInit{}, timeout);
+  auto ack = CallCoordinator<wire::WaitInit, wire::Ack>(wire::WaitInit{}, timeout);
   if (ack.ok()) return Status::Ok();
   if (ack.status().code() == StatusCode::kDeadlineExceeded) {
     return Status::DeadlineExceeded("the chief (" + options_.cluster.chief().ToString() +

@@ -87,9 +87,19 @@ void Client::Impl::OnFrame(const std::shared_ptr<transport::Endpoint>& ep,
   fn(Status::Ok(), *h, frame);
 }
 
+void Client::Impl::NoteCoordinator(bool up) {
+  {
+    std::lock_guard<std::mutex> lock(coord_mu_);
+    coord_up_ = up;
+    if (up) coord_reached_++;
+  }
+  coord_cv_.notify_all();
+}
+
 void Client::Impl::OnShardLost(int shard, const Status& why) {
   ShardConn& s = shards_[shard];
   if (!s.dead.ok()) return;
+  if (shard == coord_index_) NoteCoordinator(false);
   s.dead = Status::Unavailable(s.name() + " is gone: " + why.message());
   if (!stopping_) TLOG_ERROR("{}", s.dead.message());
   // Forced: a hung peer would never let a graceful close finish, and the
@@ -285,7 +295,8 @@ void Client::Impl::ConnectShard(int shard, std::chrono::steady_clock::time_point
                       }
                     }
                     start_cv_.notify_all();
-                    if (!st.ok()) OnShardLost(shard, st);
+                    if (!st.ok()) return OnShardLost(shard, st);
+                    if (shard == coord_index_) NoteCoordinator(true);
                   });
                 });
 }
@@ -293,8 +304,7 @@ void Client::Impl::ConnectShard(int shard, std::chrono::steady_clock::time_point
 void Client::Impl::Reconnect(int shard) {
   ShardConn& s = shards_[shard];
   const auto now = std::chrono::steady_clock::now();
-  if (stopping_ || s.reconnecting || shard == coord_index_ || s.dead.ok() ||
-      now < s.next_reconnect) {
+  if (stopping_ || s.reconnecting || s.dead.ok() || now < s.next_reconnect) {
     return;
   }
   s.next_reconnect = now + std::chrono::seconds(1);
@@ -356,7 +366,9 @@ void Client::Impl::ReCreate(int shard) {
       return;
     }
     conn.dead = Status::Ok();
-    TLOG_INFO("{} is back; this worker's tensors on it were created again", conn.name());
+    if (shard == coord_index_) NoteCoordinator(true);
+    TLOG_INFO("{} is back{}", conn.name(),
+              conn.task.job == "ps" ? "; this worker's tensors on it were created again" : "");
   };
   if (create.entries.empty()) return finish(Status::Ok());
   Request(shard, create, 0,

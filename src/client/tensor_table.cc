@@ -84,7 +84,7 @@ Result<std::vector<Tensor>> Client::Impl::DeclareMany(const std::vector<TensorSp
     TESSERA_RETURN_IF_ERROR(wire::ValidateTensorDecl(declare.tensors.back()));
     TESSERA_RETURN_IF_ERROR(ckpt::CheckNotSlotName(spec.name));
   }
-  auto placed = Call<wire::Declare, wire::DeclareReply>(coord_index_, declare, options_.op_timeout);
+  auto placed = CallCoordinator<wire::Declare, wire::DeclareReply>(declare, options_.op_timeout);
   if (!placed.ok()) return placed.status();
   if (placed->tensors.size() != specs.size())
     return Status::Internal("declare reply does not match the request");

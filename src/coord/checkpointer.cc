@@ -98,6 +98,11 @@ void Checkpointer::Begin(Reason reason, std::vector<Done> waiters) {
   r.prepared.resize(static_cast<size_t>(n));
   r.written.assign(static_cast<size_t>(n), false);
   r.started = std::chrono::steady_clock::now();
+  if (!coord_->placement_known()) {
+    return Abort(Status::Unavailable(
+        "the coordinator restarted and does not yet know where every tensor lives (a ps task "
+        "has not joined)"));
+  }
   for (int k = 0; k < n; ++k) {
     if (!host_.send_to_shard(k, wire::Encode(wire::CkptPrepare{r.id}, 0))) {
       return Abort(

@@ -75,8 +75,15 @@ Result<wire::DeclareReply> Coordinator::Declare(const wire::Declare& msg, const 
       replicas_to_aggregate_ = t.mode.replicas_to_aggregate;
     }
   }
-  if (!placer_)
+  if (!placer_) {
     placer_ = std::make_unique<Placer>(static_cast<PlacementPolicy>(msg.placement), num_shards_);
+    // Tensors adopted from the ps tasks' joins weigh on the shards they hold.
+    for (const auto& [name, placed] : tensors_) {
+      for (const auto& c : placed.chunks) {
+        placer_->Place(c.elem_count * DTypeSize(placed.decl.dtype), static_cast<int>(c.shard));
+      }
+    }
+  }
 
   wire::DeclareReply reply;
   for (const auto& t : msg.tensors) {
@@ -119,6 +126,69 @@ Status Coordinator::UpdateHyper(const wire::UpdateHyper& msg) {
   TESSERA_RETURN_IF_ERROR(msg.hyper.Validate().WithContext("tensor '" + msg.name + "'"));
   it->second.decl.hyper = msg.hyper;
   return Status::Ok();
+}
+
+Status Coordinator::Adopt(int shard, const wire::CreateEntry& chunk, bool initialized) {
+  const auto& t = chunk.tensor;
+  const std::string from = "ps task " + std::to_string(shard);
+  auto it = tensors_.find(t.name);
+  if (it == tensors_.end()) {
+    TESSERA_RETURN_IF_ERROR(ckpt::CheckNotSlotName(t.name));
+    if (chunk.num_chunks > limits_.max_chunks_per_tensor ||
+        tensors_.size() >= limits_.max_tensors ||
+        num_chunks_ + chunk.num_chunks > limits_.max_chunks) {
+      return Status::ResourceExhausted(from + " holds '" + t.name + "' in " +
+                                       std::to_string(chunk.num_chunks) +
+                                       " chunks, beyond the cluster's limits");
+    }
+    Placed placed{t, from + " (rejoining)", {}};
+    placed.adopted = true;
+    placed.chunks.assign(chunk.num_chunks, {kUnplaced, 0, 0});
+    placed.chunks_unplaced = chunk.num_chunks;
+    num_chunks_ += chunk.num_chunks;
+    unplaced_chunks_ += chunk.num_chunks;
+    if (t.mode.kind == Consistency::kSync && replicas_to_aggregate_ == 0) {
+      replicas_to_aggregate_ = t.mode.replicas_to_aggregate;
+    }
+    it = tensors_.emplace(t.name, std::move(placed)).first;
+  }
+  Placed& placed = it->second;
+  const auto& have = placed.decl;
+  if (have.dtype != t.dtype || have.shape != t.shape || have.rule != t.rule ||
+      placed.chunks.size() != chunk.num_chunks) {
+    return Status::FailedPrecondition(from + " holds '" + t.name + "' as " + Describe(t) + " in " +
+                                      std::to_string(chunk.num_chunks) +
+                                      " chunks, but the coordinator knows it as " + Describe(have) +
+                                      " in " + std::to_string(placed.chunks.size()));
+  }
+  auto& c = placed.chunks[chunk.chunk_index];
+  if (c.shard == kUnplaced) {
+    c = {static_cast<uint32_t>(shard), chunk.elem_offset, chunk.elem_count};
+    placed.chunks_unplaced--;
+    unplaced_chunks_--;
+    if (initialized) placed.chunks_initialized++;
+    if (placed.chunks_unplaced == 0) {
+      placed.initialized = placed.chunks_initialized == placed.chunks.size();
+      placed.chief_declared = placed.initialized;
+    }
+    if (placer_) placer_->Place(chunk.elem_count * DTypeSize(t.dtype), shard);
+    return Status::Ok();
+  }
+  if (c.shard != static_cast<uint32_t>(shard) || c.elem_offset != chunk.elem_offset ||
+      c.elem_count != chunk.elem_count) {
+    return Status::FailedPrecondition(
+        from + " holds chunk " + std::to_string(chunk.chunk_index) + " of '" + t.name +
+        "', which the coordinator placed on ps task " + std::to_string(c.shard));
+  }
+  return Status::Ok();
+}
+
+void Coordinator::AdoptionDone() {
+  if (tensors_.empty() || initialized_) return;
+  for (const auto& [name, placed] : tensors_) {
+    if (!placed.initialized) return;
+  }
+  initialized_ = true;
 }
 
 void Coordinator::MarkInitialized() {

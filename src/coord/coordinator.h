@@ -36,7 +36,14 @@ class Coordinator {
     std::vector<wire::ChunkPlacement> chunks;
     bool chief_declared = false;  // the chief's Initialize covers it
     bool initialized = false;     // the chief initialised it
+    // Learnt from the ps tasks' joins (a restarted coordinator): chunks whose
+    // holder is not known yet, and those that hold a value.
+    bool adopted = false;
+    uint32_t chunks_unplaced = 0;
+    uint32_t chunks_initialized = 0;
   };
+  // A chunk of an adopted tensor whose ps task has not joined yet.
+  static constexpr uint32_t kUnplaced = ~uint32_t{0};
 
   Coordinator(int num_shards, int num_workers, DeclareLimits limits = {})
       : num_shards_(num_shards),
@@ -53,6 +60,16 @@ class Coordinator {
   // declaring task in errors. All-or-nothing.
   Result<wire::DeclareReply> Declare(const wire::Declare& msg, const std::string& who,
                                      bool by_chief);
+
+  // A restarted coordinator learns placement back from the ps tasks: ps task
+  // `shard` holds this chunk (with these hyper-parameters), with a value or
+  // not. A chunk it already knows must agree with what it knows.
+  Status Adopt(int shard, const wire::CreateEntry& chunk, bool initialized);
+  // Every chunk of every known tensor has its ps task.
+  bool placement_known() const { return unplaced_chunks_ == 0; }
+  // Every ps task joined: if all the tensors they hold have values, the
+  // chief had initialised them, and the init barrier opens.
+  void AdoptionDone();
 
   // The global step (TensorFlow's global_step), from the steps the shards
   // counted: sync steps count once replicas_to_aggregate workers (of the
@@ -73,6 +90,7 @@ class Coordinator {
   bool initialized() const { return initialized_; }
   int num_shards() const { return num_shards_; }
   const std::map<std::string, Placed>& tensors() const { return tensors_; }
+  size_t num_tensors() const { return tensors_.size(); }
 
  private:
   // Refuses a new tensor that breaks a limit, naming it.
@@ -87,6 +105,7 @@ class Coordinator {
   int num_workers_;
   DeclareLimits limits_;
   uint64_t num_chunks_ = 0;
+  uint64_t unplaced_chunks_ = 0;
   std::unique_ptr<Placer> placer_;  // made on the first declare (its policy wins)
   std::map<std::string, Placed> tensors_;
   const ckpt::Checkpoint* restored_ = nullptr;

@@ -1,7 +1,8 @@
-// The shard's life (start, stop), its memory, and the routing of each
-// authenticated peer's messages to the parts that serve them: shard_session
-// (admission, handshake), shard_apply (pushes), shard_pull (pulls, leases),
-// shard_checkpoint (joins, restore, checkpoint rounds), shard_status.
+// The shard's life (start, stop), its memory, creates and hyper-parameters.
+// server.cc routes each peer's messages to the parts that serve them:
+// shard_session (admission, handshake), shard_apply (pushes), shard_pull
+// (pulls, leases), shard_checkpoint (joins, restore, checkpoint rounds),
+// shard_status, and the coordinator's service when it is hosted here.
 #include "server/shard.h"
 
 #include <algorithm>
@@ -55,11 +56,7 @@ Status Shard::Start() {
   }
   if (is_coordinator_only() ||
       (!options_.cluster.separate_coordinator() && options_.task_index == 0)) {
-    coord_ = std::make_unique<coord::Coordinator>(options_.cluster.num_tasks("ps"),
-                                                  options_.cluster.num_workers());
-    joined_shards_.assign(static_cast<size_t>(options_.cluster.num_tasks("ps")), nullptr);
-    joined_ = true;
-    if (!options_.checkpoint_dir.empty()) TESSERA_RETURN_IF_ERROR(StartCheckpoints());
+    TESSERA_RETURN_IF_ERROR(StartService());
   }
 
   ctx_->SetHandler(kProtocolMsg, [this](const EndpointPtr& ep, std::span<const uint8_t> frame) {
@@ -80,12 +77,18 @@ Status Shard::Start() {
   }
   listener_ = std::move(*listener);
   ctx_->PostAfter(LeaseCheckInterval(), [this] { RevokeExpiredLeases(); });
-  if (checkpointer_) ctx_->Post([this] { checkpointer_->Start(); });
-  if (!hosts_coordinator()) ctx_->Post([this] { JoinCoordinator(); });
+  if (hosts_coordinator()) {
+    ctx_->Post([this] {
+      service_->Start();
+      if (!is_coordinator_only()) JoinLocalService();
+    });
+  } else {
+    ctx_->Post([this] { JoinCoordinator(); });
+  }
   TLOG_INFO("{} serving on {}:{} over {}{}; parameters in {}{}", self.ToString(), host,
             listener_->port(), ctx_->Describe(),
-            coord_ && !is_coordinator_only() ? " (and the coordinator)" : "", memory_->Describe(),
-            table_->staged() ? ", staged through host memory" : "");
+            hosts_coordinator() && !is_coordinator_only() ? " (and the coordinator)" : "",
+            memory_->Describe(), table_->staged() ? ", staged through host memory" : "");
   return Status::Ok();
 }
 
@@ -139,17 +142,11 @@ Status Shard::ReadValue(const Param& p, void* host_dst) const {
 
 void Shard::Stop() {
   if (!ctx_) return;
-  if (checkpointer_) {
+  if (service_ && !options_.checkpoint_dir.empty()) {
     // The final checkpoint, while the other shards still serve (`tessera
     // launch` stops the coordinator first).
     auto done = std::make_shared<std::promise<void>>();
-    ctx_->Post([this, done] {
-      checkpointer_->Save(coord::Checkpointer::Reason::kShutdown,
-                          [done](const Result<coord::SavedCheckpoint>& r) {
-                            if (!r.ok()) TLOG_INFO("no final checkpoint: {}", r.status().message());
-                            done->set_value();
-                          });
-    });
+    ctx_->Post([this, done] { service_->SaveFinal([done] { done->set_value(); }); });
     done->get_future().wait_for(options_.checkpoint_timeout + std::chrono::seconds(5));
   }
   SayBye();
@@ -160,10 +157,9 @@ void Shard::Stop() {
   std::promise<void> done;
   ctx_->Post([this, &done, &peers] {
     stopping_ = true;
-    if (checkpointer_) {
-      checkpointer_->Stop();
-      checkpointer_.reset();  // on this thread: its callbacks run here
-    }
+    // On this thread: its checkpointer's callbacks run here. The service
+    // itself stays until the shard goes: stats() may read it meanwhile.
+    if (service_) service_->Stop();
     if (coord_link_) coord_link_->Close();
     snapshot_.reset();
     for (auto& [raw, peer] : peers_) peer->ep->Close();
@@ -173,170 +169,12 @@ void Shard::Stop() {
     leases_.Clear();
     blocked_pushes_.clear();
     waiting_pulls_.clear();
-    init_waiters_.clear();
     done.set_value();
   });
   done.get_future().wait();
   if (snapshot_writer_.joinable()) snapshot_writer_.join();
   ctx_.reset();    // stops progress: nothing writes into the arenas any more
   table_.reset();  // regions outlive their context safely (they hold the ucp context)
-}
-
-void Shard::OnMessage(const EndpointPtr& ep, std::span<const uint8_t> frame) {
-  if (coord_link_ && ep.get() == coord_link_.get()) return OnLinkFrame(frame);
-  auto it = peers_.find(ep.get());
-  if (it == peers_.end()) return;
-  Peer& peer = *it->second;
-  auto h = wire::DecodeHeader(frame);
-  if (!h.ok()) return Drop(peer, h.status());
-
-  if (!peer.authenticated) {
-    Status st;
-    if (h->opcode == wire::Opcode::kHello && !peer.handshake.said_hello()) {
-      st = OnHello(peer, *h, frame);
-    } else if (h->opcode == wire::Opcode::kAuth && peer.handshake.said_hello()) {
-      st = OnAuth(peer, *h, frame);
-    } else {
-      st = Status::PermissionDenied(std::string(wire::OpcodeName(h->opcode)) +
-                                    " before authentication");
-    }
-    if (!st.ok()) Drop(peer, st, h->request_id);
-    return;
-  }
-
-  if (peer.is_shard) return OnShardPeerMessage(peer, *h, frame);
-  if (peer.is_observer) {
-    if (h->opcode == wire::Opcode::kPing) return Reply(peer, h->request_id, wire::Ack{});
-    if (h->opcode == wire::Opcode::kStatus) {
-      return Reply(peer, h->request_id, wire::StatusReply{StatusJson()});
-    }
-    return SendError(peer, h->request_id,
-                     Status::PermissionDenied(std::string(wire::OpcodeName(h->opcode)) +
-                                              " from an observer, which may only ask for status"));
-  }
-
-  // The transport delimits messages, so a body this shard cannot accept
-  // (malformed, or valid bytes that say something invalid) costs the
-  // authenticated peer that request only: it gets the error, and the
-  // connection stays usable. Unknown opcodes close it.
-  auto bad = [&](const Status& st) {
-    SendError(peer, h->request_id,
-              st.WithContext(std::string(wire::OpcodeName(h->opcode)) + " refused"));
-  };
-  const bool data_op = h->opcode == wire::Opcode::kCreate || h->opcode == wire::Opcode::kPush ||
-                       h->opcode == wire::Opcode::kPull || h->opcode == wire::Opcode::kRelease ||
-                       h->opcode == wire::Opcode::kSetHyper;
-  if (data_op && is_coordinator_only()) {
-    return SendError(
-        peer, h->request_id,
-        Status::FailedPrecondition(std::string(wire::OpcodeName(h->opcode)) +
-                                   " sent to the coordinator, which holds no tensors"));
-  }
-  switch (h->opcode) {
-    case wire::Opcode::kPing:
-      return Reply(peer, h->request_id, wire::Ack{});
-    case wire::Opcode::kBye:
-      peer.said_bye = true;
-      return Reply(peer, h->request_id, wire::Ack{});
-    case wire::Opcode::kDeclare: {
-      auto m = wire::DecodeBody<wire::Declare>(*h, frame);
-      if (!m.ok()) return bad(m.status());
-      if (!coord_) {
-        return SendError(
-            peer, h->request_id,
-            Status::FailedPrecondition("declare sent to a shard that is not the coordinator"));
-      }
-      auto reply = coord_->Declare(*m, peer.hello.task, peer.hello.worker_rank == 0);
-      if (!reply.ok()) return SendError(peer, h->request_id, reply.status());
-      return Reply(peer, h->request_id, *reply);
-    }
-    case wire::Opcode::kCreate: {
-      auto m = wire::DecodeBody<wire::Create>(*h, frame);
-      if (!m.ok()) return bad(m.status());
-      return OnCreate(peer, h->request_id, *m);
-    }
-    case wire::Opcode::kPush: {
-      auto m = wire::DecodeBody<wire::Push>(*h, frame);
-      if (!m.ok()) return bad(m.status());
-      return OnPush(peer, h->request_id, h->flags, std::move(*m));
-    }
-    case wire::Opcode::kPull: {
-      auto m = wire::DecodeBody<wire::Pull>(*h, frame);
-      if (!m.ok()) return bad(m.status());
-      return OnPull(peer, h->request_id, std::move(*m));
-    }
-    case wire::Opcode::kSetHyper: {
-      auto m = wire::DecodeBody<wire::SetHyper>(*h, frame);
-      if (!m.ok()) return bad(m.status());
-      return OnSetHyper(peer, h->request_id, *m);
-    }
-    case wire::Opcode::kRelease: {
-      auto m = wire::DecodeBody<wire::Release>(*h, frame);
-      if (!m.ok()) return bad(m.status());
-      return OnRelease(peer, *m);
-    }
-    case wire::Opcode::kGetStep:
-      if (!coord_) {
-        return SendError(
-            peer, h->request_id,
-            Status::FailedPrecondition("global step asked of a shard that is not the coordinator"));
-      }
-      return Reply(peer, h->request_id, wire::StepReply{coord_->global_step()});
-    case wire::Opcode::kUpdateHyper: {
-      if (!coord_) {
-        return SendError(
-            peer, h->request_id,
-            Status::FailedPrecondition("update-hyper sent to a shard that is not the coordinator"));
-      }
-      if (peer.hello.worker_rank != 0) {
-        return SendError(peer, h->request_id,
-                         Status::PermissionDenied(peer.hello.task + " is not the chief"));
-      }
-      auto m = wire::DecodeBody<wire::UpdateHyper>(*h, frame);
-      if (!m.ok()) return bad(m.status());
-      Status st = coord_->UpdateHyper(*m);
-      if (!st.ok()) return SendError(peer, h->request_id, st);
-      return Reply(peer, h->request_id, wire::Ack{});
-    }
-    case wire::Opcode::kSaveCheckpoint:
-      if (!coord_) {
-        return SendError(peer, h->request_id,
-                         Status::FailedPrecondition(
-                             "save-checkpoint sent to a shard that is not the coordinator"));
-      }
-      return OnSaveCheckpoint(peer, h->request_id);
-    case wire::Opcode::kInitDone:
-    case wire::Opcode::kWaitInit: {
-      if (!coord_) {
-        return SendError(
-            peer, h->request_id,
-            Status::FailedPrecondition("init barrier sent to a shard that is not the coordinator"));
-      }
-      if (h->opcode == wire::Opcode::kInitDone) {
-        if (peer.hello.worker_rank != 0) {
-          return SendError(peer, h->request_id,
-                           Status::PermissionDenied(peer.hello.task + " is not the chief"));
-        }
-        TLOG_INFO("chief {} initialised the parameters", peer.hello.task);
-        coord_->MarkInitialized();
-        Reply(peer, h->request_id, wire::Ack{});
-        for (auto& [waiter, req] : init_waiters_) Reply(*waiter, req, wire::Ack{});
-        init_waiters_.clear();
-      } else if (coord_->initialized()) {
-        Reply(peer, h->request_id, wire::Ack{});
-      } else {
-        init_waiters_.emplace_back(&peer, h->request_id);
-      }
-      return;
-    }
-    default:
-      // The shards count steps: a worker has no step to report.
-      if (h->opcode == wire::Opcode::kStepsApplied) step_messages_from_workers_++;
-      return Drop(peer,
-                  Status::InvalidArgument(std::string("unexpected ") + wire::OpcodeName(h->opcode) +
-                                          " from a worker"),
-                  h->request_id);
-  }
 }
 
 void Shard::OnCreate(Peer& peer, uint64_t request_id, const wire::Create& msg) {
@@ -367,6 +205,8 @@ void Shard::OnCreate(Peer& peer, uint64_t request_id, const wire::Create& msg) {
     }
   }
   tensors_ = table_->size();
+  // A coordinator restarted with this task learns its placement back here.
+  if (service_) service_->OnLocalChunksCreated(msg.entries);
   Reply(peer, request_id, reply);
 }
 
@@ -391,25 +231,3 @@ void Shard::OnSetHyper(Peer& peer, uint64_t request_id, const wire::SetHyper& ms
 }
 
 }  // namespace tessera::server
-
-namespace tessera {
-
-class Server::Impl {
- public:
-  explicit Impl(ServerOptions options) : shard(std::move(options)) {}
-  server::Shard shard;
-};
-
-Result<std::unique_ptr<Server>> Server::Start(const ServerOptions& options) {
-  auto impl = std::make_unique<Impl>(options);
-  TESSERA_RETURN_IF_ERROR(impl->shard.Start());
-  return std::unique_ptr<Server>(new Server(std::move(impl)));
-}
-
-Server::Server(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-Server::~Server() = default;
-uint16_t Server::port() const { return impl_->shard.port(); }
-ServerStats Server::stats() const { return impl_->shard.stats(); }
-void Server::Stop() { impl_->shard.Stop(); }
-
-}  // namespace tessera

@@ -13,8 +13,7 @@
 #include <unordered_map>
 
 #include "ckpt/checkpoint.h"
-#include "coord/checkpointer.h"
-#include "coord/coordinator.h"
+#include "coord/service.h"
 #include "core/failpoint.h"
 #include "core/log_throttle.h"
 #include "server/admission.h"
@@ -114,21 +113,32 @@ class Shard {
   std::string WorkerName(uint32_t rank) const;
   void OnRelease(Peer& peer, const wire::Release& msg);
   void OnSetHyper(Peer& peer, uint64_t request_id, const wire::SetHyper& msg);
+  // What an authenticated peer sends, by its role: a ps task's link (to the
+  // coordinator this task hosts), an observer, or a worker.
   void OnShardPeerMessage(Peer& peer, const wire::Header& h, std::span<const uint8_t> frame);
-  void OnSaveCheckpoint(Peer& peer, uint64_t request_id);
+  void OnObserverMessage(Peer& peer, const wire::Header& h);
+  void OnWorkerMessage(Peer& peer, const wire::Header& h, std::span<const uint8_t> frame);
   // What `tessera status` shows of this task, as JSON.
   std::string StatusJson() const;
 
   // Membership: a ps task that is not the coordinator joins it (retrying
   // until it answers) and learns what to restore; creates wait for that.
-  bool hosts_coordinator() const { return coord_ != nullptr; }
-  Status StartCheckpoints();
+  bool hosts_coordinator() const { return service_ != nullptr; }
+  // The coordinator hosted here, when it is (ps task 0 or the coordinator
+  // job), and what it is told of this task.
+  Status StartService();
+  void JoinLocalService();
+  // This task's chunks, as joins that say more follows: a restarted
+  // coordinator learns placement back from them.
+  std::vector<wire::Join> JoinMessages() const;
   void JoinCoordinator();
   void OnLinkFrame(std::span<const uint8_t> frame);
   void OnLinkLost(const Status& why);
   // The handshake with the coordinator failed: close the link, retry later.
   void RefuseCoordinator(const Status& why);
   void OnJoined(const wire::JoinReply& reply);
+  // Creates that waited for the join.
+  void ServeDeferredCreates();
   // Restore: a chunk created while a checkpoint is being restored loads its
   // value and optimizer state from it.
   Status OpenRestore(const std::string& path, uint64_t step);
@@ -187,9 +197,8 @@ class Shard {
   std::unique_ptr<ParamMemory> memory_;
   transport::MemoryKind arena_kind_ = transport::MemoryKind::kHost;  // what workers reach
   std::unique_ptr<ParamTable> table_;
-  std::unique_ptr<coord::Coordinator> coord_;  // shard 0 only
+  std::unique_ptr<coord::Service> service_;  // the coordinator, when hosted here
   std::unique_ptr<transport::Listener> listener_;
-  std::unique_ptr<coord::Checkpointer> checkpointer_;  // coordinator with a checkpoint dir
   std::thread snapshot_writer_;
 
   // Progress thread only.
@@ -203,14 +212,12 @@ class Shard {
   std::deque<PendingPull> waiting_pulls_;
   bool wait_sweep_scheduled_ = false;
   std::deque<uint32_t> pending_steps_;  // sync chunks whose step is complete, waiting for readers
-  std::vector<std::pair<Peer*, uint64_t>> init_waiters_;
   bool stopping_ = false;
   std::map<uint32_t, int> connected_ranks_;   // authenticated connections per worker rank
   std::map<uint32_t, std::string> departed_;  // ranks with none left: rank -> task name
 
   // Membership and restore (progress thread).
-  std::vector<Peer*> joined_shards_;  // coordinator: ps task index -> its link
-  EndpointPtr coord_link_;            // a ps task's link to the coordinator
+  EndpointPtr coord_link_;  // a ps task's link to the coordinator
   std::optional<wire::ClientHandshake> link_handshake_;
   bool joined_ = false;       // creates are served (restore known)
   bool link_joined_ = false;  // the link is up and joined: reports may go
@@ -248,8 +255,8 @@ class Shard {
 
   std::atomic<uint64_t> pushes_applied_{0}, pulls_served_{0}, refused_{0}, tensors_{0},
       leases_revoked_{0}, steps_applied_{0}, stale_dropped_{0}, duplicate_dropped_{0},
-      chunks_restored_{0}, checkpoints_written_{0}, checkpoint_rounds_failed_{0},
-      host_staged_bytes_{0}, cuda_ipc_workers_{0}, step_messages_from_workers_{0};
+      chunks_restored_{0}, host_staged_bytes_{0}, cuda_ipc_workers_{0},
+      step_messages_from_workers_{0};
 };
 
 }  // namespace tessera::server

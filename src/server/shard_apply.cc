@@ -246,11 +246,7 @@ void Shard::ScheduleStepReport() {
 void Shard::ReportSteps() {
   if (stopping_ || !step_counter_.has_reports()) return;
   if (hosts_coordinator()) {
-    for (const auto& report : step_counter_.TakeReports()) {
-      Status st = coord_->OnStepsApplied(options_.task_index, report);
-      if (!st.ok()) TLOG_ERROR("{}", st.message());
-    }
-    if (checkpointer_) checkpointer_->OnGlobalStep(coord_->global_step());
+    for (const auto& report : step_counter_.TakeReports()) service_->OnLocalSteps(report);
     return;
   }
   // Without a joined link the steps wait in the counter, and go when it

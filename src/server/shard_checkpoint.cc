@@ -13,110 +13,67 @@ using namespace std::chrono_literals;
 // ---------------------------------------------------------------------------
 // The coordinator's side
 
-Status Shard::StartCheckpoints() {
-  const std::string& dir = options_.checkpoint_dir;
-  if (options_.restore) {
-    auto found = ckpt::FindNewestCheckpoint(dir, /*verify_data=*/true);
-    if (found.ok()) {
-      restore_ = std::make_unique<ckpt::Checkpoint>(std::move(*found));
-      restore_step_ = restore_->manifest.global_step;
-      coord_->RestoreFrom(restore_.get());
-      TLOG_INFO("restoring checkpoint {}: global step {}, {} tensors (saved by {} ps tasks)",
-                restore_->path, restore_step_, restore_->manifest.tensors.size(),
-                restore_->manifest.num_shards);
-    } else if (found.status().code() == StatusCode::kNotFound) {
-      TLOG_INFO("no checkpoint in {}: starting afresh", dir);
-    } else {
-      return found.status();
-    }
-  }
-  coord::CheckpointOptions copts;
-  copts.dir = dir;
-  copts.every = options_.checkpoint_every;
-  copts.every_steps = options_.checkpoint_every_steps;
-  copts.keep = std::max(1, options_.keep_checkpoints);
-  copts.timeout = options_.checkpoint_timeout;
-  coord::Checkpointer::Host host;
-  host.send_to_shard = [this](int k, std::vector<uint8_t> frame) {
-    if (!is_coordinator_only() && k == options_.task_index) {
-      ctx_->Post([this, f = std::move(frame)] {
-        if (!stopping_) OnCoordinatorFrame(f);
-      });
-      return true;
-    }
-    Peer* peer = static_cast<size_t>(k) < joined_shards_.size() ? joined_shards_[k] : nullptr;
-    if (peer == nullptr) return false;
-    peer->ep->Send(kProtocolMsg, std::move(frame));
-    return true;
+Status Shard::StartService() {
+  coord::ServiceOptions o;
+  o.name = options_.job + " task " + std::to_string(options_.task_index);
+  o.num_shards = options_.cluster.num_tasks("ps");
+  o.num_workers = options_.cluster.num_workers();
+  o.local_shard = is_coordinator_only() ? -1 : options_.task_index;
+  o.cluster_json = options_.cluster.ToJson();
+  o.checkpoints.dir = options_.checkpoint_dir;
+  o.checkpoints.every = options_.checkpoint_every;
+  o.checkpoints.every_steps = options_.checkpoint_every_steps;
+  o.checkpoints.keep = std::max(1, options_.keep_checkpoints);
+  o.checkpoints.timeout = options_.checkpoint_timeout;
+  o.restore = options_.restore;
+  coord::Service::Host host;
+  host.send = [this](coord::PeerId peer, std::vector<uint8_t> frame) {
+    // A peer that left meanwhile (a worker waiting for a round) is skipped.
+    auto it = peers_.find(reinterpret_cast<transport::Endpoint*>(peer));
+    if (it != peers_.end()) it->second->ep->Send(kProtocolMsg, std::move(frame));
+  };
+  host.send_to_local_shard = [this](std::vector<uint8_t> frame) {
+    ctx_->Post([this, f = std::move(frame)] {
+      if (!stopping_) OnCoordinatorFrame(f);
+    });
   };
   host.post = [this](std::function<void()> fn) { ctx_->Post(std::move(fn)); };
   host.post_after = [this](std::chrono::milliseconds d, std::function<void()> fn) {
     ctx_->PostAfter(d, std::move(fn));
   };
-  host.on_saved = [this](const coord::SavedCheckpoint&) { checkpoints_written_++; };
-  host.on_failed = [this](const Status&) { checkpoint_rounds_failed_++; };
-  checkpointer_ =
-      std::make_unique<coord::Checkpointer>(copts, coord_.get(), options_.cluster.ToJson(), host);
-  if (restore_) checkpointer_->set_latest(restore_step_, restore_->path);
-  return Status::Ok();
+  service_ = std::make_unique<coord::Service>(std::move(o), std::move(host));
+  return service_->Open();
 }
 
-void Shard::OnShardPeerMessage(Peer& peer, const wire::Header& h, std::span<const uint8_t> frame) {
-  const int k = static_cast<int>(peer.hello.worker_rank);
-  switch (h.opcode) {
-    case wire::Opcode::kPing:
-      return Reply(peer, h.request_id, wire::Ack{});
-    case wire::Opcode::kBye:
-      peer.said_bye = true;
-      return Reply(peer, h.request_id, wire::Ack{});
-    case wire::Opcode::kAck:
-      if (h.request_id == kByeRequestId) OnByeAnswered();
-      return;
-    case wire::Opcode::kJoin: {
-      joined_shards_[static_cast<size_t>(k)] = &peer;
-      wire::JoinReply reply;
-      reply.restore_path = checkpointer_ ? checkpointer_->latest_path() : "";
-      reply.global_step = coord_->global_step();
-      TLOG_INFO("{} joined{}", peer.hello.task,
-                reply.restore_path.empty() ? "" : "; it restores from " + reply.restore_path);
-      return Reply(peer, h.request_id, reply);
+void Shard::JoinLocalService() {
+  // This task's table is empty here (it just started): the join says so,
+  // and the answer says what to restore.
+  const wire::JoinReply reply = service_->JoinLocal(wire::Join{});
+  if (!reply.restore_path.empty()) {
+    Status st = OpenRestore(reply.restore_path, reply.global_step);
+    if (!st.ok()) {
+      TLOG_ERROR("cannot restore from {}: {}; tensors start uninitialised", reply.restore_path,
+                 st.message());
     }
-    case wire::Opcode::kStepsApplied: {
-      auto m = wire::DecodeBody<wire::StepsApplied>(h, frame);
-      Status st = m.ok() ? coord_->OnStepsApplied(k, *m) : m.status();
-      if (!st.ok()) return Drop(peer, st.WithContext(peer.hello.task + "'s step report"));
-      if (checkpointer_) checkpointer_->OnGlobalStep(coord_->global_step());
-      return;
-    }
-    case wire::Opcode::kCkptPrepared:
-    case wire::Opcode::kCkptWritten:
-      if (checkpointer_) checkpointer_->OnFrame(k, h, frame);
-      return;
-    case wire::Opcode::kError: {
-      auto err = wire::DecodeBody<wire::Error>(h, frame);
-      TLOG_WARN("{}: {}", peer.hello.task, err.ok() ? err->message : "malformed error");
-      return;
-    }
-    default:
-      return Drop(peer, Status::InvalidArgument(std::string("unexpected ") +
-                                                wire::OpcodeName(h.opcode) + " from a ps task"));
   }
+  joined_ = true;
+  ServeDeferredCreates();
 }
 
-void Shard::OnSaveCheckpoint(Peer& peer, uint64_t request_id) {
-  if (!checkpointer_) {
-    return SendError(peer, request_id,
-                     Status::FailedPrecondition(
-                         "checkpoints are off: start the coordinator with a checkpoint directory "
-                         "(--checkpoint-dir)"));
-  }
-  checkpointer_->Save(coord::Checkpointer::Reason::kRequest, [this, ep = peer.ep, request_id](
-                                                                 Result<coord::SavedCheckpoint> r) {
-    auto it = peers_.find(ep.get());
-    if (it == peers_.end()) return;
-    if (!r.ok()) return SendError(*it->second, request_id, r.status());
-    Reply(*it->second, request_id, wire::CheckpointSaved{r->global_step, r->path});
+std::vector<wire::Join> Shard::JoinMessages() const {
+  std::vector<wire::Join> joins(1);
+  joins.back().more = true;  // the join's end follows them
+  table_->ForEach([&](const Param& p) {
+    if (joins.back().chunks.size() == wire::Join::kMaxChunks) {
+      joins.emplace_back();
+      joins.back().more = true;
+    }
+    wire::CreateEntry e = p.entry;
+    e.tensor.hyper = p.hyper;  // as set at run time
+    joins.back().chunks.push_back(std::move(e));
+    joins.back().initialized.push_back(p.initialized ? 1 : 0);
   });
+  return joins;
 }
 
 // ---------------------------------------------------------------------------
@@ -175,6 +132,20 @@ void Shard::OnLinkFrame(std::span<const uint8_t> frame) {
       }
       link_handshake_.reset();
       coord_link_->MarkAuthenticated();
+      // The chunks, then the last sync steps reported (a restarted
+      // coordinator counts the global step from them; one that lived
+      // ignores steps it counted) and those counted while the link was
+      // down, then the join's end: the coordinator answers workers once
+      // every ps task got that far, so its global step is whole by then.
+      for (const auto& join : JoinMessages()) {
+        coord_link_->Send(kProtocolMsg, wire::Encode(join, 3));
+      }
+      for (const auto& report : step_counter_.Recent()) {
+        coord_link_->Send(kProtocolMsg, wire::Encode(report, 0));
+      }
+      for (const auto& report : step_counter_.TakeReports()) {
+        coord_link_->Send(kProtocolMsg, wire::Encode(report, 0));
+      }
       coord_link_->Send(kProtocolMsg, wire::Encode(wire::Join{}, 3));
       return;
     }
@@ -208,7 +179,7 @@ void Shard::OnLinkFrame(std::span<const uint8_t> frame) {
 
 void Shard::OnJoined(const wire::JoinReply& reply) {
   link_joined_ = true;
-  ReportSteps();  // what was counted while the link was down
+  ReportSteps();  // what was counted since the join went
   if (joined_) {
     TLOG_INFO("rejoined the coordinator");
     return;
@@ -222,6 +193,10 @@ void Shard::OnJoined(const wire::JoinReply& reply) {
   }
   joined_ = true;
   TLOG_INFO("joined the coordinator (global step {})", reply.global_step);
+  ServeDeferredCreates();
+}
+
+void Shard::ServeDeferredCreates() {
   auto deferred = std::move(deferred_creates_);
   deferred_creates_.clear();
   for (auto& [ep, request_id, msg] : deferred) {
@@ -334,9 +309,7 @@ void Shard::RestoreChunk(Param& p) {
 void Shard::SendToCoordinator(std::vector<uint8_t> frame) {
   if (hosts_coordinator()) {
     ctx_->Post([this, f = std::move(frame)] {
-      if (stopping_ || !checkpointer_) return;
-      auto h = wire::DecodeHeader(f);
-      if (h.ok()) checkpointer_->OnFrame(options_.task_index, *h, f);
+      if (!stopping_ && service_) service_->OnLocalShardFrame(f);
     });
     return;
   }

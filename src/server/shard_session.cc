@@ -95,14 +95,11 @@ void Shard::OnDisconnect(const EndpointPtr& ep, const Status& why) {
   if (it == peers_.end()) return;
   Peer* peer = it->second.get();
   if (peer->is_shard) {
-    const size_t k = peer->hello.worker_rank;
     if (peer->said_bye) {
       TLOG_INFO("{} stopped", peer->hello.task);
     } else {
       TLOG_WARN("{} left the coordinator: {}", peer->hello.task, why.message());
     }
-    if (k < joined_shards_.size() && joined_shards_[k] == peer) joined_shards_[k] = nullptr;
-    if (checkpointer_) checkpointer_->OnShardLost(static_cast<int>(k));
   } else if (peer->authenticated && !peer->is_observer) {
     if (peer->said_bye) {
       TLOG_INFO("{} left", peer->hello.task);
@@ -115,7 +112,7 @@ void Shard::OnDisconnect(const EndpointPtr& ep, const Status& why) {
   for (const auto& ended : leases_.ReleaseAllOf(ep.get())) EndLease(ended.lease);
   std::erase_if(blocked_pushes_, [&](const PendingPush& p) { return p.peer == peer; });
   std::erase_if(waiting_pulls_, [&](const PendingPull& p) { return p.peer == peer; });
-  std::erase_if(init_waiters_, [&](const auto& w) { return w.first == peer; });
+  if (service_) service_->OnPeerGone(reinterpret_cast<coord::PeerId>(ep.get()));
   admission_->Forget(reinterpret_cast<uintptr_t>(ep.get()));
   peers_.erase(it);
   RetryWaiting();

@@ -44,11 +44,11 @@ std::string Shard::StatusJson() const {
                         {"checkpoints_written", s.checkpoints_written},
                         {"host_staged_bytes", s.host_staged_bytes},
                         {"cuda_ipc_workers", s.cuda_ipc_workers}}}};
-  if (coord_) {
-    j["global_step"] = coord_->global_step();
+  if (service_) {
+    j["global_step"] = service_->global_step();
     // What the coordinator was told of steps, and by whom: the shards count
     // them, at most one report per ps task per sync step; workers say none.
-    j["step_reports"] = {{"from_ps_tasks", coord_->step_reports_by_shard()},
+    j["step_reports"] = {{"from_ps_tasks", service_->step_reports_by_shard()},
                          {"from_workers", step_messages_from_workers_.load()}};
   }
   return j.dump();
@@ -65,11 +65,13 @@ ServerStats Shard::stats() const {
   s.stale_pushes_dropped = stale_dropped_;
   s.duplicate_pushes_dropped = duplicate_dropped_;
   s.chunks_restored = chunks_restored_;
-  s.checkpoints_written = checkpoints_written_;
-  s.checkpoint_rounds_failed = checkpoint_rounds_failed_;
+  if (service_) {
+    s.checkpoints_written = service_->checkpoints_written();
+    s.checkpoint_rounds_failed = service_->checkpoint_rounds_failed();
+    s.step_reports_from_ps = service_->step_reports_by_shard();
+  }
   s.host_staged_bytes = host_staged_bytes_;
   s.cuda_ipc_workers = cuda_ipc_workers_;
-  if (coord_) s.step_reports_from_ps = coord_->step_reports_by_shard();
   s.step_messages_from_workers = step_messages_from_workers_;
   return s;
 }

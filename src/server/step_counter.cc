@@ -35,6 +35,11 @@ std::vector<wire::StepsApplied> StepCounter::TakeReports() {
   std::vector<wire::StepsApplied> out(std::make_move_iterator(ready_.begin()),
                                       std::make_move_iterator(ready_.end()));
   ready_.clear();
+  for (const auto& report : out) {  // sync steps only: async counts must not repeat
+    recent_.push_back(report);
+    recent_.back().async_steps = 0;
+    if (recent_.size() > kRecentReports) recent_.pop_front();
+  }
   if (async_pending_ > 0) {
     if (out.empty()) out.emplace_back();
     out.front().async_steps = async_pending_;

@@ -28,6 +28,9 @@ class StepCounter {
   // What is ready, one report per sync step; pending async steps ride the
   // first. Empty when there is nothing to say.
   std::vector<wire::StepsApplied> TakeReports();
+  // The last few sync step reports taken, to send again on rejoining: a
+  // restarted coordinator learns the global step from them.
+  std::vector<wire::StepsApplied> Recent() const { return {recent_.begin(), recent_.end()}; }
 
  private:
   void MakeReady(uint64_t step, std::vector<wire::SyncStepWorker> workers);
@@ -39,6 +42,10 @@ class StepCounter {
   uint64_t reported_below_ = 0;  // sync steps below this were reported
   static constexpr size_t kMaxWaitingReports = 256;
   std::deque<wire::StepsApplied> ready_;
+  // Sync steps across shards stay within a step of each other (a worker
+  // pulls step s everywhere before pushing s + 1): a few suffice.
+  static constexpr size_t kRecentReports = 4;
+  std::deque<wire::StepsApplied> recent_;
 };
 
 }  // namespace tessera::server

@@ -107,4 +107,32 @@ Result<TensorDecl> GetTensorDecl(ByteReader& r) {
   return t;
 }
 
+void PutCreateEntry(ByteWriter& w, const CreateEntry& e) {
+  PutTensorDecl(w, e.tensor);
+  w.Put(e.chunk_index);
+  w.Put(e.num_chunks);
+  w.Put(e.elem_offset);
+  w.Put(e.elem_count);
+}
+
+Result<CreateEntry> GetCreateEntry(ByteReader& r) {
+  CreateEntry e;
+  auto t = GetTensorDecl(r);
+  if (!t.ok()) return t.status();
+  e.tensor = std::move(*t);
+  if (!r.Get(&e.chunk_index) || !r.Get(&e.num_chunks) || !r.Get(&e.elem_offset) ||
+      !r.Get(&e.elem_count)) {
+    return Truncated("chunk");
+  }
+  const uint64_t total = NumElements(e.tensor.shape).value();
+  if (e.num_chunks == 0 || e.chunk_index >= e.num_chunks || e.elem_offset > total ||
+      e.elem_count > total - e.elem_offset || (e.elem_count == 0 && total != 0)) {
+    return Status::InvalidArgument(
+        "tensor '" + e.tensor.name + "': chunk " + std::to_string(e.chunk_index) + "/" +
+        std::to_string(e.num_chunks) + " [" + std::to_string(e.elem_offset) + ", +" +
+        std::to_string(e.elem_count) + ") does not fit its shape");
+  }
+  return e;
+}
+
 }  // namespace tessera::wire::field

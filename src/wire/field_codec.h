@@ -37,4 +37,9 @@ constexpr size_t kMinTensorDeclBytes = 4 + 1 + 1 + 1 + 4 + kHyperBytes + kModeBy
 void PutTensorDecl(ByteWriter& w, const TensorDecl& t);
 Result<TensorDecl> GetTensorDecl(ByteReader& r);
 
+// A chunk of a tensor, checked to lie inside its shape.
+constexpr size_t kMinCreateEntryBytes = kMinTensorDeclBytes + 24;
+void PutCreateEntry(ByteWriter& w, const CreateEntry& e);
+Result<CreateEntry> GetCreateEntry(ByteReader& r);
+
 }  // namespace tessera::wire::field

@@ -205,37 +205,17 @@ Result<UpdateHyper> UpdateHyper::DecodeBody(ByteReader& r) {
 
 void Create::EncodeBody(ByteWriter& w) const {
   w.Put(static_cast<uint32_t>(entries.size()));
-  for (const auto& e : entries) {
-    PutTensorDecl(w, e.tensor);
-    w.Put(e.chunk_index);
-    w.Put(e.num_chunks);
-    w.Put(e.elem_offset);
-    w.Put(e.elem_count);
-  }
+  for (const auto& e : entries) PutCreateEntry(w, e);
 }
 Result<Create> Create::DecodeBody(ByteReader& r) {
   Create m;
   uint32_t count = 0;
-  if (!GetCount(r, kMinTensorDeclBytes + 24, &count)) return Truncated("entry count");
+  if (!GetCount(r, kMinCreateEntryBytes, &count)) return Truncated("entry count");
   m.entries.reserve(count);
   for (uint32_t i = 0; i < count; ++i) {
-    CreateEntry e;
-    auto t = GetTensorDecl(r);
-    if (!t.ok()) return t.status();
-    e.tensor = std::move(*t);
-    if (!r.Get(&e.chunk_index) || !r.Get(&e.num_chunks) || !r.Get(&e.elem_offset) ||
-        !r.Get(&e.elem_count)) {
-      return Truncated("chunk");
-    }
-    uint64_t total = NumElements(e.tensor.shape).value();
-    if (e.num_chunks == 0 || e.chunk_index >= e.num_chunks || e.elem_offset > total ||
-        e.elem_count > total - e.elem_offset || (e.elem_count == 0 && total != 0)) {
-      return Status::InvalidArgument(
-          "tensor '" + e.tensor.name + "': chunk " + std::to_string(e.chunk_index) + "/" +
-          std::to_string(e.num_chunks) + " [" + std::to_string(e.elem_offset) + ", +" +
-          std::to_string(e.elem_count) + ") does not fit its shape");
-    }
-    m.entries.push_back(std::move(e));
+    auto e = GetCreateEntry(r);
+    if (!e.ok()) return e.status();
+    m.entries.push_back(std::move(*e));
   }
   return m;
 }

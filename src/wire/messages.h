@@ -353,11 +353,20 @@ struct StepReply {
   bool operator==(const StepReply&) const = default;
 };
 
-// A ps task that is not the coordinator joins it after authenticating.
+// A ps task joins the coordinator after authenticating, saying which chunks
+// it holds (with their current hyper-parameters, and whether each holds a
+// value): a restarted coordinator rebuilds its placement from these. The
+// table travels in joins that say more follows, then the task's recent step
+// reports, then an empty join that ends it and is answered.
 struct Join {
   static constexpr Opcode kOpcode = Opcode::kJoin;
-  void EncodeBody(ByteWriter&) const {}
-  static Result<Join> DecodeBody(ByteReader&) { return Join{}; }
+  std::vector<CreateEntry> chunks;
+  std::vector<uint8_t> initialized;  // per chunk, 0 or 1
+  bool more = false;
+  // Chunks per join message, so that one stays well inside a frame.
+  static constexpr size_t kMaxChunks = 8192;
+  void EncodeBody(ByteWriter& w) const;
+  static Result<Join> DecodeBody(ByteReader& r);
   bool operator==(const Join&) const = default;
 };
 

@@ -36,6 +36,38 @@ Result<StepReply> StepReply::DecodeBody(ByteReader& r) {
   return m;
 }
 
+void Join::EncodeBody(ByteWriter& w) const {
+  w.Put(static_cast<uint32_t>(chunks.size()));
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    PutCreateEntry(w, chunks[i]);
+    w.Put(static_cast<uint8_t>(i < initialized.size() && initialized[i] != 0 ? 1 : 0));
+  }
+  w.Put(static_cast<uint8_t>(more ? 1 : 0));
+}
+Result<Join> Join::DecodeBody(ByteReader& r) {
+  Join m;
+  uint32_t count = 0;
+  if (!GetCount(r, kMinCreateEntryBytes + 1, &count)) return Truncated("chunk count");
+  if (count > kMaxChunks) {
+    return Status::InvalidArgument("a join of " + std::to_string(count) + " chunks (at most " +
+                                   std::to_string(kMaxChunks) + " a message)");
+  }
+  m.chunks.reserve(count);
+  m.initialized.reserve(count);
+  for (uint32_t i = 0; i < count; ++i) {
+    auto e = GetCreateEntry(r);
+    if (!e.ok()) return e.status();
+    uint8_t init = 0;
+    if (!r.Get(&init) || init > 1) return Status::InvalidArgument("bad initialized flag");
+    m.chunks.push_back(std::move(*e));
+    m.initialized.push_back(init);
+  }
+  uint8_t more = 0;
+  if (!r.Get(&more) || more > 1) return Status::InvalidArgument("bad more flag");
+  m.more = more == 1;
+  return m;
+}
+
 void JoinReply::EncodeBody(ByteWriter& w) const {
   w.PutString(restore_path);
   w.Put(global_step);

@@ -1,0 +1,305 @@
+#include "coord/service.h"
+
+#include "core/log.h"
+
+namespace tessera::coord {
+
+Service::Service(ServiceOptions options, Host host)
+    : options_(std::move(options)),
+      host_(std::move(host)),
+      coord_(options_.num_shards, options_.num_workers, options_.limits),
+      links_(static_cast<size_t>(options_.num_shards), 0),
+      joined_once_(static_cast<size_t>(options_.num_shards), false) {}
+
+Service::~Service() = default;
+
+Status Service::Open() {
+  const std::string& dir = options_.checkpoints.dir;
+  if (dir.empty() || !options_.restore) return Status::Ok();
+  auto found = ckpt::FindNewestCheckpoint(dir, /*verify_data=*/true);
+  if (found.status().code() == StatusCode::kNotFound) {
+    TLOG_INFO("no checkpoint in {}: starting afresh", dir);
+    return Status::Ok();
+  }
+  if (!found.ok()) return found.status();
+  restored_ = std::make_unique<ckpt::Checkpoint>(std::move(*found));
+  restore_path_ = restored_->path;
+  coord_.RestoreFrom(restored_.get());
+  global_step_ = coord_.global_step();
+  TLOG_INFO("restoring checkpoint {}: global step {}, {} tensors (saved by {} ps tasks)",
+            restored_->path, restored_->manifest.global_step, restored_->manifest.tensors.size(),
+            restored_->manifest.num_shards);
+  return Status::Ok();
+}
+
+void Service::Start() {
+  if (options_.checkpoints.dir.empty()) return;
+  Checkpointer::Host host;
+  host.send_to_shard = [this](int k, std::vector<uint8_t> frame) {
+    if (k == options_.local_shard) {
+      host_.send_to_local_shard(std::move(frame));
+      return true;
+    }
+    const PeerId link = links_[static_cast<size_t>(k)];
+    if (link == 0) return false;
+    host_.send(link, std::move(frame));
+    return true;
+  };
+  host.post = host_.post;
+  host.post_after = host_.post_after;
+  host.on_saved = [this](const SavedCheckpoint&) { checkpoints_written_++; };
+  host.on_failed = [this](const Status&) { checkpoint_rounds_failed_++; };
+  checkpointer_ =
+      std::make_unique<Checkpointer>(options_.checkpoints, &coord_, options_.cluster_json, host);
+  if (restored_) checkpointer_->set_latest(restored_->manifest.global_step, restored_->path);
+  checkpointer_->Start();
+}
+
+void Service::SaveFinal(std::function<void()> done) {
+  if (!checkpointer_) return done();
+  checkpointer_->Save(Checkpointer::Reason::kShutdown,
+                      [done = std::move(done)](const Result<SavedCheckpoint>& r) {
+                        if (!r.ok()) TLOG_INFO("no final checkpoint: {}", r.status().message());
+                        done();
+                      });
+}
+
+void Service::Stop() {
+  stopped_ = true;
+  if (checkpointer_) {
+    checkpointer_->Stop();
+    checkpointer_.reset();  // on the progress thread: its callbacks run there
+  }
+  init_waiters_.clear();
+  waiting_.clear();
+}
+
+bool Service::Serves(wire::Opcode op) {
+  switch (op) {
+    case wire::Opcode::kDeclare:
+    case wire::Opcode::kGetStep:
+    case wire::Opcode::kUpdateHyper:
+    case wire::Opcode::kSaveCheckpoint:
+    case wire::Opcode::kInitDone:
+    case wire::Opcode::kWaitInit:
+      return true;
+    default:
+      return false;
+  }
+}
+
+bool Service::AllKnown() const {
+  for (bool joined : joined_once_) {
+    if (!joined) return false;
+  }
+  return coord_.placement_known();
+}
+
+void Service::CheckReady() {
+  if (!ready_ && AllKnown()) {
+    ready_ = true;
+    coord_.AdoptionDone();
+    if (coord_.num_tensors() > 0) {
+      TLOG_INFO("every ps task joined: {} tensors placed as before, global step {}{}",
+                coord_.num_tensors(), coord_.global_step(),
+                coord_.initialized() ? ", initialised" : "");
+    }
+  }
+  while (ready_ && !waiting_.empty() && !stopped_) {
+    Waiting w = std::move(waiting_.front());
+    waiting_.pop_front();
+    Serve(w.from, w.header, w.frame);
+  }
+}
+
+void Service::SendError(PeerId peer, uint64_t request_id, const Status& st) {
+  Reply(peer, request_id, wire::Error{st.code(), options_.name + ": " + st.message()});
+}
+
+void Service::OnWorkerRequest(const WorkerRef& from, const wire::Header& h,
+                              std::span<const uint8_t> frame) {
+  if (stopped_) return;
+  if (ready_ && waiting_.empty()) return Serve(from, h, frame);
+  if (waiting_.size() >= options_.max_waiting_requests) {
+    return SendError(
+        from.peer, h.request_id,
+        Status::Unavailable("the coordinator is waiting for ps tasks to join, and " +
+                            std::to_string(waiting_.size()) + " requests wait already"));
+  }
+  if (waiting_.empty()) {
+    std::string missing;
+    for (size_t k = 0; k < joined_once_.size(); ++k) {
+      if (!joined_once_[k]) missing += (missing.empty() ? "ps " : ", ps ") + std::to_string(k);
+    }
+    TLOG_INFO("{}'s {} waits until {}", from.task, wire::OpcodeName(h.opcode),
+              missing.empty() ? "every tensor's chunks are known again"
+                              : missing + " joined the coordinator");
+  }
+  waiting_.push_back({from, h, std::vector<uint8_t>(frame.begin(), frame.end())});
+}
+
+void Service::Serve(const WorkerRef& from, const wire::Header& h, std::span<const uint8_t> frame) {
+  auto bad = [&](const Status& st) {
+    SendError(from.peer, h.request_id,
+              st.WithContext(std::string(wire::OpcodeName(h.opcode)) + " refused"));
+  };
+  switch (h.opcode) {
+    case wire::Opcode::kDeclare: {
+      auto m = wire::DecodeBody<wire::Declare>(h, frame);
+      if (!m.ok()) return bad(m.status());
+      auto reply = coord_.Declare(*m, from.task, from.rank == 0);
+      if (!reply.ok()) return SendError(from.peer, h.request_id, reply.status());
+      return Reply(from.peer, h.request_id, *reply);
+    }
+    case wire::Opcode::kGetStep:
+      return Reply(from.peer, h.request_id, wire::StepReply{coord_.global_step()});
+    case wire::Opcode::kUpdateHyper: {
+      if (from.rank != 0) {
+        return SendError(from.peer, h.request_id,
+                         Status::PermissionDenied(from.task + " is not the chief"));
+      }
+      auto m = wire::DecodeBody<wire::UpdateHyper>(h, frame);
+      if (!m.ok()) return bad(m.status());
+      Status st = coord_.UpdateHyper(*m);
+      if (!st.ok()) return SendError(from.peer, h.request_id, st);
+      return Reply(from.peer, h.request_id, wire::Ack{});
+    }
+    case wire::Opcode::kSaveCheckpoint:
+      return OnSaveCheckpoint(from, h.request_id);
+    case wire::Opcode::kInitDone:
+      return OnInitDone(from, h.request_id);
+    case wire::Opcode::kWaitInit:
+      if (coord_.initialized()) return Reply(from.peer, h.request_id, wire::Ack{});
+      init_waiters_.emplace_back(from.peer, h.request_id);
+      return;
+    default:
+      return SendError(from.peer, h.request_id,
+                       Status::InvalidArgument(std::string(wire::OpcodeName(h.opcode)) +
+                                               " is not a request to the coordinator"));
+  }
+}
+
+void Service::OnInitDone(const WorkerRef& from, uint64_t request_id) {
+  if (from.rank != 0) {
+    return SendError(from.peer, request_id,
+                     Status::PermissionDenied(from.task + " is not the chief"));
+  }
+  TLOG_INFO("chief {} initialised the parameters", from.task);
+  coord_.MarkInitialized();
+  Reply(from.peer, request_id, wire::Ack{});
+  for (auto& [waiter, req] : init_waiters_) Reply(waiter, req, wire::Ack{});
+  init_waiters_.clear();
+}
+
+void Service::OnSaveCheckpoint(const WorkerRef& from, uint64_t request_id) {
+  if (!checkpointer_) {
+    return SendError(from.peer, request_id,
+                     Status::FailedPrecondition(
+                         "checkpoints are off: start the coordinator with a checkpoint directory "
+                         "(--checkpoint-dir)"));
+  }
+  // The worker may be gone when the round ends: the host drops frames to
+  // connections it no longer has.
+  checkpointer_->Save(Checkpointer::Reason::kRequest,
+                      [this, peer = from.peer, request_id](Result<SavedCheckpoint> r) {
+                        if (!r.ok()) return SendError(peer, request_id, r.status());
+                        Reply(peer, request_id, wire::CheckpointSaved{r->global_step, r->path});
+                      });
+}
+
+Status Service::Join(int shard, const wire::Join& join) {
+  for (size_t i = 0; i < join.chunks.size(); ++i) {
+    const bool initialized = i < join.initialized.size() && join.initialized[i] != 0;
+    TESSERA_RETURN_IF_ERROR(coord_.Adopt(shard, join.chunks[i], initialized));
+  }
+  if (join.more) return Status::Ok();
+  joined_once_[static_cast<size_t>(shard)] = true;
+  CheckReady();
+  return Status::Ok();
+}
+
+wire::JoinReply Service::JoinLocal(const wire::Join& join) {
+  Status st = Join(options_.local_shard, join);
+  if (!st.ok()) TLOG_ERROR("ps task {}'s own chunks: {}", options_.local_shard, st.message());
+  return wire::JoinReply{restore_path(), coord_.global_step()};
+}
+
+void Service::OnLocalChunksCreated(const std::vector<wire::CreateEntry>& entries) {
+  if (coord_.placement_known()) return;  // the usual case: placed here
+  for (const auto& e : entries) {
+    Status st = coord_.Adopt(options_.local_shard, e, /*initialized=*/false);
+    if (!st.ok()) TLOG_ERROR("ps task {}: {}", options_.local_shard, st.message());
+  }
+  CheckReady();
+}
+
+Status Service::OnShardFrame(PeerId from, int shard, const wire::Header& h,
+                             std::span<const uint8_t> frame) {
+  if (stopped_) return Status::Ok();
+  switch (h.opcode) {
+    case wire::Opcode::kJoin: {
+      auto m = wire::DecodeBody<wire::Join>(h, frame);
+      if (!m.ok()) return m.status();
+      TESSERA_RETURN_IF_ERROR(Join(shard, *m));
+      if (m->more) return Status::Ok();
+      links_[static_cast<size_t>(shard)] = from;
+      wire::JoinReply reply{checkpointer_ ? checkpointer_->latest_path() : restore_path_,
+                            coord_.global_step()};
+      TLOG_INFO("ps task {} joined{}", shard,
+                reply.restore_path.empty() ? "" : "; it restores from " + reply.restore_path);
+      Reply(from, h.request_id, reply);
+      return Status::Ok();
+    }
+    case wire::Opcode::kStepsApplied: {
+      auto m = wire::DecodeBody<wire::StepsApplied>(h, frame);
+      if (!m.ok()) return m.status();
+      return OnStepsApplied(shard, *m);
+    }
+    case wire::Opcode::kCkptPrepared:
+    case wire::Opcode::kCkptWritten:
+      if (checkpointer_) checkpointer_->OnFrame(shard, h, frame);
+      return Status::Ok();
+    case wire::Opcode::kError: {
+      auto err = wire::DecodeBody<wire::Error>(h, frame);
+      TLOG_WARN("ps task {}: {}", shard, err.ok() ? err->message : "malformed error");
+      return Status::Ok();
+    }
+    default:
+      return Status::InvalidArgument(std::string("unexpected ") + wire::OpcodeName(h.opcode) +
+                                     " from a ps task");
+  }
+}
+
+void Service::OnLocalShardFrame(std::span<const uint8_t> frame) {
+  if (stopped_) return;
+  auto h = wire::DecodeHeader(frame);
+  if (!h.ok()) return;
+  Status st = OnShardFrame(0, options_.local_shard, *h, frame);
+  if (!st.ok()) TLOG_ERROR("ps task {}: {}", options_.local_shard, st.message());
+}
+
+void Service::OnLocalSteps(const wire::StepsApplied& report) {
+  if (stopped_) return;
+  Status st = OnStepsApplied(options_.local_shard, report);
+  if (!st.ok()) TLOG_ERROR("{}", st.message());
+}
+
+Status Service::OnStepsApplied(int shard, const wire::StepsApplied& report) {
+  Status st = coord_.OnStepsApplied(shard, report);
+  if (!st.ok()) return st.WithContext("ps task " + std::to_string(shard) + "'s step report");
+  global_step_ = coord_.global_step();
+  if (checkpointer_) checkpointer_->OnGlobalStep(coord_.global_step());
+  return Status::Ok();
+}
+
+void Service::OnPeerGone(PeerId peer) {
+  for (size_t k = 0; k < links_.size(); ++k) {
+    if (links_[k] != peer || peer == 0) continue;
+    links_[k] = 0;
+    if (checkpointer_) checkpointer_->OnShardLost(static_cast<int>(k));
+  }
+  std::erase_if(init_waiters_, [&](const auto& w) { return w.first == peer; });
+  std::erase_if(waiting_, [&](const Waiting& w) { return w.from.peer == peer; });
+}
+
+}  // namespace tessera::coord

@@ -1,0 +1,156 @@
+// A server process: one ps task's shard, the coordinator's service where
+// this task hosts it, or both. Each connection is routed by the role its
+// peer authenticated as: before that only the handshake is read; then a ps
+// task's link goes to the coordinator's service, an observer gets status,
+// and a worker's requests go to the service or to the shard by opcode.
+#include "core/log.h"
+#include "server/shard.h"
+
+namespace tessera::server {
+
+void Shard::OnMessage(const EndpointPtr& ep, std::span<const uint8_t> frame) {
+  if (coord_link_ && ep.get() == coord_link_.get()) return OnLinkFrame(frame);
+  auto it = peers_.find(ep.get());
+  if (it == peers_.end()) return;
+  Peer& peer = *it->second;
+  auto h = wire::DecodeHeader(frame);
+  if (!h.ok()) return Drop(peer, h.status());
+
+  if (!peer.authenticated) {
+    Status st;
+    if (h->opcode == wire::Opcode::kHello && !peer.handshake.said_hello()) {
+      st = OnHello(peer, *h, frame);
+    } else if (h->opcode == wire::Opcode::kAuth && peer.handshake.said_hello()) {
+      st = OnAuth(peer, *h, frame);
+    } else {
+      st = Status::PermissionDenied(std::string(wire::OpcodeName(h->opcode)) +
+                                    " before authentication");
+    }
+    if (!st.ok()) Drop(peer, st, h->request_id);
+    return;
+  }
+  if (peer.is_shard) return OnShardPeerMessage(peer, *h, frame);
+  if (peer.is_observer) return OnObserverMessage(peer, *h);
+  OnWorkerMessage(peer, *h, frame);
+}
+
+void Shard::OnShardPeerMessage(Peer& peer, const wire::Header& h, std::span<const uint8_t> frame) {
+  switch (h.opcode) {
+    case wire::Opcode::kPing:
+      return Reply(peer, h.request_id, wire::Ack{});
+    case wire::Opcode::kBye:
+      peer.said_bye = true;
+      return Reply(peer, h.request_id, wire::Ack{});
+    case wire::Opcode::kAck:
+      if (h.request_id == kByeRequestId) OnByeAnswered();
+      return;
+    default: {
+      const auto id = reinterpret_cast<coord::PeerId>(peer.ep.get());
+      Status st = service_->OnShardFrame(id, static_cast<int>(peer.hello.worker_rank), h, frame);
+      if (!st.ok()) Drop(peer, st.WithContext(peer.hello.task));
+    }
+  }
+}
+
+void Shard::OnObserverMessage(Peer& peer, const wire::Header& h) {
+  if (h.opcode == wire::Opcode::kPing) return Reply(peer, h.request_id, wire::Ack{});
+  if (h.opcode == wire::Opcode::kStatus) {
+    return Reply(peer, h.request_id, wire::StatusReply{StatusJson()});
+  }
+  SendError(peer, h.request_id,
+            Status::PermissionDenied(std::string(wire::OpcodeName(h.opcode)) +
+                                     " from an observer, which may only ask for status"));
+}
+
+void Shard::OnWorkerMessage(Peer& peer, const wire::Header& h, std::span<const uint8_t> frame) {
+  if (coord::Service::Serves(h.opcode)) {
+    if (!service_) {
+      return SendError(peer, h.request_id,
+                       Status::FailedPrecondition(std::string(wire::OpcodeName(h.opcode)) +
+                                                  " sent to a shard that is not the coordinator"));
+    }
+    const coord::WorkerRef from{reinterpret_cast<coord::PeerId>(peer.ep.get()), peer.hello.task,
+                                peer.hello.worker_rank};
+    return service_->OnWorkerRequest(from, h, frame);
+  }
+  // The transport delimits messages, so a body this shard cannot accept
+  // (malformed, or valid bytes that say something invalid) costs the
+  // authenticated peer that request only: it gets the error, and the
+  // connection stays usable. Unknown opcodes close it.
+  auto bad = [&](const Status& st) {
+    SendError(peer, h.request_id,
+              st.WithContext(std::string(wire::OpcodeName(h.opcode)) + " refused"));
+  };
+  const bool data_op = h.opcode == wire::Opcode::kCreate || h.opcode == wire::Opcode::kPush ||
+                       h.opcode == wire::Opcode::kPull || h.opcode == wire::Opcode::kRelease ||
+                       h.opcode == wire::Opcode::kSetHyper;
+  if (data_op && is_coordinator_only()) {
+    return SendError(
+        peer, h.request_id,
+        Status::FailedPrecondition(std::string(wire::OpcodeName(h.opcode)) +
+                                   " sent to the coordinator, which holds no tensors"));
+  }
+  switch (h.opcode) {
+    case wire::Opcode::kPing:
+      return Reply(peer, h.request_id, wire::Ack{});
+    case wire::Opcode::kBye:
+      peer.said_bye = true;
+      return Reply(peer, h.request_id, wire::Ack{});
+    case wire::Opcode::kCreate: {
+      auto m = wire::DecodeBody<wire::Create>(h, frame);
+      if (!m.ok()) return bad(m.status());
+      return OnCreate(peer, h.request_id, *m);
+    }
+    case wire::Opcode::kPush: {
+      auto m = wire::DecodeBody<wire::Push>(h, frame);
+      if (!m.ok()) return bad(m.status());
+      return OnPush(peer, h.request_id, h.flags, std::move(*m));
+    }
+    case wire::Opcode::kPull: {
+      auto m = wire::DecodeBody<wire::Pull>(h, frame);
+      if (!m.ok()) return bad(m.status());
+      return OnPull(peer, h.request_id, std::move(*m));
+    }
+    case wire::Opcode::kSetHyper: {
+      auto m = wire::DecodeBody<wire::SetHyper>(h, frame);
+      if (!m.ok()) return bad(m.status());
+      return OnSetHyper(peer, h.request_id, *m);
+    }
+    case wire::Opcode::kRelease: {
+      auto m = wire::DecodeBody<wire::Release>(h, frame);
+      if (!m.ok()) return bad(m.status());
+      return OnRelease(peer, *m);
+    }
+    default:
+      // The shards count steps: a worker has no step to report.
+      if (h.opcode == wire::Opcode::kStepsApplied) step_messages_from_workers_++;
+      return Drop(peer,
+                  Status::InvalidArgument(std::string("unexpected ") + wire::OpcodeName(h.opcode) +
+                                          " from a worker"),
+                  h.request_id);
+  }
+}
+
+}  // namespace tessera::server
+
+namespace tessera {
+
+class Server::Impl {
+ public:
+  explicit Impl(ServerOptions options) : shard(std::move(options)) {}
+  server::Shard shard;
+};
+
+Result<std::unique_ptr<Server>> Server::Start(const ServerOptions& options) {
+  auto impl = std::make_unique<Impl>(options);
+  TESSERA_RETURN_IF_ERROR(impl->shard.Start());
+  return std::unique_ptr<Server>(new Server(std::move(impl)));
+}
+
+Server::Server(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Server::~Server() = default;
+uint16_t Server::port() const { return impl_->shard.port(); }
+ServerStats Server::stats() const { return impl_->shard.stats(); }
+void Server::Stop() { impl_->shard.Stop(); }
+
+}  // namespace tessera
