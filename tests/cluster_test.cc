@@ -510,6 +510,22 @@ TEST_P(ClusterTest, ChunkPartsMoveOnlyTheirChunks) {
   Status st = a.Push({bad});
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
   EXPECT_NE(st.message().find("chunk part 2 of 2"), std::string::npos) << st.ToString();
+
+  // push_pull takes a part the same way: chunks 0 and 2 only, both ways.
+  std::vector<float> back(n, -1.0f);
+  const uint64_t put_mid = a.counters().put_bytes;
+  PushPullItem pp{ta,          ones.data(),         back.data(),    n * 4,
+                  DType::kF32, BufferMemory::kHost, ChunkPart{0, 2}};
+  ASSERT_TRUE(a.PushPull({pp}).ok());
+  EXPECT_EQ(a.counters().put_bytes - put_mid, n * 2) << "push_pull put more than its part";
+  for (size_t c = 0; c < 4; ++c) {
+    const size_t first = info.chunks[c].elem_offset, last = first + info.chunks[c].elem_count - 1;
+    EXPECT_EQ(back[first], c % 2 ? -1.0f : 2.0f) << "chunk " << c;
+    EXPECT_EQ(back[last], c % 2 ? -1.0f : 2.0f) << "chunk " << c;
+  }
+  pp.chunks = ChunkPart{1, 0};
+  st = a.PushPull({pp});
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
 }
 
 TEST_P(ClusterTest, AdamOnBf16KeepsAnF32Master) {

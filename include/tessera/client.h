@@ -191,6 +191,7 @@ struct PushPullItem {
   size_t bytes;
   std::optional<DType> dtype;
   BufferMemory memory = BufferMemory::kDetect;  // of both buffers
+  ChunkPart chunks = {};
 };
 
 // A chunk of a push that its shard dropped, as TensorFlow's

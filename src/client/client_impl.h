@@ -167,11 +167,50 @@ class Client::Impl {
     uint8_t* local;  // source (push) or destination (pull)
     uint64_t min_version = 0;
     uint64_t min_step = 0;
-    // Push: the tensor the chunk belongs to. A tensor's chunks on one shard
-    // travel in one push-done, so that they are applied together.
+    // The tensor the chunk belongs to. A tensor's chunks on one shard travel
+    // in one push-done, so that they are applied together.
     const TensorEntry* tensor = nullptr;
     bool on_gpu = false;  // `local` is GPU memory
+    // push_pull: where the chunk's weights go after the push.
+    uint8_t* out = nullptr;
+    bool out_on_gpu = false;
   };
+  using ByShard = std::vector<std::vector<ChunkIo>>;
+
+  // The one fan-out of Push, Pull and PushPull. An item of any of them, as
+  // the split sees it.
+  struct ItemView {
+    Tensor tensor;
+    size_t bytes;
+    std::optional<DType> dtype;
+    BufferMemory memory;
+    ChunkPart chunks;
+    const void* data;
+    void* out = nullptr;
+    uint64_t min_version = 0, min_step = 0;
+  };
+  static ItemView ViewOf(const PushItem& i) {
+    return {i.tensor, i.bytes, i.dtype, i.memory, i.chunks, i.data};
+  }
+  static ItemView ViewOf(const PullItem& i) {
+    return {i.tensor, i.bytes, i.dtype,       i.memory,  i.chunks,
+            i.data,   nullptr, i.min_version, i.min_step};
+  }
+  static ItemView ViewOf(const PushPullItem& i) {
+    return {i.tensor, i.bytes, i.dtype, i.memory, i.chunks, i.gradient, i.weights};
+  }
+  // Splits a call's items into each shard's chunks (the items' ChunkParts
+  // only), after checking each item's buffer, size, dtype and `check(entry)`;
+  // `what` names the call in errors.
+  template <typename Item>
+  Result<ByShard> SplitByShard(const std::vector<Item>& items, const char* what,
+                               const std::function<Status(const TensorEntry&)>& check);
+  // Issues each shard's part on the loop thread (`issue` calls its `done`
+  // once), and returns the future that finishes when all did.
+  using IssueFn =
+      std::function<void(int shard, std::vector<ChunkIo> ios, std::shared_ptr<Future::State> op,
+                         std::function<void(Status)> done)>;
+  Future FanOut(ByShard by_shard, IssueFn issue);
   static Status CheckPart(const ChunkPart& p, const TensorEntry& e) {
     if (p.parts == 0 || p.part >= p.parts) {
       return Status::InvalidArgument("tensor '" + e.spec.name + "': chunk part " +

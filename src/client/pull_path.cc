@@ -151,39 +151,12 @@ void Client::Impl::AcceptPullReply(int shard, std::vector<ChunkIo> ios, wire::Pu
 }
 
 Future Client::Impl::Pull(const std::vector<PullItem>& items) {
-  std::vector<std::vector<ChunkIo>> by_shard(shards_.size());
-  {
-    std::lock_guard<std::mutex> lock(tensors_mu_);
-    for (const auto& item : items) {
-      auto on_gpu = OnGpu(item.data, item.memory);
-      if (!on_gpu.ok()) return FailedFuture(on_gpu.status().WithContext("pull"));
-      auto e = LookupLocked(item.tensor, item.bytes, item.dtype);
-      if (!e.ok()) {
-        return FailedFuture(e.status().WithContext(*on_gpu ? "pull into GPU memory" : "pull"));
-      }
-      if (Status st = CheckPart(item.chunks, **e); !st.ok()) return FailedFuture(st);
-      for (size_t i = 0; i < (*e)->chunks.size(); ++i) {
-        if (i % item.chunks.parts != item.chunks.part) continue;
-        const Chunk& c = (*e)->chunks[i];
-        auto& list = by_shard[c.shard];
-        if (list.empty()) list.reserve(items.size());
-        list.push_back({&c, static_cast<uint8_t*>(item.data) + c.byte_offset, item.min_version,
-                        item.min_step, nullptr, *on_gpu});
-      }
-    }
-  }
-  auto op = NewOp();
-  op->Add(1);
-  ctx_->Post([this, op, by_shard = std::move(by_shard)]() mutable {
-    for (size_t s = 0; s < by_shard.size(); ++s) {
-      if (by_shard[s].empty()) continue;
-      op->Add(1);
-      PullFromShard(static_cast<int>(s), std::move(by_shard[s]),
-                    [op](const Status& st) { op->Finish(st); });
-    }
-    op->Finish(Status::Ok());
-  });
-  return Future(op);
+  auto by_shard = SplitByShard(items, "pull", [](const TensorEntry&) { return Status::Ok(); });
+  if (!by_shard.ok()) return FailedFuture(by_shard.status());
+  return FanOut(
+      std::move(*by_shard),
+      [this](int shard, std::vector<ChunkIo> ios, const std::shared_ptr<Future::State>&,
+             std::function<void(Status)> done) { PullFromShard(shard, std::move(ios), done); });
 }
 
 }  // namespace tessera

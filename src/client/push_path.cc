@@ -290,43 +290,20 @@ void Client::Impl::PushThroughSlot(int shard, std::vector<ChunkIo> ios, uint32_t
 Future Client::Impl::Push(const std::vector<PushItem>& items, uint32_t flags,
                           std::optional<uint64_t> tagged_step) {
   const uint64_t step = tagged_step.value_or(0);
-  std::vector<std::vector<ChunkIo>> by_shard(shards_.size());
-  {
-    std::lock_guard<std::mutex> lock(tensors_mu_);
-    for (const auto& item : items) {
-      auto on_gpu = OnGpu(item.data, item.memory);
-      if (!on_gpu.ok()) return FailedFuture(on_gpu.status().WithContext("push"));
-      auto e = LookupLocked(item.tensor, item.bytes, item.dtype);
-      if (!e.ok()) {
-        return FailedFuture(e.status().WithContext(*on_gpu ? "push from GPU memory" : "push"));
-      }
-      const bool sync_tensor = (*e)->spec.mode.kind == Consistency::kSync;
-      if (sync_tensor && !tagged_step && !(flags & wire::kFlagInit)) {
-        // Untagged, it would count as step 0, and the worker's real step-0
-        // push would then be dropped as stale.
-        return FailedFuture(Status::InvalidArgument(
-            "push to tensor '" + (*e)->spec.name + "', which is " +
-            ConsistencyName((*e)->spec.mode.kind) +
-            ", without a step: use Push(items, step) with the worker's step"));
-      }
-      if (Status st = CheckPart(item.chunks, **e); !st.ok()) return FailedFuture(st);
-      for (size_t i = 0; i < (*e)->chunks.size(); ++i) {
-        if (i % item.chunks.parts != item.chunks.part) continue;
-        const Chunk& c = (*e)->chunks[i];
-        auto& list = by_shard[c.shard];
-        if (list.empty()) list.reserve(items.size());
-        list.push_back(
-            {&c, const_cast<uint8_t*>(static_cast<const uint8_t*>(item.data)) + c.byte_offset, 0, 0,
-             *e, *on_gpu});
-      }
+  auto by_shard = SplitByShard(items, "push", [&](const TensorEntry& e) {
+    if (e.spec.mode.kind != Consistency::kSync || tagged_step || (flags & wire::kFlagInit)) {
+      return Status::Ok();
     }
-  }
-  auto op = NewOp();
-  op->Add(1);  // held until every part is issued
+    // Untagged, it would count as step 0, and the worker's real step-0 push
+    // would then be dropped as stale.
+    return Status::InvalidArgument(
+        "push to tensor '" + e.spec.name + "', which is " + ConsistencyName(e.spec.mode.kind) +
+        ", without a step: use Push(items, step) with the worker's step");
+  });
+  if (!by_shard.ok()) return FailedFuture(by_shard.status());
   // The shards count the global step (never the chief's init): an async
   // push on the part to its lowest-numbered shard, a sync push on every part
-  // holding a sync tensor, each saying how many there are. Counted here, so
-  // no per-shard list is built on every push.
+  // holding a sync tensor, each saying how many there are.
   auto holds_sync = [](const std::vector<ChunkIo>& ios) {
     return std::any_of(ios.begin(), ios.end(), [](const ChunkIo& io) {
       return io.tensor->spec.mode.kind == Consistency::kSync;
@@ -334,22 +311,20 @@ Future Client::Impl::Push(const std::vector<PushItem>& items, uint32_t flags,
   };
   const bool counts = !(flags & wire::kFlagInit);
   const auto sync_parts =
-      static_cast<uint32_t>(std::count_if(by_shard.begin(), by_shard.end(), holds_sync));
-  ctx_->Post([this, op, flags, step, counts, sync_parts, holds_sync,
-              by_shard = std::move(by_shard)]() mutable {
-    bool first = true;
-    for (size_t s = 0; s < by_shard.size(); ++s) {
-      if (by_shard[s].empty()) continue;
-      uint32_t parts = 0;
-      if (counts) parts = sync_parts > 0 ? (holds_sync(by_shard[s]) ? sync_parts : 0) : first;
-      first = false;
-      op->Add(1);
-      PushToShard(static_cast<int>(s), std::move(by_shard[s]), flags, PushStep{step, parts}, op,
-                  [op](const Status& st, const std::vector<uint64_t>&) { op->Finish(st); });
-    }
-    op->Finish(Status::Ok());
+      static_cast<uint32_t>(std::count_if(by_shard->begin(), by_shard->end(), holds_sync));
+  const auto first = static_cast<int>(
+      std::find_if(by_shard->begin(), by_shard->end(), [](const auto& l) { return !l.empty(); }) -
+      by_shard->begin());
+  return FanOut(std::move(*by_shard), [this, flags, step, counts, sync_parts, first, holds_sync](
+                                          int shard, std::vector<ChunkIo> ios,
+                                          std::shared_ptr<Future::State> op,
+                                          std::function<void(Status)> done) {
+    uint32_t parts = 0;
+    if (counts) parts = sync_parts > 0 ? (holds_sync(ios) ? sync_parts : 0) : shard == first;
+    PushToShard(
+        shard, std::move(ios), flags, PushStep{step, parts}, std::move(op),
+        [done = std::move(done)](const Status& st, const std::vector<uint64_t>&) { done(st); });
   });
-  return Future(op);
 }
 
 }  // namespace tessera
