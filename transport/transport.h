@@ -128,7 +128,6 @@ class Endpoint {
   virtual void Close() = 0;
   // Closes at once: operations in flight fail (for a peer that is gone or hung).
   virtual void Abort() = 0;
-  virtual bool alive() const = 0;
   // "127.0.0.1:7000" or what the backend knows of the peer.
   virtual std::string peer() const = 0;
   // Which fabric lanes carry this connection, as the backend reports them

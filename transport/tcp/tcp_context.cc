@@ -227,7 +227,6 @@ void TcpContext::OnListenerReadable(uint64_t token) {
     auto ep = std::make_shared<TcpEndpoint>(this, fd, PeerOf(fd), options_);
     ep->token_ = Watch(fd, EPOLLIN);
     endpoints_[ep->token_] = ep;
-    ep->alive_ = true;
     ep->OnConnected();  // sends the preamble
     if (it->second.on_accept) it->second.on_accept(ep);
     it = listeners_.find(token);  // the handler may have closed the listener

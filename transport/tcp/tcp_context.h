@@ -122,7 +122,6 @@ class TcpEndpoint final : public Endpoint, public std::enable_shared_from_this<T
   bool PutsLandBeforeLaterMessages() const override { return true; }
   void Close() override;
   void Abort() override;
-  bool alive() const override { return alive_.load(); }
   std::string peer() const override { return peer_; }
   std::string DescribeLanes() override;
 
@@ -174,7 +173,6 @@ class TcpEndpoint final : public Endpoint, public std::enable_shared_from_this<T
   TcpContext* ctx_;
   int fd_;
   std::string peer_;
-  std::atomic<bool> alive_{false};
 
   // Progress thread only.
   uint64_t token_ = 0;

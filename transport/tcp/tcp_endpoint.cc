@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "core/log.h"
+#include "transport/closed.h"
 #include "transport/region_desc.h"
 #include "transport/run_on_loop.h"
 #include "transport/tcp/tcp_context.h"
@@ -46,10 +47,7 @@ TcpEndpoint::~TcpEndpoint() {
 
 void TcpEndpoint::Run(std::function<void()> fn) { RunOnProgress(*ctx_, this, std::move(fn)); }
 
-Status TcpEndpoint::DeadStatus() const {
-  return Status::Unavailable("connection to " + peer_ + " is closed" +
-                             (close_reason_.ok() ? "" : ": " + close_reason_.message()));
-}
+Status TcpEndpoint::DeadStatus() const { return ClosedStatus(peer_, close_reason_); }
 
 void TcpEndpoint::Send(uint16_t msg_id, std::vector<uint8_t> bytes, Completion done) {
   ctx_->counters_.messages_sent++;
@@ -144,7 +142,6 @@ void TcpEndpoint::Close() {
   Run([this] {
     if (dead_ || closing_) return;
     closing_ = true;
-    alive_ = false;
     close_reason_ = Status::Unavailable("closed by this side");
     if (out_.empty()) {
       shutdown(fd_, SHUT_WR);
@@ -349,7 +346,6 @@ Status TcpEndpoint::OnPreamble() {
   }
   state_ = RecvState::kHeader;
   if (connect_done_) {
-    alive_ = true;
     auto done = std::move(connect_done_);
     connect_done_ = nullptr;
     done(std::shared_ptr<Endpoint>(shared_from_this()));
@@ -495,7 +491,6 @@ void TcpEndpoint::MarkDead(const Status& why, bool report) {
   if (dead_) return;
   auto self = shared_from_this();
   dead_ = true;
-  alive_ = false;
   if (close_reason_.ok() || !closing_) close_reason_ = why;
   ctx_->Unwatch(fd_, token_);
   close(fd_);

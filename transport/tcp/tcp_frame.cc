@@ -37,8 +37,8 @@ Result<FrameHeader> DecodeFrameHeader(std::span<const uint8_t, kFrameHeaderBytes
   uint8_t type = 0, reserved = 0;
   std::span<const uint8_t> key;
   // A fixed-size span: every read succeeds.
-  (void)(r.Get(&type) && r.Get(&reserved) && r.Get(&h.msg_id) && r.Get(&h.region) &&
-         r.Get(&h.op) && r.Get(&h.addr) && r.Get(&h.length) && r.GetBytes(h.key.size(), &key));
+  (void)(r.Get(&type) && r.Get(&reserved) && r.Get(&h.msg_id) && r.Get(&h.region) && r.Get(&h.op) &&
+         r.Get(&h.addr) && r.Get(&h.length) && r.GetBytes(h.key.size(), &key));
   if (type < static_cast<uint8_t>(FrameType::kMessage) ||
       type > static_cast<uint8_t>(FrameType::kGetData)) {
     return Status::InvalidArgument("unknown tcp frame type " + std::to_string(type));

@@ -400,7 +400,6 @@ void UcxContext::OnEndpointError(ucp_ep_h handle, ucs_status_t status) {
 
 void UcxContext::CloseEndpoint(UcxEndpoint* ep, bool force) {
   if (ep->ep_ == nullptr) return;
-  ep->alive_ = false;
   if (ep->close_reason_.ok())
     ep->close_reason_ = Status::Unavailable("connection to " + ep->peer_ + " closed");
   ucp_ep_h handle = ep->ep_;

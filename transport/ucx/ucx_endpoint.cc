@@ -4,6 +4,7 @@
 #include <cstdlib>
 
 #include "core/log.h"
+#include "transport/closed.h"
 #include "transport/region_desc.h"
 #include "transport/run_on_loop.h"
 #include "transport/ucx/ucx_context.h"
@@ -67,10 +68,7 @@ void FinishImmediate(ucs_status_ptr_t sp, Req* req, const char* what) {
 
 UcxEndpoint::~UcxEndpoint() = default;
 
-Status UcxEndpoint::DeadStatus() const {
-  return close_reason_.ok() ? Status::Unavailable("connection to " + peer_ + " is closed")
-                            : close_reason_;
-}
+Status UcxEndpoint::DeadStatus() const { return ClosedStatus(peer_, close_reason_); }
 
 void UcxEndpoint::Send(uint16_t msg_id, std::vector<uint8_t> bytes, Completion done) {
   RunOnProgress(*ctx_, this,

@@ -36,7 +36,6 @@ class UcxEndpoint final : public Endpoint, public std::enable_shared_from_this<U
   void Flush(Completion done) override;
   void Close() override { CloseWith(/*force=*/false); }
   void Abort() override { CloseWith(/*force=*/true); }
-  bool alive() const override { return alive_.load(); }
   std::string peer() const override { return peer_; }
   std::string DescribeLanes() override;
   using Endpoint::NoteTraffic;  // for the completion callbacks
@@ -55,8 +54,7 @@ class UcxEndpoint final : public Endpoint, public std::enable_shared_from_this<U
 
   UcxContext* ctx_;
   std::string peer_;
-  ucp_ep_h ep_ = nullptr;  // loop thread only
-  std::atomic<bool> alive_{true};
+  ucp_ep_h ep_ = nullptr;         // loop thread only
   bool connected_ = false;        // loop thread only: the handshake completed
   ConnectCallback connect_done_;  // client side, until connected
   Status close_reason_;           // loop thread only

@@ -196,7 +196,6 @@ class VerbsEndpoint final : public Endpoint, public std::enable_shared_from_this
   void Flush(Completion done) override;
   void Close() override { CloseWith(/*force=*/false); }
   void Abort() override { CloseWith(/*force=*/true); }
-  bool alive() const override { return alive_.load(); }
   std::string peer() const override { return peer_; }
   std::string DescribeLanes() override;
 

@@ -5,6 +5,7 @@
 
 #include "core/log.h"
 #include "gpu/cuda.h"
+#include "transport/closed.h"
 #include "transport/run_on_loop.h"
 #include "transport/verbs/verbs_context.h"
 #include "transport/verbs/verbs_errors.h"
@@ -17,10 +18,7 @@ constexpr uint32_t kFragmentPayload = VerbsContext::kSlotBytes - sizeof(Fragment
 
 }  // namespace
 
-Status VerbsEndpoint::DeadStatus() const {
-  return close_reason_.ok() ? Status::Unavailable("connection to " + peer_ + " is closed")
-                            : close_reason_;
-}
+Status VerbsEndpoint::DeadStatus() const { return ClosedStatus(peer_, close_reason_); }
 
 // ---------------------------------------------------------------------------
 // Issuing
