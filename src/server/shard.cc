@@ -126,11 +126,7 @@ Status Shard::OpenMemory() {
   return Status::Ok();
 }
 
-Status Shard::Publish(Param& p) {
-  if (!table_->staged()) return Status::Ok();
-  host_staged_bytes_ += p.bytes;
-  return memory_->ToHost(p.published, p.data, p.bytes);
-}
+Status Shard::Publish(Param& p) { return apply::Publish(ApplyTarget(), p); }
 
 Status Shard::ReadValue(const Param& p, void* host_dst) const {
   if (table_->staged()) {

@@ -17,6 +17,7 @@
 #include "core/failpoint.h"
 #include "core/log_throttle.h"
 #include "server/admission.h"
+#include "server/apply.h"
 #include "server/lease_table.h"
 #include "server/param_table.h"
 #include "server/step_counter.h"
@@ -178,7 +179,8 @@ class Shard {
   void ScheduleStepReport();
   void ReportSteps();
   static bool NeedsNoLease(const Param& p, uint32_t flags);
-  Status ApplyGradient(Param& p, const void* grad);
+  // Where apply:: changes values: this shard's memory, staged or not.
+  apply::Target ApplyTarget() { return {memory_.get(), table_->staged(), &host_staged_bytes_}; }
   bool TryApplyStep(Param& p);
   void MarkWaitingWriters();
   bool TryGrantPull(PendingPull& pull);

@@ -14,6 +14,7 @@
 #include "core/timeouts.h"
 #include "gpu/cuda.h"
 #include "kernels/update.h"
+#include "server/apply.h"
 #include "server/shard.h"
 
 namespace tessera::server {
@@ -152,38 +153,17 @@ bool Shard::TryApplyPush(PendingPush& push) {
     if (!st.ok()) {
       // Reported below.
     } else if (init) {
-      // Initial value (or a restore): the optimizer starts afresh from it.
-      st = memory_->ApplyUpdate(UpdateRule::kAssign, t.dtype, p->data, grad, p->entry.elem_count);
-      if (st.ok()) {
-        st = memory_->ResetRuleState(t.rule, p->hyper, t.dtype, p->data, p->entry.elem_count,
-                                     p->rule_state());
-      }
-      if (st.ok()) st = Publish(*p);
-      p->updates = 0;
-      p->ResetAggregation();
-      p->failure = Status::Ok();
-      p->version++;
-      p->initialized = true;
+      st = apply::Init(ApplyTarget(), *p, grad);
     } else if (t.mode.kind == Consistency::kSync) {
-      if (push.msg.step < p->step || p->agg_count >= t.mode.replicas_to_aggregate) {
-        // Its step was applied, or has its replicas and waits to apply: a
-        // late worker or a backup worker. TensorFlow drops these too.
-        outcome = wire::PushOutcome::kStale;
-        stale_dropped_++;
-      } else if (p->contributed[rank]) {
-        outcome = wire::PushOutcome::kDuplicate;
-        duplicate_dropped_++;
-      } else {
-        st = memory_->Accumulate(t.dtype, p->agg.data(), grad, p->entry.elem_count,
-                                 p->agg_count == 0);
-        p->contributed[rank] = true;
-        if (++p->agg_count == t.mode.replicas_to_aggregate) pending_steps_.push_back(p->key_id);
-      }
+      const auto part = apply::AddToSyncStep(ApplyTarget(), *p, rank, push.msg.step, grad);
+      st = part.status;
+      outcome = part.outcome;
+      if (outcome == wire::PushOutcome::kStale) stale_dropped_++;
+      if (outcome == wire::PushOutcome::kDuplicate) duplicate_dropped_++;
+      if (part.step_ready) pending_steps_.push_back(p->key_id);
     } else {
-      st = ApplyGradient(*p, grad);
-      if (t.mode.kind == Consistency::kBounded && rank < p->pushed_steps.size()) {
-        p->pushed_steps[rank] = std::max(p->pushed_steps[rank], push.msg.step + 1);
-      }
+      st = apply::Gradient(ApplyTarget(), *p, grad);
+      if (t.mode.kind == Consistency::kBounded) apply::NoteBoundedStep(*p, rank, push.msg.step);
     }
     if (!st.ok()) {
       SendError(*push.peer, push.request_id, st.WithContext("tensor '" + p->display_name + "'"));
@@ -257,42 +237,26 @@ void Shard::ReportSteps() {
   }
 }
 
-Status Shard::ApplyGradient(Param& p, const void* grad) {
-  const auto& t = p.entry.tensor;
-  Status st = IsOptimizer(t.rule)
-                  ? memory_->ApplyOptimizer(t.rule, p.hyper, t.dtype, p.data, grad,
-                                            p.entry.elem_count, p.rule_state(), ++p.updates)
-                  : memory_->ApplyUpdate(t.rule, t.dtype, p.data, grad, p.entry.elem_count);
-  if (st.ok()) st = Publish(p);
-  if (st.ok()) p.version++;
-  return st;
-}
-
 bool Shard::TryApplyStep(Param& p) {
   if (p.readers > 0 || frozen_) return false;
   const auto& mode = p.entry.tensor.mode;
-  const double scale = mode.average ? 1.0 / mode.replicas_to_aggregate : 1.0;
-  auto grad =
-      memory_->FinishAccumulation(p.entry.tensor.dtype, p.agg.data(), p.entry.elem_count, scale);
-  Status st = apply_step_failpoint_.Check();
-  if (st.ok()) st = grad.ok() ? ApplyGradient(p, *grad) : grad.status();
+  // Who pushed the step, for its error: ApplySyncStep starts the next step.
+  const std::vector<bool> contributed = p.contributed;
+  Status st = apply::ApplySyncStep(ApplyTarget(), p, apply_step_failpoint_.Check());
   if (!st.ok()) {
     std::string pushers;
-    for (size_t rank = 0; rank < p.contributed.size(); ++rank) {
-      if (!p.contributed[rank]) continue;
+    for (size_t rank = 0; rank < contributed.size(); ++rank) {
+      if (!contributed[rank]) continue;
       if (!pushers.empty()) pushers += ", ";
       pushers += WorkerName(static_cast<uint32_t>(rank));
     }
     p.failure = Status(st.code(), "tensor '" + p.display_name + "': sync step " +
-                                      std::to_string(p.step) + " (pushed by " + pushers +
+                                      std::to_string(p.step - 1) + " (pushed by " + pushers +
                                       ") could not be applied, so its value is not that step's: " +
                                       st.message() + "; restart from the last checkpoint to go on");
     TLOG_ERROR("{}", p.failure.message());
   }
-  p.step++;
   steps_applied_++;
-  p.ResetAggregation();
-  p.writer_waiting = false;
   if (snapshot_ && p.step == snapshot_->step && snapshot_->behind.erase(p.key_id) > 0) {
     // This chunk just reached the checkpoint's step.
     if (Capture(p) && snapshot_->behind.empty()) StartSnapshotWriter();
