@@ -112,14 +112,19 @@ void Checkpointer::Begin(Reason reason, std::vector<Done> waiters) {
   const uint64_t id = r.id;
   PostAfter(options_.timeout, [this, id] {
     if (!Current(id)) return;
+    // Who has not answered the phase the round is in.
+    const bool preparing = round_->writes.empty();
     std::string missing;
     for (size_t k = 0; k < round_->written.size(); ++k) {
-      if (!round_->written[k]) missing += (missing.empty() ? "" : ", ") + std::to_string(k);
+      const bool answered = preparing ? round_->prepared[k].has_value() : round_->written[k];
+      if (!answered) missing += (missing.empty() ? "" : ", ") + std::to_string(k);
     }
     Abort(Status::DeadlineExceeded(
         "not finished within " + std::to_string(options_.timeout.count()) +
         " ms; still waiting for ps task(s) " + missing +
-        " (a sync tensor whose workers stopped pushing never reaches the round's step)"));
+        (preparing ? " to prepare"
+                   : " to write (a sync tensor whose workers stopped pushing never reaches the "
+                     "round's step)")));
   });
 }
 
