@@ -21,6 +21,7 @@
 #include "kernels/update.h"
 #include "tessera/client.h"
 #include "tessera/server.h"
+#include "tests/cluster_fixture.h"
 #include "tests/test_util.h"
 
 namespace tessera {
@@ -29,7 +30,10 @@ namespace {
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 
-class CheckpointTest : public ::testing::Test {
+// The shared cluster fixture, with every ps task checkpointing into dir_
+// (unless a test starts the cluster without), small staging slots and
+// 256-byte chunks.
+class CheckpointTest : public ::testing::Test, public testing::ClusterFixture {
  protected:
   void SetUp() override {
     setenv("UCX_TLS", "tcp", 1);
@@ -37,27 +41,15 @@ class CheckpointTest : public ::testing::Test {
            ("tessera-ckpt-" + std::to_string(getpid()) + "-" +
             ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::remove_all(dir_);
+    chunk_bytes_ = 256;
   }
   void TearDown() override {
     StopCluster();
     fs::remove_all(dir_);
   }
 
-  // A fresh spec of `num_ps` ps tasks and `num_workers` workers.
-  void NewSpec(int num_ps, int num_workers) {
-    spec_ = ClusterSpec();
-    std::vector<TaskAddress> ps, workers;
-    for (int i = 0; i < num_ps; ++i) ps.push_back({"127.0.0.1", testing::UnusedPort()});
-    for (int i = 0; i < num_workers; ++i) workers.push_back({"127.0.0.1", testing::UnusedPort()});
-    ASSERT_TRUE(spec_.AddJob("ps", ps).ok());
-    ASSERT_TRUE(spec_.AddJob("worker", workers).ok());
-  }
-
   ServerOptions ServerOpts(int task) {
-    ServerOptions o;
-    o.cluster = spec_;
-    o.task_index = task;
-    o.secret = secret_;
+    ServerOptions o = ServerOptionsFor(task);
     o.staging_bytes_per_worker = 4u << 20;
     o.checkpoint_dir = dir_.string();
     o.checkpoint_timeout = 20s;
@@ -66,52 +58,23 @@ class CheckpointTest : public ::testing::Test {
 
   void StartCluster(int num_ps, int num_workers, bool checkpoints = true) {
     NewSpec(num_ps, num_workers);
-    for (int i = 0; i < num_ps; ++i) {
-      auto o = ServerOpts(i);
+    configure_server_ = [this, checkpoints](ServerOptions& o) {
+      o = ServerOpts(o.task_index);
       if (!checkpoints) o.checkpoint_dir.clear();
       tweak_(o);
-      auto s = Server::Start(o);
-      ASSERT_TRUE(s.ok()) << s.status().ToString();
-      servers_.push_back(std::move(*s));
-    }
+    };
+    StartServers(num_ps);
   }
 
-  // Like `tessera launch`: the coordinator (ps 0) stops first.
-  void StopCluster() {
-    clients_.clear();
-    for (auto& s : servers_) s->Stop();
-    servers_.clear();
-  }
-
-  Client& Connect(int worker, uint64_t chunk_bytes = 256) {
-    ClientOptions o;
-    o.cluster = spec_;
-    o.task = {"worker", worker};
-    o.secret = secret_;
-    o.startup_timeout = 10s;
-    o.op_timeout = 30s;
+  using ClusterFixture::Connect;
+  Client& Connect(int worker, uint64_t chunk_bytes) {
+    ClientOptions o = Options(worker);
     o.chunk_bytes = chunk_bytes;
-    clients_.push_back(
-        testing::ValueOrThrow(Client::Connect(o), "connecting worker " + std::to_string(worker)));
-    return *clients_.back();
-  }
-
-  static uint64_t EventualGlobalStep(Client& c, uint64_t want) {
-    uint64_t got = 0;
-    for (int i = 0; i < 200; ++i) {
-      got = c.GlobalStep().value_or(0);
-      if (got >= want) break;
-      std::this_thread::sleep_for(10ms);
-    }
-    return got;
+    return Connect(o);
   }
 
   fs::path dir_;
-  std::string secret_ = GenerateSecret().value();
-  ClusterSpec spec_;
   std::function<void(ServerOptions&)> tweak_ = [](ServerOptions&) {};
-  std::vector<std::unique_ptr<Server>> servers_;
-  std::vector<std::unique_ptr<Client>> clients_;
 };
 
 // The tensors of the save/restore tests: chunked (256-byte chunks), every

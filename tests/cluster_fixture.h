@@ -78,10 +78,105 @@ class RawPeer {
   std::vector<std::vector<uint8_t>> frames_;
 };
 
+// A cluster in this process: shards started as Servers, workers as Clients,
+// on loopback (or host_). What every cluster-level test builds on; the
+// parameterised ClusterTest below and the checkpoint tests add their own.
+class ClusterFixture {
+ public:
+  // A fresh spec of `num_ps` ps tasks and `num_workers` workers on host_.
+  void NewSpec(int num_ps, int num_workers) {
+    spec_ = ClusterSpec();
+    AddPsAndWorkers(num_ps, num_workers);
+  }
+  // The ps and worker jobs, beside what spec_ holds already (a chief, a
+  // coordinator).
+  void AddPsAndWorkers(int num_ps, int num_workers) {
+    std::vector<TaskAddress> ps, workers;
+    for (int i = 0; i < num_ps; ++i) ps.push_back({host_, testing::UnusedPort()});
+    for (int i = 0; i < num_workers; ++i) workers.push_back({host_, testing::UnusedPort()});
+    ASSERT_TRUE(spec_.AddJob("ps", ps).ok());
+    ASSERT_TRUE(spec_.AddJob("worker", workers).ok());
+  }
+  // What ps task `task` of spec_ starts with (before configure_server_).
+  ServerOptions ServerOptionsFor(int task) const {
+    ServerOptions opts;
+    opts.cluster = spec_;
+    opts.task_index = task;
+    opts.secret = secret_;
+    opts.staging_bytes_per_worker = 16u << 20;
+    opts.lease_timeout = lease_timeout_;
+    opts.transport = transport_;
+    return opts;
+  }
+  // Starts ps tasks 0..running-1 of spec_ (the rest are never started).
+  void StartServers(int running) {
+    for (int i = 0; i < running; ++i) {
+      ServerOptions opts = ServerOptionsFor(i);
+      if (configure_server_) configure_server_(opts);
+      auto server = Server::Start(opts);
+      ASSERT_TRUE(server.ok()) << server.status().ToString();
+      servers_.push_back(std::move(*server));
+    }
+  }
+  // Like `tessera launch`: the coordinator (ps 0) stops first.
+  void StopCluster() {
+    clients_.clear();
+    for (auto& s : servers_) s->Stop();
+    servers_.clear();
+  }
+
+  ClientOptions Options(int worker) const {
+    ClientOptions opts;
+    opts.cluster = spec_;
+    opts.task = {"worker", worker};
+    opts.secret = secret_;
+    opts.transport = transport_;
+    opts.startup_timeout = 10s;
+    opts.op_timeout = 30s;
+    opts.chunk_bytes = chunk_bytes_;
+    return opts;
+  }
+  Client& Connect(const ClientOptions& opts) {
+    clients_.push_back(
+        testing::ValueOrThrow(Client::Connect(opts), "connecting " + opts.task.ToString()));
+    return *clients_.back();
+  }
+  Client& Connect(int worker) { return Connect(Options(worker)); }
+
+  // The shards report the steps they counted to the coordinator after the
+  // push returns: poll for the global step to reach `want` (up to 10 s).
+  static uint64_t EventualGlobalStep(Client& c, uint64_t want) {
+    uint64_t got = 0;
+    for (int i = 0; i < 500; ++i) {
+      auto r = c.GlobalStep();
+      if (!r.ok()) return UINT64_MAX;
+      got = *r;
+      if (got >= want) break;
+      std::this_thread::sleep_for(20ms);
+    }
+    return got;
+  }
+
+  static TensorSpec F32(std::string name, int64_t n, UpdateRule rule = UpdateRule::kAdd) {
+    return {std::move(name), DType::kF32, {n}, rule, {}, -1};
+  }
+
+ protected:
+  std::string transport_ = "tcp";   // Tessera's own sockets, the library's default
+  std::string host_ = "127.0.0.1";  // where the cluster's tasks listen
+  uint64_t chunk_bytes_ = 1u << 20;
+  std::chrono::milliseconds lease_timeout_{30'000};
+  std::function<void(ServerOptions&)> configure_server_;  // before each shard starts
+  std::string secret_ = GenerateSecret().value();
+  ClusterSpec spec_;
+  std::vector<std::unique_ptr<Server>> servers_;
+  std::vector<std::unique_ptr<Client>> clients_;
+};
+
 // The parameter: "native" for Tessera's own tcp transport, "verbs" for the
 // verbs transport (inside the Soft-RoCE VM only: RDMA_VM_ADDR), else the
 // UCX_TLS of the UCX transport.
-class ClusterTest : public ::testing::TestWithParam<const char*> {
+class ClusterTest : public ::testing::TestWithParam<const char*>, public ClusterFixture {
  public:
   static std::string Name(const ::testing::TestParamInfo<const char*>& param) {
     const std::string p = param.param;
@@ -112,11 +207,7 @@ class ClusterTest : public ::testing::TestWithParam<const char*> {
   std::unique_ptr<RawPeer> Raw(int ps) const {
     return std::make_unique<RawPeer>(spec_.tasks("ps")[static_cast<size_t>(ps)], transport_);
   }
-  void TearDown() override {
-    clients_.clear();
-    for (auto& s : servers_) s->Stop();
-    servers_.clear();
-  }
+  void TearDown() override { StopCluster(); }
 
   // What worker `index` of spec_ says to a shard.
   wire::Hello WorkerHello(int index) const {
@@ -129,42 +220,8 @@ class ClusterTest : public ::testing::TestWithParam<const char*> {
 
   // Starts `running` of `num_ps` shards (the rest of the spec is never started).
   void StartCluster(int num_ps, int num_workers, int running = -1) {
-    std::vector<TaskAddress> ps, workers;
-    for (int i = 0; i < num_ps; ++i) ps.push_back({host_, testing::UnusedPort()});
-    for (int i = 0; i < num_workers; ++i) workers.push_back({host_, testing::UnusedPort()});
-    ASSERT_TRUE(spec_.AddJob("ps", ps).ok());
-    ASSERT_TRUE(spec_.AddJob("worker", workers).ok());
-    for (int i = 0; i < (running < 0 ? num_ps : running); ++i) {
-      ServerOptions opts;
-      opts.cluster = spec_;
-      opts.task_index = i;
-      opts.secret = secret_;
-      opts.staging_bytes_per_worker = 16u << 20;
-      opts.lease_timeout = lease_timeout_;
-      opts.transport = transport_;
-      if (configure_server_) configure_server_(opts);
-      auto server = Server::Start(opts);
-      ASSERT_TRUE(server.ok()) << server.status().ToString();
-      servers_.push_back(std::move(*server));
-    }
-  }
-
-  ClientOptions Options(int worker) {
-    ClientOptions opts;
-    opts.cluster = spec_;
-    opts.task = {"worker", worker};
-    opts.secret = secret_;
-    opts.transport = transport_;
-    opts.startup_timeout = 10s;
-    opts.op_timeout = 30s;
-    opts.chunk_bytes = 1u << 20;
-    return opts;
-  }
-
-  Client& Connect(int worker) {
-    clients_.push_back(testing::ValueOrThrow(Client::Connect(Options(worker)),
-                                             "connecting worker " + std::to_string(worker)));
-    return *clients_.back();
+    AddPsAndWorkers(num_ps, num_workers);
+    StartServers(running < 0 ? num_ps : running);
   }
 
   // Two `tessera server` processes and one worker task in the spec.
@@ -196,33 +253,6 @@ class ClusterTest : public ::testing::TestWithParam<const char*> {
     EXPECT_TRUE(c0.Initialize().ok());
     return {c0, c1, std::move(c2), t0, t1};
   }
-
-  // The shards report the steps they counted to the coordinator after the
-  // push returns: poll for the global step to reach `want` (up to 10 s).
-  static uint64_t EventualGlobalStep(Client& c, uint64_t want) {
-    uint64_t got = 0;
-    for (int i = 0; i < 500; ++i) {
-      auto r = c.GlobalStep();
-      if (!r.ok()) return UINT64_MAX;
-      got = *r;
-      if (got >= want) break;
-      std::this_thread::sleep_for(20ms);
-    }
-    return got;
-  }
-
-  static TensorSpec F32(std::string name, int64_t n, UpdateRule rule = UpdateRule::kAdd) {
-    return {std::move(name), DType::kF32, {n}, rule, {}, -1};
-  }
-
-  std::string transport_ = "ucx";
-  std::string host_ = "127.0.0.1";  // where the cluster's tasks listen
-  std::chrono::milliseconds lease_timeout_{30'000};
-  std::function<void(ServerOptions&)> configure_server_;  // before each shard starts
-  std::string secret_ = GenerateSecret().value();
-  ClusterSpec spec_;
-  std::vector<std::unique_ptr<Server>> servers_;
-  std::vector<std::unique_ptr<Client>> clients_;
 };
 
 }  // namespace tessera::testing
