@@ -39,7 +39,7 @@ Result<TensorInfo> Client::info(Tensor t) const {
                                    " was not declared by this client");
   }
   const auto& e = impl_->tensors_[t.index];
-  TensorInfo info{e.spec.name, e.spec.dtype, e.spec.shape, e.spec.rule, e.bytes,
+  TensorInfo info{e.decl.name, e.decl.dtype, e.decl.shape, e.decl.rule, e.bytes,
                   {},          {},           e.decl.mode,  e.decl.hyper};
   for (const auto& c : e.chunks) {
     info.shards.push_back(c.shard);

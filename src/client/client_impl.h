@@ -62,13 +62,17 @@ class Client::Impl {
     uint32_t key_id = 0, arena_id = 0;
     uint64_t arena_offset = 0;
   };
+  // A declared tensor: the one declaration every layer shares (modes filled
+  // in, the hyper-parameters in effect), how the chief makes its first
+  // value, and where its chunks live.
   struct TensorEntry {
-    TensorSpec spec;
+    wire::TensorDecl decl;
+    std::vector<uint8_t> initial;  // TensorSpec::initial
+    Initializer initializer;       // when `initial` is empty
     uint64_t bytes;
     std::vector<Chunk> chunks;
     bool restored = false;     // the shards loaded it from a checkpoint
     bool initialized = false;  // the chief initialised it already
-    wire::TensorDecl decl;     // as declared (modes filled in), for re-creating
   };
 
   ClientOptions options_;
@@ -213,7 +217,7 @@ class Client::Impl {
   Future FanOut(ByShard by_shard, IssueFn issue);
   static Status CheckPart(const ChunkPart& p, const TensorEntry& e) {
     if (p.parts == 0 || p.part >= p.parts) {
-      return Status::InvalidArgument("tensor '" + e.spec.name + "': chunk part " +
+      return Status::InvalidArgument("tensor '" + e.decl.name + "': chunk part " +
                                      std::to_string(p.part) + " of " + std::to_string(p.parts));
     }
     return Status::Ok();

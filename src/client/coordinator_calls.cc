@@ -25,13 +25,13 @@ Status Client::Impl::Initialize() {
         (e.restored ? restored : kept)++;
         continue;
       }
-      if (e.spec.initial.empty()) {
-        auto value = InitialValue(e.spec.initializer, e.spec.name, e.spec.dtype, e.spec.shape);
+      if (e.initial.empty()) {
+        auto value = InitialValue(e.initializer, e.decl.name, e.decl.dtype, e.decl.shape);
         if (!value.ok()) return value.status();
         generated.push_back(std::move(*value));
         items.push_back({{i}, generated.back().data(), e.bytes});
       } else {
-        items.push_back({{i}, e.spec.initial.data(), e.bytes});
+        items.push_back({{i}, e.initial.data(), e.bytes});
       }
     }
   }
@@ -64,12 +64,11 @@ Status Client::Impl::SetHyperparams(Tensor t, const Hyperparams& hyper) {
   // The coordinator first: checkpoints save what it holds, and re-creates
   // on a restarted shard carry it.
   auto recorded = CallCoordinator<wire::UpdateHyper, wire::Ack>(
-      wire::UpdateHyper{(*entry)->spec.name, hyper}, options_.op_timeout);
+      wire::UpdateHyper{(*entry)->decl.name, hyper}, options_.op_timeout);
   if (!recorded.ok()) return recorded.status();
   {
     std::lock_guard<std::mutex> lock(tensors_mu_);
     auto& mutable_entry = tensors_[t.index];
-    mutable_entry.spec.hyper = hyper;
     mutable_entry.decl.hyper = hyper;
   }
   std::vector<wire::SetHyper> by_shard(shards_.size());

@@ -25,7 +25,7 @@ void Client::Impl::NoteOutcomes(const std::vector<uint8_t>& outcomes, const Chun
     if (op == nullptr) continue;
     const ChunkIo& io = ios[i];
     std::lock_guard<std::mutex> lock(op->mu);
-    op->dropped.push_back({io.tensor->spec.name,
+    op->dropped.push_back({io.tensor->decl.name,
                            static_cast<uint32_t>(io.chunk - io.tensor->chunks.data()), step, why});
   }
 }
@@ -291,13 +291,13 @@ Future Client::Impl::Push(const std::vector<PushItem>& items, uint32_t flags,
                           std::optional<uint64_t> tagged_step) {
   const uint64_t step = tagged_step.value_or(0);
   auto by_shard = SplitByShard(items, "push", [&](const TensorEntry& e) {
-    if (e.spec.mode.kind != Consistency::kSync || tagged_step || (flags & wire::kFlagInit)) {
+    if (e.decl.mode.kind != Consistency::kSync || tagged_step || (flags & wire::kFlagInit)) {
       return Status::Ok();
     }
     // Untagged, it would count as step 0, and the worker's real step-0 push
     // would then be dropped as stale.
     return Status::InvalidArgument(
-        "push to tensor '" + e.spec.name + "', which is " + ConsistencyName(e.spec.mode.kind) +
+        "push to tensor '" + e.decl.name + "', which is " + ConsistencyName(e.decl.mode.kind) +
         ", without a step: use Push(items, step) with the worker's step");
   });
   if (!by_shard.ok()) return FailedFuture(by_shard.status());
@@ -306,7 +306,7 @@ Future Client::Impl::Push(const std::vector<PushItem>& items, uint32_t flags,
   // holding a sync tensor, each saying how many there are.
   auto holds_sync = [](const std::vector<ChunkIo>& ios) {
     return std::any_of(ios.begin(), ios.end(), [](const ChunkIo& io) {
-      return io.tensor->spec.mode.kind == Consistency::kSync;
+      return io.tensor->decl.mode.kind == Consistency::kSync;
     });
   };
   const bool counts = !(flags & wire::kFlagInit);

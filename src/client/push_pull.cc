@@ -27,11 +27,11 @@ void Client::Impl::PushThenPullInline(int shard, const std::vector<ChunkIo>& gra
 
 Future Client::Impl::PushPull(const std::vector<PushPullItem>& items) {
   auto by_shard = SplitByShard(items, "push_pull", [](const TensorEntry& e) {
-    if (e.spec.mode.kind != Consistency::kSync) return Status::Ok();
+    if (e.decl.mode.kind != Consistency::kSync) return Status::Ok();
     // Its gradient counts towards a step, which push_pull does not carry:
     // the shard would drop it as stale. Refused rather than lost.
     return Status::InvalidArgument(
-        "push_pull of tensor '" + e.spec.name +
+        "push_pull of tensor '" + e.decl.name +
         "', which is sync: push it with the worker's step (Push(items, step)), then pull it "
         "after that step (PullItem::AfterStep(..., step + 1))");
   });

@@ -23,14 +23,14 @@ Result<const Client::Impl::TensorEntry*> Client::Impl::LookupLocked(Tensor t, si
                                    " was not declared by this client");
   }
   const TensorEntry* e = &tensors_[t.index];
-  if (dtype && *dtype != e->spec.dtype) {
-    return Status::InvalidArgument("tensor '" + e->spec.name + "' is " +
-                                   DescribeTensor(e->spec.dtype, e->spec.shape) + ", not " +
+  if (dtype && *dtype != e->decl.dtype) {
+    return Status::InvalidArgument("tensor '" + e->decl.name + "' is " +
+                                   DescribeTensor(e->decl.dtype, e->decl.shape) + ", not " +
                                    DTypeName(*dtype));
   }
   if (check_bytes && bytes != e->bytes) {
     return Status::InvalidArgument(
-        "tensor '" + e->spec.name + "' is " + DescribeTensor(e->spec.dtype, e->spec.shape) + " = " +
+        "tensor '" + e->decl.name + "' is " + DescribeTensor(e->decl.dtype, e->decl.shape) + " = " +
         std::to_string(e->bytes) + " bytes, but the buffer has " + std::to_string(bytes));
   }
   return e;
@@ -97,13 +97,13 @@ Result<std::vector<Tensor>> Client::Impl::DeclareMany(const std::vector<TensorSp
   std::vector<std::vector<std::pair<size_t, size_t>>> owners(shards_.size());  // (tensor, chunk)
   for (size_t i = 0; i < specs.size(); ++i) {
     TensorEntry& e = entries[i];
-    e.spec = specs[i];
-    e.spec.hyper = declare.tensors[i].hyper;
+    e.decl = declare.tensors[i];
+    e.initial = specs[i].initial;
+    e.initializer = specs[i].initializer;
     e.restored = i < placed->restored.size() && placed->restored[i] == 1;
     e.initialized = i < placed->initialized.size() && placed->initialized[i] == 1;
-    e.decl = declare.tensors[i];
-    const size_t esize = DTypeSize(e.spec.dtype);
-    e.bytes = NumElements(e.spec.shape).value() * esize;
+    const size_t esize = DTypeSize(e.decl.dtype);
+    e.bytes = NumElements(e.decl.shape).value() * esize;
     const auto& chunks = placed->tensors[i];
     for (size_t c = 0; c < chunks.size(); ++c) {
       const auto& pc = chunks[c];
@@ -159,13 +159,13 @@ Result<std::vector<Tensor>> Client::Impl::DeclareMany(const std::vector<TensorSp
     if (e.restored) restored_step_ = placed->restored_step;
   }
   for (auto& e : entries) {
-    auto it = by_name_.find(e.spec.name);
+    auto it = by_name_.find(e.decl.name);
     if (it != by_name_.end()) {
       out.push_back({it->second});
       continue;
     }
     uint32_t index = static_cast<uint32_t>(tensors_.size());
-    by_name_[e.spec.name] = index;
+    by_name_[e.decl.name] = index;
     tensors_.push_back(std::move(e));
     out.push_back({index});
   }
