@@ -251,12 +251,13 @@ class Client::Impl {
   using PushDone = std::function<void(Status, std::vector<uint64_t>)>;
   // `op` (may be null) hears of the chunks the shard dropped.
   void PushToShard(int shard, std::vector<ChunkIo> ios, uint32_t flags, PushStep tag,
-                   std::shared_ptr<Future::State> op, PushDone done);
+                   const std::shared_ptr<Future::State>& op, PushDone done);
   // The rest of a push too large to travel inline, once `offset` in the
   // shard's staging slot is ours: into the CUDA IPC slot, or put one-sided
   // in groups, each group's push-done sent as its puts land.
   void PushThroughSlot(int shard, std::vector<ChunkIo> ios, uint32_t flags, PushStep tag,
-                       std::shared_ptr<Future::State> op, uint64_t offset, PushDone done);
+                       const std::shared_ptr<Future::State>& op, uint64_t offset,
+                       const PushDone& done);
   // Handles a push-reply: each chunk's outcome (NoteOutcomes), then `finish`.
   ReplyFn OnPushReply(std::vector<ChunkIo> sent, uint64_t step, std::shared_ptr<Future::State> op,
                       PushDone finish);

@@ -30,7 +30,7 @@ void Client::Impl::PullFromShard(int shard, std::vector<ChunkIo> ios,
   msg.wait_ms = ShardWaitMs(options_.op_timeout);
   Request(shard, msg, 0,
           [this, shard, ios = std::move(ios), done](const Status& st, const wire::Header& h,
-                                                    std::span<const uint8_t> frame) {
+                                                    std::span<const uint8_t> frame) mutable {
             if (!st.ok()) return done(st);
             auto reply = wire::DecodeBody<wire::PullReply>(h, frame);
             if (!reply.ok()) return done(reply.status());
@@ -156,7 +156,9 @@ Future Client::Impl::Pull(const std::vector<PullItem>& items) {
   return FanOut(
       std::move(*by_shard),
       [this](int shard, std::vector<ChunkIo> ios, const std::shared_ptr<Future::State>&,
-             std::function<void(Status)> done) { PullFromShard(shard, std::move(ios), done); });
+             const std::function<void(Status)>& done) {
+        PullFromShard(shard, std::move(ios), done);
+      });
 }
 
 }  // namespace tessera

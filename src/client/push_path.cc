@@ -74,7 +74,7 @@ Result<wire::Push> Client::Impl::InlinePush(const std::vector<ChunkIo>& ios, Pus
 }
 
 void Client::Impl::PushToShard(int shard, std::vector<ChunkIo> ios, uint32_t flags, PushStep tag,
-                               std::shared_ptr<Future::State> op, PushDone done) {
+                               const std::shared_ptr<Future::State>& op, PushDone done) {
   const uint64_t step = tag.step;
   ShardConn& s = shards_[shard];
   if (!s.dead.ok()) {
@@ -127,12 +127,12 @@ void Client::Impl::PushToShard(int shard, std::vector<ChunkIo> ios, uint32_t fla
         });
     return;
   }
-  PushThroughSlot(shard, std::move(ios), flags, tag, std::move(op), *offset, std::move(done));
+  PushThroughSlot(shard, std::move(ios), flags, tag, op, *offset, done);
 }
 
 void Client::Impl::PushThroughSlot(int shard, std::vector<ChunkIo> ios, uint32_t flags,
-                                   PushStep tag, std::shared_ptr<Future::State> op, uint64_t offset,
-                                   PushDone done) {
+                                   PushStep tag, const std::shared_ptr<Future::State>& op,
+                                   uint64_t offset, const PushDone& done) {
   const uint64_t step = tag.step;
   ShardConn& s = shards_[shard];
   // Pipelined: the entries go in groups of about kGroupBytes (never splitting
@@ -322,7 +322,7 @@ Future Client::Impl::Push(const std::vector<PushItem>& items, uint32_t flags,
     uint32_t parts = 0;
     if (counts) parts = sync_parts > 0 ? (holds_sync(ios) ? sync_parts : 0) : shard == first;
     PushToShard(
-        shard, std::move(ios), flags, PushStep{step, parts}, std::move(op),
+        shard, std::move(ios), flags, PushStep{step, parts}, op,
         [done = std::move(done)](const Status& st, const std::vector<uint64_t>&) { done(st); });
   });
 }

@@ -49,7 +49,7 @@ Future Client::Impl::PushPull(const std::vector<PushPullItem>& items) {
                     return PushThenPullInline(shard, push, std::move(pull), std::move(done));
                   }
                   // Larger: the push, then a pull of at least the version it produced.
-                  PushToShard(shard, std::move(push), 0, PushStep{}, std::move(op),
+                  PushToShard(shard, std::move(push), 0, PushStep{}, op,
                               [this, shard, pull = std::move(pull), done = std::move(done)](
                                   const Status& st, std::vector<uint64_t> versions) mutable {
                                 if (!st.ok()) return done(st);

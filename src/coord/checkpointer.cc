@@ -262,7 +262,7 @@ void Checkpointer::OnAllPrepared() {
         }
         return ckpt::FsyncDirectory(tmp);
       },
-      [this, id = r.id](Status st) {
+      [this, id = r.id](const Status& st) {
         if (!Current(id)) return;
         if (!st.ok()) return Abort(st);
         SendWrites();
@@ -324,7 +324,7 @@ void Checkpointer::OnAllWritten() {
         ckpt::CrashPoint("after-rename");
         return Status::Ok();
       },
-      [this, id = r.id, manifest](Status st) {
+      [this, id = r.id, manifest](const Status& st) {
         if (!Current(id)) return;
         if (!st.ok()) return Abort(st);
         uint64_t total = 0;
@@ -367,7 +367,7 @@ void Checkpointer::Prune() {
   }
 }
 
-void Checkpointer::Finish(Result<SavedCheckpoint> result) {
+void Checkpointer::Finish(const Result<SavedCheckpoint>& result) {
   auto waiters = std::move(round_->waiters);
   round_.reset();
   for (auto& w : waiters) {
@@ -401,7 +401,7 @@ void Checkpointer::Abort(const Status& why) {
         fs::remove_all(tmp, ec);
         return Status::Ok();
       },
-      [this, id = r.id, failed](Status) {
+      [this, id = r.id, failed](const Status&) {
         if (round_ && round_->id == id) Finish(failed);
       });
   // A stopping progress thread may never run that callback.

@@ -106,7 +106,7 @@ class Checkpointer {
   void OnAllPrepared();
   void SendWrites();
   void OnAllWritten();
-  void Finish(Result<SavedCheckpoint> result);
+  void Finish(const Result<SavedCheckpoint>& result);
   void Abort(const Status& why);
   // Queues `work` for the file thread (jobs run one at a time, in order),
   // then runs `then` on the progress thread with its status. Never blocks:

@@ -162,7 +162,7 @@ class TcpEndpoint final : public Endpoint, public std::enable_shared_from_this<T
   Status OnPreamble();
   Status OnHeader();
   Status OnPayloadDone();
-  void CompleteOp(uint64_t id, Status st);
+  void CompleteOp(uint64_t id, const Status& st);
   void StartPayload(uint8_t* dst, uint64_t len);
   void UpdateInterest();
   // The peer broke the protocol: logged, then closed.

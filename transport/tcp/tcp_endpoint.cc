@@ -461,7 +461,7 @@ Status TcpEndpoint::OnPayloadDone() {
   }
 }
 
-void TcpEndpoint::CompleteOp(uint64_t id, Status st) {
+void TcpEndpoint::CompleteOp(uint64_t id, const Status& st) {
   auto it = ops_.find(id);
   if (it == ops_.end()) return;
   Completion done = std::move(it->second.done);
