@@ -102,6 +102,12 @@ int main(int argc, char** argv) try {
       ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 20))
       ->capture_default_str();
   server->add_flag("--busy-poll", server_opts.busy_poll, "spin instead of sleeping when idle");
+  int64_t spin_us = server_opts.spin_before_sleep.count();
+  server->add_option("--spin-us", spin_us,
+                     "when not busy polling: how long to keep polling after the last work before "
+                     "sleeping, in microseconds")
+      ->check(CLI::Range(int64_t{0}, int64_t{1'000'000}))
+      ->capture_default_str();
   server->add_option("--memory", server_opts.memory,
                      "where parameters live: host, cuda or cuda:N (default host)");
   server->add_flag("--allow-host-staging", server_opts.allow_host_staging,
@@ -280,6 +286,7 @@ int main(int argc, char** argv) try {
   }
   if (app.got_subcommand(server)) {
     server_opts.staging_bytes_per_worker = staging_mib << 20;
+    server_opts.spin_before_sleep = std::chrono::microseconds(spin_us);
     server_opts.checkpoint_every =
         std::chrono::milliseconds(static_cast<int64_t>(checkpoint_secs * 1000));
     return RunServer(server_flags, server_opts);

@@ -51,6 +51,13 @@ struct ServerOptions {
   // Log small tensors' values as they change (the demo uses it).
   bool log_updates = false;
   bool busy_poll = false;
+  // Otherwise, how long the progress thread keeps polling after its last
+  // work before it sleeps. A worker's next request often follows the reply
+  // after it moved a large tensor (a 1 MiB put takes about 100 us on one
+  // host): a shard asleep by then pays a wake-up on every such push. The
+  // spin stops at once when the thread finds itself descheduled (a CPU hog
+  // on its core), so a busy host gets its core back.
+  std::chrono::microseconds spin_before_sleep{200};
 
   // Checkpoints, used by the coordinator (ps task 0, or the coordinator
   // task); the other tasks ignore them. The directory must be shared by all

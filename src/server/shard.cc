@@ -42,6 +42,7 @@ Status Shard::Start() {
   topts.backend = options_.transport;
   topts.name = options_.job + std::to_string(options_.task_index);
   topts.busy_poll = options_.busy_poll;
+  topts.spin_before_sleep = options_.spin_before_sleep;
   auto ctx = transport::Context::Open(topts);
   if (!ctx.ok()) return ctx.status();
   ctx_ = std::move(*ctx);

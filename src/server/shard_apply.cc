@@ -213,6 +213,8 @@ void Shard::CountStep(const PendingPush& push) {
 }
 
 void Shard::ScheduleStepReport() {
+  // The coordinator hosted here hears at once: a call, no message to save.
+  if (hosts_coordinator()) return ReportSteps();
   // Once per turn of the loop: the async steps of every push handled in
   // this turn travel in one report.
   if (step_report_posted_) return;
