@@ -121,6 +121,24 @@ class CheckpointerTest : public ::testing::Test {
     checkpointer_->Save(Checkpointer::Reason::kRequest,
                         [result](Result<SavedCheckpoint> r) { *result = std::move(r); });
   }
+  // A round in which both tasks prepare, then ps 0 writes and ps 1 writes
+  // or fails with `fail`; its result.
+  Result<SavedCheckpoint> Round(const Status& fail = Status::Ok()) {
+    std::optional<Result<SavedCheckpoint>> result;
+    Save(&result);
+    Answer(0);
+    Answer(1);
+    // The files are created in the background; then the writes go out.
+    if (!RunUntil([&] { return !to_shard_[0].empty() && !to_shard_[1].empty(); })) {
+      return Status::DeadlineExceeded("no write was sent");
+    }
+    Answer(0);
+    Answer(1, fail);
+    if (!RunUntil([&] { return result.has_value(); })) {
+      return Status::DeadlineExceeded("the round did not end");
+    }
+    return *result;
+  }
   bool TmpLeft() const {
     for (const auto& e : fs::directory_iterator(dir_)) {
       if (e.path().filename().string().rfind(".step-", 0) == 0) return true;
@@ -139,20 +157,12 @@ class CheckpointerTest : public ::testing::Test {
 };
 
 TEST_F(CheckpointerTest, ARoundWritesEveryShardsChunksAndCompletes) {
-  std::optional<Result<SavedCheckpoint>> result;
-  Save(&result);
-  Answer(0);
-  Answer(1);
-  // The files are created in the background; then the writes go out.
-  ASSERT_TRUE(RunUntil([&] { return !to_shard_[0].empty() && !to_shard_[1].empty(); }));
-  Answer(0);
-  Answer(1);
-  ASSERT_TRUE(RunUntil([&] { return result.has_value(); }));
-  ASSERT_TRUE(result->ok()) << result->status().ToString();
+  const auto result = Round();
+  ASSERT_TRUE(result.ok()) << result.status().ToString();
   EXPECT_EQ(saved_, 1);
-  EXPECT_EQ((*result)->global_step, 0u);
-  EXPECT_EQ(checkpointer_->latest_path(), (*result)->path);
-  auto c = ckpt::Checkpoint::Open((*result)->path, /*verify_data=*/true);
+  EXPECT_EQ(result->global_step, 0u);
+  EXPECT_EQ(checkpointer_->latest_path(), result->path);
+  auto c = ckpt::Checkpoint::Open(result->path, /*verify_data=*/true);
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   std::vector<float> w(8);
   ASSERT_TRUE(
@@ -163,16 +173,9 @@ TEST_F(CheckpointerTest, ARoundWritesEveryShardsChunksAndCompletes) {
 }
 
 TEST_F(CheckpointerTest, AShardsFailureAbandonsTheRoundAndItsFiles) {
-  std::optional<Result<SavedCheckpoint>> result;
-  Save(&result);
-  Answer(0);
-  Answer(1);
-  ASSERT_TRUE(RunUntil([&] { return !to_shard_[0].empty() && !to_shard_[1].empty(); }));
-  Answer(0);
-  Answer(1, Status::ResourceExhausted("disk full"));
-  ASSERT_TRUE(RunUntil([&] { return result.has_value(); }));
-  EXPECT_EQ(result->status().code(), StatusCode::kResourceExhausted) << result->status().ToString();
-  EXPECT_NE(result->status().message().find("ps task 1"), std::string::npos);
+  const auto result = Round(Status::ResourceExhausted("disk full"));
+  EXPECT_EQ(result.status().code(), StatusCode::kResourceExhausted) << result.status().ToString();
+  EXPECT_NE(result.status().message().find("ps task 1"), std::string::npos);
   EXPECT_EQ(failed_, 1);
   EXPECT_FALSE(TmpLeft()) << "the abandoned round's files are still there";
   EXPECT_TRUE(checkpointer_->latest_path().empty());

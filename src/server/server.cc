@@ -77,9 +77,15 @@ void Shard::OnWorkerMessage(Peer& peer, const wire::Header& h, std::span<const u
   // (malformed, or valid bytes that say something invalid) costs the
   // authenticated peer that request only: it gets the error, and the
   // connection stays usable. Unknown opcodes close it.
-  auto bad = [&](const Status& st) {
-    SendError(peer, h.request_id,
-              st.WithContext(std::string(wire::OpcodeName(h.opcode)) + " refused"));
+  // The body decoded as Msg and handed to `serve`, or its error.
+  auto decoded = [&]<typename Msg>(auto serve) {
+    auto m = wire::DecodeBody<Msg>(h, frame);
+    if (!m.ok()) {
+      return SendError(
+          peer, h.request_id,
+          m.status().WithContext(std::string(wire::OpcodeName(h.opcode)) + " refused"));
+    }
+    serve(std::move(*m));
   };
   const bool data_op = h.opcode == wire::Opcode::kCreate || h.opcode == wire::Opcode::kPush ||
                        h.opcode == wire::Opcode::kPull || h.opcode == wire::Opcode::kRelease ||
@@ -96,31 +102,20 @@ void Shard::OnWorkerMessage(Peer& peer, const wire::Header& h, std::span<const u
     case wire::Opcode::kBye:
       peer.said_bye = true;
       return Reply(peer, h.request_id, wire::Ack{});
-    case wire::Opcode::kCreate: {
-      auto m = wire::DecodeBody<wire::Create>(h, frame);
-      if (!m.ok()) return bad(m.status());
-      return OnCreate(peer, h.request_id, *m);
-    }
-    case wire::Opcode::kPush: {
-      auto m = wire::DecodeBody<wire::Push>(h, frame);
-      if (!m.ok()) return bad(m.status());
-      return OnPush(peer, h.request_id, h.flags, std::move(*m));
-    }
-    case wire::Opcode::kPull: {
-      auto m = wire::DecodeBody<wire::Pull>(h, frame);
-      if (!m.ok()) return bad(m.status());
-      return OnPull(peer, h.request_id, std::move(*m));
-    }
-    case wire::Opcode::kSetHyper: {
-      auto m = wire::DecodeBody<wire::SetHyper>(h, frame);
-      if (!m.ok()) return bad(m.status());
-      return OnSetHyper(peer, h.request_id, *m);
-    }
-    case wire::Opcode::kRelease: {
-      auto m = wire::DecodeBody<wire::Release>(h, frame);
-      if (!m.ok()) return bad(m.status());
-      return OnRelease(peer, *m);
-    }
+    case wire::Opcode::kCreate:
+      return decoded.operator()<wire::Create>(
+          [&](wire::Create m) { OnCreate(peer, h.request_id, m); });
+    case wire::Opcode::kPush:
+      return decoded.operator()<wire::Push>(
+          [&](wire::Push m) { OnPush(peer, h.request_id, h.flags, std::move(m)); });
+    case wire::Opcode::kPull:
+      return decoded.operator()<wire::Pull>(
+          [&](wire::Pull m) { OnPull(peer, h.request_id, std::move(m)); });
+    case wire::Opcode::kSetHyper:
+      return decoded.operator()<wire::SetHyper>(
+          [&](wire::SetHyper m) { OnSetHyper(peer, h.request_id, m); });
+    case wire::Opcode::kRelease:
+      return decoded.operator()<wire::Release>([&](wire::Release m) { OnRelease(peer, m); });
     default:
       // The shards count steps: a worker has no step to report.
       if (h.opcode == wire::Opcode::kStepsApplied) step_messages_from_workers_++;

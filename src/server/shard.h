@@ -138,7 +138,8 @@ class Shard {
   // The handshake with the coordinator failed: close the link, retry later.
   void RefuseCoordinator(const Status& why);
   void OnJoined(const wire::JoinReply& reply);
-  // Creates that waited for the join.
+  // The first join's answer: what to restore; then the creates that waited.
+  void FirstJoined(const wire::JoinReply& reply);
   void ServeDeferredCreates();
   // Restore: a chunk created while a checkpoint is being restored loads its
   // value and optimizer state from it.

@@ -48,7 +48,10 @@ Status Shard::StartService() {
 void Shard::JoinLocalService() {
   // This task's table is empty here (it just started): the join says so,
   // and the answer says what to restore.
-  const wire::JoinReply reply = service_->JoinLocal(wire::Join{});
+  FirstJoined(service_->JoinLocal(wire::Join{}));
+}
+
+void Shard::FirstJoined(const wire::JoinReply& reply) {
   if (!reply.restore_path.empty()) {
     Status st = OpenRestore(reply.restore_path, reply.global_step);
     if (!st.ok()) {
@@ -184,16 +187,8 @@ void Shard::OnJoined(const wire::JoinReply& reply) {
     TLOG_INFO("rejoined the coordinator");
     return;
   }
-  if (!reply.restore_path.empty()) {
-    Status st = OpenRestore(reply.restore_path, reply.global_step);
-    if (!st.ok()) {
-      TLOG_ERROR("cannot restore from {}: {}; tensors start uninitialised", reply.restore_path,
-                 st.message());
-    }
-  }
-  joined_ = true;
   TLOG_INFO("joined the coordinator (global step {})", reply.global_step);
-  ServeDeferredCreates();
+  FirstJoined(reply);
 }
 
 void Shard::ServeDeferredCreates() {
