@@ -664,15 +664,17 @@ namespace {
 // timeout; restarted on the same task it restores its tensors from the
 // newest checkpoint, the worker's calls succeed again, and training goes on.
 // What is lost: the restarted shard's tensors go back to the checkpoint
-// (here 3 of the 8 steps); the other shard's keep every step.
-TEST_F(CheckpointTest, KilledShardRestartsFromTheCheckpointAndTrainingContinues) {
-  if (std::getenv("TESSERA_BIN") == nullptr) GTEST_SKIP() << "TESSERA_BIN is not set";
-  NewSpec(2, 1);
-  testing::ShardProcesses shards(spec_, secret_, 2, {"--checkpoint-dir", dir_.string()});
+// (here 3 of the 8 steps); the other shard's keep every step. ps task 0
+// hosts the coordinator: killed, it comes back with a new one, which
+// rebuilds placement and the global step from ps task 1's join, and tells
+// the restored shard the step its sync tensors resume at.
+void KilledShardRestartsAndTrainingContinues(const ClusterSpec& spec, const std::string& secret,
+                                             const std::string& dir, int killed) {
+  testing::ShardProcesses shards(spec, secret, 2, {"--checkpoint-dir", dir});
   ClientOptions o;
-  o.cluster = spec_;
+  o.cluster = spec;
   o.task = {"worker", 0};
-  o.secret = secret_;
+  o.secret = secret;
   o.startup_timeout = 10s;
   o.op_timeout = 10s;
   o.heartbeat_interval = 200ms;
@@ -692,25 +694,26 @@ TEST_F(CheckpointTest, KilledShardRestartsFromTheCheckpointAndTrainingContinues)
   for (uint64_t s = 0; s < 8; ++s) {
     ASSERT_TRUE(step(s).ok());
     if (s == 4) {  // after 5 steps
-      ASSERT_EQ(EventualGlobalStep(c, 5), 5u);
+      ASSERT_EQ(testing::ClusterFixture::EventualGlobalStep(c, 5), 5u);
       ASSERT_TRUE(c.SaveCheckpoint().ok());
     }
   }
-  ASSERT_EQ(EventualGlobalStep(c, 8), 8u);
+  ASSERT_EQ(testing::ClusterFixture::EventualGlobalStep(c, 8), 8u);
 
-  kill(shards.pid(1), SIGKILL);
-  const auto killed = std::chrono::steady_clock::now();
+  kill(shards.pid(killed), SIGKILL);
+  const auto killed_at = std::chrono::steady_clock::now();
   Status st;
-  while (std::chrono::steady_clock::now() - killed < 10s) {
+  while (std::chrono::steady_clock::now() - killed_at < 10s) {
     st = step(8);
     if (!st.ok()) break;
     std::this_thread::sleep_for(50ms);
   }
   EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.ToString();
-  EXPECT_NE(st.message().find("/job:ps/task:1"), std::string::npos) << st.ToString();
-  EXPECT_LT(std::chrono::steady_clock::now() - killed, 3s);
+  EXPECT_NE(st.message().find("/job:ps/task:" + std::to_string(killed)), std::string::npos)
+      << st.ToString();
+  EXPECT_LT(std::chrono::steady_clock::now() - killed_at, 3s);
 
-  shards.Restart(1);
+  shards.Restart(killed);
   const auto restarted = std::chrono::steady_clock::now();
   while (std::chrono::steady_clock::now() - restarted < 15s) {
     st = step(8);
@@ -722,9 +725,24 @@ TEST_F(CheckpointTest, KilledShardRestartsFromTheCheckpointAndTrainingContinues)
   ASSERT_TRUE(
       c.Pull({PullItem::AfterStep<float>(ts[0], va, 10), PullItem::AfterStep<float>(ts[1], vb, 10)})
           .ok());
-  EXPECT_EQ(va, std::vector<float>(4, 10.0f));  // every step
-  EXPECT_EQ(vb, std::vector<float>(4, 7.0f));   // 5 from the checkpoint, then steps 8 and 9
+  // Every step where the shard lived; 5 from the checkpoint, then steps 8
+  // and 9, where it was killed.
+  EXPECT_EQ(killed == 0 ? va : vb, std::vector<float>(4, 7.0f));
+  EXPECT_EQ(killed == 0 ? vb : va, std::vector<float>(4, 10.0f));
+  EXPECT_EQ(testing::ClusterFixture::EventualGlobalStep(c, 10), 10u);
   client->reset();
+}
+
+TEST_F(CheckpointTest, KilledShardRestartsFromTheCheckpointAndTrainingContinues) {
+  if (std::getenv("TESSERA_BIN") == nullptr) GTEST_SKIP() << "TESSERA_BIN is not set";
+  NewSpec(2, 1);
+  KilledShardRestartsAndTrainingContinues(spec_, secret_, dir_.string(), 1);
+}
+
+TEST_F(CheckpointTest, KilledCoordinatorShardRestartsWithANewCoordinator) {
+  if (std::getenv("TESSERA_BIN") == nullptr) GTEST_SKIP() << "TESSERA_BIN is not set";
+  NewSpec(2, 1);
+  KilledShardRestartsAndTrainingContinues(spec_, secret_, dir_.string(), 0);
 }
 
 // A standalone coordinator SIGKILLed mid-training and started again: the

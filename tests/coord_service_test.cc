@@ -6,6 +6,7 @@
 
 #include <deque>
 #include <map>
+#include <optional>
 
 #include "coord/service.h"
 
@@ -108,12 +109,15 @@ wire::Join ChunksOn(uint32_t k, const wire::TensorDecl& t,
 
 TEST(CoordService, WorkerRequestsWaitUntilEveryPsTaskJoined) {
   ServiceHarness h;
-  h.service->JoinLocal({});
+  std::optional<wire::JoinReply> local;
+  h.service->JoinLocal({}, [&](const wire::JoinReply& r) { local = r; });
   h.FromWorker(kWorker0, 0, DeclareOf({Decl("w", 32)}), 7);
   h.FromWorker(kWorker1, 1, wire::GetStep{}, 8);
   EXPECT_TRUE(h.sent[kWorker0].empty()) << "answered before ps task 1 joined";
   EXPECT_TRUE(h.sent[kWorker1].empty());
+  EXPECT_FALSE(local.has_value()) << "the hosted task's join answered before ps task 1 joined";
   ASSERT_TRUE(h.FromPs1(wire::Join{}).ok());
+  EXPECT_TRUE(local.has_value());
   auto reply = h.Next<wire::JoinReply>(kPs1Link);
   ASSERT_TRUE(reply.ok()) << reply.status().ToString();
   auto declared = h.Next<wire::DeclareReply>(kWorker0);
@@ -142,7 +146,7 @@ TEST(CoordService, ARestartedCoordinatorRebuildsFromTheJoins) {
   const auto a = Decl("a", 32), b = Decl("b", 8);
   {
     ServiceHarness first;
-    first.service->JoinLocal({});
+    first.service->JoinLocal({}, [](const wire::JoinReply&) {});
     ASSERT_TRUE(first.FromPs1(wire::Join{}).ok());
     first.FromWorker(kWorker0, 0, DeclareOf({a, b}), 1);
     auto declared = first.Next<wire::DeclareReply>(kWorker0);
@@ -152,14 +156,17 @@ TEST(CoordService, ARestartedCoordinatorRebuildsFromTheJoins) {
   ServiceHarness h;
   auto b_now = b;
   b_now.hyper.learning_rate = 0.125f;  // set by the chief at run time
-  h.service->JoinLocal([&] {
-    auto j = ChunksOn(0, a, placement[0], true);
-    auto jb = ChunksOn(0, b_now, placement[1], true);
-    j.chunks.insert(j.chunks.end(), jb.chunks.begin(), jb.chunks.end());
-    j.initialized.insert(j.initialized.end(), jb.initialized.begin(), jb.initialized.end());
-    j.more = false;
-    return j;
-  }());
+  std::optional<wire::JoinReply> local;
+  h.service->JoinLocal(
+      [&] {
+        auto j = ChunksOn(0, a, placement[0], true);
+        auto jb = ChunksOn(0, b_now, placement[1], true);
+        j.chunks.insert(j.chunks.end(), jb.chunks.begin(), jb.chunks.end());
+        j.initialized.insert(j.initialized.end(), jb.initialized.begin(), jb.initialized.end());
+        j.more = false;
+        return j;
+      }(),
+      [&](const wire::JoinReply& r) { local = r; });
   h.FromWorker(kWorker1, 1, DeclareOf({a, b}), 2);
   EXPECT_TRUE(h.sent[kWorker1].empty()) << "answered before ps task 1 joined";
   ASSERT_TRUE(h.FromPs1(ChunksOn(1, a, placement[0], true)).ok());
@@ -169,7 +176,15 @@ TEST(CoordService, ARestartedCoordinatorRebuildsFromTheJoins) {
   const wire::StepsApplied step2{0, 2, {{0, 2}, {1, 2}}};
   ASSERT_TRUE(h.FromPs1(step2).ok());
   h.service->OnLocalSteps(step2);
+  EXPECT_TRUE(h.sent[kPs1Link].empty()) << "ps task 1's join answered before the step was known";
   ASSERT_TRUE(h.FromPs1(wire::Join{}).ok());
+  // Both joins are answered with the rebuilt global step, where a restored
+  // sync tensor must resume.
+  ASSERT_TRUE(local.has_value());
+  EXPECT_EQ(local->global_step, 3u);
+  auto ps1_reply = h.Next<wire::JoinReply>(kPs1Link);
+  ASSERT_TRUE(ps1_reply.ok()) << ps1_reply.status().ToString();
+  EXPECT_EQ(ps1_reply->global_step, 3u);
 
   auto declared = h.Next<wire::DeclareReply>(kWorker1);
   ASSERT_TRUE(declared.ok()) << declared.status().ToString();
@@ -195,7 +210,7 @@ TEST(CoordService, UninitialisedChunksKeepTheBarrierClosed) {
   ServiceHarness h;
   const auto a = Decl("a", 8);
   const std::vector<wire::ChunkPlacement> one = {{1, 0, 8}};
-  h.service->JoinLocal({});
+  h.service->JoinLocal({}, [](const wire::JoinReply&) {});
   ASSERT_TRUE(h.FromPs1(ChunksOn(1, a, one, false)).ok());
   ASSERT_TRUE(h.FromPs1(wire::Join{}).ok());
   h.FromWorker(kWorker1, 1, wire::WaitInit{}, 1);

@@ -72,6 +72,23 @@ TEST(CoordinatorSteps, RefusesReportsNamingStrangers) {
   EXPECT_EQ(c.global_step(), 0u);
 }
 
+// A coordinator that restarted learns from a joining task how far its sync
+// chunks got: the step before the furthest one is complete everywhere (a
+// worker pushes step s only after pulling s - 1 from every shard).
+TEST(CoordinatorSteps, AJoiningTasksFurthestSyncChunkBoundsTheGlobalStep) {
+  coord::Coordinator c(2, 1);
+  ASSERT_TRUE(c.Declare(OneTensor("w", ConsistencyMode::Sync(1, 1, false)), "w0", true).ok());
+  c.NoteSyncStepReached(9);
+  EXPECT_EQ(c.global_step(), 8u);
+  c.NoteSyncStepReached(3);
+  EXPECT_EQ(c.global_step(), 8u) << "a task that is behind moves nothing back";
+  ASSERT_TRUE(c.OnStepsApplied(1, {.sync_step = 7, .sync_workers = {{0, 2}}}).ok());
+  EXPECT_EQ(c.global_step(), 8u) << "a report of a step already counted";
+  ASSERT_TRUE(c.OnStepsApplied(0, {.sync_step = 8, .sync_workers = {{0, 2}}}).ok());
+  ASSERT_TRUE(c.OnStepsApplied(1, {.sync_step = 8, .sync_workers = {{0, 2}}}).ok());
+  EXPECT_EQ(c.global_step(), 9u);
+}
+
 TEST(CoordinatorHyper, DeclaresReturnWhatTheChiefSetSince) {
   coord::Coordinator c(1, 2);
   ASSERT_TRUE(c.Declare(OneTensor("w", ConsistencyMode::Async()), "w0", true).ok());

@@ -84,7 +84,7 @@ std::vector<Sample> Samples() {
       Make("step_reply", StepReply{9}),
       Make("init_done", InitDone{}),
       Make("error", Error{StatusCode::kNotFound, "no such tensor"}),
-      Make("join", Join{create.entries, {1, 0}, true}),
+      Make("join", Join{create.entries, {1, 0}, 12, true}),
       Make("join_end", Join{}),
       Make("join_reply", JoinReply{"/ckpt/step-00000040", 41}),
       Make("ckpt_prepare", CkptPrepare{3}),

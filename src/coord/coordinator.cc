@@ -183,6 +183,14 @@ Status Coordinator::Adopt(int shard, const wire::CreateEntry& chunk, bool initia
   return Status::Ok();
 }
 
+void Coordinator::NoteSyncStepReached(uint64_t furthest) {
+  const uint64_t step = furthest > 0 ? furthest - 1 : 0;
+  if (step <= global_step_) return;
+  global_step_ = step;
+  sync_parts_.erase(sync_parts_.begin(), sync_parts_.lower_bound(step));
+  sync_steps_done_.erase(sync_steps_done_.begin(), sync_steps_done_.lower_bound(step));
+}
+
 void Coordinator::AdoptionDone() {
   if (tensors_.empty() || initialized_) return;
   for (const auto& [name, placed] : tensors_) {

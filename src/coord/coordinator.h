@@ -67,6 +67,13 @@ class Coordinator {
   Status Adopt(int shard, const wire::CreateEntry& chunk, bool initialized);
   // Every chunk of every known tensor has its ps task.
   bool placement_known() const { return unplaced_chunks_ == 0; }
+  // A joining ps task's furthest sync chunk has applied `step` steps. A
+  // worker pushes step s only after it pulled step s - 1 from every shard,
+  // so step - 1 steps are complete everywhere: the global step is at least
+  // that. A restarted coordinator may know no more, and a chunk restored
+  // elsewhere must resume there, or workers would wait for it forever (the
+  // restored chunk may move on to its first push's step).
+  void NoteSyncStepReached(uint64_t step);
   // Every ps task joined: if all the tensors they hold have values, the
   // chief had initialised them, and the init barrier opens.
   void AdoptionDone();

@@ -104,6 +104,14 @@ void Service::CheckReady() {
                 coord_.num_tensors(), coord_.global_step(),
                 coord_.initialized() ? ", initialised" : "");
     }
+    const wire::JoinReply answer = JoinAnswer();
+    for (const auto& [link, request_id] : join_waiters_) Reply(link, request_id, answer);
+    join_waiters_.clear();
+    if (local_join_waiter_) {
+      auto waiter = std::move(local_join_waiter_);
+      local_join_waiter_ = nullptr;
+      waiter(answer);
+    }
   }
   while (ready_ && !waiting_.empty() && !stopped_) {
     Waiting w = std::move(waiting_.front());
@@ -213,15 +221,22 @@ Status Service::Join(int shard, const wire::Join& join) {
     TESSERA_RETURN_IF_ERROR(coord_.Adopt(shard, join.chunks[i], initialized));
   }
   if (join.more) return Status::Ok();
+  coord_.NoteSyncStepReached(join.sync_step);
+  global_step_ = coord_.global_step();
   joined_once_[static_cast<size_t>(shard)] = true;
   CheckReady();
   return Status::Ok();
 }
 
-wire::JoinReply Service::JoinLocal(const wire::Join& join) {
-  Status st = Join(options_.local_shard, join);
+wire::JoinReply Service::JoinAnswer() const {
+  return {checkpointer_ ? checkpointer_->latest_path() : restore_path_, coord_.global_step()};
+}
+
+void Service::JoinLocal(const wire::Join& join,
+                        std::function<void(const wire::JoinReply&)> answer) {
+  local_join_waiter_ = std::move(answer);
+  Status st = Join(options_.local_shard, join);  // answers it when all is known
   if (!st.ok()) TLOG_ERROR("ps task {}'s own chunks: {}", options_.local_shard, st.message());
-  return wire::JoinReply{restore_path(), coord_.global_step()};
 }
 
 void Service::OnLocalChunksCreated(const std::vector<wire::CreateEntry>& entries) {
@@ -243,11 +258,12 @@ Status Service::OnShardFrame(PeerId from, int shard, const wire::Header& h,
       TESSERA_RETURN_IF_ERROR(Join(shard, *m));
       if (m->more) return Status::Ok();
       links_[static_cast<size_t>(shard)] = from;
-      wire::JoinReply reply{checkpointer_ ? checkpointer_->latest_path() : restore_path_,
-                            coord_.global_step()};
-      TLOG_INFO("ps task {} joined{}", shard,
-                reply.restore_path.empty() ? "" : "; it restores from " + reply.restore_path);
-      Reply(from, h.request_id, reply);
+      TLOG_INFO("ps task {} joined", shard);
+      if (!ready_) {
+        join_waiters_.emplace_back(from, h.request_id);
+        return Status::Ok();
+      }
+      Reply(from, h.request_id, JoinAnswer());
       return Status::Ok();
     }
     case wire::Opcode::kStepsApplied: {
@@ -299,6 +315,7 @@ void Service::OnPeerGone(PeerId peer) {
     if (checkpointer_) checkpointer_->OnShardLost(static_cast<int>(k));
   }
   std::erase_if(init_waiters_, [&](const auto& w) { return w.first == peer; });
+  std::erase_if(join_waiters_, [&](const auto& w) { return w.first == peer; });
   std::erase_if(waiting_, [&](const Waiting& w) { return w.from.peer == peer; });
 }
 

@@ -87,10 +87,12 @@ class Service {
   // A non-OK status: the host closes the link with it.
   Status OnShardFrame(PeerId from, int shard, const wire::Header& h,
                       std::span<const uint8_t> frame);
-  // The hosted ps task, directly: its join (answered at once), its frames
-  // (step reports, checkpoint replies), and the chunks workers create on it
-  // (a restarted host learns its own placement back from them).
-  wire::JoinReply JoinLocal(const wire::Join& join);
+  // The hosted ps task, directly: its join, its frames (step reports,
+  // checkpoint replies), and the chunks workers create on it (a restarted
+  // host learns its own placement back from them). Every join is answered
+  // once every ps task joined, so that the global step it tells (where
+  // restored sync tensors resume) is the rebuilt one.
+  void JoinLocal(const wire::Join& join, std::function<void(const wire::JoinReply&)> answer);
   void OnLocalShardFrame(std::span<const uint8_t> frame);
   void OnLocalSteps(const wire::StepsApplied& report);
   void OnLocalChunksCreated(const std::vector<wire::CreateEntry>& entries);
@@ -120,6 +122,7 @@ class Service {
   void OnSaveCheckpoint(const WorkerRef& from, uint64_t request_id);
   void OnInitDone(const WorkerRef& from, uint64_t request_id);
   Status Join(int shard, const wire::Join& join);
+  wire::JoinReply JoinAnswer() const;
   Status OnStepsApplied(int shard, const wire::StepsApplied& report);
   template <typename Msg>
   void Reply(PeerId peer, uint64_t request_id, const Msg& msg) {
@@ -138,6 +141,10 @@ class Service {
   std::vector<PeerId> links_;
   std::vector<bool> joined_once_;
   std::vector<std::pair<PeerId, uint64_t>> init_waiters_;
+  // Joins answered once all is known: ps task links (and their request ids),
+  // and the hosted task's.
+  std::vector<std::pair<PeerId, uint64_t>> join_waiters_;
+  std::function<void(const wire::JoinReply&)> local_join_waiter_;
   std::deque<Waiting> waiting_;
   bool ready_ = false;
   bool stopped_ = false;

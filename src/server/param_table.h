@@ -52,6 +52,10 @@ struct Param {
   std::vector<bool> contributed;  // by worker rank, this step
   // Bounded: steps each worker rank has pushed.
   std::vector<uint64_t> pushed_steps;
+  // Sync, restored from a checkpoint: the step it resumes at is the
+  // coordinator's estimate, one step short of the furthest chunk's when the
+  // coordinator restarted too; the first push may move it forward.
+  bool resume_at_first_push = false;
   // Sync: a step whose update failed. Its pushers were told OK when their
   // gradients were counted, so every later push and pull of the chunk gets
   // this error instead, until an initialising push sets a value afresh.

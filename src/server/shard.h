@@ -132,6 +132,8 @@ class Shard {
   // This task's chunks, as joins that say more follows: a restarted
   // coordinator learns placement back from them.
   std::vector<wire::Join> JoinMessages() const;
+  // The furthest step this task's sync chunks applied (0: none).
+  uint64_t SyncStepReached() const;
   void JoinCoordinator();
   void OnLinkFrame(std::span<const uint8_t> frame);
   void OnLinkLost(const Status& why);

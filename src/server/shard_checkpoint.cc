@@ -46,9 +46,12 @@ Status Shard::StartService() {
 }
 
 void Shard::JoinLocalService() {
-  // This task's table is empty here (it just started): the join says so,
-  // and the answer says what to restore.
-  FirstJoined(service_->JoinLocal(wire::Join{}));
+  // This task's table is empty here (it just started): the join says so.
+  // The answer comes once every ps task joined: what to restore, and the
+  // global step (rebuilt, after a restart) its sync tensors resume at.
+  service_->JoinLocal(wire::Join{}, [this](const wire::JoinReply& reply) {
+    if (!stopping_) FirstJoined(reply);
+  });
 }
 
 void Shard::FirstJoined(const wire::JoinReply& reply) {
@@ -61,6 +64,15 @@ void Shard::FirstJoined(const wire::JoinReply& reply) {
   }
   joined_ = true;
   ServeDeferredCreates();
+}
+
+uint64_t Shard::SyncStepReached() const {
+  uint64_t step = 0;
+  table_->ForEach([&](const Param& p) {
+    if (p.initialized && p.entry.tensor.mode.kind == Consistency::kSync)
+      step = std::max(step, p.step);
+  });
+  return step;
 }
 
 std::vector<wire::Join> Shard::JoinMessages() const {
@@ -149,7 +161,9 @@ void Shard::OnLinkFrame(std::span<const uint8_t> frame) {
       for (const auto& report : step_counter_.TakeReports()) {
         coord_link_->Send(kProtocolMsg, wire::Encode(report, 0));
       }
-      coord_link_->Send(kProtocolMsg, wire::Encode(wire::Join{}, 3));
+      wire::Join end;
+      end.sync_step = SyncStepReached();
+      coord_link_->Send(kProtocolMsg, wire::Encode(end, 3));
       return;
     }
     case wire::Opcode::kJoinReply: {
@@ -293,7 +307,10 @@ void Shard::RestoreChunk(Param& p) {
   }
   p.version = 1;
   p.initialized = true;
-  if (t.mode.kind == Consistency::kSync) p.step = restore_step_;
+  if (t.mode.kind == Consistency::kSync) {
+    p.step = restore_step_;
+    p.resume_at_first_push = true;
+  }
   std::fill(p.pushed_steps.begin(), p.pushed_steps.end(), restore_step_);
   chunks_restored_++;
 }

@@ -362,6 +362,9 @@ struct Join {
   static constexpr Opcode kOpcode = Opcode::kJoin;
   std::vector<CreateEntry> chunks;
   std::vector<uint8_t> initialized;  // per chunk, 0 or 1
+  // The furthest step the task's sync chunks have applied: where a chunk
+  // restored elsewhere must resume, also when the coordinator died too.
+  uint64_t sync_step = 0;
   bool more = false;
   // Chunks per join message, so that one stays well inside a frame.
   static constexpr size_t kMaxChunks = 8192;

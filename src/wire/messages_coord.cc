@@ -42,6 +42,7 @@ void Join::EncodeBody(ByteWriter& w) const {
     PutCreateEntry(w, chunks[i]);
     w.Put(static_cast<uint8_t>(i < initialized.size() && initialized[i] != 0 ? 1 : 0));
   }
+  w.Put(sync_step);
   w.Put(static_cast<uint8_t>(more ? 1 : 0));
 }
 Result<Join> Join::DecodeBody(ByteReader& r) {
@@ -62,6 +63,7 @@ Result<Join> Join::DecodeBody(ByteReader& r) {
     m.chunks.push_back(std::move(*e));
     m.initialized.push_back(init);
   }
+  if (!r.Get(&m.sync_step)) return Truncated("sync_step");
   uint8_t more = 0;
   if (!r.Get(&more) || more > 1) return Status::InvalidArgument("bad more flag");
   m.more = more == 1;

@@ -80,7 +80,7 @@ void WireSeeds(const fs::path& dir) {
   put(Encode(StepReply{3}, 21));
   put(Encode(Ping{}, 22));
   put(Encode(Join{}, 23));
-  put(Encode(Join{{{Decl(), 0, 2, 0, 16}, {Decl(), 1, 2, 16, 16}}, {1, 0}, true}, 23));
+  put(Encode(Join{{{Decl(), 0, 2, 0, 16}, {Decl(), 1, 2, 16, 16}}, {1, 0}, 7, true}, 23));
   put(Encode(JoinReply{"/ckpt/step-00000003", 3}, 24));
   put(Encode(CkptPrepare{1}, 25));
   put(Encode(CkptPrepared{1, true, 3, 3, 1}, 26));
