@@ -29,31 +29,29 @@ void Shard::OnMessage(const EndpointPtr& ep, std::span<const uint8_t> frame) {
     if (!st.ok()) Drop(peer, st, h->request_id);
     return;
   }
+  // Anyone authenticated may ping; a worker or ps task may say it leaves
+  // on purpose (its disconnect is then no loss).
+  if (h->opcode == wire::Opcode::kPing) return Reply(peer, h->request_id, wire::Ack{});
+  if (h->opcode == wire::Opcode::kBye && !peer.is_observer) {
+    peer.said_bye = true;
+    return Reply(peer, h->request_id, wire::Ack{});
+  }
   if (peer.is_shard) return OnShardPeerMessage(peer, *h, frame);
   if (peer.is_observer) return OnObserverMessage(peer, *h);
   OnWorkerMessage(peer, *h, frame);
 }
 
 void Shard::OnShardPeerMessage(Peer& peer, const wire::Header& h, std::span<const uint8_t> frame) {
-  switch (h.opcode) {
-    case wire::Opcode::kPing:
-      return Reply(peer, h.request_id, wire::Ack{});
-    case wire::Opcode::kBye:
-      peer.said_bye = true;
-      return Reply(peer, h.request_id, wire::Ack{});
-    case wire::Opcode::kAck:
-      if (h.request_id == kByeRequestId) OnByeAnswered();
-      return;
-    default: {
-      const auto id = reinterpret_cast<coord::PeerId>(peer.ep.get());
-      Status st = service_->OnShardFrame(id, static_cast<int>(peer.hello.worker_rank), h, frame);
-      if (!st.ok()) Drop(peer, st.WithContext(peer.hello.task));
-    }
+  if (h.opcode == wire::Opcode::kAck) {
+    if (h.request_id == kByeRequestId) OnByeAnswered();
+    return;
   }
+  const auto id = reinterpret_cast<coord::PeerId>(peer.ep.get());
+  Status st = service_->OnShardFrame(id, static_cast<int>(peer.hello.worker_rank), h, frame);
+  if (!st.ok()) Drop(peer, st.WithContext(peer.hello.task));
 }
 
 void Shard::OnObserverMessage(Peer& peer, const wire::Header& h) {
-  if (h.opcode == wire::Opcode::kPing) return Reply(peer, h.request_id, wire::Ack{});
   if (h.opcode == wire::Opcode::kStatus) {
     return Reply(peer, h.request_id, wire::StatusReply{StatusJson()});
   }
@@ -97,11 +95,6 @@ void Shard::OnWorkerMessage(Peer& peer, const wire::Header& h, std::span<const u
                                    " sent to the coordinator, which holds no tensors"));
   }
   switch (h.opcode) {
-    case wire::Opcode::kPing:
-      return Reply(peer, h.request_id, wire::Ack{});
-    case wire::Opcode::kBye:
-      peer.said_bye = true;
-      return Reply(peer, h.request_id, wire::Ack{});
     case wire::Opcode::kCreate:
       return decoded.operator()<wire::Create>(
           [&](wire::Create m) { OnCreate(peer, h.request_id, m); });
