@@ -679,17 +679,24 @@ void KilledShardRestartsAndTrainingContinues(const ClusterSpec& spec, const std:
   o.op_timeout = 10s;
   o.heartbeat_interval = 200ms;
   o.heartbeat_timeout = 1s;
+  o.chunk_bytes = 64;
   auto client = Client::Connect(o);
   ASSERT_TRUE(client.ok()) << client.status().ToString();
   Client& c = **client;
   TensorSpec a{"a", DType::kF32, {4}, UpdateRule::kAdd, {}, /*pinned_shard=*/0};
   TensorSpec b{"b", DType::kF32, {4}, UpdateRule::kAdd, {}, /*pinned_shard=*/1};
-  a.mode = b.mode = ConsistencyMode::Sync(1, 1, false);
-  auto ts = c.DeclareMany({a, b}).value();
+  // And one in two chunks, one on each ps task.
+  TensorSpec split{"split", DType::kF32, {32}, UpdateRule::kAdd, {}, -1};
+  a.mode = b.mode = split.mode = ConsistencyMode::Sync(1, 1, false);
+  auto ts = c.DeclareMany({a, b, split}).value();
   ASSERT_TRUE(c.Initialize().ok());
-  std::vector<float> ones(4, 1.0f), va(4), vb(4);
+  const TensorInfo split_info = c.info(ts[2]).value();
+  ASSERT_EQ(split_info.shards, (std::vector<int>{0, 1}));
+  std::vector<float> ones(4, 1.0f), va(4), vb(4), ones32(32, 1.0f), vs(32);
   auto step = [&](uint64_t s) {
-    return c.Push({PushItem::Of<float>(ts[0], ones), PushItem::Of<float>(ts[1], ones)}, s);
+    return c.Push({PushItem::Of<float>(ts[0], ones), PushItem::Of<float>(ts[1], ones),
+                   PushItem::Of<float>(ts[2], ones32)},
+                  s);
   };
   for (uint64_t s = 0; s < 8; ++s) {
     ASSERT_TRUE(step(s).ok());
@@ -723,13 +730,29 @@ void KilledShardRestartsAndTrainingContinues(const ClusterSpec& spec, const std:
   ASSERT_TRUE(st.ok()) << "no reconnect: " << st.ToString();
   ASSERT_TRUE(step(9).ok());
   ASSERT_TRUE(
-      c.Pull({PullItem::AfterStep<float>(ts[0], va, 10), PullItem::AfterStep<float>(ts[1], vb, 10)})
+      c.Pull({PullItem::AfterStep<float>(ts[0], va, 10), PullItem::AfterStep<float>(ts[1], vb, 10),
+              PullItem::AfterStep<float>(ts[2], vs, 10)})
           .ok());
   // Every step where the shard lived; 5 from the checkpoint, then steps 8
   // and 9, where it was killed.
   EXPECT_EQ(killed == 0 ? va : vb, std::vector<float>(4, 7.0f));
   EXPECT_EQ(killed == 0 ? vb : va, std::vector<float>(4, 10.0f));
+  std::vector<float> want(32);
+  for (size_t i = 0; i < 32; ++i) want[i] = static_cast<int>(i / 16) == killed ? 7.0f : 10.0f;
+  EXPECT_EQ(vs, want);
   EXPECT_EQ(testing::ClusterFixture::EventualGlobalStep(c, 10), 10u);
+  // The coordinator knows where every chunk lives (after ps 0's restart, it
+  // learnt them back from ps 1's join and the re-creates on ps 0): a
+  // checkpoint holds every tensor as the shards hold it.
+  auto saved = c.SaveCheckpoint();
+  ASSERT_TRUE(saved.ok()) << saved.status().ToString();
+  auto ckpt = ckpt::Checkpoint::Open(saved->path, /*verify_data=*/true);
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status().ToString();
+  std::vector<float> saved_split(32);
+  ASSERT_TRUE(ckpt->ReadSlot("split", ckpt::Slot::kParam, 0, 128,
+                             reinterpret_cast<uint8_t*>(saved_split.data()))
+                  .ok());
+  EXPECT_EQ(saved_split, want);
   client->reset();
 }
 

@@ -88,22 +88,19 @@ bool Service::Serves(wire::Opcode op) {
   }
 }
 
-bool Service::AllKnown() const {
+bool Service::AllJoined() const {
   for (bool joined : joined_once_) {
     if (!joined) return false;
   }
-  return coord_.placement_known();
+  return true;
 }
 
 void Service::CheckReady() {
-  if (!ready_ && AllKnown()) {
-    ready_ = true;
-    coord_.AdoptionDone();
-    if (coord_.num_tensors() > 0) {
-      TLOG_INFO("every ps task joined: {} tensors placed as before, global step {}{}",
-                coord_.num_tensors(), coord_.global_step(),
-                coord_.initialized() ? ", initialised" : "");
-    }
+  if (!joins_answered_ && AllJoined()) {
+    // The global step is rebuilt: the joins may hear where restored sync
+    // chunks resume. (A restarted ps task 0 learns its own chunks back only
+    // from the creates its answer lets in.)
+    joins_answered_ = true;
     const wire::JoinReply answer = JoinAnswer();
     for (const auto& [link, request_id] : join_waiters_) Reply(link, request_id, answer);
     join_waiters_.clear();
@@ -111,6 +108,15 @@ void Service::CheckReady() {
       auto waiter = std::move(local_join_waiter_);
       local_join_waiter_ = nullptr;
       waiter(answer);
+    }
+  }
+  if (!ready_ && joins_answered_ && coord_.placement_known()) {
+    ready_ = true;
+    coord_.AdoptionDone();
+    if (coord_.num_tensors() > 0) {
+      TLOG_INFO("every ps task joined: {} tensors placed as before, global step {}{}",
+                coord_.num_tensors(), coord_.global_step(),
+                coord_.initialized() ? ", initialised" : "");
     }
   }
   while (ready_ && !waiting_.empty() && !stopped_) {
@@ -239,10 +245,12 @@ void Service::JoinLocal(const wire::Join& join,
   if (!st.ok()) TLOG_ERROR("ps task {}'s own chunks: {}", options_.local_shard, st.message());
 }
 
-void Service::OnLocalChunksCreated(const std::vector<wire::CreateEntry>& entries) {
-  if (coord_.placement_known()) return;  // the usual case: placed here
-  for (const auto& e : entries) {
-    Status st = coord_.Adopt(options_.local_shard, e, /*initialized=*/false);
+void Service::OnLocalChunksCreated(const wire::Join& created) {
+  // Placed here already in the usual case (then only checked); after a
+  // restart of this task, how the coordinator learns its chunks back.
+  for (size_t i = 0; i < created.chunks.size(); ++i) {
+    const bool initialized = i < created.initialized.size() && created.initialized[i] != 0;
+    Status st = coord_.Adopt(options_.local_shard, created.chunks[i], initialized);
     if (!st.ok()) TLOG_ERROR("ps task {}: {}", options_.local_shard, st.message());
   }
   CheckReady();
@@ -259,7 +267,7 @@ Status Service::OnShardFrame(PeerId from, int shard, const wire::Header& h,
       if (m->more) return Status::Ok();
       links_[static_cast<size_t>(shard)] = from;
       TLOG_INFO("ps task {} joined", shard);
-      if (!ready_) {
+      if (!joins_answered_) {
         join_waiters_.emplace_back(from, h.request_id);
         return Status::Ok();
       }

@@ -95,7 +95,8 @@ class Service {
   void JoinLocal(const wire::Join& join, std::function<void(const wire::JoinReply&)> answer);
   void OnLocalShardFrame(std::span<const uint8_t> frame);
   void OnLocalSteps(const wire::StepsApplied& report);
-  void OnLocalChunksCreated(const std::vector<wire::CreateEntry>& entries);
+  // `created`: the chunks (and whether each holds a value), as in a join.
+  void OnLocalChunksCreated(const wire::Join& created);
 
   void OnPeerGone(PeerId peer);
 
@@ -113,10 +114,10 @@ class Service {
     wire::Header header;
     std::vector<uint8_t> frame;
   };
-  // Worker requests are answered once every ps task joined once and every
-  // known tensor's chunks are placed (latched in ready_).
-  bool AllKnown() const;
-  // Serves the waiting requests once all is known.
+  // Joins are answered once every ps task joined once (joins_answered_);
+  // worker requests once, besides, every known tensor's chunks are placed
+  // (ready_). Both latch.
+  bool AllJoined() const;
   void CheckReady();
   void Serve(const WorkerRef& from, const wire::Header& h, std::span<const uint8_t> frame);
   void OnSaveCheckpoint(const WorkerRef& from, uint64_t request_id);
@@ -146,6 +147,7 @@ class Service {
   std::vector<std::pair<PeerId, uint64_t>> join_waiters_;
   std::function<void(const wire::JoinReply&)> local_join_waiter_;
   std::deque<Waiting> waiting_;
+  bool joins_answered_ = false;
   bool ready_ = false;
   bool stopped_ = false;
   std::atomic<uint64_t> global_step_{0};

@@ -181,10 +181,15 @@ void Shard::OnCreate(Peer& peer, uint64_t request_id, const wire::Create& msg) {
     return;
   }
   wire::CreateReply reply;
+  wire::Join created;  // for the coordinator hosted here
   for (const auto& entry : msg.entries) {
     auto p = table_->Create(entry);
     if (!p.ok()) return SendError(peer, request_id, p.status());
     if (restore_ && !(*p)->initialized && (*p)->version == 0) RestoreChunk(**p);
+    if (service_) {
+      created.chunks.push_back((*p)->entry);
+      created.initialized.push_back((*p)->initialized ? 1 : 0);
+    }
     reply.keys.push_back(
         {(*p)->key_id, (*p)->arena_id, (*p)->arena_offset, (*p)->bytes, (*p)->version});
     if (peer.known_arenas.insert((*p)->arena_id).second) {
@@ -203,7 +208,7 @@ void Shard::OnCreate(Peer& peer, uint64_t request_id, const wire::Create& msg) {
   }
   tensors_ = table_->size();
   // A coordinator restarted with this task learns its placement back here.
-  if (service_) service_->OnLocalChunksCreated(msg.entries);
+  if (service_) service_->OnLocalChunksCreated(created);
   Reply(peer, request_id, reply);
 }
 
