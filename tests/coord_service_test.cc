@@ -138,6 +138,20 @@ TEST(CoordService, WaitingRequestsAreBounded) {
   EXPECT_NE(refused.status().message().find("waiting for ps tasks"), std::string::npos);
 }
 
+TEST(CoordService, WaitingBytesAreBounded) {
+  auto o = ServiceHarness::Options();
+  o.max_waiting_bytes = 256;
+  ServiceHarness h(o);
+  h.FromWorker(kWorker0, 0, wire::GetStep{}, 1);  // a header: held
+  std::vector<wire::TensorDecl> many;
+  for (int i = 0; i < 8; ++i)
+    many.push_back(Decl("a_rather_long_tensor_name_" + std::to_string(i), 8));
+  h.FromWorker(kWorker0, 0, DeclareOf(many), 2);  // beyond 256 bytes: refused
+  auto refused = h.Next<wire::DeclareReply>(kWorker0);
+  EXPECT_EQ(refused.status().code(), StatusCode::kUnavailable) << refused.status().ToString();
+  EXPECT_NE(refused.status().message().find("bytes) wait already"), std::string::npos);
+}
+
 // A first service places two tensors and counts 3 sync steps; a second one,
 // started afresh, learns it all back from the joins: the same chunks, the
 // hyper-parameters in effect, an open init barrier and global step 3.

@@ -209,12 +209,24 @@ class Client::Impl {
   template <typename Item>
   Result<ByShard> SplitByShard(const std::vector<Item>& items, const char* what,
                                const std::function<Status(const TensorEntry&)>& check);
-  // Issues each shard's part on the loop thread (`issue` calls its `done`
-  // once), and returns the future that finishes when all did.
-  using IssueFn =
-      std::function<void(int shard, std::vector<ChunkIo> ios, std::shared_ptr<Future::State> op,
-                         std::function<void(Status)> done)>;
-  Future FanOut(ByShard by_shard, IssueFn issue);
+  // Issues each shard's part on the loop thread, `issue(shard, ios, op)`,
+  // which finishes `op` once (op->Finish) when that part is done; returns
+  // the future that finishes when all did. A template, and the op itself
+  // rather than a wrapped callback: no allocation per call or part for it.
+  template <typename Issue>
+  Future FanOut(ByShard by_shard, Issue issue) {
+    auto op = NewOp();
+    op->Add(1);  // held until every part is issued
+    ctx_->Post([op, by_shard = std::move(by_shard), issue = std::move(issue)]() mutable {
+      for (size_t s = 0; s < by_shard.size(); ++s) {
+        if (by_shard[s].empty()) continue;
+        op->Add(1);
+        issue(static_cast<int>(s), std::move(by_shard[s]), op);
+      }
+      op->Finish(Status::Ok());
+    });
+    return Future(op);
+  }
   static Status CheckPart(const ChunkPart& p, const TensorEntry& e) {
     if (p.parts == 0 || p.part >= p.parts) {
       return Status::InvalidArgument("tensor '" + e.decl.name + "': chunk part " +

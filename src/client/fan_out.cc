@@ -1,5 +1,6 @@
 // The one fan-out of Push, Pull and PushPull: a call's items split into each
-// shard's chunks, then one part per shard issued on the loop thread.
+// shard's chunks (here), then one part per shard issued on the loop thread
+// (FanOut, in client_impl.h).
 
 #include "client/client_impl.h"
 
@@ -44,20 +45,5 @@ template Result<Client::Impl::ByShard> Client::Impl::SplitByShard(
 template Result<Client::Impl::ByShard> Client::Impl::SplitByShard(
     const std::vector<PushPullItem>&, const char*,
     const std::function<Status(const TensorEntry&)>&);
-
-Future Client::Impl::FanOut(ByShard by_shard, IssueFn issue) {
-  auto op = NewOp();
-  op->Add(1);  // held until every part is issued
-  ctx_->Post([op, by_shard = std::move(by_shard), issue = std::move(issue)]() mutable {
-    for (size_t s = 0; s < by_shard.size(); ++s) {
-      if (by_shard[s].empty()) continue;
-      op->Add(1);
-      issue(static_cast<int>(s), std::move(by_shard[s]), op,
-            [op](const Status& st) { op->Finish(st); });
-    }
-    op->Finish(Status::Ok());
-  });
-  return Future(op);
-}
 
 }  // namespace tessera

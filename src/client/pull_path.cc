@@ -153,12 +153,10 @@ void Client::Impl::AcceptPullReply(int shard, std::vector<ChunkIo> ios, wire::Pu
 Future Client::Impl::Pull(const std::vector<PullItem>& items) {
   auto by_shard = SplitByShard(items, "pull", [](const TensorEntry&) { return Status::Ok(); });
   if (!by_shard.ok()) return FailedFuture(by_shard.status());
-  return FanOut(
-      std::move(*by_shard),
-      [this](int shard, std::vector<ChunkIo> ios, const std::shared_ptr<Future::State>&,
-             const std::function<void(Status)>& done) {
-        PullFromShard(shard, std::move(ios), done);
-      });
+  return FanOut(std::move(*by_shard), [this](int shard, std::vector<ChunkIo> ios,
+                                             const std::shared_ptr<Future::State>& op) {
+    PullFromShard(shard, std::move(ios), [op](const Status& st) { op->Finish(st); });
+  });
 }
 
 }  // namespace tessera

@@ -317,13 +317,11 @@ Future Client::Impl::Push(const std::vector<PushItem>& items, uint32_t flags,
       by_shard->begin());
   return FanOut(std::move(*by_shard), [this, flags, step, counts, sync_parts, first, holds_sync](
                                           int shard, std::vector<ChunkIo> ios,
-                                          std::shared_ptr<Future::State> op,
-                                          std::function<void(Status)> done) {
+                                          const std::shared_ptr<Future::State>& op) {
     uint32_t parts = 0;
     if (counts) parts = sync_parts > 0 ? (holds_sync(ios) ? sync_parts : 0) : shard == first;
-    PushToShard(
-        shard, std::move(ios), flags, PushStep{step, parts}, op,
-        [done = std::move(done)](const Status& st, const std::vector<uint64_t>&) { done(st); });
+    PushToShard(shard, std::move(ios), flags, PushStep{step, parts}, op,
+                [op](const Status& st, const std::vector<uint64_t>&) { op->Finish(st); });
   });
 }
 

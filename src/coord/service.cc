@@ -72,6 +72,7 @@ void Service::Stop() {
   }
   init_waiters_.clear();
   waiting_.clear();
+  waiting_bytes_ = 0;
 }
 
 bool Service::Serves(wire::Opcode op) {
@@ -102,7 +103,7 @@ void Service::CheckReady() {
     // from the creates its answer lets in.)
     joins_answered_ = true;
     const wire::JoinReply answer = JoinAnswer();
-    for (const auto& [link, request_id] : join_waiters_) Reply(link, request_id, answer);
+    for (const auto& [shard, waiter] : join_waiters_) Reply(waiter.first, waiter.second, answer);
     join_waiters_.clear();
     if (local_join_waiter_) {
       auto waiter = std::move(local_join_waiter_);
@@ -122,6 +123,7 @@ void Service::CheckReady() {
   while (ready_ && !waiting_.empty() && !stopped_) {
     Waiting w = std::move(waiting_.front());
     waiting_.pop_front();
+    waiting_bytes_ -= w.frame.size();
     Serve(w.from, w.header, w.frame);
   }
 }
@@ -134,11 +136,13 @@ void Service::OnWorkerRequest(const WorkerRef& from, const wire::Header& h,
                               std::span<const uint8_t> frame) {
   if (stopped_) return;
   if (ready_ && waiting_.empty()) return Serve(from, h, frame);
-  if (waiting_.size() >= options_.max_waiting_requests) {
-    return SendError(
-        from.peer, h.request_id,
-        Status::Unavailable("the coordinator is waiting for ps tasks to join, and " +
-                            std::to_string(waiting_.size()) + " requests wait already"));
+  // Held frames are the peers' bytes: bounded in number and in size.
+  if (waiting_.size() >= options_.max_waiting_requests ||
+      waiting_bytes_ + frame.size() > options_.max_waiting_bytes) {
+    return SendError(from.peer, h.request_id,
+                     Status::Unavailable("the coordinator is waiting for ps tasks to join, and " +
+                                         std::to_string(waiting_.size()) + " requests (" +
+                                         std::to_string(waiting_bytes_) + " bytes) wait already"));
   }
   if (waiting_.empty()) {
     std::string missing;
@@ -149,6 +153,7 @@ void Service::OnWorkerRequest(const WorkerRef& from, const wire::Header& h,
               missing.empty() ? "every tensor's chunks are known again"
                               : missing + " joined the coordinator");
   }
+  waiting_bytes_ += frame.size();
   waiting_.push_back({from, h, std::vector<uint8_t>(frame.begin(), frame.end())});
 }
 
@@ -268,7 +273,7 @@ Status Service::OnShardFrame(PeerId from, int shard, const wire::Header& h,
       links_[static_cast<size_t>(shard)] = from;
       TLOG_INFO("ps task {} joined", shard);
       if (!joins_answered_) {
-        join_waiters_.emplace_back(from, h.request_id);
+        join_waiters_[shard] = {from, h.request_id};
         return Status::Ok();
       }
       Reply(from, h.request_id, JoinAnswer());
@@ -323,8 +328,12 @@ void Service::OnPeerGone(PeerId peer) {
     if (checkpointer_) checkpointer_->OnShardLost(static_cast<int>(k));
   }
   std::erase_if(init_waiters_, [&](const auto& w) { return w.first == peer; });
-  std::erase_if(join_waiters_, [&](const auto& w) { return w.first == peer; });
-  std::erase_if(waiting_, [&](const Waiting& w) { return w.from.peer == peer; });
+  std::erase_if(join_waiters_, [&](const auto& w) { return w.second.first == peer; });
+  std::erase_if(waiting_, [&](const Waiting& w) {
+    if (w.from.peer != peer) return false;
+    waiting_bytes_ -= w.frame.size();
+    return true;
+  });
 }
 
 }  // namespace tessera::coord

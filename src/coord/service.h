@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
@@ -47,6 +48,7 @@ struct ServiceOptions {
   DeclareLimits limits;
   // Worker requests held while ps tasks have not joined yet.
   size_t max_waiting_requests = 4096;
+  size_t max_waiting_bytes = size_t{64} << 20;  // their frames, all together
 };
 
 // A worker that addresses the coordinator, as authenticated by the host.
@@ -144,9 +146,11 @@ class Service {
   std::vector<std::pair<PeerId, uint64_t>> init_waiters_;
   // Joins answered once all is known: ps task links (and their request ids),
   // and the hosted task's.
-  std::vector<std::pair<PeerId, uint64_t>> join_waiters_;
+  // At most one per ps task (a task's newer join replaces its older one).
+  std::map<int, std::pair<PeerId, uint64_t>> join_waiters_;
   std::function<void(const wire::JoinReply&)> local_join_waiter_;
   std::deque<Waiting> waiting_;
+  size_t waiting_bytes_ = 0;
   bool joins_answered_ = false;
   bool ready_ = false;
   bool stopped_ = false;

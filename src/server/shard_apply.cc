@@ -120,18 +120,17 @@ bool Shard::TryApplyPush(PendingPush& push) {
   if (frozen_) return false;  // a checkpoint round is cutting the state
   const bool init = push.flags & wire::kFlagInit;
   for (const auto& e : push.msg.entries) {
-    // A sync chunk restored without knowing the cluster's exact step
-    // resumes at the step its first push is for, when that is later.
     Param* p = table_->Find(e.key_id);
-    if (!init && p->resume_at_first_push && push.msg.step > p->step) {
-      TLOG_INFO("'{}' resumes at step {} (restored at {})", p->display_name, push.msg.step,
-                p->step);
-      p->step = push.msg.step;
+    if (p->resume_at_first_push) {
+      // A sync chunk restored without knowing the cluster's exact step
+      // resumes at the step its first push is for, when that is later.
+      if (!init && push.msg.step > p->step) {
+        TLOG_INFO("'{}' resumes at step {} (restored at {})", p->display_name, push.msg.step,
+                  p->step);
+        p->step = push.msg.step;
+      }
+      p->resume_at_first_push = false;
     }
-    p->resume_at_first_push = false;
-  }
-  for (const auto& e : push.msg.entries) {
-    const Param* p = table_->Find(e.key_id);
     if (!init && !p->failure.ok()) {
       SendError(*push.peer, push.request_id, p->failure);
       return true;
