@@ -139,6 +139,9 @@ class Client::Impl {
   void SayBye();
   void OnFrame(const std::shared_ptr<transport::Endpoint>& ep, std::span<const uint8_t> frame);
   void OnShardLost(int shard, const Status& why);
+  // Fails the calls waiting on a shard: its requests, one-sided operations
+  // and those waiting for staging memory.
+  void FailCallsOf(int shard, const Status& why);
   void ConnectShard(int shard, std::chrono::steady_clock::time_point deadline);
   void Heartbeat();
   // What a failed one-sided operation on a shard reports: why the shard was

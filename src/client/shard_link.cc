@@ -18,7 +18,19 @@ Client::Impl::~Impl() {
   ctx_->Post([this, &closed] {
     stopping_ = true;
     for (auto& s : shards_) {
-      if (s.ep) s.ep->Close();
+      // One-sided operations still in flight are cancelled (Abort), so that
+      // none writes into a caller's buffer after its call failed.
+      if (s.ep && s.in_flight.empty()) s.ep->Close();
+      if (s.ep && !s.in_flight.empty()) s.ep->Abort();
+    }
+    // Calls still running fail now, rather than leave their futures (which
+    // may outlive the client, e.g. through the C API) waiting out the
+    // operation timeout.
+    for (size_t shard = 0; shard < shards_.size(); ++shard) {
+      ShardConn& s = shards_[shard];
+      if (s.dead.ok())
+        s.dead = Status::Aborted("the client was destroyed before this call completed");
+      FailCallsOf(static_cast<int>(shard), s.dead);
     }
     pending_.clear();
     // Remote regions must go before the context.
@@ -105,6 +117,11 @@ void Client::Impl::OnShardLost(int shard, const Status& why) {
   // Forced: a hung peer would never let a graceful close finish, and the
   // abort fails the one-sided operations still in flight.
   if (s.ep) s.ep->Abort();
+  FailCallsOf(shard, s.dead);
+}
+
+void Client::Impl::FailCallsOf(int shard, const Status& why) {
+  ShardConn& s = shards_[shard];
   std::vector<ReplyFn> fail;
   for (auto it = pending_.begin(); it != pending_.end();) {
     if (it->second.shard == shard) {
@@ -114,10 +131,10 @@ void Client::Impl::OnShardLost(int shard, const Status& why) {
       ++it;
     }
   }
-  for (auto& fn : fail) fn(s.dead, wire::Header{}, {});
+  for (auto& fn : fail) fn(why, wire::Header{}, {});
   auto in_flight = std::move(s.in_flight);
   s.in_flight.clear();
-  for (auto& [id, abort] : in_flight) abort(s.dead);
+  for (auto& [id, abort] : in_flight) abort(why);
   auto waiting = std::move(s.waiting_for_staging);
   for (auto& fn : waiting) fn();
 }
