@@ -28,6 +28,8 @@ LAYERS = {
     "server": ("src/server",
                ["coord", "wire", "ckpt", "kernels", "transport", "gpu", "core", "tessera"]),
     "client": ("src/client", ["wire", "ckpt", "transport", "gpu", "core", "tessera"]),
+    # The C API is written against the public C++ API only, as any consumer would be.
+    "capi": ("src/capi", ["tessera"]),
     "tools": ("tools", ["client", "server", "coord", "wire", "ckpt", "kernels", "transport",
                         "gpu", "core", "tessera"]),
 }

@@ -27,7 +27,7 @@ if [ -x /usr/local/cuda/bin/nvcc ]; then
 fi
 
 PACKAGES=(
-  build-essential meson ninja-build pkg-config
+  build-essential meson ninja-build pkg-config cmake
   libucx-dev ucx-utils
   libfmt-dev libspdlog-dev nlohmann-json3-dev libcli11-dev libssl-dev
   libgtest-dev libgmock-dev libbenchmark-dev

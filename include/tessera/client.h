@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "tessera/cluster.h"
+#include "tessera/export.h"
 #include "tessera/status.h"
 #include "tessera/tensor.h"
 
@@ -32,7 +33,7 @@ namespace tessera {
 // tf.keras.initializers of the same names, TensorFlow's default ranges).
 // Random ones are deterministic: the same seed and tensor name give the same
 // values on any run.
-struct Initializer {
+struct TESSERA_EXPORT Initializer {
   enum class Kind : uint8_t {
     kZeros,
     kConstant,
@@ -68,10 +69,11 @@ struct Initializer {
 };
 
 // The bytes an initializer gives a tensor of this name, dtype and shape.
-Result<std::vector<uint8_t>> InitialValue(const Initializer& init, const std::string& name,
-                                          DType dtype, const Shape& shape);
+TESSERA_EXPORT Result<std::vector<uint8_t>> InitialValue(const Initializer& init,
+                                                         const std::string& name, DType dtype,
+                                                         const Shape& shape);
 
-struct TensorSpec {
+struct TESSERA_EXPORT TensorSpec {
   std::string name;
   DType dtype = DType::kF32;
   Shape shape;
@@ -90,11 +92,11 @@ struct TensorSpec {
 };
 
 // A declared tensor: cheap to copy, valid for the life of its Client.
-struct Tensor {
+struct TESSERA_EXPORT Tensor {
   uint32_t index = UINT32_MAX;
 };
 
-struct TensorInfo {
+struct TESSERA_EXPORT TensorInfo {
   std::string name;
   DType dtype;
   Shape shape;
@@ -114,7 +116,7 @@ struct TensorInfo {
 // Some chunks of a tensor instead of all: those whose index i has
 // i % parts == part (the buffer still covers the whole tensor). Workers that
 // split a tensor between them (NodeGroup) each move their part.
-struct ChunkPart {
+struct TESSERA_EXPORT ChunkPart {
   uint32_t part = 0, parts = 1;
 };
 
@@ -144,7 +146,7 @@ constexpr DType DTypeOf<int64_t>() {
 // kCuda is checked, and an error says what CUDA saw instead.
 enum class BufferMemory : uint8_t { kDetect, kHost, kCuda };
 
-struct PushItem {
+struct TESSERA_EXPORT PushItem {
   Tensor tensor;
   const void* data;
   size_t bytes;
@@ -159,7 +161,7 @@ struct PushItem {
   }
 };
 
-struct PullItem {
+struct TESSERA_EXPORT PullItem {
   Tensor tensor;
   void* data;
   size_t bytes;
@@ -184,7 +186,7 @@ struct PullItem {
   }
 };
 
-struct PushPullItem {
+struct TESSERA_EXPORT PushPullItem {
   Tensor tensor;
   const void* gradient;
   void* weights;  // receives the value after this push was applied
@@ -198,7 +200,7 @@ struct PushPullItem {
 // SyncReplicasOptimizer drops them (sync tensors only). kStale: its step had
 // been applied, or already had its replicas (a late or backup worker);
 // kDuplicate: this worker had pushed that step already.
-struct DroppedChunk {
+struct TESSERA_EXPORT DroppedChunk {
   enum class Why : uint8_t { kStale, kDuplicate };
   std::string tensor;
   uint32_t chunk = 0;  // index among the tensor's chunks (TensorInfo)
@@ -207,7 +209,7 @@ struct DroppedChunk {
 };
 
 // Completion of an asynchronous call.
-class Future {
+class TESSERA_EXPORT Future {
  public:
   Future() = default;
   // Waits for completion, at most the client's operation timeout.
@@ -230,7 +232,12 @@ class Future {
   std::shared_ptr<State> state_;
 };
 
-struct ClientOptions {
+// Waits for every future (each at most its client's operation timeout) and
+// returns the first error in the vector's order, once all completed or timed
+// out: a failed call never leaves the others' buffers still in use.
+TESSERA_EXPORT Status WaitAll(const std::vector<Future>& futures);
+
+struct TESSERA_EXPORT ClientOptions {
   ClusterSpec cluster;
   TaskId task{"worker", 0};
   std::string secret;              // the cluster secret, at least 16 bytes
@@ -264,10 +271,22 @@ struct ClientOptions {
   bool cuda_ipc = true;
   bool allow_host_staging = false;
   int cuda_device = 0;  // the GPU of this worker's buffers and mappings
+
+  // Everything a trainer would otherwise parse itself:
+  //  - the cluster and this task: TensorFlow 1's flags in argv when given
+  //    (--ps_hosts, --worker_hosts, --chief_hosts, --job_name, --task_index,
+  //    as `--flag=value` or `--flag value`; other arguments are ignored),
+  //    else TF_CONFIG;
+  //  - the secret: TESSERA_SECRET, else the file TESSERA_SECRET_FILE names;
+  //    TESSERA_ALLOW_WEAK_SECRET=1 allows a short one;
+  //  - the transport: TESSERA_TRANSPORT (tcp when unset);
+  //  - the log level: TESSERA_LOG_LEVEL, checked here.
+  // An error names the variable or flag that is missing or wrong.
+  static Result<ClientOptions> FromEnv(int argc = 0, const char* const* argv = nullptr);
 };
 
 // Bytes this client moved, by kind (one-sided vs. messages).
-struct ClientCounters {
+struct TESSERA_EXPORT ClientCounters {
   uint64_t messages_sent = 0, message_bytes_sent = 0;
   uint64_t messages_received = 0, message_bytes_received = 0;
   uint64_t puts = 0, put_bytes = 0, gets = 0, get_bytes = 0;
@@ -282,7 +301,7 @@ struct ClientCounters {
   int cuda_ipc_shards = 0;  // shards reached through CUDA IPC now
 };
 
-class Client {
+class TESSERA_EXPORT Client {
  public:
   // Connects to every ps task, waiting (and saying so) until they are up.
   static Result<std::unique_ptr<Client>> Connect(const ClientOptions& options);

@@ -13,11 +13,12 @@
 #include <string>
 #include <vector>
 
+#include "tessera/export.h"
 #include "tessera/status.h"
 
 namespace tessera {
 
-struct TaskAddress {
+struct TESSERA_EXPORT TaskAddress {
   std::string host;
   uint16_t port = 0;
   // "host:port", "[v6::address]:port".
@@ -29,14 +30,14 @@ struct TaskAddress {
   static Result<TaskAddress> Parse(const std::string& host_port);
 };
 
-struct TaskId {
+struct TESSERA_EXPORT TaskId {
   std::string job;  // "ps", "worker", "chief"
   int index = 0;
   // "/job:ps/task:0", as TensorFlow names it.
   std::string ToString() const { return "/job:" + job + "/task:" + std::to_string(index); }
 };
 
-class ClusterSpec {
+class TESSERA_EXPORT ClusterSpec {
  public:
   ClusterSpec() = default;
 
@@ -81,15 +82,15 @@ class ClusterSpec {
   std::map<std::string, std::vector<TaskAddress>> jobs_;
 };
 
-struct TfConfig {
+struct TESSERA_EXPORT TfConfig {
   ClusterSpec cluster;
   TaskId task;
 };
 
 // TensorFlow's TF_CONFIG format, exactly.
-Result<TfConfig> ParseTfConfig(const std::string& json_text);
+TESSERA_EXPORT Result<TfConfig> ParseTfConfig(const std::string& json_text);
 // Reads TF_CONFIG from the environment; NotFound when it is unset.
-Result<TfConfig> TfConfigFromEnv();
-std::string ToTfConfigJson(const ClusterSpec& cluster, const TaskId& task);
+TESSERA_EXPORT Result<TfConfig> TfConfigFromEnv();
+TESSERA_EXPORT std::string ToTfConfigJson(const ClusterSpec& cluster, const TaskId& task);
 
 }  // namespace tessera

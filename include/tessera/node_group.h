@@ -24,15 +24,16 @@
 #include <memory>
 
 #include "tessera/client.h"
+#include "tessera/export.h"
 #include "tessera/status.h"
 
 namespace tessera {
 
 // NCCL's unique id: made by local rank 0, handed to the others out of band.
 using NodeGroupId = std::array<uint8_t, 128>;
-Result<NodeGroupId> NewNodeGroupId();
+TESSERA_EXPORT Result<NodeGroupId> NewNodeGroupId();
 
-struct NodeGroupOptions {
+struct TESSERA_EXPORT NodeGroupOptions {
   int local_rank = 0;
   int local_size = 1;
   NodeGroupId id{};
@@ -40,7 +41,7 @@ struct NodeGroupOptions {
   bool average = false;  // divide the node's sum by local_size
 };
 
-class NodeGroup {
+class TESSERA_EXPORT NodeGroup {
  public:
   // Joins the node's group (every local rank calls it; it returns once all
   // have). `client` is this rank's own and must outlive the group.

@@ -9,11 +9,12 @@
 #include <vector>
 
 #include "tessera/cluster.h"
+#include "tessera/export.h"
 #include "tessera/status.h"
 
 namespace tessera {
 
-struct ServerOptions {
+struct TESSERA_EXPORT ServerOptions {
   ClusterSpec cluster;
   // "ps" for a shard; "coordinator" for a coordinator that holds no
   // parameters (the cluster spec's one "coordinator" task). Without a
@@ -72,7 +73,7 @@ struct ServerOptions {
   std::chrono::milliseconds checkpoint_timeout{120'000};
 };
 
-struct ServerStats {
+struct TESSERA_EXPORT ServerStats {
   uint64_t tensors = 0;  // chunks held
   uint64_t pushes_applied = 0;
   uint64_t pulls_served = 0;
@@ -96,7 +97,7 @@ struct ServerStats {
   uint64_t step_messages_from_workers = 0;
 };
 
-class Server {
+class TESSERA_EXPORT Server {
  public:
   static Result<std::unique_ptr<Server>> Start(const ServerOptions& options);
   ~Server();

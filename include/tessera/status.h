@@ -4,11 +4,17 @@
 // that names what failed and where (tensor, shard, address).
 #pragma once
 
+#if __cplusplus < 202002L
+#error "Tessera's C++ API needs C++20 (-std=c++20); from C, include tessera/c.h"
+#endif
+
 #include <cassert>
 #include <optional>
 #include <string>
 #include <utility>
 #include <variant>
+
+#include "tessera/export.h"
 
 namespace tessera {
 
@@ -29,9 +35,9 @@ enum class StatusCode : int {
   kInternal,
 };
 
-const char* StatusCodeName(StatusCode code);
+TESSERA_EXPORT const char* StatusCodeName(StatusCode code);
 
-class [[nodiscard]] Status {
+class [[nodiscard]] TESSERA_EXPORT Status {
  public:
   Status() = default;
   Status(StatusCode code, std::string message) : code_(code), message_(std::move(message)) {}
@@ -78,7 +84,7 @@ namespace internal {
 // Prints the Status to stderr and aborts: a Result holding an error was read
 // as a value. As absl::StatusOr does, so that the mistake names its cause
 // instead of reading past an empty optional.
-[[noreturn]] void DieOfBadResultAccess(const Status& status);
+[[noreturn]] TESSERA_EXPORT void DieOfBadResultAccess(const Status& status);
 }  // namespace internal
 
 // A value or the Status that says why there is none. Reading the value of an

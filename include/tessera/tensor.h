@@ -7,6 +7,7 @@
 #include <string_view>
 #include <vector>
 
+#include "tessera/export.h"
 #include "tessera/status.h"
 
 namespace tessera {
@@ -22,18 +23,18 @@ enum class DType : uint8_t {
 };
 
 // Size of one element in bytes; 0 for a value that is not a DType.
-size_t DTypeSize(DType dtype);
+TESSERA_EXPORT size_t DTypeSize(DType dtype);
 // "f32", "f64", "f16", "bf16", "i32", "i64".
-const char* DTypeName(DType dtype);
-Result<DType> ParseDType(std::string_view name);
-bool IsValidDType(uint8_t raw);
+TESSERA_EXPORT const char* DTypeName(DType dtype);
+TESSERA_EXPORT Result<DType> ParseDType(std::string_view name);
+TESSERA_EXPORT bool IsValidDType(uint8_t raw);
 
 using Shape = std::vector<int64_t>;
 
 // Number of elements, or an error for a negative dimension or an overflow.
-Result<uint64_t> NumElements(const Shape& shape);
+TESSERA_EXPORT Result<uint64_t> NumElements(const Shape& shape);
 // "f32[3,4]".
-std::string DescribeTensor(DType dtype, const Shape& shape);
+TESSERA_EXPORT std::string DescribeTensor(DType dtype, const Shape& shape);
 
 // What a shard does with the bytes a worker pushes. Wire values are stable.
 // The optimizers take the pushed bytes as a gradient and follow PyTorch's
@@ -48,15 +49,15 @@ enum class UpdateRule : uint8_t {
   kAdagrad = 7,   // a += g'^2; p -= lr * g' / (sqrt(a) + eps)
 };
 
-const char* UpdateRuleName(UpdateRule rule);
-Result<UpdateRule> ParseUpdateRule(std::string_view name);
-bool IsValidUpdateRule(uint8_t raw);
+TESSERA_EXPORT const char* UpdateRuleName(UpdateRule rule);
+TESSERA_EXPORT Result<UpdateRule> ParseUpdateRule(std::string_view name);
+TESSERA_EXPORT bool IsValidUpdateRule(uint8_t raw);
 // True for the rules that keep optimizer state and need a floating dtype.
-bool IsOptimizer(UpdateRule rule);
+TESSERA_EXPORT bool IsOptimizer(UpdateRule rule);
 
 // Hyper-parameters of the optimizer rules (assign and add ignore them).
 // Defaults are PyTorch's, except the learning rate.
-struct Hyperparams {
+struct TESSERA_EXPORT Hyperparams {
   float learning_rate = 0.01f;
   float weight_decay = 0.0f;
   float momentum = 0.9f;             // kMomentum
@@ -85,7 +86,7 @@ enum class Consistency : uint8_t {
   kBounded = 3,
 };
 
-struct ConsistencyMode {
+struct TESSERA_EXPORT ConsistencyMode {
   Consistency kind = Consistency::kAsync;
   uint32_t replicas_to_aggregate = 0;  // sync; 0 means total_num_replicas
   uint32_t total_num_replicas = 0;     // sync/bounded; 0 means every worker of the cluster
@@ -104,6 +105,6 @@ struct ConsistencyMode {
   bool operator==(const ConsistencyMode&) const = default;
 };
 
-const char* ConsistencyName(Consistency kind);
+TESSERA_EXPORT const char* ConsistencyName(Consistency kind);
 
 }  // namespace tessera

@@ -59,4 +59,13 @@ void Future::Then(std::function<void(Status)> fn) const {
   fn(st);
 }
 
+Status WaitAll(const std::vector<Future>& futures) {
+  Status first;
+  for (const Future& f : futures) {
+    Status st = f.Wait();
+    if (first.ok() && !st.ok()) first = std::move(st);
+  }
+  return first;
+}
+
 }  // namespace tessera

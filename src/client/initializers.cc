@@ -37,6 +37,11 @@ Result<std::vector<uint8_t>> InitialValue(const Initializer& init, const std::st
                                    "': a random initializer needs a floating dtype");
   }
   if (init.kind == Kind::kZeros) return out;
+  if (init.kind > Kind::kGlorotNormal) {
+    // Reachable from the C API and bindings, where the kind is a plain integer.
+    return Status::InvalidArgument("tensor '" + name + "': unknown initializer kind " +
+                                   std::to_string(static_cast<int>(init.kind)));
+  }
   if (init.kind == Kind::kUniform && !(init.low < init.high)) {
     return Status::InvalidArgument("tensor '" + name + "': uniform initializer needs low < high");
   }

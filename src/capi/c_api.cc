@@ -1,0 +1,542 @@
+// The C API (include/tessera/c.h) over the C++ client: handles wrap the C++
+// objects, Status becomes an errptr string, and no exception leaves.
+#include "tessera/c.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tessera/client.h"
+#include "tessera_config.h"
+
+struct tessera_options_t {
+  tessera::ClientOptions options;
+};
+struct tessera_client_t {
+  std::unique_ptr<tessera::Client> client;
+};
+struct tessera_tensor_spec_t {
+  tessera::TensorSpec spec;
+};
+struct tessera_tensor_info_t {
+  tessera::TensorInfo info;
+};
+struct tessera_future_t {
+  tessera::Future future;
+};
+
+namespace {
+
+using tessera::Status;
+
+char* CopyString(const std::string& s) {
+  char* out = static_cast<char*>(std::malloc(s.size() + 1));
+  if (out == nullptr) std::abort();  // nothing left to report the error with
+  std::memcpy(out, s.c_str(), s.size() + 1);
+  return out;
+}
+
+// LevelDB's convention: an error replaces (and frees) what errptr held.
+bool SaveError(char** errptr, const Status& st) {
+  if (st.ok()) return false;
+  if (errptr != nullptr) {
+    std::free(*errptr);
+    *errptr = CopyString(st.ToString());
+  }
+  return true;
+}
+
+// Runs fn, turning an exception (an allocation failure inside) into errptr.
+template <typename R, typename Fn>
+R Guarded(char** errptr, R on_error, Fn&& fn) noexcept {
+  try {
+    return fn();
+  } catch (const std::exception& e) {
+    SaveError(errptr, Status::Internal(std::string("C++ exception: ") + e.what()));
+  } catch (...) {
+    SaveError(errptr, Status::Internal("unknown C++ exception"));
+  }
+  return on_error;
+}
+
+template <typename Fn>
+void GuardedVoid(char** errptr, Fn&& fn) noexcept {
+  Guarded(errptr, 0, [&] {
+    fn();
+    return 0;
+  });
+}
+
+// Where no errptr exists to say so, an exception ends the process with its
+// cause rather than crossing into C.
+template <typename Fn>
+auto OrAbort(Fn&& fn) noexcept -> decltype(fn()) {
+  try {
+    return fn();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "tessera: C API: %s\n", e.what());
+  } catch (...) {
+    std::fprintf(stderr, "tessera: C API: unknown C++ exception\n");
+  }
+  std::abort();
+}
+
+tessera::Status BadHandle(const char* what) {
+  return tessera::Status::InvalidArgument(std::string(what) + " is NULL");
+}
+
+tessera::Status SetHyper(tessera::Hyperparams& h, const char* name, double value) {
+  if (name == nullptr) return BadHandle("the hyper-parameter name");
+  const std::string n = name;
+  const auto f = static_cast<float>(value);
+  if (n == "learning_rate") {
+    h.learning_rate = f;
+  } else if (n == "weight_decay") {
+    h.weight_decay = f;
+  } else if (n == "momentum") {
+    h.momentum = f;
+  } else if (n == "nesterov") {
+    h.nesterov = value != 0.0;
+  } else if (n == "beta1") {
+    h.beta1 = f;
+  } else if (n == "beta2") {
+    h.beta2 = f;
+  } else if (n == "epsilon") {
+    h.epsilon = f;
+  } else if (n == "initial_accumulator") {
+    h.initial_accumulator = f;
+  } else {
+    return Status::InvalidArgument(
+        "unknown hyper-parameter '" + n +
+        "' (expected learning_rate, weight_decay, momentum, nesterov, beta1, beta2, epsilon or "
+        "initial_accumulator)");
+  }
+  return h.Validate().WithContext(n);
+}
+
+std::vector<tessera::PushItem> PushItems(const tessera_push_item_t* items, size_t count) {
+  std::vector<tessera::PushItem> out;
+  out.reserve(count);
+  for (size_t i = 0; i < count; ++i) {
+    out.push_back({tessera::Tensor{items[i].tensor}, items[i].data, items[i].bytes});
+  }
+  return out;
+}
+
+std::vector<tessera::PullItem> PullItems(const tessera_pull_item_t* items, size_t count) {
+  std::vector<tessera::PullItem> out;
+  out.reserve(count);
+  for (size_t i = 0; i < count; ++i) {
+    tessera::PullItem item{tessera::Tensor{items[i].tensor}, items[i].data, items[i].bytes};
+    item.min_version = items[i].min_version == 0 ? 1 : items[i].min_version;
+    item.min_step = items[i].min_step;
+    out.push_back(item);
+  }
+  return out;
+}
+
+std::vector<tessera::PushPullItem> PushPullItems(const tessera_push_pull_item_t* items,
+                                                 size_t count) {
+  std::vector<tessera::PushPullItem> out;
+  out.reserve(count);
+  for (size_t i = 0; i < count; ++i) {
+    out.push_back(
+        {tessera::Tensor{items[i].tensor}, items[i].gradient, items[i].weights, items[i].bytes});
+  }
+  return out;
+}
+
+}  // namespace
+
+extern "C" {
+
+void tessera_free(void* ptr) { std::free(ptr); }
+const char* tessera_version(void) { return TESSERA_VERSION; }
+
+// ---- Options ----
+
+tessera_options_t* tessera_options_create(void) {
+  return OrAbort([] { return new tessera_options_t; });
+}
+
+tessera_options_t* tessera_options_from_env(int argc, const char* const* argv, char** errptr) {
+  return Guarded<tessera_options_t*>(errptr, nullptr, [&]() -> tessera_options_t* {
+    auto options = tessera::ClientOptions::FromEnv(argc, argv);
+    if (SaveError(errptr, options.status())) return nullptr;
+    return new tessera_options_t{std::move(*options)};
+  });
+}
+
+void tessera_options_destroy(tessera_options_t* options) { delete options; }
+
+void tessera_options_set_cluster_json(tessera_options_t* options, const char* json, char** errptr) {
+  GuardedVoid(errptr, [&] {
+    if (options == nullptr || json == nullptr) {
+      SaveError(errptr, BadHandle(options == nullptr ? "options" : "json"));
+      return;
+    }
+    auto spec = tessera::ClusterSpec::FromJson(json);
+    if (!SaveError(errptr, spec.status())) options->options.cluster = std::move(*spec);
+  });
+}
+
+void tessera_options_set_task(tessera_options_t* options, const char* job, int index) {
+  OrAbort([&] { options->options.task = {job, index}; });
+}
+
+void tessera_options_set_secret(tessera_options_t* options, const char* secret, size_t length) {
+  OrAbort([&] { options->options.secret.assign(secret, length); });
+}
+
+void tessera_options_set_transport(tessera_options_t* options, const char* transport) {
+  OrAbort([&] { options->options.transport = transport; });
+}
+
+void tessera_options_set_op_timeout_ms(tessera_options_t* options, int64_t ms) {
+  options->options.op_timeout = std::chrono::milliseconds(ms);
+}
+
+void tessera_options_set_startup_timeout_ms(tessera_options_t* options, int64_t ms) {
+  options->options.startup_timeout = std::chrono::milliseconds(ms);
+}
+
+void tessera_options_set_heartbeat_ms(tessera_options_t* options, int64_t interval_ms,
+                                      int64_t timeout_ms) {
+  options->options.heartbeat_interval = std::chrono::milliseconds(interval_ms);
+  options->options.heartbeat_timeout = std::chrono::milliseconds(timeout_ms);
+}
+
+void tessera_options_set_chunk_bytes(tessera_options_t* options, size_t bytes) {
+  options->options.chunk_bytes = bytes;
+}
+
+void tessera_options_set_inline_bytes(tessera_options_t* options, size_t bytes) {
+  options->options.inline_bytes = bytes;
+}
+
+int tessera_options_num_workers(const tessera_options_t* options) {
+  return options->options.cluster.num_workers();
+}
+
+int tessera_options_worker_rank(const tessera_options_t* options, char** errptr) {
+  return Guarded(errptr, -1, [&] {
+    auto rank = options->options.cluster.worker_rank(options->options.task);
+    return SaveError(errptr, rank.status()) ? -1 : *rank;
+  });
+}
+
+// ---- Tensor declarations ----
+
+tessera_tensor_spec_t* tessera_tensor_spec_create(const char* name, int dtype, const int64_t* shape,
+                                                  size_t ndims, int rule) {
+  return OrAbort([&] {
+    auto* s = new tessera_tensor_spec_t;
+    s->spec.name = name == nullptr ? "" : name;
+    // Unchecked here: Declare names a bad dtype or rule, with the tensor.
+    s->spec.dtype = static_cast<tessera::DType>(dtype);
+    s->spec.rule = static_cast<tessera::UpdateRule>(rule);
+    if (shape != nullptr) s->spec.shape.assign(shape, shape + ndims);
+    return s;
+  });
+}
+
+void tessera_tensor_spec_destroy(tessera_tensor_spec_t* spec) { delete spec; }
+
+void tessera_tensor_spec_set_initial(tessera_tensor_spec_t* spec, const void* data, size_t bytes) {
+  OrAbort([&] {
+    const auto* p = static_cast<const uint8_t*>(data);
+    spec->spec.initial.assign(p, p + bytes);
+  });
+}
+
+void tessera_tensor_spec_set_initializer(tessera_tensor_spec_t* spec, int kind, double a, double b,
+                                         uint64_t seed) {
+  tessera::Initializer init;
+  // An out-of-range kind stays out of range (declare then names it) rather than
+  // wrapping into a valid one.
+  init.kind =
+      static_cast<tessera::Initializer::Kind>(kind >= 0 && kind <= UINT8_MAX ? kind : UINT8_MAX);
+  init.value = a;
+  init.low = a;
+  init.high = b;
+  init.mean = a;
+  init.stddev = b;
+  init.seed = seed;
+  spec->spec.initializer = init;
+}
+
+void tessera_tensor_spec_set_hyperparam(tessera_tensor_spec_t* spec, const char* name, double value,
+                                        char** errptr) {
+  GuardedVoid(errptr, [&] {
+    if (spec == nullptr) {
+      SaveError(errptr, BadHandle("spec"));
+      return;
+    }
+    tessera::Hyperparams h = spec->spec.hyper;
+    if (!SaveError(errptr, SetHyper(h, name, value))) spec->spec.hyper = h;
+  });
+}
+
+void tessera_tensor_spec_set_async(tessera_tensor_spec_t* spec) {
+  spec->spec.mode = tessera::ConsistencyMode::Async();
+}
+
+void tessera_tensor_spec_set_sync(tessera_tensor_spec_t* spec, uint32_t replicas_to_aggregate,
+                                  uint32_t total_num_replicas, int average) {
+  spec->spec.mode =
+      tessera::ConsistencyMode::Sync(replicas_to_aggregate, total_num_replicas, average != 0);
+}
+
+void tessera_tensor_spec_set_bounded(tessera_tensor_spec_t* spec, uint32_t staleness) {
+  spec->spec.mode = tessera::ConsistencyMode::Bounded(staleness);
+}
+
+void tessera_tensor_spec_pin_shard(tessera_tensor_spec_t* spec, int ps_task) {
+  spec->spec.pinned_shard = ps_task;
+}
+
+// ---- Client ----
+
+tessera_client_t* tessera_client_connect(const tessera_options_t* options, char** errptr) {
+  return Guarded<tessera_client_t*>(errptr, nullptr, [&]() -> tessera_client_t* {
+    if (options == nullptr) {
+      SaveError(errptr, BadHandle("options"));
+      return nullptr;
+    }
+    auto client = tessera::Client::Connect(options->options);
+    if (SaveError(errptr, client.status())) return nullptr;
+    return new tessera_client_t{std::move(*client)};
+  });
+}
+
+void tessera_client_destroy(tessera_client_t* client) {
+  OrAbort([&] { delete client; });
+}
+
+int tessera_client_is_chief(const tessera_client_t* client) {
+  return client->client->is_chief() ? 1 : 0;
+}
+
+int tessera_client_num_shards(const tessera_client_t* client) {
+  return client->client->num_shards();
+}
+
+tessera_tensor_t tessera_client_declare(tessera_client_t* client, const tessera_tensor_spec_t* spec,
+                                        char** errptr) {
+  return Guarded<tessera_tensor_t>(errptr, TESSERA_INVALID_TENSOR, [&] {
+    if (client == nullptr || spec == nullptr) {
+      SaveError(errptr, BadHandle(client == nullptr ? "client" : "spec"));
+      return TESSERA_INVALID_TENSOR;
+    }
+    auto t = client->client->Declare(spec->spec);
+    return SaveError(errptr, t.status()) ? TESSERA_INVALID_TENSOR : t->index;
+  });
+}
+
+tessera_tensor_t tessera_client_find(const tessera_client_t* client, const char* name,
+                                     char** errptr) {
+  return Guarded<tessera_tensor_t>(errptr, TESSERA_INVALID_TENSOR, [&] {
+    if (name == nullptr) {
+      SaveError(errptr, BadHandle("name"));
+      return TESSERA_INVALID_TENSOR;
+    }
+    auto t = client->client->Find(name);
+    return SaveError(errptr, t.status()) ? TESSERA_INVALID_TENSOR : t->index;
+  });
+}
+
+void tessera_client_initialize(tessera_client_t* client, char** errptr) {
+  GuardedVoid(errptr, [&] { SaveError(errptr, client->client->Initialize()); });
+}
+
+void tessera_client_wait_for_init(tessera_client_t* client, int64_t timeout_ms, char** errptr) {
+  GuardedVoid(errptr, [&] {
+    SaveError(errptr, client->client->WaitForInit(std::chrono::milliseconds(timeout_ms)));
+  });
+}
+
+int tessera_client_restored_step(const tessera_client_t* client, uint64_t* step) {
+  auto restored = client->client->restored_step();
+  if (!restored) return 0;
+  if (step != nullptr) *step = *restored;
+  return 1;
+}
+
+void tessera_client_push(tessera_client_t* client, const tessera_push_item_t* items, size_t count,
+                         uint64_t step, char** errptr) {
+  tessera_future_t* f = tessera_client_push_async(client, items, count, step);
+  tessera_future_wait(f, errptr);
+  tessera_future_destroy(f);
+}
+
+void tessera_client_pull(tessera_client_t* client, const tessera_pull_item_t* items, size_t count,
+                         char** errptr) {
+  tessera_future_t* f = tessera_client_pull_async(client, items, count);
+  tessera_future_wait(f, errptr);
+  tessera_future_destroy(f);
+}
+
+void tessera_client_push_pull(tessera_client_t* client, const tessera_push_pull_item_t* items,
+                              size_t count, char** errptr) {
+  tessera_future_t* f = tessera_client_push_pull_async(client, items, count);
+  tessera_future_wait(f, errptr);
+  tessera_future_destroy(f);
+}
+
+tessera_future_t* tessera_client_push_async(tessera_client_t* client,
+                                            const tessera_push_item_t* items, size_t count,
+                                            uint64_t step) {
+  return OrAbort([&] {
+    auto batch = PushItems(items, count);
+    return new tessera_future_t{step == TESSERA_NO_STEP ? client->client->PushAsync(batch)
+                                                        : client->client->PushAsync(batch, step)};
+  });
+}
+
+tessera_future_t* tessera_client_pull_async(tessera_client_t* client,
+                                            const tessera_pull_item_t* items, size_t count) {
+  return OrAbort(
+      [&] { return new tessera_future_t{client->client->PullAsync(PullItems(items, count))}; });
+}
+
+tessera_future_t* tessera_client_push_pull_async(tessera_client_t* client,
+                                                 const tessera_push_pull_item_t* items,
+                                                 size_t count) {
+  return OrAbort([&] {
+    return new tessera_future_t{client->client->PushPullAsync(PushPullItems(items, count))};
+  });
+}
+
+void tessera_client_set_hyperparam(tessera_client_t* client, tessera_tensor_t tensor,
+                                   const char* name, double value, char** errptr) {
+  GuardedVoid(errptr, [&] {
+    auto info = client->client->info(tessera::Tensor{tensor});
+    if (SaveError(errptr, info.status())) return;
+    tessera::Hyperparams h = info->hyper;
+    if (SaveError(errptr, SetHyper(h, name, value))) return;
+    SaveError(errptr, client->client->SetHyperparams(tessera::Tensor{tensor}, h));
+  });
+}
+
+uint64_t tessera_client_global_step(tessera_client_t* client, char** errptr) {
+  return Guarded<uint64_t>(errptr, 0, [&]() -> uint64_t {
+    auto step = client->client->GlobalStep();
+    return SaveError(errptr, step.status()) ? 0 : *step;
+  });
+}
+
+uint64_t tessera_client_save_checkpoint(tessera_client_t* client, int64_t timeout_ms, char** path,
+                                        char** errptr) {
+  return Guarded<uint64_t>(errptr, 0, [&]() -> uint64_t {
+    auto ckpt = client->client->SaveCheckpoint(std::chrono::milliseconds(timeout_ms));
+    if (SaveError(errptr, ckpt.status())) return 0;
+    if (path != nullptr) *path = CopyString(ckpt->path);
+    return ckpt->global_step;
+  });
+}
+
+void tessera_client_counters(const tessera_client_t* client, tessera_counters_t* counters) {
+  const tessera::ClientCounters c = client->client->counters();
+  *counters = {c.messages_sent,
+               c.message_bytes_sent,
+               c.messages_received,
+               c.message_bytes_received,
+               c.puts,
+               c.put_bytes,
+               c.gets,
+               c.get_bytes,
+               c.chunks_dropped_stale,
+               c.chunks_dropped_duplicate,
+               c.cuda_ipc_bytes,
+               c.host_staged_bytes,
+               c.gpu_inline_bytes};
+}
+
+// ---- Tensor info ----
+
+tessera_tensor_info_t* tessera_client_tensor_info(const tessera_client_t* client,
+                                                  tessera_tensor_t tensor, char** errptr) {
+  return Guarded<tessera_tensor_info_t*>(errptr, nullptr, [&]() -> tessera_tensor_info_t* {
+    auto info = client->client->info(tessera::Tensor{tensor});
+    if (SaveError(errptr, info.status())) return nullptr;
+    return new tessera_tensor_info_t{std::move(*info)};
+  });
+}
+
+void tessera_tensor_info_destroy(tessera_tensor_info_t* info) { delete info; }
+const char* tessera_tensor_info_name(const tessera_tensor_info_t* info) {
+  return info->info.name.c_str();
+}
+int tessera_tensor_info_dtype(const tessera_tensor_info_t* info) {
+  return static_cast<int>(info->info.dtype);
+}
+int tessera_tensor_info_rule(const tessera_tensor_info_t* info) {
+  return static_cast<int>(info->info.rule);
+}
+size_t tessera_tensor_info_ndims(const tessera_tensor_info_t* info) {
+  return info->info.shape.size();
+}
+int64_t tessera_tensor_info_dim(const tessera_tensor_info_t* info, size_t i) {
+  return i < info->info.shape.size() ? info->info.shape[i] : -1;
+}
+uint64_t tessera_tensor_info_bytes(const tessera_tensor_info_t* info) { return info->info.bytes; }
+size_t tessera_tensor_info_num_chunks(const tessera_tensor_info_t* info) {
+  return info->info.shards.size();
+}
+int tessera_tensor_info_chunk_shard(const tessera_tensor_info_t* info, size_t i) {
+  return i < info->info.shards.size() ? info->info.shards[i] : -1;
+}
+
+// ---- Futures ----
+
+void tessera_future_destroy(tessera_future_t* future) { delete future; }
+
+int tessera_future_ready(const tessera_future_t* future) { return future->future.ready() ? 1 : 0; }
+
+void tessera_future_wait(const tessera_future_t* future, char** errptr) {
+  GuardedVoid(errptr, [&] {
+    SaveError(errptr, future == nullptr ? BadHandle("future") : future->future.Wait());
+  });
+}
+
+int tessera_future_wait_for(const tessera_future_t* future, int64_t timeout_ms, char** errptr) {
+  return Guarded(errptr, 0, [&] {
+    Status st = future->future.WaitFor(std::chrono::milliseconds(timeout_ms));
+    if (!future->future.ready()) return 0;
+    SaveError(errptr, st);
+    return 1;
+  });
+}
+
+void tessera_future_wait_all(tessera_future_t* const* futures, size_t count, char** errptr) {
+  GuardedVoid(errptr, [&] {
+    std::vector<tessera::Future> all;
+    all.reserve(count);
+    for (size_t i = 0; i < count; ++i) all.push_back(futures[i]->future);
+    SaveError(errptr, tessera::WaitAll(all));
+  });
+}
+
+void tessera_future_then(const tessera_future_t* future, void (*fn)(void* arg, const char* error),
+                         void* arg) {
+  OrAbort([&] {
+    future->future.Then([fn, arg](const Status& st) {
+      if (st.ok()) {
+        fn(arg, nullptr);
+      } else {
+        const std::string text = st.ToString();
+        fn(arg, text.c_str());
+      }
+    });
+  });
+}
+
+size_t tessera_future_num_dropped(const tessera_future_t* future) {
+  return OrAbort([&] { return future->future.dropped().size(); });
+}
+
+}  // extern "C"
