@@ -76,7 +76,7 @@ TEST_F(ApplyTest, TableCreatesOnceAndRefusesAnotherShape) {
 
 TEST_F(ApplyTest, AsyncAppliesEachPushAndCountsVersions) {
   Param& p = Create("w", UpdateRule::kAdd, ConsistencyMode::Async());
-  ASSERT_TRUE(apply::Init(target(), p, twos_.data()).ok());
+  ASSERT_TRUE(apply::Init(target(), p, twos_.data(), 0).ok());
   EXPECT_TRUE(p.initialized);
   EXPECT_EQ(p.version, 1u);
   ASSERT_TRUE(apply::Gradient(target(), p, ones_.data()).ok());
@@ -89,11 +89,11 @@ TEST_F(ApplyTest, AsyncAppliesEachPushAndCountsVersions) {
 TEST_F(ApplyTest, InitStartsTheOptimizerAfresh) {
   Param& p = Create("m", UpdateRule::kMomentum, ConsistencyMode::Async());
   p.hyper.momentum = 0.5f;
-  ASSERT_TRUE(apply::Init(target(), p, twos_.data()).ok());
+  ASSERT_TRUE(apply::Init(target(), p, twos_.data(), 0).ok());
   ASSERT_TRUE(apply::Gradient(target(), p, ones_.data()).ok());  // 2 - 0.5 * 1
   EXPECT_EQ(Values(p), std::vector<double>(4, 1.5));
   EXPECT_EQ(p.updates, 1u);
-  ASSERT_TRUE(apply::Init(target(), p, twos_.data()).ok());
+  ASSERT_TRUE(apply::Init(target(), p, twos_.data(), 0).ok());
   EXPECT_EQ(p.updates, 0u);
   ASSERT_TRUE(apply::Gradient(target(), p, ones_.data()).ok());
   EXPECT_EQ(Values(p), std::vector<double>(4, 1.5)) << "the momentum survived the init";
@@ -101,7 +101,7 @@ TEST_F(ApplyTest, InitStartsTheOptimizerAfresh) {
 
 TEST_F(ApplyTest, SyncStepAppliesOnceItsReplicasPushed) {
   Param& p = Create("s", UpdateRule::kAdd, ConsistencyMode::Sync(2, kWorkers, false));
-  ASSERT_TRUE(apply::Init(target(), p, ones_.data()).ok());
+  ASSERT_TRUE(apply::Init(target(), p, ones_.data(), 0).ok());
   auto first = apply::AddToSyncStep(target(), p, 0, 0, twos_.data());
   ASSERT_TRUE(first.status.ok());
   EXPECT_EQ(first.outcome, wire::PushOutcome::kApplied);
@@ -126,7 +126,7 @@ TEST_F(ApplyTest, SyncStepAppliesOnceItsReplicasPushed) {
 
 TEST_F(ApplyTest, SyncAverageScalesTheSum) {
   Param& p = Create("a", UpdateRule::kAdd, ConsistencyMode::Sync(2, 2, true));
-  ASSERT_TRUE(apply::Init(target(), p, ones_.data()).ok());
+  ASSERT_TRUE(apply::Init(target(), p, ones_.data(), 0).ok());
   apply::AddToSyncStep(target(), p, 0, 0, ones_.data());
   ASSERT_TRUE(apply::AddToSyncStep(target(), p, 1, 0, twos_.data()).step_ready);
   ASSERT_TRUE(apply::ApplySyncStep(target(), p).ok());
@@ -135,7 +135,7 @@ TEST_F(ApplyTest, SyncAverageScalesTheSum) {
 
 TEST_F(ApplyTest, AFailedSyncStepStillMovesOnAndKeepsTheValue) {
   Param& p = Create("f", UpdateRule::kAdd, ConsistencyMode::Sync(1, kWorkers, false));
-  ASSERT_TRUE(apply::Init(target(), p, ones_.data()).ok());
+  ASSERT_TRUE(apply::Init(target(), p, ones_.data(), 0).ok());
   ASSERT_TRUE(apply::AddToSyncStep(target(), p, 0, 0, twos_.data()).step_ready);
   Status st = apply::ApplySyncStep(target(), p, Status::Internal("injected"));
   EXPECT_EQ(st.code(), StatusCode::kInternal);
@@ -145,9 +145,26 @@ TEST_F(ApplyTest, AFailedSyncStepStillMovesOnAndKeepsTheValue) {
   EXPECT_TRUE(apply::AddToSyncStep(target(), p, 0, 1, twos_.data()).step_ready);
 }
 
+// A sync or bounded tensor declared once training is under way starts at the
+// global step the chief initialised it at, where the workers' pushes are.
+TEST_F(ApplyTest, InitStartsSteppedTensorsAtTheClusterStep) {
+  Param& sync = Create("late_sync", UpdateRule::kAdd, ConsistencyMode::Sync(1, kWorkers, false));
+  ASSERT_TRUE(apply::Init(target(), sync, ones_.data(), 7).ok());
+  EXPECT_EQ(sync.StepReached(), 7u);
+  EXPECT_EQ(apply::AddToSyncStep(target(), sync, 0, 6, twos_.data()).outcome,
+            wire::PushOutcome::kStale);
+  EXPECT_TRUE(apply::AddToSyncStep(target(), sync, 0, 7, twos_.data()).step_ready);
+  Param& bounded = Create("late_bounded", UpdateRule::kAdd, ConsistencyMode::Bounded(1, kWorkers));
+  ASSERT_TRUE(apply::Init(target(), bounded, ones_.data(), 7).ok());
+  EXPECT_EQ(bounded.StepReached(), 7u);
+  // Initialised again (after a failed step) at an older step: never back.
+  ASSERT_TRUE(apply::Init(target(), bounded, ones_.data(), 3).ok());
+  EXPECT_EQ(bounded.StepReached(), 7u);
+}
+
 TEST_F(ApplyTest, BoundedRecordsEachWorkersSteps) {
   Param& p = Create("b", UpdateRule::kAdd, ConsistencyMode::Bounded(2, kWorkers));
-  ASSERT_TRUE(apply::Init(target(), p, ones_.data()).ok());
+  ASSERT_TRUE(apply::Init(target(), p, ones_.data(), 0).ok());
   for (uint32_t rank = 0; rank < kWorkers; ++rank) {
     ASSERT_TRUE(apply::Gradient(target(), p, ones_.data()).ok());
     apply::NoteBoundedStep(p, rank, rank == 2 ? 0 : 4);
@@ -169,7 +186,7 @@ TEST_F(ApplyTest, StagedValuesArePublishedAfterEveryChange) {
   p.published = reinterpret_cast<uint8_t*>(host.data());
   std::atomic<uint64_t> staged{0};
   const apply::Target staged_target{memory_.get(), true, &staged};
-  ASSERT_TRUE(apply::Init(staged_target, p, twos_.data()).ok());
+  ASSERT_TRUE(apply::Init(staged_target, p, twos_.data(), 0).ok());
   EXPECT_EQ(host, twos_);
   ASSERT_TRUE(apply::Gradient(staged_target, p, ones_.data()).ok());
   EXPECT_EQ(host, std::vector<double>(4, 3.0));

@@ -14,6 +14,7 @@ Status Client::Impl::Initialize() {
   std::vector<PushItem> items;
   std::vector<std::vector<uint8_t>> generated;
   size_t restored = 0, kept = 0;
+  bool any_stepped = false;
   {
     std::lock_guard<std::mutex> lock(tensors_mu_);
     generated.reserve(tensors_.size());
@@ -25,6 +26,7 @@ Status Client::Impl::Initialize() {
         (e.restored ? restored : kept)++;
         continue;
       }
+      any_stepped = any_stepped || e.decl.mode.kind != Consistency::kAsync;
       if (e.initial.empty()) {
         auto value = InitialValue(e.initializer, e.decl.name, e.decl.dtype, e.decl.shape);
         if (!value.ok()) return value.status();
@@ -43,8 +45,18 @@ Status Client::Impl::Initialize() {
     TLOG_INFO("{}: {} tensor(s) were initialised before; not initialising them again",
               task_.ToString(), kept);
   }
-  if (!items.empty())
-    TESSERA_RETURN_IF_ERROR(Push(items, wire::kFlagInit, 0).Wait().WithContext("initialising"));
+  // Sync and bounded tensors start at the cluster's global step: declared
+  // after training began, they join the steps the workers are at.
+  uint64_t cluster_step = 0;
+  if (any_stepped) {
+    auto global = GlobalStep();
+    if (!global.ok()) return global.status().WithContext("initialising");
+    cluster_step = *global;
+  }
+  if (!items.empty()) {
+    TESSERA_RETURN_IF_ERROR(
+        Push(items, wire::kFlagInit, cluster_step).Wait().WithContext("initialising"));
+  }
   auto ack = CallCoordinator<wire::InitDone, wire::Ack>(wire::InitDone{}, options_.op_timeout);
   if (!ack.ok()) return ack.status();
   std::lock_guard<std::mutex> lock(tensors_mu_);

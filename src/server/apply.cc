@@ -10,7 +10,7 @@ Status Publish(const Target& t, Param& p) {
   return t.memory->ToHost(p.published, p.data, p.bytes);
 }
 
-Status Init(const Target& t, Param& p, const void* value) {
+Status Init(const Target& t, Param& p, const void* value, uint64_t cluster_step) {
   const auto& tensor = p.entry.tensor;
   Status st =
       t.memory->ApplyUpdate(UpdateRule::kAssign, tensor.dtype, p.data, value, p.entry.elem_count);
@@ -21,6 +21,10 @@ Status Init(const Target& t, Param& p, const void* value) {
   if (st.ok()) st = Publish(t, p);
   p.updates = 0;
   p.ResetAggregation();
+  // Every sync tensor steps with the cluster: one declared after training
+  // began starts at the global step, where the workers' next steps are.
+  p.step = std::max(p.step, cluster_step);
+  for (auto& pushed : p.pushed_steps) pushed = std::max(pushed, cluster_step);
   p.failure = Status::Ok();
   p.version++;
   p.initialized = true;

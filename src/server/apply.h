@@ -26,8 +26,10 @@ struct Target {
 Status Publish(const Target& t, Param& p);
 
 // The chief's initial value (or a restored one): assigned, the optimizer
-// state starts afresh, any failed sync step is forgotten. Version + 1.
-Status Init(const Target& t, Param& p, const void* value);
+// state starts afresh, any failed sync step is forgotten. Version + 1. A
+// sync or bounded chunk starts no earlier than cluster_step, the global step
+// the chief initialised at.
+Status Init(const Target& t, Param& p, const void* value, uint64_t cluster_step);
 
 // A gradient through the tensor's update rule (async and bounded pushes, and
 // a sync step's aggregate). Version + 1 when it applied.

@@ -163,7 +163,7 @@ bool Shard::TryApplyPush(PendingPush& push) {
     if (!st.ok()) {
       // Reported below.
     } else if (init) {
-      st = apply::Init(ApplyTarget(), *p, grad);
+      st = apply::Init(ApplyTarget(), *p, grad, push.msg.step);
     } else if (t.mode.kind == Consistency::kSync) {
       const auto part = apply::AddToSyncStep(ApplyTarget(), *p, rank, push.msg.step, grad);
       st = part.status;
