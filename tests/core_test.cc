@@ -17,6 +17,7 @@
 #include "core/placement.h"
 #include "core/secret.h"
 #include "kernels/update.h"
+#include "tessera/client.h"
 #include "tessera/cluster.h"
 #include "tests/test_util.h"
 
@@ -199,6 +200,24 @@ TEST(Secret, ShortSecretsAreRefusedUnlessAllowed) {
   EXPECT_TRUE(CheckSecretStrength("hunter2hunter2", false).ok());
   unsetenv("TESSERA_ALLOW_WEAK_SECRET");
   EXPECT_FALSE(CheckSecretStrength("", true).ok()) << "an empty secret is never allowed";
+}
+
+// The public 2-byte element types: the same conversions, and the typed
+// helpers tag their dtype.
+TEST(Tensor, TwoByteElementTypes) {
+  EXPECT_EQ(Float16::FromFloat(1.0f).bits, 0x3c00);
+  EXPECT_EQ(Float16{0xc000}.ToFloat(), -2.0f);
+  EXPECT_EQ(BFloat16::FromFloat(1.0f).bits, 0x3f80);
+  EXPECT_EQ(BFloat16{0x4040}.ToFloat(), 3.0f);
+  EXPECT_TRUE(std::isnan(Float16::FromFloat(NAN).ToFloat()));
+  std::vector<Float16> half(3, Float16::FromFloat(0.5f));
+  std::vector<BFloat16> brain(5);
+  PushItem push = PushItem::Of<Float16>({}, half);
+  EXPECT_EQ(push.dtype, DType::kF16);
+  EXPECT_EQ(push.bytes, 6u);
+  PullItem pull = PullItem::Of<BFloat16>({}, std::span<BFloat16>(brain));
+  EXPECT_EQ(pull.dtype, DType::kBF16);
+  EXPECT_EQ(pull.bytes, 10u);
 }
 
 TEST(Kernels, HalfConversionsRoundTripEveryValue) {

@@ -22,6 +22,11 @@
 #include <string>
 #include <vector>
 
+#if defined(__STDCPP_FLOAT16_T__) && defined(__STDCPP_BFLOAT16_T__) && __has_include(<stdfloat>)
+#include <stdfloat>
+#define TESSERA_HAVE_STDFLOAT 1
+#endif
+
 #include "tessera/cluster.h"
 #include "tessera/export.h"
 #include "tessera/status.h"
@@ -139,6 +144,25 @@ template <>
 constexpr DType DTypeOf<int64_t>() {
   return DType::kI64;
 }
+template <>
+constexpr DType DTypeOf<Float16>() {
+  return DType::kF16;
+}
+template <>
+constexpr DType DTypeOf<BFloat16>() {
+  return DType::kBF16;
+}
+#ifdef TESSERA_HAVE_STDFLOAT
+// C++23's extended floating types, where the compiler has them (<stdfloat>).
+template <>
+constexpr DType DTypeOf<std::float16_t>() {
+  return DType::kF16;
+}
+template <>
+constexpr DType DTypeOf<std::bfloat16_t>() {
+  return DType::kBF16;
+}
+#endif
 
 // What memory a buffer given to Push/Pull is: host memory, or GPU memory
 // from cudaMalloc (a raw device pointer). kDetect asks CUDA

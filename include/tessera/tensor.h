@@ -29,6 +29,24 @@ TESSERA_EXPORT const char* DTypeName(DType dtype);
 TESSERA_EXPORT Result<DType> ParseDType(std::string_view name);
 TESSERA_EXPORT bool IsValidDType(uint8_t raw);
 
+// The 2-byte element types, for the typed helpers (PushItem::Of and friends)
+// where the compiler has no std::float16_t / std::bfloat16_t: the bits of an
+// IEEE 754 half and of a bfloat16, as a trainer's own buffers hold them.
+// From float: rounded to nearest even; NaN stays NaN.
+struct TESSERA_EXPORT Float16 {
+  uint16_t bits = 0;
+  static Float16 FromFloat(float value);
+  float ToFloat() const;
+  bool operator==(const Float16&) const = default;
+};
+struct TESSERA_EXPORT BFloat16 {
+  uint16_t bits = 0;
+  static BFloat16 FromFloat(float value);
+  float ToFloat() const;
+  bool operator==(const BFloat16&) const = default;
+};
+static_assert(sizeof(Float16) == 2 && sizeof(BFloat16) == 2, "elements are 2 bytes, unpadded");
+
 using Shape = std::vector<int64_t>;
 
 // Number of elements, or an error for a negative dimension or an overflow.

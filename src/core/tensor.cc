@@ -1,5 +1,7 @@
 #include "tessera/tensor.h"
 
+#include "core/dtype.h"
+
 #include <cmath>
 #include <limits>
 
@@ -159,5 +161,10 @@ Status ConsistencyMode::Validate() const {
   }
   return Status::Ok();
 }
+
+Float16 Float16::FromFloat(float value) { return {FloatToHalf(value)}; }
+float Float16::ToFloat() const { return HalfToFloat(bits); }
+BFloat16 BFloat16::FromFloat(float value) { return {FloatToBFloat16(value)}; }
+float BFloat16::ToFloat() const { return BFloat16ToFloat(bits); }
 
 }  // namespace tessera
