@@ -30,6 +30,8 @@ LAYERS = {
     "client": ("src/client", ["wire", "ckpt", "transport", "gpu", "core", "tessera"]),
     # The C API is written against the public C++ API only, as any consumer would be.
     "capi": ("src/capi", ["tessera"]),
+    # So is the Python extension (python/tessera's _tessera).
+    "python": ("src/python", ["tessera"]),
     "tools": ("tools", ["client", "server", "coord", "wire", "ckpt", "kernels", "transport",
                         "gpu", "core", "tessera"]),
 }

@@ -2,17 +2,21 @@
 # One entry point for a fresh Debian 12 machine (run as root):
 #   tools/dev.sh demo   install what is missing, build, run `tessera demo`
 #   tools/dev.sh test   install what is missing (Debian packages, among them
-#                       qemu and a kernel for the Soft-RoCE VM, and a .venv
-#                       from PyPI for the Python interop tests), build, run
-#                       every test suite: the optimised build; its launch,
-#                       cluster and checkpoint suites and the VM's cluster
-#                       runs again beside stress-ng on every core; everything
+#                       qemu and a kernel for the Soft-RoCE VM, and Debian's
+#                       torch; a .venv from PyPI for the Python package and
+#                       its tests), build, run every test suite: the
+#                       optimised build with the Python package; its launch,
+#                       cluster, checkpoint and PyTorch-example tests and the
+#                       VM's cluster runs again beside stress-ng on every
+#                       core; `pip install .` into a fresh venv and the
+#                       package's tests against it; everything
 #                       again under ASan/UBSan; the fuzz targets (libFuzzer,
 #                       clang, ASan/UBSan) for a bounded time each; the unit
 #                       and integration suites under ThreadSanitizer; then
 #                       those suites built against PyPI's CUDA-capable UCX
 #                       (libucx-cu12), the UCX a GPU deployment would use.
 #                       Each stage prints how long it took.
+#   tools/dev.sh pip    only `pip install .` and the Python package's tests
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # The CUDA toolkit (nvcc) where it is installed: the CUDA kernels, the GPU
@@ -33,8 +37,13 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libibverbs-dev librdmacm-dev
   iproute2 procps
-  python3 python3-venv
+  python3 python3-venv python3-dev
 )
+# The Python package's tests and its PyTorch example (docs/python.md):
+# Debian's CPU-only torch and scikit-learn (whose digits the example trains
+# on), seen from the project's venv (--system-site-packages). PyPI's default
+# torch wheel would pull several GB of CUDA libraries into every CI run.
+PY_DEB_PACKAGES=(python3-numpy python3-torch python3-sklearn)
 # A CPU hog on every core for the tests that must hold on a busy host.
 LOAD_PACKAGES=(stress-ng)
 # libFuzzer: clang and its runtimes.
@@ -46,8 +55,11 @@ VM_PACKAGES=(
   rdma-core ibverbs-providers ibverbs-utils rdmacm-utils perftest
 )
 
-# Python tooling for the interoperability tests, in the project's own venv.
-PY_PACKAGES=("safetensors>=0.4,<1" "numpy>=1.26,<3" "pytest>=7" "matplotlib>=3.7,<4")
+# Python tooling for the interoperability tests and the Python package, in
+# the project's own venv. numpy stays 1.x: Debian's torch and scipy are
+# built against it.
+PY_PACKAGES=("safetensors>=0.4,<1" "numpy>=1.24,<2" "pytest>=7" "matplotlib>=3.6,<4"
+  "nanobind>=2.4,<4")
 
 install_missing() {  # install_missing PACKAGE...
   local missing=()
@@ -63,12 +75,30 @@ install_missing() {  # install_missing PACKAGE...
   fi
 }
 
+# Debian's own Python (the first python3 on PATH may be another), so that
+# Debian's python3-* packages are seen.
 python_env() {
-  if ! .venv/bin/python -c "import safetensors, numpy, pytest, matplotlib" 2>/dev/null; then
+  if ! .venv/bin/python -c "import safetensors, numpy, pytest, matplotlib, nanobind, torch" \
+    2>/dev/null; then
     echo "== creating .venv: ${PY_PACKAGES[*]}"
-    python3 -m venv .venv
+    rm -rf .venv
+    /usr/bin/python3 -m venv --system-site-packages .venv
     .venv/bin/pip install -q --disable-pip-version-check "${PY_PACKAGES[@]}"
   fi
+}
+
+# `pip install .` into a fresh venv, as a user would (pyproject.toml,
+# meson-python, nanobind from PyPI), then the package's suite against that
+# installed copy instead of the build directory's.
+pip_package() {
+  rm -rf build-pip
+  /usr/bin/python3 -m venv --system-site-packages build-pip/venv
+  build-pip/venv/bin/pip install -q --disable-pip-version-check "pytest>=7" "numpy>=1.24,<2"
+  build-pip/venv/bin/pip install -q --disable-pip-version-check . "$@"
+  (cd build-pip && venv/bin/python -c \
+    "import tessera, sys; print('installed', tessera.__version__, 'at', tessera.__file__)")
+  (cd build-pip && TESSERA_BIN=$PWD/../build/tools/tessera TESSERA_PYTHON=$PWD/venv/bin/python \
+    TESSERA_PYTHONPATH="" TESSERA_TRANSPORTS=tcp ../tests/pypkg/run.sh)
 }
 
 # PyPI's UCX built with CUDA (libucx-cu12), in the venv; prints its prefix.
@@ -118,7 +148,7 @@ under_load() {  # under_load DIR
   local dir=$1 rc=0
   stress-ng --cpu "$(nproc)" --timeout 3600s --quiet &
   local hog=$!
-  TESSERA_VM_ONLY=cluster run_suite "$dir" launch cluster checkpoint rdma-vm || rc=$?
+  TESSERA_VM_ONLY=cluster run_suite "$dir" launch cluster checkpoint torch-example rdma-vm || rc=$?
   kill "$hog" 2>/dev/null
   wait "$hog" 2>/dev/null || true
   return $rc
@@ -131,15 +161,28 @@ case "${1:-}" in
     build build "${GPU_OPTIONS[@]}"
     exec build/tools/tessera demo "${@:2}"
     ;;
+  pip)
+    # tools/dev.sh pip: only the Python package stage (pip install . and its suite).
+    install_missing "${PACKAGES[@]}" "${PY_DEB_PACKAGES[@]}"
+    stage "python package: pip install ." pip_package
+    ;;
   test)
     stage "packages" install_missing "${PACKAGES[@]}" "${VM_PACKAGES[@]}" "${LOAD_PACKAGES[@]}" \
-      "${FUZZ_PACKAGES[@]}"
+      "${FUZZ_PACKAGES[@]}" "${PY_DEB_PACKAGES[@]}"
     stage "python venv" python_env
-    stage "build" build build "${GPU_OPTIONS[@]}"
+    # The Python package too (python/tessera), for the Python that has
+    # nanobind: the venv's.
+    stage "build" build build "${GPU_OPTIONS[@]}" -Dpython=enabled \
+      -Dpython_installation="$PWD/.venv/bin/python"
     stage "tests" run_suite build
     stage "tests beside a CPU hog" under_load build
+    # pip install . into a fresh venv, and the package's suite against it.
+    stage "python package: pip install ." pip_package
+    # The sanitizer builds leave the Python package out: an instrumented
+    # extension cannot load into Debian's uninstrumented python3 without
+    # preloading the sanitizer runtime into the interpreter.
     stage "build: ASan/UBSan" build build-asan -Db_sanitize=address,undefined -Db_lundef=false \
-      -Dbuildtype=debug "${GPU_OPTIONS[@]}"
+      -Dbuildtype=debug -Dpython=disabled "${GPU_OPTIONS[@]}"
     # Under ASan and software emulation the Soft-RoCE VM's integration runs
     # 40 tensors instead of 200, with longer steps.
     ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
@@ -150,27 +193,27 @@ case "${1:-}" in
     # they link are built.
     CC=clang CXX=clang++ NINJA_TARGETS=fuzzers stage "build: fuzzers" build build-fuzz \
       -Dfuzzers=true -Dfuzz_seconds=40 -Db_sanitize=address,undefined -Db_lundef=false \
-      -Dcuda=disabled -Dnccl=disabled -Dverbs=disabled -Dbenchmarks=false
+      -Dpython=disabled -Dcuda=disabled -Dnccl=disabled -Dverbs=disabled -Dbenchmarks=false
     stage "fuzz" run_suite build-fuzz --suite fuzz --no-rebuild -v
     # ThreadSanitizer over the unit and integration suites. UCX's memory
     # hooks (libucm) are off: they intercept madvise when a thread exits,
     # after TSan has torn down that thread's state, and crash there. The
     # CUDA code is left out: it cannot run here, and nvcc's host code is
     # not TSan's to check.
-    stage "build: TSan" build build-tsan -Db_sanitize=thread -Db_lundef=false \
+    stage "build: TSan" build build-tsan -Db_sanitize=thread -Db_lundef=false -Dpython=disabled \
       -Dcuda=disabled -Dnccl=disabled -Dbenchmarks=false
     UCX_MEM_MMAP_HOOK_MODE=none UCX_MEM_MALLOC_HOOKS=no \
       TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
       stage "tests: TSan" run_suite build-tsan --suite unit --suite integration
     # The same code against another UCX (1.22, with CUDA modules; no GPU
     # here, so it reports host memory and the GPU tests skip saying so).
-    stage "build: UCX 1.22" build build-ucx-cu12 -Ducx_prefix="$(ucx_cu12_prefix)" \
+    stage "build: UCX 1.22" build build-ucx-cu12 -Ducx_prefix="$(ucx_cu12_prefix)" -Dpython=disabled \
       -Dbenchmarks=false "${GPU_OPTIONS[@]}"
     stage "tests: UCX 1.22" run_suite build-ucx-cu12 --suite unit --suite integration
     echo "== all stages passed in $((SECONDS - ci_start)) s"
     ;;
   *)
-    echo "usage: tools/dev.sh demo|test" >&2
+    echo "usage: tools/dev.sh demo|test|pip" >&2
     exit 2
     ;;
 esac

@@ -1,0 +1,195 @@
+"""tessera.torch: a PyTorch module's parameters kept on Tessera's shards.
+
+The optimizer runs on the shards (SGD, momentum, Adam, AdamW, Adagrad, with
+PyTorch's definitions), so the trainer holds no optimizer state, and the
+loop stays an ordinary PyTorch loop:
+
+    client = tessera.Client.from_env()
+    opt = tessera.torch.DistributedOptimizer(client, model, "adam", lr=1e-3)
+    for x, y in batches:
+        opt.zero_grad()
+        loss_fn(model(x), y).backward()   # each gradient is pushed as it is made
+        opt.step()                        # the new weights land in param.data
+
+The chief initialises the shards from its module's own values (or the
+cluster resumes from a checkpoint); every worker then starts from the
+weights on the shards. Gradients are pushed from per-parameter hooks as
+backward produces them, so communication overlaps the rest of backward, as
+BytePS does (overlap=False pushes them all in step() instead).
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any, Iterable
+
+import torch
+
+import tessera
+
+# torch.optim's names -> Tessera's rules; plain SGD with momentum is the
+# momentum rule, as in torch.optim.SGD.
+_RULES = {"sgd", "momentum", "adam", "adamw", "adagrad"}
+
+
+def _hyper(optimizer: str, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """torch.optim keyword arguments -> (Tessera rule, Hyperparams fields)."""
+    rule = optimizer.lower()
+    if rule not in _RULES:
+        raise tessera._invalid(f"optimizer '{optimizer}' is not one of {', '.join(sorted(_RULES))}")
+    hyper: dict[str, Any] = {}
+    for name, value in options.items():
+        if name == "lr":
+            hyper["learning_rate"] = value
+        elif name == "betas":
+            hyper["beta1"], hyper["beta2"] = value
+        elif name == "eps":
+            hyper["epsilon"] = value
+        elif name == "initial_accumulator_value":
+            hyper["initial_accumulator"] = value
+        else:
+            hyper[name] = value
+    if rule == "sgd" and hyper.get("momentum", 0) != 0:
+        rule = "momentum"
+    elif rule == "sgd":
+        hyper.pop("momentum", None)
+        hyper.pop("nesterov", None)
+    return rule, hyper
+
+
+def _mode(mode: str, staleness: int) -> tessera.ConsistencyMode:
+    if mode == "sync":
+        return tessera.sync()
+    if mode == "async":
+        return tessera.asynchronous()
+    if mode == "bounded":
+        return tessera.bounded(staleness)
+    raise tessera._invalid(f"mode '{mode}' is not sync, async or bounded")
+
+
+class DistributedOptimizer:
+    """Keeps `module`'s parameters on the cluster's ps tasks.
+
+    optimizer: "sgd", "momentum", "adam", "adamw" or "adagrad", with
+    torch.optim's keyword arguments (lr, betas, eps, weight_decay, momentum,
+    nesterov, initial_accumulator_value). mode: "sync" (SyncReplicasOptimizer:
+    every worker's step t averaged, then applied once), "async" (each push
+    applied on arrival) or "bounded" (a worker runs at most `staleness` steps
+    ahead of the slowest). Tensor names are `prefix` + the parameter's name.
+    """
+
+    def __init__(self, client: tessera.Client, module: torch.nn.Module,
+                 optimizer: str = "adam", *, mode: str = "sync", staleness: int = 0,
+                 overlap: bool = True, prefix: str = "", **optimizer_options: Any):
+        self.client = client
+        self.mode = mode
+        self.staleness = staleness
+        rule, hyper = _hyper(optimizer, optimizer_options)
+        consistency = _mode(mode, staleness)
+        self._params: list[tuple[str, torch.nn.Parameter]] = [
+            (prefix + name, p) for name, p in module.named_parameters() if p.requires_grad]
+        for name, p in self._params:
+            if p.device.type not in ("cpu", "cuda") or not p.data.is_contiguous():
+                raise tessera._invalid(f"parameter '{name}' is not a contiguous CPU or CUDA tensor")
+        # Every worker declares the same tensors; only the chief's initial
+        # values are used.
+        specs = [tessera.spec(name, tuple(p.shape), p.dtype, rule, mode=consistency,
+                              initial=p.data.detach().cpu().contiguous(), **hyper)
+                 for name, p in self._params]
+        self.tensors = client.declare_many(specs)
+        if client.is_chief:
+            client.initialize()
+        else:
+            client.wait_for_init()
+        self.restored_step = client.restored_step
+        # A resumed cluster starts at the restored global step; every worker
+        # starts from the shards' weights.
+        self.step_count = client.global_step() if mode != "async" else 0
+        client.pull(self._weights(), min_step=self.step_count)
+        self._pending: dict[int, tessera.Future] = {}
+        self._zeros: dict[int, torch.Tensor] = {}
+        self._hooks = []
+        if overlap:
+            for i, (_, p) in enumerate(self._params):
+                self._hooks.append(p.register_hook(self._hook(i)))
+
+    # -- the ordinary torch.optim surface ---------------------------------
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for _, p in self._params:
+            if set_to_none:
+                p.grad = None
+            elif p.grad is not None:
+                p.grad.detach_()
+                p.grad.zero_()
+
+    def step(self) -> None:
+        """Pushes what backward has not pushed yet, waits for every push, then
+        pulls the weights this step produced into each param.data."""
+        tag = None if self.mode == "async" else self.step_count
+        missing = {}
+        for i, (_, p) in enumerate(self._params):
+            if i in self._pending:
+                continue
+            grad = p.grad if p.grad is not None else self._zero(i, p)
+            missing[self.tensors[i]] = grad.detach().contiguous()
+        futures = list(self._pending.values())
+        if missing:
+            futures.append(self.client.push_async(missing, step=tag))
+        self._pending = {}
+        tessera.wait_all(futures)
+        self.step_count += 1
+        if self.mode == "sync":
+            self.client.pull(self._weights(), min_step=self.step_count)
+        elif self.mode == "bounded":
+            self.client.pull(self._weights(),
+                             min_step=max(0, self.step_count - self.staleness))
+        else:
+            self.client.pull(self._weights())
+
+    def set_hyperparams(self, **optimizer_options: Any) -> None:
+        """Chief only: new hyper-parameters (a learning-rate schedule) for every
+        parameter from the next update on, e.g. set_hyperparams(lr=1e-4)."""
+        _, hyper = _hyper("adam", optimizer_options)
+        for t in self.tensors:
+            self.client.set_hyperparams(t, **hyper)
+
+    def remove_hooks(self) -> None:
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+
+    # -- internals ----------------------------------------------------------
+    def _weights(self) -> dict[tessera.Tensor, torch.Tensor]:
+        return {t: p.data for t, (_, p) in zip(self.tensors, self._params)}
+
+    def _zero(self, i: int, p: torch.Tensor) -> torch.Tensor:
+        # Sync steps need every worker's push of every tensor: a parameter
+        # this batch did not touch pushes zeros.
+        if i not in self._zeros:
+            self._zeros[i] = torch.zeros_like(p.data)
+        return self._zeros[i]
+
+    def _hook(self, i: int):
+        # A weak reference: the module's parameters must not keep the
+        # optimizer (and its client) alive through their hooks.
+        self_ref = weakref.ref(self)
+
+        def push_now(grad: torch.Tensor) -> None:
+            opt = self_ref()
+            if opt is not None:
+                opt._push_from_backward(i, grad)
+        return push_now
+
+    def _push_from_backward(self, i: int, grad: torch.Tensor) -> None:
+        if i in self._pending:
+            # This step's push of the parameter left with the first backward;
+            # a second one's gradient would be lost.
+            raise tessera._invalid(
+                f"a second backward before step() for '{self._params[i][0]}': "
+                "gradient accumulation needs overlap=False")
+        tag = None if self.mode == "async" else self.step_count
+        self._pending[i] = self.client.push_async(
+            self.tensors[i], grad.detach().contiguous(), step=tag)
+
+    def __iter__(self) -> Iterable[tuple[str, tessera.Tensor]]:
+        return iter(zip((n for n, _ in self._params), self.tensors))

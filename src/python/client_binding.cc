@@ -1,0 +1,370 @@
+// tessera._tessera.Client, Tensor and Future: the C++ client's calls with
+// the GIL released for every wait and transfer, and the caller's arrays held
+// until the call that uses them is complete.
+#include "python/client_binding.h"
+
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/unique_ptr.h>
+#include <nanobind/stl/vector.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <memory>
+#include <new>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "python/buffers.h"
+#include "python/errors.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace tessera::python {
+namespace {
+
+std::chrono::milliseconds Millis(double seconds) {
+  if (!(seconds >= 0)) ThrowIfError(Status::InvalidArgument("a timeout must be >= 0 seconds"));
+  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000.0));
+}
+
+// A declared tensor as Python sees it: the handle and its name, so that
+// errors about its arrays name it without asking the client.
+struct PyTensor {
+  Tensor tensor;
+  std::string name;
+};
+
+// A call in flight. Holds the caller's arrays until it is complete; dropped
+// before then, it waits (without the GIL) rather than let the arrays go
+// while the fabric still reads or writes them.
+class PyFuture {
+ public:
+  PyFuture(Future future, std::vector<Buffer> held, std::chrono::milliseconds op_timeout)
+      : future_(std::move(future)), held_(std::move(held)), op_timeout_(op_timeout) {}
+  PyFuture(const PyFuture&) = delete;
+  PyFuture& operator=(const PyFuture&) = delete;
+
+  ~PyFuture() {
+    if (future_.ready()) return;
+    bool done;
+    {
+      nb::gil_scoped_release release;
+      done = future_.WaitFor(op_timeout_).ok() || future_.ready();
+    }
+    // Still running after the operation timeout: the arrays must outlive
+    // whatever the fabric does with them, so they are leaked, not freed.
+    if (!done && new (std::nothrow) std::vector<Buffer>(std::move(held_)) == nullptr) {
+      std::abort();  // freeing the arrays instead could corrupt the caller's memory
+    }
+  }
+
+  void Wait(std::optional<double> timeout_s) {
+    Status st;
+    {
+      const auto limit = timeout_s ? Millis(*timeout_s) : op_timeout_;
+      nb::gil_scoped_release release;
+      st = future_.WaitFor(limit);
+    }
+    ThrowIfError(st);
+  }
+
+  bool ready() const { return future_.ready(); }
+
+  // The chunks a shard dropped, as (tensor, chunk, step, why) tuples.
+  std::vector<std::tuple<std::string, uint32_t, uint64_t, std::string>> dropped() const {
+    std::vector<std::tuple<std::string, uint32_t, uint64_t, std::string>> out;
+    for (const auto& d : future_.dropped()) {
+      out.emplace_back(d.tensor, d.chunk, d.step,
+                       d.why == DroppedChunk::Why::kStale ? "stale" : "duplicate");
+    }
+    return out;
+  }
+
+  // Writes one byte to (a duplicate of) fd once complete: how asyncio learns
+  // of completion without the client's progress thread taking the GIL.
+  void NotifyFd(int fd) {
+    const int own = ::dup(fd);
+    if (own < 0) ThrowIfError(Status::Internal("dup of the notification fd failed"));
+    future_.Then([own](const Status&) {
+      const char byte = 1;
+      [[maybe_unused]] ssize_t n = ::write(own, &byte, 1);
+      ::close(own);
+    });
+  }
+
+ private:
+  Future future_;
+  std::vector<Buffer> held_;
+  std::chrono::milliseconds op_timeout_;
+};
+
+template <typename Fn>
+auto WithoutGil(Fn&& fn) {
+  nb::gil_scoped_release release;
+  return fn();
+}
+
+// The Python argument `items`: a sequence of tuples, each (tensor, array...).
+template <typename Visit>
+void ForEachItem(nb::handle items, size_t arrays, const char* call, Visit&& visit) {
+  size_t i = 0;
+  for (nb::handle item : items) {
+    nb::tuple t;
+    if (!nb::try_cast(item, t, false) || t.size() != arrays + 1) {
+      ThrowIfError(Status::InvalidArgument(std::string(call) + " item " + std::to_string(i) +
+                                           ": expected a tuple (tensor" +
+                                           (arrays == 1 ? ", array)" : ", gradient, weights)")));
+    }
+    PyTensor* tensor = nullptr;
+    if (!nb::try_cast(t[0], tensor, false) || tensor == nullptr) {
+      ThrowIfError(Status::InvalidArgument(std::string(call) + " item " + std::to_string(i) +
+                                           ": the first element is not a Tensor"));
+    }
+    visit(*tensor, t);
+    ++i;
+  }
+}
+
+class PyClient {
+ public:
+  explicit PyClient(const ClientOptions& options)
+      : op_timeout_(options.op_timeout), num_workers_(options.cluster.num_workers()) {
+    worker_rank_ = ValueOrThrow(options.cluster.worker_rank(options.task));
+    auto client = WithoutGil([&] { return Client::Connect(options); });
+    client_ = ValueOrThrow(std::move(client));
+  }
+
+  Client& client() {
+    if (!client_) ThrowIfError(Status::FailedPrecondition("the client is closed"));
+    return *client_;
+  }
+
+  // Destroys the C++ client: its calls still pending fail with Aborted.
+  void Close() {
+    std::unique_ptr<Client> gone = std::move(client_);
+    nb::gil_scoped_release release;
+    gone.reset();
+  }
+
+  std::vector<PyTensor> DeclareMany(const std::vector<TensorSpec>& specs) {
+    auto declared = WithoutGil([&] { return client().DeclareMany(specs); });
+    auto tensors = ValueOrThrow(std::move(declared));
+    std::vector<PyTensor> out;
+    for (size_t i = 0; i < tensors.size(); ++i) out.push_back({tensors[i], specs[i].name});
+    return out;
+  }
+
+  PyTensor Find(const std::string& name) { return {ValueOrThrow(client().Find(name)), name}; }
+
+  std::unique_ptr<PyFuture> PushAsync(nb::handle items, std::optional<uint64_t> step) {
+    std::vector<PushItem> push;
+    std::vector<Buffer> held;
+    ForEachItem(items, 1, "push", [&](const PyTensor& t, const nb::tuple& item) {
+      Buffer b = BufferFrom(item[1], Access::kRead, "the gradient", t.name);
+      push.push_back({t.tensor, b.data, b.bytes, b.dtype, b.memory});
+      held.push_back(std::move(b));
+    });
+    Client& c = client();
+    Future f = WithoutGil([&] { return step ? c.PushAsync(push, *step) : c.PushAsync(push); });
+    return std::make_unique<PyFuture>(std::move(f), std::move(held), op_timeout_);
+  }
+
+  std::unique_ptr<PyFuture> PullAsync(nb::handle items, uint64_t min_version, uint64_t min_step) {
+    std::vector<PullItem> pull;
+    std::vector<Buffer> held;
+    ForEachItem(items, 1, "pull", [&](const PyTensor& t, const nb::tuple& item) {
+      Buffer b = BufferFrom(item[1], Access::kWrite, "the output", t.name);
+      pull.push_back({t.tensor, b.data, b.bytes, min_version, b.dtype, min_step, b.memory});
+      held.push_back(std::move(b));
+    });
+    Client& c = client();
+    Future f = WithoutGil([&] { return c.PullAsync(pull); });
+    return std::make_unique<PyFuture>(std::move(f), std::move(held), op_timeout_);
+  }
+
+  std::unique_ptr<PyFuture> PushPullAsync(nb::handle items) {
+    std::vector<PushPullItem> pp;
+    std::vector<Buffer> held;
+    ForEachItem(items, 2, "push_pull", [&](const PyTensor& t, const nb::tuple& item) {
+      Buffer g = BufferFrom(item[1], Access::kRead, "the gradient", t.name);
+      Buffer w = BufferFrom(item[2], Access::kWrite, "the weights", t.name);
+      if (g.bytes != w.bytes || g.dtype != w.dtype || g.memory != w.memory) {
+        ThrowIfError(Status::InvalidArgument(
+            "push_pull of tensor '" + t.name +
+            "': the gradient and the weights differ in size, dtype or memory"));
+      }
+      pp.push_back({t.tensor, g.data, w.data, g.bytes, g.dtype, g.memory});
+      held.push_back(std::move(g));
+      held.push_back(std::move(w));
+    });
+    Client& c = client();
+    Future f = WithoutGil([&] { return c.PushPullAsync(pp); });
+    return std::make_unique<PyFuture>(std::move(f), std::move(held), op_timeout_);
+  }
+
+  // The blocking calls: one trip into C++, the wait without the GIL.
+  void Push(nb::handle items, std::optional<uint64_t> step) {
+    PushAsync(items, step)->Wait(std::nullopt);
+  }
+  void Pull(nb::handle items, uint64_t min_version, uint64_t min_step) {
+    PullAsync(items, min_version, min_step)->Wait(std::nullopt);
+  }
+  void PushPull(nb::handle items) { PushPullAsync(items)->Wait(std::nullopt); }
+
+  // For benchmarks/python_overhead.py: the same blocking call `n` times from
+  // C++, so that Python's share of a call is measured beside C++'s in one
+  // process, on one cluster, with the same arrays. Seconds per call.
+  double TimeCalls(const std::string& kind, nb::handle items, uint64_t n) {
+    std::vector<PushItem> push;
+    std::vector<PullItem> pull;
+    std::vector<Buffer> held;
+    const bool is_push = kind == "push";
+    if (!is_push && kind != "pull") ThrowIfError(Status::InvalidArgument("kind: push or pull"));
+    ForEachItem(items, 1, kind.c_str(), [&](const PyTensor& t, const nb::tuple& item) {
+      Buffer b = BufferFrom(item[1], is_push ? Access::kRead : Access::kWrite, "the array", t.name);
+      if (is_push) {
+        push.push_back({t.tensor, b.data, b.bytes, b.dtype, b.memory});
+      } else {
+        pull.push_back({t.tensor, b.data, b.bytes, 1, b.dtype, 0, b.memory});
+      }
+      held.push_back(std::move(b));
+    });
+    Client& c = client();
+    Status st;
+    const auto start = std::chrono::steady_clock::now();
+    {
+      nb::gil_scoped_release release;
+      for (uint64_t i = 0; i < n && st.ok(); ++i) st = is_push ? c.Push(push) : c.Pull(pull);
+    }
+    const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
+    ThrowIfError(st);
+    return n == 0 ? 0.0 : took.count() / static_cast<double>(n);
+  }
+
+  std::chrono::milliseconds op_timeout() const { return op_timeout_; }
+  int worker_rank() const { return worker_rank_; }
+  int num_workers() const { return num_workers_; }
+
+ private:
+  std::unique_ptr<Client> client_;
+  std::chrono::milliseconds op_timeout_;
+  int num_workers_;
+  int worker_rank_ = 0;
+};
+
+}  // namespace
+
+void BindClient(nb::module_& m) {
+  nb::class_<PyTensor>(m, "Tensor", "A declared tensor: a handle valid for the life of its Client.")
+      .def_prop_ro("name", [](const PyTensor& t) { return t.name; })
+      .def_prop_ro("index", [](const PyTensor& t) { return t.tensor.index; })
+      .def("__eq__",
+           [](const PyTensor& a, nb::handle b) {
+             PyTensor* other = nullptr;
+             return nb::try_cast(b, other, false) && other != nullptr &&
+                    other->tensor.index == a.tensor.index;
+           })
+      .def("__hash__", [](const PyTensor& t) { return t.tensor.index; })
+      .def("__repr__", [](const PyTensor& t) {
+        return "Tensor('" + t.name + "', index=" + std::to_string(t.tensor.index) + ")";
+      });
+
+  nb::class_<PyFuture>(m, "Future",
+                       "A call in flight. It holds the call's arrays until complete; "
+                       "dropped early, it waits for the call first.")
+      .def("wait", &PyFuture::Wait, "timeout"_a = nb::none(),
+           "Waits (without the GIL) until complete, at most timeout seconds (default: the "
+           "client's op_timeout); raises tessera.Error if the call failed.")
+      .def_prop_ro("ready", &PyFuture::ready)
+      .def_prop_ro("dropped", &PyFuture::dropped,
+                   "Chunks of this push a shard dropped, as (tensor, chunk, step, 'stale' or "
+                   "'duplicate'); empty until complete.")
+      .def("_notify_fd", &PyFuture::NotifyFd, "fd"_a)
+      .def(
+          "__await__",
+          [](nb::handle self) {
+            // asyncio's side lives in Python (tessera._await_future).
+            return nb::module_::import_("tessera").attr("_await_future")(self).attr("__await__")();
+          },
+          "Awaitable from asyncio: completes without blocking the event loop.");
+
+  m.def(
+      "wait_all",
+      [](const std::vector<PyFuture*>& futures) {
+        // Every future waited for, the first error raised: a failed call
+        // never leaves the others' arrays still in use.
+        std::optional<nb::python_error> first;
+        for (PyFuture* f : futures) {
+          if (f == nullptr) continue;
+          try {
+            f->Wait(std::nullopt);
+          } catch (nb::python_error& e) {
+            if (!first) first.emplace(std::move(e));
+          }
+        }
+        if (first) throw std::move(*first);
+      },
+      "futures"_a);
+
+  nb::class_<PyClient>(m, "Client")
+      .def(nb::init<const ClientOptions&>(), "options"_a,
+           "Connects to every ps task, waiting (without the GIL) until they are up.")
+      .def("close", &PyClient::Close)
+      .def("declare_many", &PyClient::DeclareMany, "specs"_a)
+      .def("find", &PyClient::Find, "name"_a)
+      .def("info",
+           [](PyClient& c, const PyTensor& t) { return ValueOrThrow(c.client().info(t.tensor)); })
+      .def_prop_ro("is_chief", [](PyClient& c) { return c.client().is_chief(); })
+      .def("initialize",
+           [](PyClient& c) {
+             Client& client = c.client();
+             ThrowIfError(WithoutGil([&] { return client.Initialize(); }));
+           })
+      .def_prop_ro("restored_step", [](PyClient& c) { return c.client().restored_step(); })
+      .def(
+          "wait_for_init",
+          [](PyClient& c, double timeout) {
+            Client& client = c.client();
+            ThrowIfError(WithoutGil([&] { return client.WaitForInit(Millis(timeout)); }));
+          },
+          "timeout"_a = 60.0)
+      .def("push", &PyClient::Push, "items"_a, "step"_a = nb::none())
+      .def("push_async", &PyClient::PushAsync, "items"_a, "step"_a = nb::none())
+      .def("pull", &PyClient::Pull, "items"_a, "min_version"_a = 1, "min_step"_a = 0)
+      .def("pull_async", &PyClient::PullAsync, "items"_a, "min_version"_a = 1, "min_step"_a = 0)
+      .def("push_pull", &PyClient::PushPull, "items"_a)
+      .def("push_pull_async", &PyClient::PushPullAsync, "items"_a)
+      .def("set_hyperparams",
+           [](PyClient& c, const PyTensor& t, const Hyperparams& h) {
+             Client& client = c.client();
+             ThrowIfError(WithoutGil([&] { return client.SetHyperparams(t.tensor, h); }));
+           })
+      .def("global_step",
+           [](PyClient& c) {
+             Client& client = c.client();
+             return ValueOrThrow(WithoutGil([&] { return client.GlobalStep(); }));
+           })
+      .def(
+          "save_checkpoint",
+          [](PyClient& c, double timeout) {
+            Client& client = c.client();
+            auto saved =
+                ValueOrThrow(WithoutGil([&] { return client.SaveCheckpoint(Millis(timeout)); }));
+            return std::make_tuple(saved.global_step, saved.path);
+          },
+          "timeout"_a = 300.0)
+      .def("counters", [](PyClient& c) { return c.client().counters(); })
+      .def_prop_ro("worker_rank", &PyClient::worker_rank)
+      .def_prop_ro("num_workers", &PyClient::num_workers)
+      .def_prop_ro("num_shards", [](PyClient& c) { return c.client().num_shards(); })
+      .def_prop_ro("op_timeout",
+                   [](PyClient& c) { return static_cast<double>(c.op_timeout().count()) / 1e3; })
+      .def("_time_calls", &PyClient::TimeCalls, "kind"_a, "items"_a, "n"_a);
+}
+
+}  // namespace tessera::python

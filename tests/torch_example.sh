@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# examples/torch_digits.py under `tessera launch`, 2 ps tasks x 2 workers,
+# sync Adam on the shards: it reaches >= 95 % held-out accuracy; killed
+# midway (SIGKILL to the launcher, whose children die with it) and started
+# again on the same checkpoint directory, it resumes from the saved step and
+# still does. Exit 77 (skip) without the Python package or torch.
+set -euo pipefail
+: "${TESSERA_BIN:?}"
+here=$(cd "$(dirname "$0")" && pwd)
+example="$here/../examples/torch_digits.py"
+if [ -z "${TESSERA_PYTHON:-}" ]; then
+  echo "SKIP: built without the Python package (-Dpython)"
+  exit 77
+fi
+if ! "$TESSERA_PYTHON" -c "import torch, sklearn" 2>/dev/null; then
+  echo "SKIP: $TESSERA_PYTHON lacks torch or scikit-learn (tools/dev.sh test installs them)"
+  exit 77
+fi
+export PYTHONPATH="$TESSERA_PYTHONPATH${PYTHONPATH:+:$PYTHONPATH}"
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+
+accuracy_ok() {  # accuracy_ok LOG: the chief's last line says >= 0.95
+  local acc
+  acc=$(sed -n 's/.*held-out accuracy \([0-9.]*\).*/\1/p' "$1" | tail -1)
+  [ -n "$acc" ] || { echo "FAIL: no held-out accuracy in the output"; return 1; }
+  echo "held-out accuracy $acc"
+  awk -v a="$acc" 'BEGIN { exit !(a >= 0.95) }' || { echo "FAIL: accuracy $acc < 0.95"; return 1; }
+}
+
+echo "== train"
+"$TESSERA_BIN" launch --ps 2 --workers 2 --transport tcp -- \
+  "$TESSERA_PYTHON" "$example" --steps 300 2>&1 | tee "$dir/train.log"
+accuracy_ok "$dir/train.log"
+
+echo "== killed midway"
+ckpt="$dir/ckpt"
+run=("$TESSERA_BIN" launch --ps 2 --workers 2 --transport tcp --checkpoint-dir "$ckpt"
+  --checkpoint-steps 40 -- "$TESSERA_PYTHON" "$example" --steps 300 --ms-per-step 20)
+"${run[@]}" > "$dir/first.log" 2>&1 &
+pid=$!
+# Killed once a complete checkpoint past step 0 is on disk (its manifest is
+# written last), however slow the machine: bounded at 120 s.
+for _ in $(seq 2400); do
+  if ls "$ckpt"/step-*/tessera.json 2>/dev/null | grep -qv step-00000000/; then break; fi
+  if ! kill -0 "$pid" 2>/dev/null; then break; fi
+  sleep 0.05
+done
+kill -KILL "$pid" 2>/dev/null || true
+wait "$pid" 2>/dev/null || true
+if grep -q "held-out accuracy" "$dir/first.log"; then
+  cat "$dir/first.log"
+  echo "FAIL: the first run finished before it was killed"
+  exit 1
+fi
+# The workers and shards die with the launcher; wait until the directory is free.
+for _ in $(seq 600); do
+  pgrep -f -- "--checkpoint-dir $ckpt" > /dev/null || pgrep -f "$ckpt" > /dev/null || break
+  sleep 0.05
+done
+
+echo "== resumed"
+"${run[@]}" 2>&1 | tee "$dir/second.log"
+step=$(sed -n 's/.*resuming from the checkpoint of global step \([0-9]*\).*/\1/p' "$dir/second.log")
+[ -n "$step" ] || { echo "FAIL: the second run did not resume"; exit 1; }
+if [ "$step" -le 0 ] || [ "$step" -ge 300 ]; then
+  echo "FAIL: resumed at step $step, not midway"
+  exit 1
+fi
+echo "resumed at global step $step"
+accuracy_ok "$dir/second.log"
