@@ -32,6 +32,15 @@ std::chrono::milliseconds Millis(double seconds) {
   return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000.0));
 }
 
+// Arrays a call may still use after the wait for it gave up: leaked, not
+// freed, so that the fabric can never write into memory handed back.
+void KeepForever(std::vector<Buffer> held) {
+  if (held.empty()) return;
+  if (new (std::nothrow) std::vector<Buffer>(std::move(held)) == nullptr) {
+    std::abort();  // freeing the arrays instead could corrupt the caller's memory
+  }
+}
+
 // A declared tensor as Python sees it: the handle and its name, so that
 // errors about its arrays name it without asking the client.
 struct PyTensor {
@@ -56,11 +65,7 @@ class PyFuture {
       nb::gil_scoped_release release;
       done = future_.WaitFor(op_timeout_).ok() || future_.ready();
     }
-    // Still running after the operation timeout: the arrays must outlive
-    // whatever the fabric does with them, so they are leaked, not freed.
-    if (!done && new (std::nothrow) std::vector<Buffer>(std::move(held_)) == nullptr) {
-      std::abort();  // freeing the arrays instead could corrupt the caller's memory
-    }
+    if (!done) KeepForever(std::move(held_));
   }
 
   void Wait(std::optional<double> timeout_s) {
@@ -162,84 +167,55 @@ class PyClient {
   PyTensor Find(const std::string& name) { return {ValueOrThrow(client().Find(name)), name}; }
 
   std::unique_ptr<PyFuture> PushAsync(nb::handle items, std::optional<uint64_t> step) {
-    std::vector<PushItem> push;
-    std::vector<Buffer> held;
-    ForEachItem(items, 1, "push", [&](const PyTensor& t, const nb::tuple& item) {
-      Buffer b = BufferFrom(item[1], Access::kRead, "the gradient", t.name);
-      push.push_back({t.tensor, b.data, b.bytes, b.dtype, b.memory});
-      held.push_back(std::move(b));
+    return Started(PushItems(items), [step](Client& c, const std::vector<PushItem>& push) {
+      return step ? c.PushAsync(push, *step) : c.PushAsync(push);
     });
-    Client& c = client();
-    Future f = WithoutGil([&] { return step ? c.PushAsync(push, *step) : c.PushAsync(push); });
-    return std::make_unique<PyFuture>(std::move(f), std::move(held), op_timeout_);
   }
-
   std::unique_ptr<PyFuture> PullAsync(nb::handle items, uint64_t min_version, uint64_t min_step) {
-    std::vector<PullItem> pull;
-    std::vector<Buffer> held;
-    ForEachItem(items, 1, "pull", [&](const PyTensor& t, const nb::tuple& item) {
-      Buffer b = BufferFrom(item[1], Access::kWrite, "the output", t.name);
-      pull.push_back({t.tensor, b.data, b.bytes, min_version, b.dtype, min_step, b.memory});
-      held.push_back(std::move(b));
-    });
-    Client& c = client();
-    Future f = WithoutGil([&] { return c.PullAsync(pull); });
-    return std::make_unique<PyFuture>(std::move(f), std::move(held), op_timeout_);
+    return Started(PullItems(items, min_version, min_step),
+                   [](Client& c, const std::vector<PullItem>& pull) { return c.PullAsync(pull); });
   }
-
   std::unique_ptr<PyFuture> PushPullAsync(nb::handle items) {
-    std::vector<PushPullItem> pp;
-    std::vector<Buffer> held;
-    ForEachItem(items, 2, "push_pull", [&](const PyTensor& t, const nb::tuple& item) {
-      Buffer g = BufferFrom(item[1], Access::kRead, "the gradient", t.name);
-      Buffer w = BufferFrom(item[2], Access::kWrite, "the weights", t.name);
-      if (g.bytes != w.bytes || g.dtype != w.dtype || g.memory != w.memory) {
-        ThrowIfError(Status::InvalidArgument(
-            "push_pull of tensor '" + t.name +
-            "': the gradient and the weights differ in size, dtype or memory"));
-      }
-      pp.push_back({t.tensor, g.data, w.data, g.bytes, g.dtype, g.memory});
-      held.push_back(std::move(g));
-      held.push_back(std::move(w));
+    return Started(PushPullItems(items), [](Client& c, const std::vector<PushPullItem>& pp) {
+      return c.PushPullAsync(pp);
     });
-    Client& c = client();
-    Future f = WithoutGil([&] { return c.PushPullAsync(pp); });
-    return std::make_unique<PyFuture>(std::move(f), std::move(held), op_timeout_);
   }
 
-  // The blocking calls: one trip into C++, the wait without the GIL.
   void Push(nb::handle items, std::optional<uint64_t> step) {
-    PushAsync(items, step)->Wait(std::nullopt);
+    Blocking(PushItems(items), [step](Client& c, const std::vector<PushItem>& push) {
+      return step ? c.PushAsync(push, *step) : c.PushAsync(push);
+    });
   }
   void Pull(nb::handle items, uint64_t min_version, uint64_t min_step) {
-    PullAsync(items, min_version, min_step)->Wait(std::nullopt);
+    Blocking(PullItems(items, min_version, min_step),
+             [](Client& c, const std::vector<PullItem>& pull) { return c.PullAsync(pull); });
   }
-  void PushPull(nb::handle items) { PushPullAsync(items)->Wait(std::nullopt); }
+  void PushPull(nb::handle items) {
+    Blocking(PushPullItems(items),
+             [](Client& c, const std::vector<PushPullItem>& pp) { return c.PushPullAsync(pp); });
+  }
 
   // For benchmarks/python_overhead.py: the same blocking call `n` times from
   // C++, so that Python's share of a call is measured beside C++'s in one
   // process, on one cluster, with the same arrays. Seconds per call.
   double TimeCalls(const std::string& kind, nb::handle items, uint64_t n) {
-    std::vector<PushItem> push;
-    std::vector<PullItem> pull;
-    std::vector<Buffer> held;
     const bool is_push = kind == "push";
     if (!is_push && kind != "pull") ThrowIfError(Status::InvalidArgument("kind: push or pull"));
-    ForEachItem(items, 1, kind.c_str(), [&](const PyTensor& t, const nb::tuple& item) {
-      Buffer b = BufferFrom(item[1], is_push ? Access::kRead : Access::kWrite, "the array", t.name);
-      if (is_push) {
-        push.push_back({t.tensor, b.data, b.bytes, b.dtype, b.memory});
-      } else {
-        pull.push_back({t.tensor, b.data, b.bytes, 1, b.dtype, 0, b.memory});
-      }
-      held.push_back(std::move(b));
-    });
+    Call<PushItem> push;
+    Call<PullItem> pull;
+    if (is_push) {
+      push = PushItems(items);
+    } else {
+      pull = PullItems(items, 1, 0);
+    }
     Client& c = client();
     Status st;
     const auto start = std::chrono::steady_clock::now();
     {
       nb::gil_scoped_release release;
-      for (uint64_t i = 0; i < n && st.ok(); ++i) st = is_push ? c.Push(push) : c.Pull(pull);
+      for (uint64_t i = 0; i < n && st.ok(); ++i) {
+        st = is_push ? c.Push(push.items) : c.Pull(pull.items);
+      }
     }
     const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
     ThrowIfError(st);
@@ -251,6 +227,72 @@ class PyClient {
   int num_workers() const { return num_workers_; }
 
  private:
+  // A call's items and the caller's arrays they point into.
+  template <typename Item>
+  struct Call {
+    std::vector<Item> items;
+    std::vector<Buffer> held;
+  };
+
+  static Call<PushItem> PushItems(nb::handle items) {
+    Call<PushItem> call;
+    ForEachItem(items, 1, "push", [&](const PyTensor& t, const nb::tuple& item) {
+      Buffer b = BufferFrom(item[1], Access::kRead, "the gradient", t.name);
+      call.items.push_back({t.tensor, b.data, b.bytes, b.dtype, b.memory});
+      call.held.push_back(std::move(b));
+    });
+    return call;
+  }
+
+  static Call<PullItem> PullItems(nb::handle items, uint64_t min_version, uint64_t min_step) {
+    Call<PullItem> call;
+    ForEachItem(items, 1, "pull", [&](const PyTensor& t, const nb::tuple& item) {
+      Buffer b = BufferFrom(item[1], Access::kWrite, "the output", t.name);
+      call.items.push_back({t.tensor, b.data, b.bytes, min_version, b.dtype, min_step, b.memory});
+      call.held.push_back(std::move(b));
+    });
+    return call;
+  }
+
+  static Call<PushPullItem> PushPullItems(nb::handle items) {
+    Call<PushPullItem> call;
+    ForEachItem(items, 2, "push_pull", [&](const PyTensor& t, const nb::tuple& item) {
+      Buffer g = BufferFrom(item[1], Access::kRead, "the gradient", t.name);
+      Buffer w = BufferFrom(item[2], Access::kWrite, "the weights", t.name);
+      if (g.bytes != w.bytes || g.dtype != w.dtype || g.memory != w.memory) {
+        ThrowIfError(Status::InvalidArgument(
+            "push_pull of tensor '" + t.name +
+            "': the gradient and the weights differ in size, dtype or memory"));
+      }
+      call.items.push_back({t.tensor, g.data, w.data, g.bytes, g.dtype, g.memory});
+      call.held.push_back(std::move(g));
+      call.held.push_back(std::move(w));
+    });
+    return call;
+  }
+
+  template <typename Item, typename Start>
+  std::unique_ptr<PyFuture> Started(Call<Item> call, Start&& start) {
+    Client& c = client();
+    Future f = WithoutGil([&] { return start(c, call.items); });
+    return std::make_unique<PyFuture>(std::move(f), std::move(call.held), op_timeout_);
+  }
+
+  // Starts and waits in one release of the GIL, as Client::Push does: this
+  // thread drives the client's progress from the first moment, instead of
+  // handing the reply to the progress thread while it takes the GIL back.
+  template <typename Item, typename Start>
+  void Blocking(Call<Item> call, Start&& start) {
+    Client& c = client();
+    Future f;
+    Status st = WithoutGil([&] {
+      f = start(c, call.items);
+      return f.Wait();
+    });
+    if (!f.ready()) KeepForever(std::move(call.held));
+    ThrowIfError(st);
+  }
+
   std::unique_ptr<Client> client_;
   std::chrono::milliseconds op_timeout_;
   int num_workers_;
