@@ -8,15 +8,9 @@ set -euo pipefail
 : "${TESSERA_BIN:?}"
 here=$(cd "$(dirname "$0")" && pwd)
 example="$here/../examples/torch_digits.py"
-if [ -z "${TESSERA_PYTHON:-}" ]; then
-  echo "SKIP: built without the Python package (-Dpython)"
-  exit 77
-fi
-if ! "$TESSERA_PYTHON" -c "import torch, sklearn" 2>/dev/null; then
-  echo "SKIP: $TESSERA_PYTHON lacks torch or scikit-learn (tools/dev.sh test installs them)"
-  exit 77
-fi
-export PYTHONPATH="$TESSERA_PYTHONPATH${PYTHONPATH:+:$PYTHONPATH}"
+# shellcheck source=pypkg/python_env.sh
+. "$here/pypkg/python_env.sh"
+require_python_modules torch sklearn
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 

@@ -5,15 +5,9 @@
 set -euo pipefail
 : "${TESSERA_BIN:?}"
 here=$(cd "$(dirname "$0")" && pwd)
-if [ -z "${TESSERA_PYTHON:-}" ]; then
-  echo "SKIP: built without the Python package (-Dpython; it needs nanobind, see docs/python.md)"
-  exit 77
-fi
-if ! "$TESSERA_PYTHON" -c "import pytest, numpy, torch" 2>/dev/null; then
-  echo "SKIP: $TESSERA_PYTHON lacks pytest, numpy or torch (tools/dev.sh test makes .venv with them)"
-  exit 77
-fi
-export PYTHONPATH="$TESSERA_PYTHONPATH${PYTHONPATH:+:$PYTHONPATH}"
+# shellcheck source=python_env.sh
+. "$here/python_env.sh"
+require_python_modules pytest numpy torch
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 for transport in ${TESSERA_TRANSPORTS:-tcp ucx}; do
