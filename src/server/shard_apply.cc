@@ -58,6 +58,12 @@ Status Shard::ValidatePush(const Peer& peer, uint32_t flags, const wire::Push& m
     return Status::FailedPrecondition("push from the CUDA IPC slot, but " + peer.hello.task +
                                       " was offered none");
   }
+  // Only the chief initialises: an init push overwrites values and sets a
+  // sync chunk's step, which no other worker may do.
+  if ((flags & wire::kFlagInit) && peer.hello.worker_rank != 0) {
+    return Status::PermissionDenied("an initialising push from " + peer.hello.task +
+                                    ", which is not the chief (only the chief initialises)");
+  }
   const bool then_pull = flags & wire::kFlagThenPull;
   if (then_pull && (!inline_bytes || (flags & wire::kFlagInit))) {
     return Status::InvalidArgument(
