@@ -29,6 +29,17 @@ secret=$("$BIN" secret)
 "$BIN" secret --out "$dir/secret" 2>/dev/null
 [ "$(stat -c %a "$dir/secret")" = 600 ] || { echo "FAIL secret --out: not mode 600"; fails=$((fails + 1)); }
 expect_error "secret --out refuses to overwrite" "--force replaces it" "$BIN" secret --out "$dir/secret"
+# The reader key: derived from the secret, the same every time, never the secret.
+reader=$("$BIN" secret --reader --secret-file "$dir/secret")
+[ "$reader" = "$("$BIN" secret --reader --secret-file "$dir/secret")" ] &&
+  [ "${reader#tessera-reader-v1:}" != "$reader" ] && [ "${#reader}" -eq 82 ] &&
+  ! grep -qF "$(cat "$dir/secret")" <<<"$reader" ||
+  { echo "FAIL secret --reader: '$reader'"; fails=$((fails + 1)); }
+echo "$reader" > "$dir/reader"
+expect_error "secret --reader of a reader key" "reader key already" \
+  "$BIN" secret --reader --secret-file "$dir/reader"
+expect_error "server with a reader key" "reader key" \
+  env -u TESSERA_SECRET TESSERA_SECRET_FILE="$dir/reader" "$BIN" server --ps_hosts 127.0.0.1:1 --worker_hosts 127.0.0.1:2 --job ps --task 0
 
 export TESSERA_SECRET=$secret
 cluster='"cluster": {"ps": ["127.0.0.1:2222"], "worker": ["127.0.0.1:2223"]}'

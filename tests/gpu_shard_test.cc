@@ -11,11 +11,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <future>
 #include <string>
 #include <vector>
 
 #include "core/dtype.h"
 #include "gpu/cuda.h"
+#include "gpu/stream_order.h"
 #include "kernels/update.h"
 #include "tessera/client.h"
 #include "tessera/server.h"
@@ -431,6 +433,67 @@ TEST(GpuBuffers, CudaIpcToAShardProcessOnThisNode) {
   EXPECT_EQ(ca.put_bytes, 0u) << "bytes went over the fabric instead of CUDA IPC";
   EXPECT_GE(ca.cuda_ipc_bytes, rounds * n * 4);
   EXPECT_GE((*b)->counters().cuda_ipc_bytes, (rounds + 1) * n * 4);
+}
+
+// Calls ordered on the caller's CUDA stream: the push reads the gradient
+// only once the stream's work before it is done, and the stream's work
+// after the pull sees the pulled weights; nothing synchronises the host in
+// between. A host function holding the stream until the test lets it go
+// shows that the push waits for the stream, and can be cancelled meanwhile.
+TEST(GpuBuffers, StreamOrderedPushAndPull) {
+  if (Status gpu_st = gpu::Available(); !gpu_st.ok()) {
+    GTEST_SKIP() << "needs a GPU: " << gpu_st.message();
+  }
+  ASSERT_NE(std::getenv("TESSERA_BIN"), nullptr) << "run by meson, which sets TESSERA_BIN";
+  ClusterSpec spec;
+  ASSERT_TRUE(spec.AddJob("ps", {{"127.0.0.1", testing::UnusedPort()}}).ok());
+  ASSERT_TRUE(spec.AddJob("worker", {{"127.0.0.1", testing::UnusedPort()}}).ok());
+  testing::ShardProcesses shard(spec, kSecret, 1,
+                                {"--memory", "cuda", "--allow-host-staging", "--staging-mib", "8"});
+  ASSERT_TRUE(shard.started());
+  auto c = Client::Connect(WorkerOptions(spec, 0));
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  const size_t n = 1 << 20;  // 4 MiB: one-sided
+  TensorSpec t{"w", DType::kF32, {static_cast<int64_t>(n)}, UpdateRule::kAdd, {}, -1};
+  t.initial.assign(n * 4, 0);
+  auto w = (*c)->Declare(t).value();
+  ASSERT_TRUE((*c)->Initialize().ok());
+
+  std::vector<float> ones(n, 1.0f), got(n, -1.0f);
+  auto stream = gpu::Stream::Create(0).value();
+  auto source = gpu::DeviceBuffer::Allocate(n * 4, 0).value();
+  auto grad = gpu::DeviceBuffer::Allocate(n * 4, 0).value();
+  auto weights = gpu::DeviceBuffer::Allocate(n * 4, 0).value();
+  auto seen = gpu::DeviceBuffer::Allocate(n * 4, 0).value();
+  ASSERT_TRUE(gpu::Copy(source.data(), ones.data(), n * 4, stream).ok());
+  ASSERT_TRUE(gpu::Zero(grad.data(), n * 4, stream).ok());
+  ASSERT_TRUE(gpu::Zero(weights.data(), n * 4, stream).ok());
+  ASSERT_TRUE(stream.Synchronize().ok());
+
+  // Held: nothing enqueued from here on runs until `go`. Only device to
+  // device copies below, which never wait on the host.
+  std::promise<void> go;
+  std::shared_future<void> released = go.get_future().share();
+  ASSERT_TRUE(gpu::EnqueueHostCall(stream.handle(), [released] { released.wait(); }).ok());
+  ASSERT_TRUE(gpu::Copy(grad.data(), source.data(), n * 4, stream).ok());  // the "backward"
+  const CallOptions on{stream.handle()};
+  Future push = (*c)->PushAsync({{w, grad.data(), n * 4, DType::kF32}}, on);
+  Future cancelled = (*c)->PushAsync({{w, grad.data(), n * 4, DType::kF32}}, on);
+  Future pull = (*c)->PullAsync({{w, weights.data(), n * 4, 2, DType::kF32}}, on);
+  ASSERT_TRUE(gpu::Copy(seen.data(), weights.data(), n * 4, stream).ok());  // the "forward"
+  EXPECT_TRUE(cancelled.Cancel()) << "the stream had not reached the second push";
+  EXPECT_FALSE(push.ready()) << "the push ran before the stream's work before it";
+  go.set_value();
+
+  ASSERT_TRUE(push.Wait().ok()) << push.Wait();
+  EXPECT_EQ(cancelled.Wait().code(), StatusCode::kCancelled);
+  ASSERT_TRUE(pull.Wait().ok()) << pull.Wait();
+  ASSERT_TRUE(stream.Synchronize().ok());
+  ASSERT_TRUE(gpu::Copy(got.data(), seen.data(), n * 4, stream).ok());
+  ASSERT_TRUE(stream.Synchronize().ok());
+  size_t wrong = 0;
+  for (size_t i = 0; i < n; ++i) wrong += got[i] != 1.0f;
+  EXPECT_EQ(wrong, 0u) << "the stream's work after the pull did not see one push's weights";
 }
 
 }  // namespace

@@ -55,6 +55,59 @@ TEST(Handshake, ChallengeCarriesNothingDerivedFromTheSecret) {
   EXPECT_NE(from_a, from_b) << "the server nonce must be fresh";
 }
 
+wire::Hello ReaderHello() {
+  wire::Hello hello;
+  hello.role = wire::PeerRole::kReader;
+  hello.task = "/job:evaluator/task:0";
+  hello.cluster = R"({"ps":["h:1"],"worker":["h:2","h:3"]})";
+  return hello;
+}
+
+// The reader key is derived one way from the secret: the same for every
+// task, never the secret itself, and useless for a worker's hello.
+TEST(Handshake, ReaderKeyIsDerivedOneWay) {
+  const std::string key = ReaderKey(kSecret);
+  EXPECT_TRUE(key.starts_with(kReaderKeyPrefix)) << key;
+  EXPECT_EQ(key.size(), kReaderKeyPrefix.size() + 64);
+  EXPECT_EQ(key, ReaderKey(kSecret));
+  EXPECT_NE(key, ReaderKey("another secret, quite different!"));
+  EXPECT_EQ(key.find(kSecret), std::string::npos);
+  EXPECT_EQ(ReaderKey(key), key) << "a reader key is its own reader key";
+  EXPECT_TRUE(IsReaderKey(key));
+  EXPECT_FALSE(IsReaderKey(kSecret));
+}
+
+TEST(Handshake, ReaderProvesItselfWithTheReaderKeyOnly) {
+  // Given the reader key or the secret, a reader's hello is proved with the key.
+  for (const std::string& given : {ReaderKey(kSecret), kSecret}) {
+    ClientHandshake reader(given, ReaderHello());
+    ServerHandshake server(kSecret);
+    auto challenge = Wire(server.OnHello(Wire(reader.hello()), 0));
+    ASSERT_TRUE(server.CheckAuth(Wire(reader.Answer(challenge)), "h:9").ok());
+    wire::Welcome welcome;
+    welcome.server_proof = server.ServerProof();
+    EXPECT_TRUE(reader.CheckWelcome(Wire(welcome), 0, "/job:ps/task:0").ok());
+  }
+  // The reader key does not pass for a worker: a worker's hello proved
+  // with it fails, and so does one changed to a worker's on the way.
+  ClientHandshake impostor(ReaderKey(kSecret), WorkerHello());
+  ServerHandshake server(kSecret);
+  auto challenge = server.OnHello(Wire(impostor.hello()), 0);
+  Status st = server.CheckAuth(impostor.Answer(challenge), "h:9");
+  EXPECT_EQ(st.code(), StatusCode::kPermissionDenied);
+  ClientHandshake reader(ReaderKey(kSecret), ReaderHello());
+  wire::Hello promoted = reader.hello();
+  promoted.role = wire::PeerRole::kWorker;
+  ServerHandshake other(kSecret);
+  auto challenge2 = other.OnHello(promoted, 0);
+  EXPECT_FALSE(other.CheckAuth(reader.Answer(challenge2), "h:9").ok());
+  // A reader with a wrong key is refused, saying which key it lacks.
+  ClientHandshake stranger(ReaderKey("not the cluster's secret at all!"), ReaderHello());
+  ServerHandshake third(kSecret);
+  Status refused = third.CheckAuth(stranger.Answer(third.OnHello(stranger.hello(), 0)), "h:9");
+  EXPECT_NE(refused.message().find("reader key"), std::string::npos) << refused.ToString();
+}
+
 TEST(Handshake, WrongSecretIsRefusedByTheServer) {
   ClientHandshake client("a guess at the secret, 32 bytes!", WorkerHello());
   ServerHandshake server(kSecret);

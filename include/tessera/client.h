@@ -220,6 +220,20 @@ struct TESSERA_EXPORT PushPullItem {
   ChunkPart chunks = {};
 };
 
+// How a call is ordered with the caller's own work.
+struct TESSERA_EXPORT CallOptions {
+  // A cudaStream_t (as void*: this header needs no CUDA), or null for none.
+  // The call starts once the work enqueued on the stream before it is done
+  // (the kernels that wrote a gradient), and the work enqueued on it after
+  // the call runs once the call completed (the kernels that read the pulled
+  // weights); neither the caller's thread nor the stream is synchronised
+  // with the host for it. The Future completes as usual and tells how the
+  // call ended: a failed or cancelled call lets the stream go on all the
+  // same. Needs a build with CUDA, a GPU, and a driver with stream memory
+  // operations; where they are missing the call fails saying which.
+  void* cuda_stream = nullptr;
+};
+
 // A chunk of a push that its shard dropped, as TensorFlow's
 // SyncReplicasOptimizer drops them (sync tensors only). kStale: its step had
 // been applied, or already had its replicas (a late or backup worker);
@@ -240,6 +254,13 @@ class TESSERA_EXPORT Future {
   Status Wait() const;
   Status WaitFor(std::chrono::milliseconds limit) const;
   bool ready() const;
+  // Cancels the call if it has not started yet: it then completes with
+  // StatusCode::kCancelled, none of its bytes moved, and Cancel returns true.
+  // A call waits to start while the client's progress thread is busy, behind
+  // the control calls made before it (DeclareAsync, InitializeAsync), or,
+  // ordered on a CUDA stream (CallOptions), until the stream reaches it. A
+  // call already started, or complete, goes on: Cancel returns false.
+  bool Cancel() const;
   // Runs fn once complete (at once if it already is); a fn set before then
   // runs before Wait returns and before ready() turns true. It may run on
   // the client's progress thread: it must not block, nor call the Client.
@@ -264,7 +285,14 @@ TESSERA_EXPORT Status WaitAll(const std::vector<Future>& futures);
 struct TESSERA_EXPORT ClientOptions {
   ClusterSpec cluster;
   TaskId task{"worker", 0};
-  std::string secret;              // the cluster secret, at least 16 bytes
+  std::string secret;  // the cluster secret, at least 16 bytes
+  // A read-only client (an evaluator, an inference reader): it looks up
+  // tensors the workers declared and pulls them, and can neither push nor
+  // initialise. Its task need not be in the cluster spec (any job name,
+  // e.g. {"evaluator", 0}), which must agree with the shards' only on the
+  // ps and coordinator tasks. `secret` may be the cluster secret or only its
+  // reader key (`tessera secret --reader`), which lets nothing else in.
+  bool read_only = false;
   bool allow_weak_secret = false;  // accept a shorter one (TESSERA_ALLOW_WEAK_SECRET=1)
   // "tcp" (Tessera's own sockets), "ucx" (shared memory, RDMA; its tcp only
   // on loopback, see docs/security.md), "verbs", or "auto".
@@ -303,6 +331,8 @@ struct TESSERA_EXPORT ClientOptions {
   //    else TF_CONFIG;
   //  - the secret: TESSERA_SECRET, else the file TESSERA_SECRET_FILE names;
   //    TESSERA_ALLOW_WEAK_SECRET=1 allows a short one;
+  //  - read_only: for an "evaluator" task (TensorFlow's, which TF_CONFIG may
+  //    leave out of the cluster), or TESSERA_READ_ONLY=1;
   //  - the transport: TESSERA_TRANSPORT (tcp when unset);
   //  - the log level: TESSERA_LOG_LEVEL, checked here.
   // An error names the variable or flag that is missing or wrong.
@@ -331,22 +361,39 @@ class TESSERA_EXPORT Client {
   static Result<std::unique_ptr<Client>> Connect(const ClientOptions& options);
   ~Client();
 
+  // Declares tensors: the first declaration places them, later ones (on
+  // any worker) must match. A read-only client's declare looks them up
+  // instead: each must be declared already with this dtype and shape.
   Result<Tensor> Declare(const TensorSpec& spec);
   Result<std::vector<Tensor>> DeclareMany(const std::vector<TensorSpec>& specs);
+  // The control calls without waiting. They run one at a time, in the order
+  // they were made (blocking Declare, Initialize and WaitForInit among them),
+  // so DeclareManyAsync then InitializeAsync initialises what was declared;
+  // one still queued may be cancelled. Once the Future completes OK,
+  // `tensor`/`tensors` (may be null; they must outlive the Future) hold the
+  // handles, as Find would give them.
+  Future DeclareAsync(const TensorSpec& spec, Tensor* tensor = nullptr);
+  Future DeclareManyAsync(const std::vector<TensorSpec>& specs,
+                          std::vector<Tensor>* tensors = nullptr);
   Result<Tensor> Find(const std::string& name) const;
   // What the tensor is and where its chunks live; an error for a handle
   // this client did not declare.
   Result<TensorInfo> info(Tensor t) const;
 
   bool is_chief() const;
+  // Whether this client is read-only (ClientOptions::read_only): it may
+  // declare (look up) tensors, wait for init, read the global step and pull.
+  bool read_only() const;
   // Chief only: writes every declared tensor's initial value, then lets the
   // other workers' WaitForInit return. Tensors the cluster restored from a
   // checkpoint keep their restored values; a cluster initialised already (a
   // restarted chief) is left as it is.
   Status Initialize();
+  Future InitializeAsync();
   // The global step of the checkpoint the cluster resumed from, if it did.
   std::optional<uint64_t> restored_step() const;
   Status WaitForInit(std::chrono::milliseconds timeout = std::chrono::milliseconds{60'000});
+  Future WaitForInitAsync(std::chrono::milliseconds timeout = std::chrono::milliseconds{60'000});
 
   Future PushAsync(const std::vector<PushItem>& items);
   // A push tagged with the worker's step (sync and bounded tensors; steps
@@ -364,6 +411,11 @@ class TESSERA_EXPORT Client {
     return st;
   }
   Future PullAsync(const std::vector<PullItem>& items);
+  // The asynchronous calls ordered as `call` says (a CUDA stream).
+  Future PushAsync(const std::vector<PushItem>& items, const CallOptions& call);
+  Future PushAsync(const std::vector<PushItem>& items, uint64_t step, const CallOptions& call);
+  Future PullAsync(const std::vector<PullItem>& items, const CallOptions& call);
+  Future PushPullAsync(const std::vector<PushPullItem>& items, const CallOptions& call);
   // Pushes, then pulls each tensor's value with this push applied (async and
   // bounded tensors; a sync tensor is refused: push it with its step, then
   // pull after that step). Where a shard's part travels inline

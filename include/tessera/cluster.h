@@ -74,8 +74,10 @@ class TESSERA_EXPORT ClusterSpec {
   // What differs between this spec and `theirs` in what every task must
   // agree on: the ps and coordinator tasks, in order, and how many workers
   // there are, with or without a chief ("" when they agree). Workers'
-  // addresses may differ: no task connects to a worker.
-  std::string DifferenceFrom(const ClusterSpec& theirs) const;
+  // addresses may differ: no task connects to a worker. Without
+  // `workers_too`, only the ps and coordinator tasks (what a read-only
+  // client must agree on).
+  std::string DifferenceFrom(const ClusterSpec& theirs, bool workers_too = true) const;
   std::string ToJson() const;
 
  private:

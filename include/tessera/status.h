@@ -33,6 +33,7 @@ enum class StatusCode : int {
   kAborted,
   kUnimplemented,
   kInternal,
+  kCancelled,  // the caller cancelled the call before it started (Future::Cancel)
 };
 
 TESSERA_EXPORT const char* StatusCodeName(StatusCode code);
@@ -66,6 +67,7 @@ class [[nodiscard]] TESSERA_EXPORT Status {
   static Status Aborted(std::string m) { return {StatusCode::kAborted, std::move(m)}; }
   static Status Unimplemented(std::string m) { return {StatusCode::kUnimplemented, std::move(m)}; }
   static Status Internal(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
+  static Status Cancelled(std::string m) { return {StatusCode::kCancelled, std::move(m)}; }
 
   bool ok() const { return code_ == StatusCode::kOk; }
   StatusCode code() const { return code_; }

@@ -23,6 +23,23 @@ Result<std::vector<Tensor>> Client::DeclareMany(const std::vector<TensorSpec>& s
   return impl_->DeclareMany(specs);
 }
 
+Future Client::DeclareAsync(const TensorSpec& spec, Tensor* tensor) {
+  if (tensor == nullptr) return impl_->DeclareManyAsync({spec}, nullptr);
+  // One handle wanted: the job fills a vector of one, kept by the future's
+  // continuation, which hands the handle over before Wait returns.
+  auto out = std::make_shared<std::vector<Tensor>>();
+  Future f = impl_->DeclareManyAsync({spec}, out.get());
+  f.Then([out, tensor](const Status& st) {
+    if (st.ok() && !out->empty()) *tensor = out->front();
+  });
+  return f;
+}
+
+Future Client::DeclareManyAsync(const std::vector<TensorSpec>& specs,
+                                std::vector<Tensor>* tensors) {
+  return impl_->DeclareManyAsync(specs, tensors);
+}
+
 Result<Tensor> Client::Find(const std::string& name) const {
   std::lock_guard<std::mutex> lock(impl_->tensors_mu_);
   auto it = impl_->by_name_.find(name);
@@ -49,7 +66,12 @@ Result<TensorInfo> Client::info(Tensor t) const {
 }
 
 bool Client::is_chief() const { return impl_->worker_rank_ == 0; }
+bool Client::read_only() const { return impl_->options_.read_only; }
 Status Client::Initialize() { return impl_->Initialize(); }
+Future Client::InitializeAsync() { return impl_->InitializeAsync(); }
+Future Client::WaitForInitAsync(std::chrono::milliseconds timeout) {
+  return impl_->WaitForInitAsync(timeout);
+}
 std::optional<uint64_t> Client::restored_step() const {
   std::lock_guard<std::mutex> lock(impl_->tensors_mu_);
   return impl_->restored_step_;
@@ -65,14 +87,27 @@ Status Client::WaitForInit(std::chrono::milliseconds timeout) {
   return impl_->WaitForInit(timeout);
 }
 Future Client::PushAsync(const std::vector<PushItem>& items) {
-  return impl_->Push(items, 0, std::nullopt);
+  return impl_->Push(items, 0, std::nullopt, {});
 }
 Future Client::PushAsync(const std::vector<PushItem>& items, uint64_t step) {
-  return impl_->Push(items, 0, step);
+  return impl_->Push(items, 0, step, {});
 }
-Future Client::PullAsync(const std::vector<PullItem>& items) { return impl_->Pull(items); }
+Future Client::PullAsync(const std::vector<PullItem>& items) { return impl_->Pull(items, {}); }
 Future Client::PushPullAsync(const std::vector<PushPullItem>& items) {
-  return impl_->PushPull(items);
+  return impl_->PushPull(items, {});
+}
+Future Client::PushAsync(const std::vector<PushItem>& items, const CallOptions& call) {
+  return impl_->Push(items, 0, std::nullopt, call);
+}
+Future Client::PushAsync(const std::vector<PushItem>& items, uint64_t step,
+                         const CallOptions& call) {
+  return impl_->Push(items, 0, step, call);
+}
+Future Client::PullAsync(const std::vector<PullItem>& items, const CallOptions& call) {
+  return impl_->Pull(items, call);
+}
+Future Client::PushPullAsync(const std::vector<PushPullItem>& items, const CallOptions& call) {
+  return impl_->PushPull(items, call);
 }
 int Client::num_shards() const { return impl_->options_.cluster.num_tasks("ps"); }
 

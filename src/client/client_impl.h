@@ -19,6 +19,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "client/control_queue.h"
 #include "client/future_state.h"
 #include "client/silence_meter.h"
 #include "client/staging_allocator.h"
@@ -39,12 +40,24 @@ class Client::Impl {
   ~Impl();
 
   Status Start();
+  // The control calls, on the control queue (control_queue.h): blocking
+  // forms wait for theirs, so that both are ordered alike.
   Result<std::vector<Tensor>> DeclareMany(const std::vector<TensorSpec>& specs);
-  Status Initialize();
-  Status WaitForInit(std::chrono::milliseconds timeout);
+  Future DeclareManyAsync(std::vector<TensorSpec> specs, std::vector<Tensor>* tensors);
+  Status Initialize() {
+    return control_.Submit([this] { return InitializeNow(); }).Wait();
+  }
+  Future InitializeAsync() {
+    return control_.Submit([this] { return InitializeNow(); });
+  }
+  Status WaitForInit(std::chrono::milliseconds timeout) { return WaitForInitAsync(timeout).Wait(); }
+  Future WaitForInitAsync(std::chrono::milliseconds timeout) {
+    return control_.Submit([this, timeout] { return WaitForInitNow(timeout); });
+  }
   Status SetHyperparams(Tensor t, const Hyperparams& hyper);
   Result<uint64_t> GlobalStep();
   Result<Client::CheckpointInfo> SaveCheckpoint(std::chrono::milliseconds timeout) {
+    if (options_.read_only) return ReadOnlyRefusal("ask for a checkpoint");
     auto saved = CallCoordinator<wire::SaveCheckpoint, wire::CheckpointSaved>(
         wire::SaveCheckpoint{}, timeout);
     if (!saved.ok()) return saved.status();
@@ -52,9 +65,10 @@ class Client::Impl {
   }
   // `step`: the worker's step; none for a push without one, which sync
   // tensors refuse.
-  Future Push(const std::vector<PushItem>& items, uint32_t flags, std::optional<uint64_t> step);
-  Future Pull(const std::vector<PullItem>& items);
-  Future PushPull(const std::vector<PushPullItem>& items);
+  Future Push(const std::vector<PushItem>& items, uint32_t flags, std::optional<uint64_t> step,
+              const CallOptions& call);
+  Future Pull(const std::vector<PullItem>& items, const CallOptions& call);
+  Future PushPull(const std::vector<PushPullItem>& items, const CallOptions& call);
 
   struct Chunk {
     int shard;
@@ -83,7 +97,9 @@ class Client::Impl {
   int worker_rank_ = 0;
   std::unique_ptr<transport::Context> ctx_;
   std::shared_ptr<ProgressDriver> driver_;  // over ctx_, for Future::Wait
+  std::shared_ptr<LoopPoster> poster_;      // over ctx_, for CUDA's host functions
 
+  client::ControlQueue control_;
   std::atomic<uint64_t> dropped_stale_{0}, dropped_duplicate_{0};  // sync push outcomes
   // GPU buffers (see ClientCounters).
   Status fabric_gpu_;        // whether the fabric reaches GPU memory, else why not
@@ -100,6 +116,11 @@ class Client::Impl {
   std::unordered_map<std::string, uint32_t> by_name_;
 
  private:
+  // The control calls themselves, on the control queue's thread.
+  Result<std::vector<Tensor>> DeclareNow(const std::vector<TensorSpec>& specs);
+  Status InitializeNow();
+  Status WaitForInitNow(std::chrono::milliseconds timeout);
+
   using Frame = std::vector<uint8_t>;
   using ReplyFn = std::function<void(Status, const wire::Header&, std::span<const uint8_t>)>;
 
@@ -216,20 +237,33 @@ class Client::Impl {
   // which finishes `op` once (op->Finish) when that part is done; returns
   // the future that finishes when all did. A template, and the op itself
   // rather than a wrapped callback: no allocation per call or part for it.
+  // Ordered on a CUDA stream (`call`), the parts are issued once the stream
+  // reaches the call (OrderOnStream).
   template <typename Issue>
-  Future FanOut(ByShard by_shard, Issue issue) {
+  Future FanOut(ByShard by_shard, Issue issue, const CallOptions& call) {
     auto op = NewOp();
-    op->Add(1);  // held until every part is issued
-    ctx_->Post([op, by_shard = std::move(by_shard), issue = std::move(issue)]() mutable {
+    op->Add(1);                                  // held until every part is issued
+    op->start = Future::State::Start::kPending;  // cancellable until it is issued
+    auto start = [op, by_shard = std::move(by_shard), issue = std::move(issue)]() mutable {
+      if (!op->TryStart()) return;  // cancelled: Cancel finished it
       for (size_t s = 0; s < by_shard.size(); ++s) {
         if (by_shard[s].empty()) continue;
         op->Add(1);
         issue(static_cast<int>(s), std::move(by_shard[s]), op);
       }
       op->Finish(Status::Ok());
-    });
+    };
+    if (call.cuda_stream == nullptr) {
+      ctx_->Post(std::move(start));
+    } else if (Status st = OrderOnStream(call.cuda_stream, op, std::move(start)); !st.ok()) {
+      if (op->TryStart()) op->Finish(st);
+    }
     return Future(op);
   }
+  // Runs `start` on the loop thread once `stream` reached it, and makes the
+  // stream's later work wait until `op` completed (src/gpu/stream_order.h).
+  Status OrderOnStream(void* stream, const std::shared_ptr<Future::State>& op,
+                       std::function<void()> start);
   static Status CheckPart(const ChunkPart& p, const TensorEntry& e) {
     if (p.parts == 0 || p.part >= p.parts) {
       return Status::InvalidArgument("tensor '" + e.decl.name + "': chunk part " +
@@ -297,6 +331,11 @@ class Client::Impl {
   // The same with tensors_mu_ held by the caller (one lock for a whole batch).
   Result<const TensorEntry*> LookupLocked(Tensor t, size_t bytes, std::optional<DType> dtype,
                                           bool check_bytes = true) const;
+  // What a read-only client says when asked to write: `what` ("push").
+  Status ReadOnlyRefusal(const std::string& what) const {
+    return Status::FailedPrecondition(task_.ToString() + " is a read-only client: it cannot " +
+                                      what + " (ClientOptions::read_only)");
+  }
   std::shared_ptr<Future::State> NewOp() const {
     auto st = std::make_shared<Future::State>();
     st->timeout = options_.op_timeout;
@@ -313,6 +352,7 @@ class Client::Impl {
   std::condition_variable coord_cv_;
   bool coord_up_ = false;
   uint64_t coord_reached_ = 0;
+  bool closing_ = false;  // the client is being destroyed: nobody waits for the coordinator
   std::unordered_map<transport::Endpoint*, int> shard_of_;
   std::unordered_map<uint64_t, PendingRequest> pending_;
   uint64_t next_request_ = 1;
@@ -385,7 +425,8 @@ Result<ReplyMsg> Client::Impl::CallCoordinator(const Msg& msg, std::chrono::mill
     std::unique_lock<std::mutex> lock(coord_mu_);
     if (coord_up_ && coord_reached_ == reached) return r;  // the coordinator itself said so
     const bool back =
-        coord_cv_.wait_until(lock, deadline, [&] { return coord_reached_ != reached; });
+        coord_cv_.wait_until(lock, deadline, [&] { return coord_reached_ != reached || closing_; });
+    if (closing_) return Status::Aborted("the client was destroyed before this call completed");
     if (!back) {
       return Status::Unavailable(r.status().message() + "; not reached again within " +
                                  std::to_string(timeout.count()) + " ms");

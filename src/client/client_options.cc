@@ -83,6 +83,15 @@ Result<ClientOptions> ClientOptions::FromEnv(int argc, const char* const* argv) 
   ClientOptions options;
   options.cluster = cfg->cluster;
   options.task = cfg->task;
+  // TensorFlow's evaluator reads what the workers train: here it pulls.
+  options.read_only = cfg->task.job == "evaluator";
+  if (const char* ro = std::getenv("TESSERA_READ_ONLY"); ro && *ro) {
+    const std::string_view v = ro;
+    if (v != "0" && v != "1") {
+      return Status::InvalidArgument("TESSERA_READ_ONLY='" + std::string(v) + "': expected 0 or 1");
+    }
+    options.read_only = options.read_only || v == "1";
+  }
   auto secret = LoadSecret();
   if (!secret.ok()) return secret.status();
   options.secret = *secret;

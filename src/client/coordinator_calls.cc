@@ -5,7 +5,8 @@
 
 namespace tessera {
 
-Status Client::Impl::Initialize() {
+Status Client::Impl::InitializeNow() {
+  if (options_.read_only) return ReadOnlyRefusal("initialise the parameters");
   if (worker_rank_ != 0) {
     return Status::FailedPrecondition(task_.ToString() + " is not the chief (" +
                                       options_.cluster.chief().ToString() +
@@ -55,7 +56,7 @@ Status Client::Impl::Initialize() {
   }
   if (!items.empty()) {
     TESSERA_RETURN_IF_ERROR(
-        Push(items, wire::kFlagInit, cluster_step).Wait().WithContext("initialising"));
+        Push(items, wire::kFlagInit, cluster_step, {}).Wait().WithContext("initialising"));
   }
   auto ack = CallCoordinator<wire::InitDone, wire::Ack>(wire::InitDone{}, options_.op_timeout);
   if (!ack.ok()) return ack.status();
@@ -65,6 +66,7 @@ Status Client::Impl::Initialize() {
 }
 
 Status Client::Impl::SetHyperparams(Tensor t, const Hyperparams& hyper) {
+  if (options_.read_only) return ReadOnlyRefusal("change hyper-parameters");
   if (worker_rank_ != 0) {
     return Status::FailedPrecondition(task_.ToString() + " is not the chief; only " +
                                       options_.cluster.chief().ToString() +
@@ -102,7 +104,7 @@ Result<uint64_t> Client::Impl::GlobalStep() {
   return reply->global_step;
 }
 
-Status Client::Impl::WaitForInit(std::chrono::milliseconds timeout) {
+Status Client::Impl::WaitForInitNow(std::chrono::milliseconds timeout) {
   auto ack = CallCoordinator<wire::WaitInit, wire::Ack>(wire::WaitInit{}, timeout);
   if (ack.ok()) return Status::Ok();
   if (ack.status().code() == StatusCode::kDeadlineExceeded) {

@@ -44,6 +44,8 @@ std::vector<DroppedChunk> Future::dropped() const {
   return state_->ready.load() ? state_->dropped : std::vector<DroppedChunk>{};
 }
 
+bool Future::Cancel() const { return state_ && state_->Cancel(); }
+
 bool Future::ready() const { return state_ && state_->ready.load(std::memory_order_acquire); }
 
 void Future::Then(std::function<void(Status)> fn) const {

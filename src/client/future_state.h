@@ -48,6 +48,29 @@ class ProgressDriver {
   std::atomic<bool> closed_{false};
 };
 
+// Posts onto the client's progress thread for as long as the client exists,
+// from any thread: CUDA's host functions start stream-ordered calls through
+// it, and may run after the client is gone.
+class LoopPoster {
+ public:
+  explicit LoopPoster(transport::Context* ctx) : ctx_(ctx) {}
+  // False once closed: `fn` is dropped.
+  bool Post(std::function<void()> fn) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (ctx_ == nullptr) return false;
+    ctx_->Post(std::move(fn));
+    return true;
+  }
+  void Close() {
+    std::lock_guard<std::mutex> lock(mu_);
+    ctx_ = nullptr;
+  }
+
+ private:
+  std::mutex mu_;
+  transport::Context* ctx_;
+};
+
 struct Future::State {
   std::mutex mu;
   std::condition_variable cv;
@@ -62,6 +85,26 @@ struct Future::State {
   std::vector<DroppedChunk> dropped;  // a push's, guarded by mu
   std::chrono::milliseconds timeout{60'000};
   std::shared_ptr<ProgressDriver> driver;  // null for futures failed at once
+
+  // Whether the call has started. One that waits to (posted to the loop
+  // thread, queued behind other control calls, or waiting for the work
+  // before it on a CUDA stream) may be cancelled until then; whoever starts
+  // it calls TryStart first. Futures made any other way start started.
+  enum class Start : uint8_t { kPending, kStarted, kCancelled };
+  std::atomic<Start> start{Start::kStarted};
+  // False when the call was cancelled: it must not start.
+  bool TryStart() {
+    Start expect = Start::kPending;
+    return start.compare_exchange_strong(expect, Start::kStarted) || expect == Start::kStarted;
+  }
+  // Cancels a call that has not started: it completes with Cancelled. The
+  // part held for its start (Add(1) before it was posted) is finished here.
+  bool Cancel() {
+    Start expect = Start::kPending;
+    if (!start.compare_exchange_strong(expect, Start::kCancelled)) return false;
+    Finish(Status::Cancelled("the call was cancelled before it started"));
+    return true;
+  }
 
   void Add(int n = 1) {
     std::lock_guard<std::mutex> lock(mu);

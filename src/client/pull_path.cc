@@ -150,13 +150,15 @@ void Client::Impl::AcceptPullReply(int shard, std::vector<ChunkIo> ios, wire::Pu
   }
 }
 
-Future Client::Impl::Pull(const std::vector<PullItem>& items) {
+Future Client::Impl::Pull(const std::vector<PullItem>& items, const CallOptions& call) {
   auto by_shard = SplitByShard(items, "pull", [](const TensorEntry&) { return Status::Ok(); });
   if (!by_shard.ok()) return FailedFuture(by_shard.status());
-  return FanOut(std::move(*by_shard), [this](int shard, std::vector<ChunkIo> ios,
-                                             const std::shared_ptr<Future::State>& op) {
-    PullFromShard(shard, std::move(ios), [op](const Status& st) { op->Finish(st); });
-  });
+  return FanOut(
+      std::move(*by_shard),
+      [this](int shard, std::vector<ChunkIo> ios, const std::shared_ptr<Future::State>& op) {
+        PullFromShard(shard, std::move(ios), [op](const Status& st) { op->Finish(st); });
+      },
+      call);
 }
 
 }  // namespace tessera

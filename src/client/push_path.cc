@@ -288,7 +288,8 @@ void Client::Impl::PushThroughSlot(int shard, std::vector<ChunkIo> ios, uint32_t
 }
 
 Future Client::Impl::Push(const std::vector<PushItem>& items, uint32_t flags,
-                          std::optional<uint64_t> tagged_step) {
+                          std::optional<uint64_t> tagged_step, const CallOptions& call) {
+  if (options_.read_only) return FailedFuture(ReadOnlyRefusal("push"));
   const uint64_t step = tagged_step.value_or(0);
   auto by_shard = SplitByShard(items, "push", [&](const TensorEntry& e) {
     if (e.decl.mode.kind != Consistency::kSync || tagged_step || (flags & wire::kFlagInit)) {
@@ -315,14 +316,16 @@ Future Client::Impl::Push(const std::vector<PushItem>& items, uint32_t flags,
   const auto first = static_cast<int>(
       std::find_if(by_shard->begin(), by_shard->end(), [](const auto& l) { return !l.empty(); }) -
       by_shard->begin());
-  return FanOut(std::move(*by_shard), [this, flags, step, counts, sync_parts, first, holds_sync](
-                                          int shard, std::vector<ChunkIo> ios,
-                                          const std::shared_ptr<Future::State>& op) {
-    uint32_t parts = 0;
-    if (counts) parts = sync_parts > 0 ? (holds_sync(ios) ? sync_parts : 0) : shard == first;
-    PushToShard(shard, std::move(ios), flags, PushStep{step, parts}, op,
-                [op](const Status& st, const std::vector<uint64_t>&) { op->Finish(st); });
-  });
+  return FanOut(
+      std::move(*by_shard),
+      [this, flags, step, counts, sync_parts, first, holds_sync](
+          int shard, std::vector<ChunkIo> ios, const std::shared_ptr<Future::State>& op) {
+        uint32_t parts = 0;
+        if (counts) parts = sync_parts > 0 ? (holds_sync(ios) ? sync_parts : 0) : shard == first;
+        PushToShard(shard, std::move(ios), flags, PushStep{step, parts}, op,
+                    [op](const Status& st, const std::vector<uint64_t>&) { op->Finish(st); });
+      },
+      call);
 }
 
 }  // namespace tessera

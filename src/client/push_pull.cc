@@ -25,7 +25,8 @@ void Client::Impl::PushThenPullInline(int shard, const std::vector<ChunkIo>& gra
           });
 }
 
-Future Client::Impl::PushPull(const std::vector<PushPullItem>& items) {
+Future Client::Impl::PushPull(const std::vector<PushPullItem>& items, const CallOptions& call) {
+  if (options_.read_only) return FailedFuture(ReadOnlyRefusal("push_pull"));
   auto by_shard = SplitByShard(items, "push_pull", [](const TensorEntry& e) {
     if (e.decl.mode.kind != Consistency::kSync) return Status::Ok();
     // Its gradient counts towards a step, which push_pull does not carry:
@@ -36,28 +37,31 @@ Future Client::Impl::PushPull(const std::vector<PushPullItem>& items) {
         "after that step (PullItem::AfterStep(..., step + 1))");
   });
   if (!by_shard.ok()) return FailedFuture(by_shard.status());
-  return FanOut(std::move(*by_shard), [this](int shard, std::vector<ChunkIo> push,
-                                             const std::shared_ptr<Future::State>& op) {
-    auto done = [op](const Status& st) { op->Finish(st); };
-    // The same chunks, read back into the weights' buffer.
-    std::vector<ChunkIo> pull;
-    pull.reserve(push.size());
-    for (const auto& io : push) pull.push_back({io.chunk, io.out, 0, 0, io.tensor, io.out_on_gpu});
-    if (TravelsInline(push)) {
-      // One round trip: the shard answers the push with the weights.
-      return PushThenPullInline(shard, push, std::move(pull), done);
-    }
-    // Larger: the push, then a pull of at least the version it produced.
-    PushToShard(shard, std::move(push), 0, PushStep{}, op,
-                [this, shard, pull = std::move(pull), done](
-                    const Status& st, std::vector<uint64_t> versions) mutable {
-                  if (!st.ok()) return done(st);
-                  for (size_t i = 0; i < pull.size() && i < versions.size(); ++i) {
-                    pull[i].min_version = versions[i];
-                  }
-                  PullFromShard(shard, std::move(pull), done);
-                });
-  });
+  return FanOut(
+      std::move(*by_shard),
+      [this](int shard, std::vector<ChunkIo> push, const std::shared_ptr<Future::State>& op) {
+        auto done = [op](const Status& st) { op->Finish(st); };
+        // The same chunks, read back into the weights' buffer.
+        std::vector<ChunkIo> pull;
+        pull.reserve(push.size());
+        for (const auto& io : push)
+          pull.push_back({io.chunk, io.out, 0, 0, io.tensor, io.out_on_gpu});
+        if (TravelsInline(push)) {
+          // One round trip: the shard answers the push with the weights.
+          return PushThenPullInline(shard, push, std::move(pull), done);
+        }
+        // Larger: the push, then a pull of at least the version it produced.
+        PushToShard(shard, std::move(push), 0, PushStep{}, op,
+                    [this, shard, pull = std::move(pull), done](
+                        const Status& st, std::vector<uint64_t> versions) mutable {
+                      if (!st.ok()) return done(st);
+                      for (size_t i = 0; i < pull.size() && i < versions.size(); ++i) {
+                        pull[i].min_version = versions[i];
+                      }
+                      PullFromShard(shard, std::move(pull), done);
+                    });
+      },
+      call);
 }
 
 }  // namespace tessera

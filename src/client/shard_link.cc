@@ -12,7 +12,20 @@
 namespace tessera {
 
 Client::Impl::~Impl() {
-  if (!ctx_) return;
+  // Control calls still queued fail now; the one running ends as its round
+  // trips fail below, and is waited for before the context goes.
+  control_.Shutdown(Status::Aborted("the client was destroyed before this call started"));
+  {
+    std::lock_guard<std::mutex> lock(coord_mu_);
+    closing_ = true;
+  }
+  coord_cv_.notify_all();
+  // A stream-ordered call whose stream reaches it from now on fails at once.
+  if (poster_) poster_->Close();
+  if (!ctx_) {
+    control_.Join();
+    return;
+  }
   SayBye();
   std::promise<void> closed;
   ctx_->Post([this, &closed] {
@@ -42,6 +55,7 @@ Client::Impl::~Impl() {
     closed.set_value();
   });
   closed.get_future().wait();
+  control_.Join();
   if (driver_) driver_->Close();
   ctx_.reset();
 }
@@ -140,11 +154,29 @@ void Client::Impl::FailCallsOf(int shard, const Status& why) {
 }
 
 Status Client::Impl::Start() {
-  TESSERA_RETURN_IF_ERROR(options_.cluster.Validate());
   task_ = options_.task;
-  auto rank = options_.cluster.worker_rank(task_);
-  if (!rank.ok()) return rank.status();
-  worker_rank_ = *rank;
+  if (options_.read_only) {
+    // A reader has no rank, and needs no workers in its spec: only the
+    // tasks it reads from.
+    if (options_.cluster.num_tasks("ps") == 0) {
+      return Status::InvalidArgument("cluster spec has no ps tasks");
+    }
+    if (task_.job.empty() || task_.index < 0) {
+      return Status::InvalidArgument("a read-only client needs a task name, e.g. evaluator 0");
+    }
+    worker_rank_ = -1;
+  } else {
+    TESSERA_RETURN_IF_ERROR(options_.cluster.Validate());
+    if (IsReaderKey(options_.secret)) {
+      return Status::InvalidArgument(
+          "the secret given to " + task_.ToString() +
+          " is a reader key, which lets read-only clients in (ClientOptions::read_only); a "
+          "worker needs the cluster secret");
+    }
+    auto rank = options_.cluster.worker_rank(task_);
+    if (!rank.ok()) return rank.status();
+    worker_rank_ = *rank;
+  }
   TESSERA_RETURN_IF_ERROR(CheckSecretStrength(options_.secret, options_.allow_weak_secret));
   TESSERA_RETURN_IF_ERROR(LogLevelFromEnv().status());
   if (options_.chunk_bytes < 64) return Status::InvalidArgument("chunk_bytes must be at least 64");
@@ -176,6 +208,7 @@ Status Client::Impl::Start() {
   fabric_gpu_ = ctx_->CanRegister(transport::MemoryKind::kCuda);
   if (options_.cuda_ipc && gpu::Available().ok()) ipc_node_id_ = NodeId();
   driver_ = std::make_shared<ProgressDriver>(ctx_.get());
+  poster_ = std::make_shared<LoopPoster>(ctx_.get());
   ctx_->SetHandler(kProtocolMsg, [this](const std::shared_ptr<transport::Endpoint>& ep,
                                         std::span<const uint8_t> frame) { OnFrame(ep, frame); });
   ctx_->SetDisconnectHandler(
@@ -417,7 +450,8 @@ void Client::Impl::ReCreate(int shard) {
 void Client::Impl::Handshake(int shard, std::function<void(Status)> done) {
   auto fail = std::move(done);  // called once: with the error, or OK when welcomed
   wire::Hello hello;
-  hello.worker_rank = static_cast<uint32_t>(worker_rank_);
+  hello.role = options_.read_only ? wire::PeerRole::kReader : wire::PeerRole::kWorker;
+  hello.worker_rank = options_.read_only ? 0 : static_cast<uint32_t>(worker_rank_);
   hello.task = task_.ToString();
   hello.node_id = ipc_node_id_;
   hello.cluster = options_.cluster.ToJson();
@@ -455,7 +489,8 @@ void Client::Impl::Handshake(int shard, std::function<void(Status)> done) {
                   const wire::Welcome* w = &std::get<wire::Welcome>(*welcomed);
                   ShardConn& s = shards_[shard];
                   s.ep->MarkAuthenticated();
-                  if (s.task.job == "ps") {  // the coordinator has no staging slot
+                  // The coordinator has no staging slot, nor has a reader one.
+                  if (s.task.job == "ps" && !options_.read_only) {
                     auto staging = s.ep->Attach(w->staging_region);
                     if (!staging.ok()) return fail(staging.status());
                     if (AlignUp(options_.chunk_bytes, 64) > (*staging)->size()) {

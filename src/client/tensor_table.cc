@@ -37,6 +37,28 @@ Result<const Client::Impl::TensorEntry*> Client::Impl::LookupLocked(Tensor t, si
 }
 
 Result<std::vector<Tensor>> Client::Impl::DeclareMany(const std::vector<TensorSpec>& specs) {
+  Result<std::vector<Tensor>> out = Status::Internal("the declare did not run");
+  // The job runs before its future completes, so `out` and `specs` outlive it.
+  Status st = control_
+                  .Submit([&] {
+                    out = DeclareNow(specs);
+                    return out.status();
+                  })
+                  .Wait();
+  if (!st.ok()) return st;
+  return out;
+}
+
+Future Client::Impl::DeclareManyAsync(std::vector<TensorSpec> specs, std::vector<Tensor>* tensors) {
+  return control_.Submit([this, specs = std::move(specs), tensors] {
+    auto declared = DeclareNow(specs);
+    if (!declared.ok()) return declared.status();
+    if (tensors != nullptr) *tensors = std::move(*declared);
+    return Status::Ok();
+  });
+}
+
+Result<std::vector<Tensor>> Client::Impl::DeclareNow(const std::vector<TensorSpec>& specs) {
   wire::Declare declare;
   declare.chunk_bytes = options_.chunk_bytes;
   declare.placement = static_cast<uint8_t>(ParsePlacementPolicy(options_.placement).value());
@@ -65,7 +87,9 @@ Result<std::vector<Tensor>> Client::Impl::DeclareMany(const std::vector<TensorSp
       if (!probe.ok()) return probe.status();
     }
     ConsistencyMode mode = spec.mode;
-    if (mode.kind != Consistency::kAsync) {
+    // A reader's mode is not its to decide (the declaring workers' is in
+    // effect at the shards), nor does its spec need the workers to check it.
+    if (mode.kind != Consistency::kAsync && !options_.read_only) {
       if (mode.total_num_replicas == 0) {
         mode.total_num_replicas = static_cast<uint32_t>(options_.cluster.num_workers());
       }

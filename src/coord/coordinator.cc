@@ -117,6 +117,32 @@ Result<wire::DeclareReply> Coordinator::Declare(const wire::Declare& msg, const 
   return reply;
 }
 
+Result<wire::DeclareReply> Coordinator::Lookup(const wire::Declare& msg,
+                                               const std::string& who) const {
+  wire::DeclareReply reply;
+  for (const auto& t : msg.tensors) {
+    auto it = tensors_.find(t.name);
+    if (it == tensors_.end()) {
+      return Status::NotFound("tensor '" + t.name + "', which reader " + who +
+                              " looks up, was not declared by any worker");
+    }
+    const auto& have = it->second.decl;
+    if (have.dtype != t.dtype || have.shape != t.shape) {
+      return Status::FailedPrecondition("tensor '" + t.name + "' was declared as " +
+                                        DescribeTensor(have.dtype, have.shape) + " by " +
+                                        it->second.declared_by + ", but reader " + who +
+                                        " reads it as " + DescribeTensor(t.dtype, t.shape));
+    }
+    const ckpt::TensorRecord* saved = restored_ ? restored_->Find(t.name) : nullptr;
+    reply.tensors.push_back(it->second.chunks);
+    reply.initialized.push_back(it->second.initialized ? 1 : 0);
+    reply.restored.push_back(saved && saved->dtype == t.dtype && saved->shape == t.shape ? 1 : 0);
+    reply.hyper.push_back(have.hyper);
+  }
+  reply.restored_step = restored_ ? restored_->manifest.global_step : 0;
+  return reply;
+}
+
 Status Coordinator::UpdateHyper(const wire::UpdateHyper& msg) {
   auto it = tensors_.find(msg.name);
   if (it == tensors_.end()) {

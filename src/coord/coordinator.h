@@ -60,6 +60,10 @@ class Coordinator {
   // declaring task in errors. All-or-nothing.
   Result<wire::DeclareReply> Declare(const wire::Declare& msg, const std::string& who,
                                      bool by_chief);
+  // A reader's declare: every tensor must have been declared already, with
+  // this dtype and shape (a reader need not know its rule); nothing is
+  // placed. NotFound names the first one that was not.
+  Result<wire::DeclareReply> Lookup(const wire::Declare& msg, const std::string& who) const;
 
   // A restarted coordinator learns placement back from the ps tasks: ps task
   // `shard` holds this chunk (with these hyper-parameters), with a value or

@@ -162,11 +162,20 @@ void Service::Serve(const WorkerRef& from, const wire::Header& h, std::span<cons
     SendError(from.peer, h.request_id,
               st.WithContext(std::string(wire::OpcodeName(h.opcode)) + " refused"));
   };
+  const bool reader_may = h.opcode == wire::Opcode::kDeclare ||
+                          h.opcode == wire::Opcode::kGetStep || h.opcode == wire::Opcode::kWaitInit;
+  if (from.reader && !reader_may) {
+    return SendError(
+        from.peer, h.request_id,
+        Status::PermissionDenied(std::string(wire::OpcodeName(h.opcode)) + " from reader " +
+                                 from.task + ", a read-only client"));
+  }
   switch (h.opcode) {
     case wire::Opcode::kDeclare: {
       auto m = wire::DecodeBody<wire::Declare>(h, frame);
       if (!m.ok()) return bad(m.status());
-      auto reply = coord_.Declare(*m, from.task, from.rank == 0);
+      auto reply = from.reader ? coord_.Lookup(*m, from.task)
+                               : coord_.Declare(*m, from.task, from.rank == 0);
       if (!reply.ok()) return SendError(from.peer, h.request_id, reply.status());
       return Reply(from.peer, h.request_id, *reply);
     }

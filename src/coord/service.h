@@ -53,9 +53,11 @@ struct ServiceOptions {
 
 // A worker that addresses the coordinator, as authenticated by the host.
 struct WorkerRef {
+  static constexpr uint32_t kNoRank = ~uint32_t{0};
   PeerId peer = 0;
   std::string task;
-  uint32_t rank = 0;
+  uint32_t rank = 0;    // kNoRank for a reader
+  bool reader = false;  // a read-only client: looks tensors up, waits, reads the step
 };
 
 class Service {

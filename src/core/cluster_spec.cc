@@ -144,7 +144,7 @@ Status ClusterSpec::Validate() const {
   return Status::Ok();
 }
 
-std::string ClusterSpec::DifferenceFrom(const ClusterSpec& theirs) const {
+std::string ClusterSpec::DifferenceFrom(const ClusterSpec& theirs, bool workers_too) const {
   auto list = [](const std::vector<TaskAddress>& tasks) {
     std::string out = "[";
     for (const auto& t : tasks) out += (out.size() > 1 ? ", " : "") + t.ToString();
@@ -158,6 +158,7 @@ std::string ClusterSpec::DifferenceFrom(const ClusterSpec& theirs) const {
            list(theirs.tasks(job)) + " there");
     }
   }
+  if (!workers_too) return out;
   if (num_workers() != theirs.num_workers()) {
     note(std::to_string(num_workers()) + " workers here but " +
          std::to_string(theirs.num_workers()) + " there");
@@ -235,8 +236,10 @@ Result<TfConfig> ParseTfConfig(const std::string& json_text) {
   }
   cfg.task.job = task["type"].get<std::string>();
   cfg.task.index = task["index"].get<int>();
+  // TensorFlow (and Kubeflow's TFJob) leave the evaluator out of the
+  // cluster it reads from: it is nobody's peer.
   auto addr = cfg.cluster.address(cfg.task);
-  if (!addr.ok()) {
+  if (!addr.ok() && cfg.task.job != "evaluator") {
     // Invalid, not missing: NotFound means "no TF_CONFIG" to callers.
     return Status::InvalidArgument(addr.status().message()).WithContext("TF_CONFIG");
   }

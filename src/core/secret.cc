@@ -7,10 +7,25 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <span>
 #include <sstream>
 #include <vector>
 
 namespace tessera {
+namespace {
+
+std::string Hex(std::span<const uint8_t> bytes) {
+  static const char* kHex = "0123456789abcdef";
+  std::string out;
+  out.reserve(bytes.size() * 2);
+  for (uint8_t b : bytes) {
+    out += kHex[b >> 4];
+    out += kHex[b & 15];
+  }
+  return out;
+}
+
+}  // namespace
 
 Result<std::string> LoadSecret(const std::string& file_path) {
   std::string path = file_path;
@@ -58,14 +73,20 @@ Result<std::string> GenerateSecret() {
   if (RAND_bytes(raw.data(), static_cast<int>(raw.size())) != 1) {
     return Status::Unavailable("RAND_bytes failed: no entropy for a secret");
   }
-  static const char* kHex = "0123456789abcdef";
-  std::string out;
-  for (uint8_t b : raw) {
-    out += kHex[b >> 4];
-    out += kHex[b & 15];
-  }
-  return out;
+  return Hex(raw);
 }
+
+std::string ReaderKey(const std::string& secret) {
+  if (IsReaderKey(secret)) return secret;  // already one: a reader's own key
+  constexpr std::string_view kLabel = "tessera reader key v1";
+  std::array<uint8_t, 32> mac{};
+  unsigned int len = 0;
+  HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()),
+       reinterpret_cast<const uint8_t*>(kLabel.data()), kLabel.size(), mac.data(), &len);
+  return std::string(kReaderKeyPrefix) + Hex(mac);
+}
+
+bool IsReaderKey(std::string_view secret) { return secret.starts_with(kReaderKeyPrefix); }
 
 Proof MakeProof(const std::string& secret, std::string_view label, const Nonce& a, const Nonce& b,
                 std::string_view context) {

@@ -25,6 +25,14 @@ Status CheckSecretStrength(const std::string& secret, bool allow_weak);
 // 32 random bytes, hex-encoded; an error only when the system has no
 // entropy to give.
 Result<std::string> GenerateSecret();
+// The reader key of a cluster secret: what read-only clients (evaluators,
+// inference readers) authenticate with. It is derived one way from the
+// secret (HMAC-SHA256 under a label, hex, after kReaderKeyPrefix), so a
+// host given only the reader key can pull weights but can neither pass as
+// a worker nor recover the secret; the shards derive it themselves.
+constexpr std::string_view kReaderKeyPrefix = "tessera-reader-v1:";
+std::string ReaderKey(const std::string& secret);
+bool IsReaderKey(std::string_view secret);
 // Fresh random bytes. Without entropy the process cannot authenticate
 // anyone safely: it aborts, naming the cause (OpenSSL's RAND_bytes does not
 // fail on Linux once the kernel's pool is initialised).

@@ -9,17 +9,9 @@
 #include <utility>
 
 #include "gpu/cuda.h"
+#include "gpu/cuda_internal.h"
 
 namespace tessera::gpu {
-namespace {
-
-std::string Describe(cudaError_t err) {
-  return std::string(cudaGetErrorName(err)) + " (" + cudaGetErrorString(err) + ")";
-}
-
-Status Check(cudaError_t err, const std::string& what) { return CudaStatus(err, what); }
-
-}  // namespace
 
 Status CudaStatus(int cuda_error, const std::string& what) {
   const auto err = static_cast<cudaError_t>(cuda_error);
@@ -44,29 +36,6 @@ Status CudaStatus(int cuda_error, const std::string& what) {
 namespace {
 
 cudaStream_t AsStream(const Stream& s) { return static_cast<cudaStream_t>(s.handle()); }
-
-// Driver entry points, found through the runtime so that nothing links
-// libcuda.so (absent where only the toolkit is installed).
-template <typename Fn>
-Result<Fn> DriverEntry(const char* symbol, unsigned int version) {
-  void* fn = nullptr;
-  cudaDriverEntryPointQueryResult found{};
-  Status st =
-      Check(cudaGetDriverEntryPointByVersion(symbol, &fn, version, cudaEnableDefault, &found),
-            std::string("finding the driver's ") + symbol);
-  if (!st.ok()) return st;
-  if (found != cudaDriverEntryPointSuccess || fn == nullptr) {
-    return Status::Unimplemented(std::string("this CUDA driver has no ") + symbol +
-                                 " (too old for it)");
-  }
-  return reinterpret_cast<Fn>(fn);
-}
-
-Status CheckDriver(CUresult r, const std::string& what) {
-  if (r == CUDA_SUCCESS) return Status::Ok();
-  // cuGetErrorName would need another entry point; the number is in cuda.h.
-  return Status::Internal(what + ": CUresult " + std::to_string(static_cast<int>(r)));
-}
 
 }  // namespace
 

@@ -1,6 +1,9 @@
 // src/gpu/cuda.h in a build without CUDA: every GPU operation reports that
 // this build has none, and every pointer is host memory.
+#include <utility>
+
 #include "gpu/cuda.h"
+#include "gpu/stream_order.h"
 
 namespace tessera::gpu {
 namespace {
@@ -42,5 +45,16 @@ Result<IpcMapping> IpcMapping::Open(const uint8_t*, size_t, int) { return NotBui
 IpcMapping::~IpcMapping() = default;
 IpcMapping& IpcMapping::operator=(IpcMapping&&) noexcept { return *this; }
 Result<Dmabuf> ExportDmabuf(const void*, size_t) { return NotBuilt(); }
+
+Status EnqueueHostCall(void*, std::function<void()>) { return NotBuilt(); }
+Result<StreamFlag> StreamFlag::Take() { return NotBuilt(); }
+Status StreamFlag::EnqueueWait(void*) { return NotBuilt(); }
+StreamFlag& StreamFlag::operator=(StreamFlag&& other) noexcept {
+  slot_ = std::exchange(other.slot_, -1);
+  value_ = other.value_;
+  device_address_ = other.device_address_;
+  return *this;
+}
+void StreamFlag::Set() { slot_ = -1; }
 
 }  // namespace tessera::gpu

@@ -38,7 +38,27 @@ void Shard::OnMessage(const EndpointPtr& ep, std::span<const uint8_t> frame) {
   }
   if (peer.is_shard) return OnShardPeerMessage(peer, *h, frame);
   if (peer.is_observer) return OnObserverMessage(peer, *h);
+  if (peer.is_reader) {
+    if (Status may = ReaderMay(peer, h->opcode); !may.ok()) {
+      return SendError(peer, h->request_id, may);
+    }
+  }
   OnWorkerMessage(peer, *h, frame);
+}
+
+Status Shard::ReaderMay(const Peer& peer, wire::Opcode op) {
+  switch (op) {
+    case wire::Opcode::kDeclare:  // looks tensors up, places none
+    case wire::Opcode::kCreate:   // finds chunks, creates none
+    case wire::Opcode::kPull:
+    case wire::Opcode::kRelease:
+    case wire::Opcode::kWaitInit:
+    case wire::Opcode::kGetStep:
+      return Status::Ok();
+    default:
+      return Status::PermissionDenied(std::string(wire::OpcodeName(op)) + " from reader " +
+                                      peer.hello.task + ", a read-only client");
+  }
 }
 
 void Shard::OnShardPeerMessage(Peer& peer, const wire::Header& h, std::span<const uint8_t> frame) {
@@ -67,8 +87,10 @@ void Shard::OnWorkerMessage(Peer& peer, const wire::Header& h, std::span<const u
                        Status::FailedPrecondition(std::string(wire::OpcodeName(h.opcode)) +
                                                   " sent to a shard that is not the coordinator"));
     }
+    // A reader has no rank: its hello's is not its to claim.
     const coord::WorkerRef from{reinterpret_cast<coord::PeerId>(peer.ep.get()), peer.hello.task,
-                                peer.hello.worker_rank};
+                                peer.is_reader ? coord::WorkerRef::kNoRank : peer.hello.worker_rank,
+                                peer.is_reader};
     return service_->OnWorkerRequest(from, h, frame);
   }
   // The transport delimits messages, so a body this shard cannot accept

@@ -36,6 +36,12 @@ Status Shard::Start() {
   auto addr = options_.cluster.address(self);
   if (!addr.ok()) return addr.status();
   TESSERA_RETURN_IF_ERROR(CheckSecretStrength(options_.secret, options_.allow_weak_secret));
+  if (IsReaderKey(options_.secret)) {
+    return Status::InvalidArgument(
+        "the secret given is a reader key, which lets read-only clients in; a " + options_.job +
+        " task needs the cluster secret it was derived from");
+  }
+  reader_key_ = ReaderKey(options_.secret);
   TESSERA_RETURN_IF_ERROR(LogLevelFromEnv().status());
 
   transport::ContextOptions topts;
@@ -183,7 +189,7 @@ void Shard::OnCreate(Peer& peer, uint64_t request_id, const wire::Create& msg) {
   wire::CreateReply reply;
   wire::Join created;  // for the coordinator hosted here
   for (const auto& entry : msg.entries) {
-    auto p = table_->Create(entry);
+    auto p = peer.is_reader ? FindForReader(entry) : table_->Create(entry);
     if (!p.ok()) return SendError(peer, request_id, p.status());
     if (restore_ && !(*p)->initialized && (*p)->version == 0) RestoreChunk(**p);
     if (service_) {
@@ -210,6 +216,28 @@ void Shard::OnCreate(Peer& peer, uint64_t request_id, const wire::Create& msg) {
   // A coordinator restarted with this task learns its placement back here.
   if (service_) service_->OnLocalChunksCreated(created);
   Reply(peer, request_id, reply);
+}
+
+Result<Param*> Shard::FindForReader(const wire::CreateEntry& entry) {
+  const auto& t = entry.tensor;
+  Param* p = table_->Find(t.name, entry.chunk_index);
+  if (p == nullptr) {
+    return Status::NotFound("tensor '" + t.name + "' chunk " + std::to_string(entry.chunk_index) +
+                            " is not held by " +
+                            TaskId{options_.job, options_.task_index}.ToString() +
+                            " (a reader finds tensors; it creates none)");
+  }
+  const auto& have = p->entry;
+  if (have.tensor.dtype != t.dtype || have.tensor.shape != t.shape ||
+      have.num_chunks != entry.num_chunks || have.elem_offset != entry.elem_offset ||
+      have.elem_count != entry.elem_count) {
+    return Status::FailedPrecondition(
+        "tensor '" + t.name + "' is held as " +
+        DescribeTensor(have.tensor.dtype, have.tensor.shape) + " in " +
+        std::to_string(have.num_chunks) + " chunks, but a reader asked for " +
+        DescribeTensor(t.dtype, t.shape) + " in " + std::to_string(entry.num_chunks));
+  }
+  return p;
 }
 
 void Shard::OnSetHyper(Peer& peer, uint64_t request_id, const wire::SetHyper& msg) {

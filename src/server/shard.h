@@ -42,8 +42,8 @@ class Shard {
  private:
   using EndpointPtr = std::shared_ptr<transport::Endpoint>;
   struct Peer {
-    Peer(EndpointPtr endpoint, const std::string& secret)
-        : ep(std::move(endpoint)), handshake(secret) {}
+    Peer(EndpointPtr endpoint, const std::string& secret, const std::string& reader_key)
+        : ep(std::move(endpoint)), handshake(secret, reader_key) {}
     EndpointPtr ep;
     bool authenticated = false;
     wire::ServerHandshake handshake;
@@ -58,7 +58,10 @@ class Shard {
     std::set<uint32_t> known_arenas;
     bool is_shard = false;     // a ps task's link to this coordinator
     bool is_observer = false;  // `tessera status`: asks for status, nothing else
-    bool said_bye = false;     // leaves on purpose: its disconnect is no loss
+    // A read-only client (it proved the reader key): looks tensors up and
+    // pulls them; no staging slot, no worker rank, never writes.
+    bool is_reader = false;
+    bool said_bye = false;  // leaves on purpose: its disconnect is no loss
   };
   struct PendingPush {
     Peer* peer;
@@ -100,6 +103,9 @@ class Shard {
   // Whether an authenticated hello may join as what it claims.
   Status CheckClaims(const wire::Hello& hello) const;
   void OnCreate(Peer& peer, uint64_t request_id, const wire::Create& msg);
+  // A reader's create: the keys of chunks that exist as it describes them;
+  // nothing is created.
+  Result<Param*> FindForReader(const wire::CreateEntry& entry);
   void OnPush(Peer& peer, uint64_t request_id, uint32_t flags, wire::Push msg);
   void OnPull(Peer& peer, uint64_t request_id, wire::Pull msg);
   // Answers the waiting pulls whose wait_ms ran out, saying what each waits
@@ -118,6 +124,8 @@ class Shard {
   // coordinator this task hosts), an observer, or a worker.
   void OnShardPeerMessage(Peer& peer, const wire::Header& h, std::span<const uint8_t> frame);
   void OnObserverMessage(Peer& peer, const wire::Header& h);
+  // What a reader may not ask for, refused by name; OK for what it may.
+  static Status ReaderMay(const Peer& peer, wire::Opcode op);
   void OnWorkerMessage(Peer& peer, const wire::Header& h, std::span<const uint8_t> frame);
   // What `tessera status` shows of this task, as JSON.
   std::string StatusJson() const;
@@ -198,6 +206,7 @@ class Shard {
   void LogUpdate(const Param& p, const std::string& by) const;
 
   ServerOptions options_;
+  std::string reader_key_;  // ReaderKey(options_.secret): what readers prove
   std::unique_ptr<transport::Context> ctx_;
   std::unique_ptr<ParamMemory> memory_;
   transport::MemoryKind arena_kind_ = transport::MemoryKind::kHost;  // what workers reach

@@ -100,6 +100,9 @@ void Shard::OnDisconnect(const EndpointPtr& ep, const Status& why) {
     } else {
       TLOG_WARN("{} left the coordinator: {}", peer->hello.task, why.message());
     }
+  } else if (peer->is_reader) {
+    TLOG_INFO("reader {} {}", peer->hello.task,
+              peer->said_bye ? "left" : "disconnected: " + why.message());
   } else if (peer->authenticated && !peer->is_observer) {
     if (peer->said_bye) {
       TLOG_INFO("{} left", peer->hello.task);
@@ -119,7 +122,7 @@ void Shard::OnDisconnect(const EndpointPtr& ep, const Status& why) {
 }
 
 void Shard::OnAccept(const EndpointPtr& ep) {
-  auto owned = std::make_unique<Peer>(ep, options_.secret);
+  auto owned = std::make_unique<Peer>(ep, options_.secret, reader_key_);
   Peer& peer = *owned;
   peers_[ep.get()] = std::move(owned);
   const auto now = std::chrono::steady_clock::now();
@@ -185,6 +188,16 @@ Status Shard::CheckClaims(const wire::Hello& m) const {
     }
   } else if (m.role == wire::PeerRole::kObserver) {
     return Status::Ok();  // no rank, no spec: an observer counts for nothing
+  } else if (m.role == wire::PeerRole::kReader) {
+    // No rank either; it must only agree on where the tensors live.
+    auto theirs = ClusterSpec::FromJson(m.cluster);
+    if (!theirs.ok())
+      return theirs.status().WithContext("the cluster spec in " + m.task + "'s hello");
+    const std::string diff = options_.cluster.DifferenceFrom(*theirs, /*workers_too=*/false);
+    if (diff.empty()) return Status::Ok();
+    return Status::FailedPrecondition(
+        "the cluster spec of reader " + m.task + " (there) differs from that of " +
+        TaskId{options_.job, options_.task_index}.ToString() + " (here): " + diff);
   } else if (static_cast<int>(m.worker_rank) >= options_.cluster.num_workers()) {
     return Status::PermissionDenied(m.task + " claims worker rank " +
                                     std::to_string(m.worker_rank) + " but the cluster has " +
@@ -221,6 +234,13 @@ Status Shard::OnAuth(Peer& peer, const wire::Header& h, std::span<const uint8_t>
     peer.authenticated = true;
     peer.is_observer = true;
     Reply(peer, h.request_id, welcome);  // no staging slot, no keys
+    return Status::Ok();
+  }
+  if (peer.hello.role == wire::PeerRole::kReader) {
+    peer.authenticated = true;
+    peer.is_reader = true;
+    TLOG_INFO("reader {} connected from {}", peer.hello.task, peer.ep->peer());
+    Reply(peer, h.request_id, welcome);  // no staging slot: it writes nothing here
     return Status::Ok();
   }
   if (peer.hello.role == wire::PeerRole::kShard) {

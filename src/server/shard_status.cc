@@ -19,8 +19,13 @@ namespace tessera::server {
 std::string Shard::StatusJson() const {
   const ServerStats s = stats();
   nlohmann::json workers = nlohmann::json::array();
+  nlohmann::json readers = nlohmann::json::array();
   for (const auto& [raw, peer] : peers_) {
     if (!peer->authenticated || peer->is_shard || peer->is_observer) continue;
+    if (peer->is_reader) {
+      readers.push_back({{"task", peer->hello.task}, {"address", peer->ep->peer()}});
+      continue;
+    }
     workers.push_back({{"task", peer->hello.task},
                        {"address", peer->ep->peer()},
                        {"cuda_ipc", peer->ipc_slot != nullptr}});
@@ -31,6 +36,7 @@ std::string Shard::StatusJson() const {
                       {"memory", memory_->Describe()},
                       {"staged_through_host", table_->staged()},
                       {"workers", workers},
+                      {"readers", readers},
                       {"stats",
                        {{"tensors", s.tensors},
                         {"pushes_applied", s.pushes_applied},

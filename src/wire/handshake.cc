@@ -22,7 +22,8 @@ std::string Transcript(const Hello& hello, uint32_t shard_index) {
 }  // namespace
 
 ClientHandshake::ClientHandshake(std::string secret, Hello hello)
-    : secret_(std::move(secret)), hello_(std::move(hello)) {
+    : secret_(hello.role == PeerRole::kReader ? ReaderKey(secret) : std::move(secret)),
+      hello_(std::move(hello)) {
   hello_.client_nonce = RandomNonce();
 }
 
@@ -95,17 +96,19 @@ Challenge ServerHandshake::OnHello(Hello hello, uint32_t shard_index) {
 }
 
 Status ServerHandshake::CheckAuth(const Auth& auth, std::string_view peer_address) const {
-  const Proof expect = MakeProof(secret_, kClientLabel, challenge_.server_nonce,
-                                 hello_.client_nonce, Transcript(hello_, challenge_.shard_index));
+  const Proof expect = MakeProof(Key(), kClientLabel, challenge_.server_nonce, hello_.client_nonce,
+                                 Transcript(hello_, challenge_.shard_index));
   if (!said_hello_ || !ProofsEqual(expect, auth.client_proof)) {
     return Status::PermissionDenied(hello_.task + " at " + std::string(peer_address) +
-                                    " does not know the cluster secret");
+                                    (hello_.role == PeerRole::kReader
+                                         ? " does not know the cluster's reader key"
+                                         : " does not know the cluster secret"));
   }
   return Status::Ok();
 }
 
 Proof ServerHandshake::ServerProof() const {
-  return MakeProof(secret_, kServerLabel, hello_.client_nonce, challenge_.server_nonce,
+  return MakeProof(Key(), kServerLabel, hello_.client_nonce, challenge_.server_nonce,
                    Transcript(hello_, challenge_.shard_index));
 }
 

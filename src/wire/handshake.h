@@ -27,7 +27,8 @@ namespace tessera::wire {
 // The client's half: build the hello, answer the challenge, check the welcome.
 class ClientHandshake {
  public:
-  // Fills in hello.client_nonce.
+  // Fills in hello.client_nonce. `secret`: the cluster secret, or for a
+  // reader's hello the reader key (or the secret, from which it is derived).
   ClientHandshake(std::string secret, Hello hello);
 
   const Hello& hello() const { return hello_; }
@@ -55,10 +56,14 @@ class ClientHandshake {
   bool answered_ = false;
 };
 
-// The server's half, one per connection.
+// The server's half, one per connection. A reader's hello is proved with
+// the reader key (ReaderKey of the secret), every other with the secret.
 class ServerHandshake {
  public:
-  explicit ServerHandshake(std::string secret) : secret_(std::move(secret)) {}
+  ServerHandshake(std::string secret, std::string reader_key)
+      : secret_(std::move(secret)), reader_key_(std::move(reader_key)) {}
+  explicit ServerHandshake(const std::string& secret)
+      : ServerHandshake(secret, ReaderKey(secret)) {}
 
   // Records the hello and returns the challenge to send.
   Challenge OnHello(Hello hello, uint32_t shard_index);
@@ -71,7 +76,13 @@ class ServerHandshake {
   const Hello& hello() const { return hello_; }
 
  private:
+  // The key the hello's role proves itself with.
+  const std::string& Key() const {
+    return hello_.role == PeerRole::kReader ? reader_key_ : secret_;
+  }
+
   std::string secret_;
+  std::string reader_key_;
   Hello hello_;
   Challenge challenge_;
   bool said_hello_ = false;

@@ -23,8 +23,9 @@ constexpr uint32_t kMagic = 0x41525354;  // "TSRA" read as little-endian
 // workers no longer send StepDone; push_pull in one round trip (then-pull);
 // hyper-parameters set at run time reach the coordinator (update-hyper) and
 // come back in declare replies. 6: a join carries the ps task's chunk table,
-// from which a restarted coordinator rebuilds its placement.
-constexpr uint16_t kVersion = 6;
+// from which a restarted coordinator rebuilds its placement. 7: read-only
+// clients (the reader role, authenticated with the reader key).
+constexpr uint16_t kVersion = 7;
 constexpr size_t kHeaderSize = 24;
 // No control message is larger: tensor data never travels in messages.
 constexpr uint32_t kMaxBodyLength = 16u << 20;

@@ -51,7 +51,7 @@ Result<Hello> Hello::DecodeBody(ByteReader& r) {
   Hello m;
   uint8_t role = 0;
   if (!r.Get(&role)) return Truncated("role");
-  if (role > static_cast<uint8_t>(PeerRole::kObserver))
+  if (role > static_cast<uint8_t>(PeerRole::kReader))
     return Status::InvalidArgument("unknown role " + std::to_string(role));
   m.role = static_cast<PeerRole>(role);
   if (!r.Get(&m.worker_rank)) return Truncated("worker_rank");
@@ -273,7 +273,7 @@ Result<Error> Error::DecodeBody(ByteReader& r) {
   Error m;
   uint8_t code = 0;
   if (!r.Get(&code)) return Truncated("code");
-  if (code == 0 || code > static_cast<uint8_t>(StatusCode::kInternal)) {
+  if (code == 0 || code > static_cast<uint8_t>(StatusCode::kCancelled)) {
     return Status::InvalidArgument("invalid status code " + std::to_string(code));
   }
   m.code = static_cast<StatusCode>(code);

@@ -27,8 +27,11 @@ constexpr size_t kMaxPathLength = 4096;
 constexpr size_t kMaxClusterSpecLength = 64 * 1024;
 
 // Who says hello: a worker, or a ps task joining the coordinator.
-// kObserver: `tessera status`, which may only ask for status.
-enum class PeerRole : uint8_t { kWorker = 0, kShard = 1, kObserver = 2 };
+// kObserver: `tessera status`, which may only ask for status. kReader: a
+// read-only client (an evaluator, an inference reader), which proves it
+// holds the reader key (ReaderKey), not the secret, and may look tensors
+// up and pull them, never write.
+enum class PeerRole : uint8_t { kWorker = 0, kShard = 1, kObserver = 2, kReader = 3 };
 
 struct Hello {
   static constexpr Opcode kOpcode = Opcode::kHello;

@@ -161,7 +161,7 @@ Result<CkptWritten> CkptWritten::DecodeBody(ByteReader& r) {
   CkptWritten m;
   uint8_t code = 0;
   if (!r.Get(&m.round) || !r.Get(&code)) return Truncated("round");
-  if (code > static_cast<uint8_t>(StatusCode::kInternal))
+  if (code > static_cast<uint8_t>(StatusCode::kCancelled))
     return Status::InvalidArgument("invalid status code " + std::to_string(code));
   m.code = static_cast<StatusCode>(code);
   if (!r.GetString(&m.message, kMaxErrorMessage)) return Truncated("message");

@@ -122,6 +122,14 @@ void HandshakeSeeds(const fs::path& dir) {
   welcome.server_proof = server.ServerProof();
   welcome.staging_region = {1, 2, 3, 4};
   Write(dir, "client-side", TwoFrames(Encode(challenge, 1), Encode(welcome, 2)));
+  // A reader, proving itself with the reader key.
+  Hello reader_hello = hello;
+  reader_hello.role = PeerRole::kReader;
+  reader_hello.task = "/job:evaluator/task:0";
+  ClientHandshake reader(ReaderKey("seed-secret-0123456789abcdef"), reader_hello);
+  ServerHandshake reader_server("seed-secret-0123456789abcdef");
+  const Auth reader_auth = reader.Answer(reader_server.OnHello(reader.hello(), 0));
+  Write(dir, "reader-side", TwoFrames(Encode(reader.hello(), 1), Encode(reader_auth, 2)));
 }
 
 ckpt::Manifest SeedManifest() {
