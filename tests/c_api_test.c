@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 
 #include "tessera/c.h"
 
@@ -90,6 +91,89 @@ static float barrier(tessera_client_t* c, tessera_tensor_t t, uint64_t step, flo
   OK(tessera_client_push(c, &push, 1, step, &err));
   OK(tessera_client_pull(c, &pull, 1, &err));
   return weights[0];
+}
+
+/* The non-chief tells the chief, through a file in C_API_SIGNAL_DIR, that
+ * its control queue holds a wait for init: the chief initialises only then,
+ * so the wait is still pending while the call queued behind it is
+ * cancelled. */
+static void signal_path(char* out, size_t n) {
+  const char* dir = getenv("C_API_SIGNAL_DIR");
+  CHECK(dir != NULL);
+  snprintf(out, n, "%s/queued", dir);
+}
+
+static void wait_for_signal(void) {
+  char path[4096];
+  signal_path(path, sizeof path);
+  struct stat st;
+  const struct timespec tick = {0, 1000000}; /* between looks; bounded below */
+  for (int i = 0; i < 120000 && stat(path, &st) != 0; ++i) nanosleep(&tick, NULL);
+  CHECK(stat(path, &st) == 0);
+}
+
+static void test_queued_control_calls(tessera_client_t* c) {
+  tessera_future_t* waiting = tessera_client_wait_for_init_async(c, 120000);
+  int64_t shape[] = {4};
+  tessera_tensor_spec_t* s =
+      tessera_tensor_spec_create("late", TESSERA_F32, shape, 1, TESSERA_RULE_ADD);
+  tessera_tensor_t late = TESSERA_INVALID_TENSOR;
+  tessera_future_t* queued = tessera_client_declare_async(c, s, &late);
+  tessera_tensor_spec_destroy(s); /* the call has its own copy */
+  CHECK(tessera_future_cancel(queued) == 1);
+  FAILS("Cancelled", tessera_future_wait(queued, &err));
+  CHECK(tessera_future_cancel(queued) == 0);
+  CHECK(late == TESSERA_INVALID_TENSOR);
+  CHECK(tessera_future_ready(waiting) == 0);
+  char path[4096];
+  signal_path(path, sizeof path);
+  FILE* f = fopen(path, "w");
+  CHECK(f != NULL && fclose(f) == 0);
+  OK(tessera_future_wait(waiting, &err));
+  CHECK(tessera_future_cancel(waiting) == 0);
+  tessera_future_destroy(waiting);
+  tessera_future_destroy(queued);
+  FAILS("'late'", CHECK(tessera_client_find(c, "late", &err) == TESSERA_INVALID_TENSOR));
+  /* An asynchronous declare hands its handle over, and its error. */
+  int64_t sgd_shape[] = {SGD_ELEMS};
+  s = tessera_tensor_spec_create("sgd", TESSERA_F32, sgd_shape, 1, TESSERA_RULE_SGD);
+  tessera_tensor_t again = TESSERA_INVALID_TENSOR;
+  tessera_future_t* d = tessera_client_declare_async(c, s, &again);
+  OK(tessera_future_wait(d, &err));
+  tessera_tensor_t found;
+  OK(found = tessera_client_find(c, "sgd", &err));
+  CHECK(again == found);
+  tessera_future_destroy(d);
+  tessera_tensor_spec_destroy(s);
+  d = tessera_client_declare_async(c, NULL, NULL);
+  FAILS("name", tessera_future_wait(d, &err));
+  tessera_future_destroy(d);
+}
+
+/* An evaluator: a read-only client that looks sync_add up and pulls it. */
+static void test_reader(int argc, char** argv, float expect) {
+  tessera_options_t* o;
+  OK(o = tessera_options_from_env(argc, (const char* const*)argv, &err));
+  tessera_options_set_task(o, "evaluator", g_rank);
+  tessera_options_set_read_only(o, 1);
+  tessera_client_t* r;
+  OK(r = tessera_client_connect(o, &err));
+  CHECK(tessera_client_read_only(r) == 1 && tessera_client_is_chief(r) == 0);
+  int64_t shape[] = {SYNC_ELEMS};
+  tessera_tensor_spec_t* s =
+      tessera_tensor_spec_create("sync_add", TESSERA_F32, shape, 1, TESSERA_RULE_ASSIGN);
+  tessera_tensor_t t;
+  OK(t = tessera_client_declare(r, s, &err));
+  tessera_tensor_spec_destroy(s);
+  static float got[SYNC_ELEMS];
+  tessera_pull_item_t pull = {t, got, sizeof got, 1, 0};
+  OK(tessera_client_pull(r, &pull, 1, &err));
+  CHECK(all_equal(got, SYNC_ELEMS, expect));
+  tessera_push_item_t push = {t, got, sizeof got};
+  FAILS("read-only", tessera_client_push(r, &push, 1, 7, &err));
+  FAILS("read-only", tessera_client_initialize(r, &err));
+  tessera_client_destroy(r);
+  tessera_options_destroy(o);
 }
 
 static void test_options_errors(void) {
@@ -299,10 +383,15 @@ int main(int argc, char** argv) {
   tessera_tensor_info_destroy(binfo);
   test_spec_errors(c);
 
+  CHECK(tessera_client_read_only(c) == 0);
   if (tessera_client_is_chief(c)) {
-    OK(tessera_client_initialize(c, &err));
+    wait_for_signal();
+    tessera_future_t* init = tessera_client_initialize_async(c);
+    OK(tessera_future_wait(init, &err));
+    tessera_future_destroy(init);
   } else {
     FAILS("chief", tessera_client_initialize(c, &err));
+    test_queued_control_calls(c);
     OK(tessera_client_wait_for_init(c, 120000, &err));
   }
   uint64_t restored = 0;
@@ -319,7 +408,7 @@ int main(int argc, char** argv) {
   tessera_pull_item_t pull = {sync_add, weights, sizeof weights, 1, 2};
   tessera_future_t* f[2];
   f[0] = tessera_client_push_async(c, &push, 1, 1);
-  f[1] = tessera_client_pull_async(c, &pull, 1);
+  f[1] = tessera_client_pull_async_on_stream(c, &pull, 1, NULL); /* no stream: as pull_async */
   tessera_future_then(f[0], on_done, &g_then_ok);
   OK(tessera_future_wait_all(f, 2, &err));
   CHECK(tessera_future_ready(f[0]) && tessera_future_ready(f[1]));
@@ -402,6 +491,7 @@ int main(int argc, char** argv) {
     tessera_free(path);
   }
   CHECK(barrier(c, sync_add, 5, grad, weights) == 28.0f);
+  test_reader(argc, argv, 28.0f);
 
   /* A call that cannot complete (sgd will not see a millionth update) fails
    * when its client goes, instead of waiting out the operation timeout. */

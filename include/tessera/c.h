@@ -136,6 +136,9 @@ TESSERA_EXPORT void tessera_options_set_heartbeat_ms(tessera_options_t* options,
                                                      int64_t interval_ms, int64_t timeout_ms);
 TESSERA_EXPORT void tessera_options_set_chunk_bytes(tessera_options_t* options, size_t bytes);
 TESSERA_EXPORT void tessera_options_set_inline_bytes(tessera_options_t* options, size_t bytes);
+/* 1: a read-only client (an evaluator, an inference reader) that looks up
+ * tensors and pulls, and never writes; its secret may be the reader key. */
+TESSERA_EXPORT void tessera_options_set_read_only(tessera_options_t* options, int read_only);
 /* Where this task stands in the cluster, to split the data by: the number
  * of workers (the chief counts as one) and this worker's rank among them
  * (the chief is 0); -1 and an error when the task is not a worker. */
@@ -173,6 +176,7 @@ TESSERA_EXPORT tessera_client_t* tessera_client_connect(const tessera_options_t*
 TESSERA_EXPORT void tessera_client_destroy(tessera_client_t* client);
 TESSERA_EXPORT int tessera_client_is_chief(const tessera_client_t* client);
 TESSERA_EXPORT int tessera_client_num_shards(const tessera_client_t* client);
+TESSERA_EXPORT int tessera_client_read_only(const tessera_client_t* client);
 TESSERA_EXPORT tessera_tensor_t tessera_client_declare(tessera_client_t* client,
                                                        const tessera_tensor_spec_t* spec,
                                                        char** errptr);
@@ -181,6 +185,16 @@ TESSERA_EXPORT tessera_tensor_t tessera_client_find(const tessera_client_t* clie
 TESSERA_EXPORT void tessera_client_initialize(tessera_client_t* client, char** errptr);
 TESSERA_EXPORT void tessera_client_wait_for_init(tessera_client_t* client, int64_t timeout_ms,
                                                  char** errptr);
+/* The control calls without waiting: they run one at a time in the order
+ * made (the blocking ones among them), and one still queued may be
+ * cancelled. *tensor (may be NULL; it must outlive the future) gets the
+ * handle once the future completed without error. Never NULL. */
+TESSERA_EXPORT tessera_future_t* tessera_client_declare_async(tessera_client_t* client,
+                                                              const tessera_tensor_spec_t* spec,
+                                                              tessera_tensor_t* tensor);
+TESSERA_EXPORT tessera_future_t* tessera_client_initialize_async(tessera_client_t* client);
+TESSERA_EXPORT tessera_future_t* tessera_client_wait_for_init_async(tessera_client_t* client,
+                                                                    int64_t timeout_ms);
 /* 1 and *step when the cluster resumed from a checkpoint, else 0. */
 TESSERA_EXPORT int tessera_client_restored_step(const tessera_client_t* client, uint64_t* step);
 
@@ -202,6 +216,18 @@ TESSERA_EXPORT tessera_future_t* tessera_client_pull_async(tessera_client_t* cli
                                                            size_t count);
 TESSERA_EXPORT tessera_future_t* tessera_client_push_pull_async(
     tessera_client_t* client, const tessera_push_pull_item_t* items, size_t count);
+/* The same, ordered on a CUDA stream (a cudaStream_t): the call starts once
+ * the work enqueued on the stream before it is done, and the stream's later
+ * work waits until the call completed; no host synchronisation. Without
+ * CUDA, a GPU or stream memory operations the future fails saying which. */
+TESSERA_EXPORT tessera_future_t* tessera_client_push_async_on_stream(
+    tessera_client_t* client, const tessera_push_item_t* items, size_t count, uint64_t step,
+    void* cuda_stream);
+TESSERA_EXPORT tessera_future_t* tessera_client_pull_async_on_stream(
+    tessera_client_t* client, const tessera_pull_item_t* items, size_t count, void* cuda_stream);
+TESSERA_EXPORT tessera_future_t* tessera_client_push_pull_async_on_stream(
+    tessera_client_t* client, const tessera_push_pull_item_t* items, size_t count,
+    void* cuda_stream);
 
 /* Chief only: a new value for one hyper-parameter from the next update on. */
 TESSERA_EXPORT void tessera_client_set_hyperparam(tessera_client_t* client, tessera_tensor_t tensor,
@@ -232,6 +258,9 @@ TESSERA_EXPORT int tessera_tensor_info_chunk_shard(const tessera_tensor_info_t* 
 /* ---- Futures (tessera::Future) ---- */
 TESSERA_EXPORT void tessera_future_destroy(tessera_future_t* future);
 TESSERA_EXPORT int tessera_future_ready(const tessera_future_t* future);
+/* 1 if the call had not started and is now cancelled (it completes with
+ * "Cancelled: ..."); 0 if it started or completed already. */
+TESSERA_EXPORT int tessera_future_cancel(const tessera_future_t* future);
 /* Waits at most the client's operation timeout. */
 TESSERA_EXPORT void tessera_future_wait(const tessera_future_t* future, char** errptr);
 /* 1 once complete (its error, if any, in errptr); 0 if still running after

@@ -271,6 +271,16 @@ class Client:
         """Declares several in one round trip to the coordinator."""
         return self._c.declare_many(list(specs))
 
+    def declare_async(self, name: str, shape: Sequence[int], dtype: Any = "f32",
+                      rule: Any = "assign", **kwargs: Any) -> Future:
+        """declare() without waiting: the Future's result() (or await) is [Tensor].
+        Control calls (declare, initialize, wait_for_init, blocking or not) run
+        one at a time in the order made; one still queued can be cancel()ed."""
+        return self._c.declare_many_async([spec(name, shape, dtype, rule, **kwargs)])
+
+    def declare_many_async(self, specs: Sequence[TensorSpec]) -> Future:
+        return self._c.declare_many_async(list(specs))
+
     def find(self, name: str) -> Tensor:
         return self._c.find(name)
 
@@ -286,8 +296,20 @@ class Client:
         """Chief only: writes the declared tensors' initial values."""
         self._c.initialize()
 
+    def initialize_async(self) -> Future:
+        return self._c.initialize_async()
+
     def wait_for_init(self, timeout: float = 60.0) -> None:
         self._c.wait_for_init(timeout)
+
+    def wait_for_init_async(self, timeout: float = 60.0) -> Future:
+        return self._c.wait_for_init_async(timeout)
+
+    @property
+    def read_only(self) -> bool:
+        """A reader (ClientOptions.read_only: an evaluator, an inference
+        server): it declares (looks up) tensors and pulls; it never writes."""
+        return self._c.read_only
 
     @property
     def worker_rank(self) -> int:
@@ -304,31 +326,38 @@ class Client:
         return self._c.restored_step
 
     # pushes and pulls
-    def push_async(self, items: Items, array: Any = None, *, step: int | None = None) -> Future:
+    def push_async(self, items: Items, array: Any = None, *, step: int | None = None,
+                   stream: Any = None) -> Future:
         """Pushes gradients: push_async(t, g), or push_async({t: g, ...}); step
-        tags the push for sync and bounded tensors."""
-        return self._c.push_async(_pairs(items, array, "push"), step)
+        tags the push for sync and bounded tensors. stream (a torch.cuda.Stream,
+        an object with __cuda_stream__, or a cudaStream_t as an int) orders the
+        push on that CUDA stream: it reads the gradients once the stream's work
+        before it is done, and the stream's later work waits for it."""
+        return self._c.push_async(_pairs(items, array, "push"), step, stream)
 
     def push(self, items: Items, array: Any = None, *, step: int | None = None) -> None:
         self._c.push(_pairs(items, array, "push"), step)
 
     def pull_async(self, items: Items, out: Any = None, *, min_version: int = 1,
-                   min_step: int = 0) -> Future:
+                   min_step: int = 0, stream: Any = None) -> Future:
         """Pulls into the caller's arrays: pull_async(t, out), or a dict; waits for
         min_version, or for sync/bounded tensors min_step (after pushing step t,
-        min_step=t + 1)."""
-        return self._c.pull_async(_pairs(items, out, "pull"), min_version, min_step)
+        min_step=t + 1). stream: as for push_async; the stream's later work
+        sees the pulled weights."""
+        return self._c.pull_async(_pairs(items, out, "pull"), min_version, min_step, stream)
 
     def pull(self, items: Items, out: Any = None, *, min_version: int = 1,
              min_step: int = 0) -> None:
         self._c.pull(_pairs(items, out, "pull"), min_version, min_step)
 
-    def push_pull_async(self, items: Any, gradient: Any = None, weights: Any = None) -> Future:
+    def push_pull_async(self, items: Any, gradient: Any = None, weights: Any = None, *,
+                        stream: Any = None) -> Future:
         """Pushes, then pulls the value with that push applied (async and bounded
-        tensors): push_pull_async(t, g, w), or [(t, g, w), ...]."""
+        tensors): push_pull_async(t, g, w), or [(t, g, w), ...]; stream as for
+        push_async."""
         if isinstance(items, Tensor):
             items = ((items, gradient, weights),)
-        return self._c.push_pull_async(items)
+        return self._c.push_pull_async(items, stream)
 
     def push_pull(self, items: Any, gradient: Any = None, weights: Any = None) -> None:
         if isinstance(items, Tensor):
@@ -358,7 +387,7 @@ class Client:
 # --- asyncio -----------------------------------------------------------------
 
 
-async def _await_future(future: Future) -> None:
+async def _await_future(future: Future) -> Any:
     if not future.ready:
         loop = asyncio.get_running_loop()
         read_fd, write_fd = os.pipe()
@@ -375,4 +404,4 @@ async def _await_future(future: Future) -> None:
         finally:
             os.close(read_fd)
             os.close(write_fd)
-    future.wait()
+    return future.result()

@@ -218,6 +218,10 @@ void tessera_options_set_inline_bytes(tessera_options_t* options, size_t bytes) 
   options->options.inline_bytes = bytes;
 }
 
+void tessera_options_set_read_only(tessera_options_t* options, int read_only) {
+  options->options.read_only = read_only != 0;
+}
+
 int tessera_options_num_workers(const tessera_options_t* options) {
   return options->options.cluster.num_workers();
 }
@@ -325,6 +329,10 @@ int tessera_client_num_shards(const tessera_client_t* client) {
   return client->client->num_shards();
 }
 
+int tessera_client_read_only(const tessera_client_t* client) {
+  return client->client->read_only() ? 1 : 0;
+}
+
 tessera_tensor_t tessera_client_declare(tessera_client_t* client, const tessera_tensor_spec_t* spec,
                                         char** errptr) {
   return Guarded<tessera_tensor_t>(errptr, TESSERA_INVALID_TENSOR, [&] {
@@ -359,6 +367,34 @@ void tessera_client_wait_for_init(tessera_client_t* client, int64_t timeout_ms, 
   });
 }
 
+tessera_future_t* tessera_client_declare_async(tessera_client_t* client,
+                                               const tessera_tensor_spec_t* spec,
+                                               tessera_tensor_t* tensor) {
+  return OrAbort([&] {
+    auto out = std::make_shared<tessera::Tensor>();
+    // No spec declares a tensor without a name, which the future refuses.
+    tessera::Future f =
+        client->client->DeclareAsync(spec ? spec->spec : tessera::TensorSpec{}, out.get());
+    if (tensor != nullptr) {
+      f.Then([out, tensor](const Status& st) {
+        if (st.ok()) *tensor = out->index;
+      });
+    }
+    return new tessera_future_t{std::move(f)};
+  });
+}
+
+tessera_future_t* tessera_client_initialize_async(tessera_client_t* client) {
+  return OrAbort([&] { return new tessera_future_t{client->client->InitializeAsync()}; });
+}
+
+tessera_future_t* tessera_client_wait_for_init_async(tessera_client_t* client, int64_t timeout_ms) {
+  return OrAbort([&] {
+    return new tessera_future_t{
+        client->client->WaitForInitAsync(std::chrono::milliseconds(timeout_ms))};
+  });
+}
+
 int tessera_client_restored_step(const tessera_client_t* client, uint64_t* step) {
   auto restored = client->client->restored_step();
   if (!restored) return 0;
@@ -390,24 +426,48 @@ void tessera_client_push_pull(tessera_client_t* client, const tessera_push_pull_
 tessera_future_t* tessera_client_push_async(tessera_client_t* client,
                                             const tessera_push_item_t* items, size_t count,
                                             uint64_t step) {
-  return OrAbort([&] {
-    auto batch = PushItems(items, count);
-    return new tessera_future_t{step == TESSERA_NO_STEP ? client->client->PushAsync(batch)
-                                                        : client->client->PushAsync(batch, step)};
-  });
+  return tessera_client_push_async_on_stream(client, items, count, step, nullptr);
 }
 
 tessera_future_t* tessera_client_pull_async(tessera_client_t* client,
                                             const tessera_pull_item_t* items, size_t count) {
-  return OrAbort(
-      [&] { return new tessera_future_t{client->client->PullAsync(PullItems(items, count))}; });
+  return tessera_client_pull_async_on_stream(client, items, count, nullptr);
 }
 
 tessera_future_t* tessera_client_push_pull_async(tessera_client_t* client,
                                                  const tessera_push_pull_item_t* items,
                                                  size_t count) {
+  return tessera_client_push_pull_async_on_stream(client, items, count, nullptr);
+}
+
+tessera_future_t* tessera_client_push_async_on_stream(tessera_client_t* client,
+                                                      const tessera_push_item_t* items,
+                                                      size_t count, uint64_t step,
+                                                      void* cuda_stream) {
   return OrAbort([&] {
-    return new tessera_future_t{client->client->PushPullAsync(PushPullItems(items, count))};
+    auto batch = PushItems(items, count);
+    const tessera::CallOptions call{cuda_stream};
+    return new tessera_future_t{step == TESSERA_NO_STEP
+                                    ? client->client->PushAsync(batch, call)
+                                    : client->client->PushAsync(batch, step, call)};
+  });
+}
+
+tessera_future_t* tessera_client_pull_async_on_stream(tessera_client_t* client,
+                                                      const tessera_pull_item_t* items,
+                                                      size_t count, void* cuda_stream) {
+  return OrAbort([&] {
+    return new tessera_future_t{
+        client->client->PullAsync(PullItems(items, count), tessera::CallOptions{cuda_stream})};
+  });
+}
+
+tessera_future_t* tessera_client_push_pull_async_on_stream(tessera_client_t* client,
+                                                           const tessera_push_pull_item_t* items,
+                                                           size_t count, void* cuda_stream) {
+  return OrAbort([&] {
+    return new tessera_future_t{client->client->PushPullAsync(PushPullItems(items, count),
+                                                              tessera::CallOptions{cuda_stream})};
   });
 }
 
@@ -496,6 +556,10 @@ int tessera_tensor_info_chunk_shard(const tessera_tensor_info_t* info, size_t i)
 void tessera_future_destroy(tessera_future_t* future) { delete future; }
 
 int tessera_future_ready(const tessera_future_t* future) { return future->future.ready() ? 1 : 0; }
+
+int tessera_future_cancel(const tessera_future_t* future) {
+  return future->future.Cancel() ? 1 : 0;
+}
 
 void tessera_future_wait(const tessera_future_t* future, char** errptr) {
   GuardedVoid(errptr, [&] {

@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <new>
 #include <optional>
@@ -53,13 +54,22 @@ struct PyTensor {
 // while the fabric still reads or writes them.
 class PyFuture {
  public:
-  PyFuture(Future future, std::vector<Buffer> held, std::chrono::milliseconds op_timeout)
-      : future_(std::move(future)), held_(std::move(held)), op_timeout_(op_timeout) {}
+  // What result() returns once the call succeeded (with the GIL held);
+  // None when empty.
+  using ResultFn = std::function<nb::object()>;
+
+  PyFuture(Future future, std::vector<Buffer> held, std::chrono::milliseconds op_timeout,
+           ResultFn result = {})
+      : future_(std::move(future)),
+        held_(std::move(held)),
+        op_timeout_(op_timeout),
+        result_(std::move(result)) {}
   PyFuture(const PyFuture&) = delete;
   PyFuture& operator=(const PyFuture&) = delete;
 
   ~PyFuture() {
-    if (future_.ready()) return;
+    // Only a call that holds arrays is waited for; a control call holds none.
+    if (future_.ready() || held_.empty()) return;
     bool done;
     {
       nb::gil_scoped_release release;
@@ -78,7 +88,17 @@ class PyFuture {
     ThrowIfError(st);
   }
 
+  // Waits as Wait does, then returns what the call produced: the Tensors of
+  // a declare, None for the others.
+  nb::object Result(std::optional<double> timeout_s) {
+    Wait(timeout_s);
+    return result_ ? result_() : nb::none();
+  }
+
   bool ready() const { return future_.ready(); }
+  // concurrent.futures' cancel(): True if the call had not started and now
+  // never will (it completes with tessera.Error code 'Cancelled').
+  bool Cancel() { return future_.Cancel(); }
 
   // The chunks a shard dropped, as (tensor, chunk, step, why) tuples.
   std::vector<std::tuple<std::string, uint32_t, uint64_t, std::string>> dropped() const {
@@ -106,7 +126,38 @@ class PyFuture {
   Future future_;
   std::vector<Buffer> held_;
   std::chrono::milliseconds op_timeout_;
+  ResultFn result_;
 };
+
+// A cudaStream_t from Python: None (no stream), an int (the handle), or an
+// object that has one: torch.cuda.Stream's `cuda_stream`, or the CUDA
+// stream protocol's `__cuda_stream__()` -> (version, handle) (CuPy, cuda.core).
+CallOptions CallOn(nb::handle stream) {
+  CallOptions call;
+  if (stream.is_none()) return call;
+  uintptr_t handle = 0;
+  if (nb::try_cast(stream, handle, false)) {
+    call.cuda_stream = reinterpret_cast<void*>(handle);
+  } else if (nb::hasattr(stream, "cuda_stream")) {
+    call.cuda_stream = reinterpret_cast<void*>(nb::cast<uintptr_t>(stream.attr("cuda_stream")));
+  } else if (nb::hasattr(stream, "__cuda_stream__")) {
+    nb::tuple t = nb::cast<nb::tuple>(stream.attr("__cuda_stream__")());
+    if (t.size() != 2)
+      ThrowIfError(Status::InvalidArgument("__cuda_stream__() is not (version, handle)"));
+    call.cuda_stream = reinterpret_cast<void*>(nb::cast<uintptr_t>(t[1]));
+  } else {
+    ThrowIfError(Status::InvalidArgument(
+        "stream: expected None, a cudaStream_t as an int, a torch.cuda.Stream or an object with "
+        "__cuda_stream__"));
+  }
+  if (call.cuda_stream == nullptr) {
+    // CUDA's legacy default stream: orders against every stream, which the
+    // caller meant no more than "none"; refused so nothing is silently lost.
+    ThrowIfError(Status::InvalidArgument(
+        "stream: the default stream (handle 0) cannot order a call; pass a stream of your own"));
+  }
+  return call;
+}
 
 template <typename Fn>
 auto WithoutGil(Fn&& fn) {
@@ -139,7 +190,7 @@ class PyClient {
  public:
   explicit PyClient(const ClientOptions& options)
       : op_timeout_(options.op_timeout), num_workers_(options.cluster.num_workers()) {
-    worker_rank_ = ValueOrThrow(options.cluster.worker_rank(options.task));
+    worker_rank_ = options.read_only ? -1 : ValueOrThrow(options.cluster.worker_rank(options.task));
     auto client = WithoutGil([&] { return Client::Connect(options); });
     client_ = ValueOrThrow(std::move(client));
   }
@@ -164,20 +215,54 @@ class PyClient {
     return out;
   }
 
+  // Its result() is the declared Tensors.
+  std::unique_ptr<PyFuture> DeclareManyAsync(const std::vector<TensorSpec>& specs) {
+    auto tensors = std::make_shared<std::vector<Tensor>>();
+    Client& c = client();
+    Future f = WithoutGil([&] { return c.DeclareManyAsync(specs, tensors.get()); });
+    std::vector<std::string> names;
+    for (const auto& s : specs) names.push_back(s.name);
+    return std::make_unique<PyFuture>(std::move(f), std::vector<Buffer>{}, kControlWait,
+                                      [tensors, names = std::move(names)]() -> nb::object {
+                                        nb::list out;
+                                        for (size_t i = 0; i < tensors->size(); ++i) {
+                                          out.append(nb::cast(PyTensor{(*tensors)[i], names[i]}));
+                                        }
+                                        return out;
+                                      });
+  }
+  std::unique_ptr<PyFuture> InitializeAsync() {
+    Client& c = client();
+    return std::make_unique<PyFuture>(WithoutGil([&] { return c.InitializeAsync(); }),
+                                      std::vector<Buffer>{}, kControlWait);
+  }
+  std::unique_ptr<PyFuture> WaitForInitAsync(double timeout) {
+    Client& c = client();
+    const auto limit = Millis(timeout);
+    return std::make_unique<PyFuture>(WithoutGil([&] { return c.WaitForInitAsync(limit); }),
+                                      std::vector<Buffer>{}, kControlWait);
+  }
+
   PyTensor Find(const std::string& name) { return {ValueOrThrow(client().Find(name)), name}; }
 
-  std::unique_ptr<PyFuture> PushAsync(nb::handle items, std::optional<uint64_t> step) {
-    return Started(PushItems(items), [step](Client& c, const std::vector<PushItem>& push) {
-      return step ? c.PushAsync(push, *step) : c.PushAsync(push);
+  std::unique_ptr<PyFuture> PushAsync(nb::handle items, std::optional<uint64_t> step,
+                                      nb::handle stream) {
+    const CallOptions call = CallOn(stream);
+    return Started(PushItems(items), [step, call](Client& c, const std::vector<PushItem>& push) {
+      return step ? c.PushAsync(push, *step, call) : c.PushAsync(push, call);
     });
   }
-  std::unique_ptr<PyFuture> PullAsync(nb::handle items, uint64_t min_version, uint64_t min_step) {
-    return Started(PullItems(items, min_version, min_step),
-                   [](Client& c, const std::vector<PullItem>& pull) { return c.PullAsync(pull); });
+  std::unique_ptr<PyFuture> PullAsync(nb::handle items, uint64_t min_version, uint64_t min_step,
+                                      nb::handle stream) {
+    const CallOptions call = CallOn(stream);
+    return Started(
+        PullItems(items, min_version, min_step),
+        [call](Client& c, const std::vector<PullItem>& pull) { return c.PullAsync(pull, call); });
   }
-  std::unique_ptr<PyFuture> PushPullAsync(nb::handle items) {
-    return Started(PushPullItems(items), [](Client& c, const std::vector<PushPullItem>& pp) {
-      return c.PushPullAsync(pp);
+  std::unique_ptr<PyFuture> PushPullAsync(nb::handle items, nb::handle stream) {
+    const CallOptions call = CallOn(stream);
+    return Started(PushPullItems(items), [call](Client& c, const std::vector<PushPullItem>& pp) {
+      return c.PushPullAsync(pp, call);
     });
   }
 
@@ -293,6 +378,10 @@ class PyClient {
     ThrowIfError(st);
   }
 
+  // A control call's future waits for it: each of its steps has its own
+  // timeout (see ControlQueue), so this only bounds the wait's arithmetic.
+  static constexpr std::chrono::milliseconds kControlWait = std::chrono::hours(24 * 365);
+
   std::unique_ptr<Client> client_;
   std::chrono::milliseconds op_timeout_;
   int num_workers_;
@@ -322,6 +411,12 @@ void BindClient(nb::module_& m) {
       .def("wait", &PyFuture::Wait, "timeout"_a = nb::none(),
            "Waits (without the GIL) until complete, at most timeout seconds (default: the "
            "client's op_timeout); raises tessera.Error if the call failed.")
+      .def("result", &PyFuture::Result, "timeout"_a = nb::none(),
+           "Waits as wait() does, then returns what the call made: a declare's Tensors, "
+           "None for the other calls.")
+      .def("cancel", &PyFuture::Cancel,
+           "Cancels the call if it has not started (True; it then raises tessera.Error with "
+           "code 'Cancelled'); a call started or done goes on (False).")
       .def_prop_ro("ready", &PyFuture::ready)
       .def_prop_ro("dropped", &PyFuture::dropped,
                    "Chunks of this push a shard dropped, as (tensor, chunk, step, 'stale' or "
@@ -358,6 +453,10 @@ void BindClient(nb::module_& m) {
            "Connects to every ps task, waiting (without the GIL) until they are up.")
       .def("close", &PyClient::Close)
       .def("declare_many", &PyClient::DeclareMany, "specs"_a)
+      .def("declare_many_async", &PyClient::DeclareManyAsync, "specs"_a)
+      .def("initialize_async", &PyClient::InitializeAsync)
+      .def("wait_for_init_async", &PyClient::WaitForInitAsync, "timeout"_a = 60.0)
+      .def_prop_ro("read_only", [](PyClient& c) { return c.client().read_only(); })
       .def("find", &PyClient::Find, "name"_a)
       .def("info",
            [](PyClient& c, const PyTensor& t) { return ValueOrThrow(c.client().info(t.tensor)); })
@@ -376,11 +475,13 @@ void BindClient(nb::module_& m) {
           },
           "timeout"_a = 60.0)
       .def("push", &PyClient::Push, "items"_a, "step"_a = nb::none())
-      .def("push_async", &PyClient::PushAsync, "items"_a, "step"_a = nb::none())
+      .def("push_async", &PyClient::PushAsync, "items"_a, "step"_a = nb::none(),
+           "stream"_a = nb::none())
       .def("pull", &PyClient::Pull, "items"_a, "min_version"_a = 1, "min_step"_a = 0)
-      .def("pull_async", &PyClient::PullAsync, "items"_a, "min_version"_a = 1, "min_step"_a = 0)
+      .def("pull_async", &PyClient::PullAsync, "items"_a, "min_version"_a = 1, "min_step"_a = 0,
+           "stream"_a = nb::none())
       .def("push_pull", &PyClient::PushPull, "items"_a)
-      .def("push_pull_async", &PyClient::PushPullAsync, "items"_a)
+      .def("push_pull_async", &PyClient::PushPullAsync, "items"_a, "stream"_a = nb::none())
       .def("set_hyperparams",
            [](PyClient& c, const PyTensor& t, const Hyperparams& h) {
              Client& client = c.client();

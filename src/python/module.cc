@@ -188,6 +188,8 @@ void BindOptions(nb::module_& m) {
           "secret", [](const ClientOptions&) { return std::string("<hidden>"); },
           [](ClientOptions& o, const std::string& s) { o.secret = s; })
       .def_rw("allow_weak_secret", &ClientOptions::allow_weak_secret)
+      .def_rw("read_only", &ClientOptions::read_only,
+              "A reader (evaluator, inference): looks tensors up and pulls, never writes.")
       .def_rw("transport", &ClientOptions::transport)
       .def_rw("chunk_bytes", &ClientOptions::chunk_bytes)
       .def_rw("placement", &ClientOptions::placement)
