@@ -111,6 +111,11 @@ TEST_P(ClientCallsTest, ReaderKeyIsNoWorkersSecret) {
   ASSERT_FALSE(server.ok());
   EXPECT_TRUE(Contains(server.status().message(), "reader key")) << server.status();
 
+  // A reader may not take the name of a task of the cluster.
+  ClientOptions named_as_worker = ReaderOptions(Options(0));
+  named_as_worker.task = {"worker", 0};
+  auto misnamed = Client::Connect(named_as_worker);
+  EXPECT_EQ(misnamed.status().code(), StatusCode::kInvalidArgument) << misnamed.status();
   // A reader given the whole secret derives the key itself.
   ClientOptions reader = Options(0);
   reader.task = {"reader", 3};
@@ -170,6 +175,15 @@ TEST_P(ClientCallsTest, ShardRefusesAReadersWrites) {
   EXPECT_EQ(got[0], 0.0f) << "a reader's push changed the value";
   EXPECT_TRUE(chief.Declare(F32("w", 1)).ok());
   EXPECT_EQ(chief.Find("fresh").status().code(), StatusCode::kNotFound);
+
+  // A reader by hand under a worker's name is refused.
+  std::unique_ptr<RawPeer> misnamed = Raw(0);
+  wire::Hello as_worker = hello;
+  as_worker.task = "/job:worker/task:0";
+  auto named = wire::Decode<wire::Error>(misnamed->Authenticate(ReaderKey(secret_), as_worker));
+  ASSERT_TRUE(named.ok());
+  EXPECT_EQ(named->code, StatusCode::kPermissionDenied);
+  EXPECT_TRUE(Contains(named->message, "takes the name of a task")) << named->message;
 
   // The reader key does not pass for a worker's hello.
   std::unique_ptr<RawPeer> impostor = Raw(0);

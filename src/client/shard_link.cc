@@ -164,6 +164,13 @@ Status Client::Impl::Start() {
     if (task_.job.empty() || task_.index < 0) {
       return Status::InvalidArgument("a read-only client needs a task name, e.g. evaluator 0");
     }
+    for (const char* job : {"ps", "worker", "chief", "coordinator"}) {
+      if (task_.job == job) {
+        return Status::InvalidArgument(
+            "a read-only client cannot be " + task_.ToString() +
+            ", a task of the cluster; name it another job (e.g. evaluator 0)");
+      }
+    }
     worker_rank_ = -1;
   } else {
     TESSERA_RETURN_IF_ERROR(options_.cluster.Validate());

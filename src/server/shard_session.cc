@@ -189,7 +189,15 @@ Status Shard::CheckClaims(const wire::Hello& m) const {
   } else if (m.role == wire::PeerRole::kObserver) {
     return Status::Ok();  // no rank, no spec: an observer counts for nothing
   } else if (m.role == wire::PeerRole::kReader) {
-    // No rank either; it must only agree on where the tensors live.
+    // No rank either, and no name of the cluster's tasks (logs and status
+    // name peers by it); it must only agree on where the tensors live.
+    for (const char* job : {"ps", "worker", "chief", "coordinator"}) {
+      if (m.task.starts_with(std::string("/job:") + job + "/")) {
+        return Status::PermissionDenied("reader " + m.task +
+                                        " takes the name of a task of the cluster; name it "
+                                        "another job (e.g. /job:evaluator/task:0)");
+      }
+    }
     auto theirs = ClusterSpec::FromJson(m.cluster);
     if (!theirs.ok())
       return theirs.status().WithContext("the cluster spec in " + m.task + "'s hello");
