@@ -15,7 +15,9 @@
 #                       and integration suites under ThreadSanitizer; then
 #                       those suites built against PyPI's CUDA-capable UCX
 #                       (libucx-cu12), the UCX a GPU deployment would use.
-#                       Each stage prints how long it took.
+#                       Each stage prints how long it took. The builds of
+#                       the later stages run behind the earlier stages'
+#                       tests, at the lowest CPU priority.
 #   tools/dev.sh pip    only `pip install .` and the Python package's tests
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -142,6 +144,81 @@ stage() {  # stage NAME COMMAND...
   return $rc
 }
 
+# The sanitizer and second-UCX builds, built in the background while the
+# earlier stages test. Tests leave cores idle (they wait on peers, on
+# timeouts, on one VM), and a build at the lowest CPU priority (nice 19)
+# takes only that idle time: a test that wants its core gets it back at
+# once. Each build holds a lock while it runs (taken here, before the fork,
+# so that no waiter can take it first) and writes build-logs/DIR.log and
+# DIR.status (its seconds and exit status); wait_build shows them as a stage.
+start_background_builds() {
+  local dir lock
+  mkdir -p build-logs
+  for dir in build-asan build-fuzz build-tsan build-ucx-cu12; do
+    rm -f "build-logs/$dir.status"
+    exec {lock}>"build-logs/$dir.lock"
+    flock -x "$lock"
+    BUILD_LOCKS[$dir]=$lock
+  done
+  local ucx
+  ucx=$(ucx_cu12_prefix)
+  (
+    one() {  # one DIR [meson options]: builds it, then lets its waiter in
+      local dir=$1 start=$SECONDS rc=0
+      shift
+      nice -n 19 bash -c 'set -euo pipefail; build "$@"' build "$dir" "$@" \
+        > "build-logs/$dir.log" 2>&1 || rc=$?
+      echo "$((SECONDS - start)) $rc" > "build-logs/$dir.status"
+      eval "exec ${BUILD_LOCKS[$dir]}>&-"
+    }
+    # The sanitizer builds leave the Python package out: an instrumented
+    # extension cannot load into Debian's uninstrumented python3 without
+    # preloading the sanitizer runtime into the interpreter.
+    one build-asan -Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debug \
+      -Dpython=disabled -Dbenchmarks=false "${GPU_OPTIONS[@]}"
+    # Only the fuzz targets and what they link.
+    CC=clang CXX=clang++ NINJA_TARGETS=fuzzers one build-fuzz -Dfuzzers=true -Dfuzz_seconds=40 \
+      -Db_sanitize=address,undefined -Db_lundef=false -Dpython=disabled -Dcuda=disabled \
+      -Dnccl=disabled -Dverbs=disabled -Dbenchmarks=false
+    # The CUDA code is left out of TSan's: it cannot run here, and nvcc's
+    # host code is not TSan's to check.
+    one build-tsan -Db_sanitize=thread -Db_lundef=false -Dpython=disabled -Dcuda=disabled \
+      -Dnccl=disabled -Dbenchmarks=false
+    one build-ucx-cu12 -Ducx_prefix="$ucx" -Dpython=disabled -Dbenchmarks=false \
+      "${GPU_OPTIONS[@]}"
+  ) &
+  BACKGROUND_BUILDS=$!
+  # A stage that fails ends the run: the builds behind it end with it.
+  trap 'stop_background_builds' EXIT
+  local dirs=("${!BUILD_LOCKS[@]}")
+  for dir in "${dirs[@]}"; do eval "exec ${BUILD_LOCKS[$dir]}>&-"; done
+}
+
+kill_tree() {  # kill_tree PID: it and every process below it
+  local child
+  for child in $(pgrep -P "$1" 2>/dev/null); do kill_tree "$child"; done
+  kill "$1" 2>/dev/null || true
+}
+
+stop_background_builds() {
+  if [ -n "${BACKGROUND_BUILDS:-}" ] && kill -0 "$BACKGROUND_BUILDS" 2>/dev/null; then
+    kill_tree "$BACKGROUND_BUILDS"
+  fi
+}
+
+wait_build() {  # wait_build DIR: waits for its background build; fails if it did
+  local dir=$1 took rc
+  flock -s "build-logs/$dir.lock" true
+  cat "build-logs/$dir.log" 2>/dev/null || true
+  if [ ! -f "build-logs/$dir.status" ]; then
+    echo "== the background build of $dir ended without a status (killed?)"
+    return 1
+  fi
+  read -r took rc < "build-logs/$dir.status"
+  echo "== $dir: built in the background at nice 19 in $took s, exit $rc"
+  return "$rc"
+}
+
 # The suites that must hold on a busy host, beside stress-ng on every core:
 # a training host is never idle, and neither is every CI machine.
 under_load() {  # under_load DIR
@@ -174,42 +251,35 @@ case "${1:-}" in
     # nanobind: the venv's.
     stage "build" build build "${GPU_OPTIONS[@]}" -Dpython=enabled \
       -Dpython_installation="$PWD/.venv/bin/python"
+    # The later stages' builds go on behind the tests from here (above).
+    declare -A BUILD_LOCKS
+    export -f build
+    start_background_builds
     stage "tests" run_suite build
     stage "tests beside a CPU hog" under_load build
     # pip install . into a fresh venv, and the package's suite against it.
     stage "python package: pip install ." pip_package
-    # The sanitizer builds leave the Python package out: an instrumented
-    # extension cannot load into Debian's uninstrumented python3 without
-    # preloading the sanitizer runtime into the interpreter.
-    stage "build: ASan/UBSan" build build-asan -Db_sanitize=address,undefined -Db_lundef=false \
-      -Dbuildtype=debug -Dpython=disabled "${GPU_OPTIONS[@]}"
+    stage "build: ASan/UBSan" wait_build build-asan
     # Under ASan and software emulation the Soft-RoCE VM's integration runs
     # 40 tensors instead of 200, with longer steps.
     ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
       TESSERA_VM_WORKER_ARGS="--tensors 40 --big-mib 2" TESSERA_VM_STEP_TIMEOUT=600 \
-      stage "tests: ASan/UBSan" run_suite build-asan
+      stage "tests: ASan/UBSan" run_suite build-asan --no-rebuild
     # Every decoder of bytes from a peer or a file, fuzzed from its seed
-    # corpus (tests/fuzz) for a bounded time; only the fuzz targets and what
-    # they link are built.
-    CC=clang CXX=clang++ NINJA_TARGETS=fuzzers stage "build: fuzzers" build build-fuzz \
-      -Dfuzzers=true -Dfuzz_seconds=40 -Db_sanitize=address,undefined -Db_lundef=false \
-      -Dpython=disabled -Dcuda=disabled -Dnccl=disabled -Dverbs=disabled -Dbenchmarks=false
+    # corpus (tests/fuzz) for a bounded time.
+    stage "build: fuzzers" wait_build build-fuzz
     stage "fuzz" run_suite build-fuzz --suite fuzz --no-rebuild -v
     # ThreadSanitizer over the unit and integration suites. UCX's memory
     # hooks (libucm) are off: they intercept madvise when a thread exits,
-    # after TSan has torn down that thread's state, and crash there. The
-    # CUDA code is left out: it cannot run here, and nvcc's host code is
-    # not TSan's to check.
-    stage "build: TSan" build build-tsan -Db_sanitize=thread -Db_lundef=false -Dpython=disabled \
-      -Dcuda=disabled -Dnccl=disabled -Dbenchmarks=false
+    # after TSan has torn down that thread's state, and crash there.
+    stage "build: TSan" wait_build build-tsan
     UCX_MEM_MMAP_HOOK_MODE=none UCX_MEM_MALLOC_HOOKS=no \
       TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
-      stage "tests: TSan" run_suite build-tsan --suite unit --suite integration
+      stage "tests: TSan" run_suite build-tsan --suite unit --suite integration --no-rebuild
     # The same code against another UCX (1.22, with CUDA modules; no GPU
     # here, so it reports host memory and the GPU tests skip saying so).
-    stage "build: UCX 1.22" build build-ucx-cu12 -Ducx_prefix="$(ucx_cu12_prefix)" -Dpython=disabled \
-      -Dbenchmarks=false "${GPU_OPTIONS[@]}"
-    stage "tests: UCX 1.22" run_suite build-ucx-cu12 --suite unit --suite integration
+    stage "build: UCX 1.22" wait_build build-ucx-cu12
+    stage "tests: UCX 1.22" run_suite build-ucx-cu12 --suite unit --suite integration --no-rebuild
     echo "== all stages passed in $((SECONDS - ci_start)) s"
     ;;
   *)
