@@ -24,6 +24,7 @@ LAYERS = {
     "kernels": ("kernels", ["gpu", "core", "tessera"]),
     "wire": ("src/wire", ["core", "tessera"]),
     "ckpt": ("src/ckpt", ["core", "tessera"]),
+    "rendezvous": ("src/rendezvous", ["core", "tessera"]),
     "coord": ("src/coord", ["wire", "ckpt", "core", "tessera"]),
     "server": ("src/server",
                ["coord", "wire", "ckpt", "kernels", "transport", "gpu", "core", "tessera"]),
@@ -32,8 +33,8 @@ LAYERS = {
     "capi": ("src/capi", ["tessera"]),
     # So is the Python extension (python/tessera's _tessera).
     "python": ("src/python", ["tessera"]),
-    "tools": ("tools", ["client", "server", "coord", "wire", "ckpt", "kernels", "transport",
-                        "gpu", "core", "tessera"]),
+    "tools": ("tools", ["client", "server", "coord", "wire", "ckpt", "rendezvous", "kernels",
+                        "transport", "gpu", "core", "tessera"]),
 }
 BACKENDS = ("transport/ucx/", "transport/tcp/", "transport/verbs/")
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')

@@ -1,9 +1,12 @@
 // The `tessera` command: server, launch, demo.
 #include <signal.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <charconv>
 #include <cstdio>
+#include <optional>
+#include <thread>
 
 #include "core/log.h"
 #include "tessera/server.h"
@@ -14,6 +17,7 @@
 #include "tools/demo.h"
 #include "tools/doctor.h"
 #include "tools/launch.h"
+#include "tools/run_cmd.h"
 #include "tools/secret_cmd.h"
 #include "tools/status.h"
 
@@ -27,6 +31,8 @@ int RunServer(const tools::ClusterFlags& flags, ServerOptions opts) {
   sigemptyset(&stop_signals);
   sigaddset(&stop_signals, SIGINT);
   sigaddset(&stop_signals, SIGTERM);
+  // The workers' watcher below says it is done with SIGUSR1.
+  if (opts.stop_when_workers_leave) sigaddset(&stop_signals, SIGUSR1);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
   auto cfg = flags.Resolve();
@@ -60,10 +66,25 @@ int RunServer(const tools::ClusterFlags& flags, ServerOptions opts) {
     fprintf(stderr, "tessera server: %s\n", server.status().ToString().c_str());
     return 1;
   }
+  // Started by an engine (tessera run): the server also ends once the job's
+  // workers are done, as the engine waits for every task to end.
+  std::thread workers_watch;
+  std::optional<Status> workers_verdict;
+  if (opts.stop_when_workers_leave) {
+    workers_watch = std::thread([&] {
+      workers_verdict = (*server)->WaitUntilWorkersLeave();
+      kill(getpid(), SIGUSR1);
+    });
+  }
   int sig = 0;
   sigwait(&stop_signals, &sig);
-  TLOG_INFO("stopping on {}", strsignal(sig));
+  if (sig == SIGUSR1) {
+    TLOG_INFO("stopping: the job's workers are done");
+  } else {
+    TLOG_INFO("stopping on {}", strsignal(sig));
+  }
   (*server)->Stop();
+  if (workers_watch.joinable()) workers_watch.join();
   const ServerStats stats = (*server)->stats();
   if (stats.checkpoint_rounds_failed > 0 && stats.checkpoints_written == 0) {
     fprintf(stderr,
@@ -71,6 +92,10 @@ int RunServer(const tools::ClusterFlags& flags, ServerOptions opts) {
             "errors above)\n",
             static_cast<unsigned long long>(stats.checkpoint_rounds_failed),
             opts.checkpoint_dir.c_str());
+    return 1;
+  }
+  if (sig == SIGUSR1 && workers_verdict && !workers_verdict->ok()) {
+    fprintf(stderr, "tessera server: %s\n", workers_verdict->ToString().c_str());
     return 1;
   }
   return 0;
@@ -103,9 +128,10 @@ int main(int argc, char** argv) try {
       ->capture_default_str();
   server->add_flag("--busy-poll", server_opts.busy_poll, "spin instead of sleeping when idle");
   int64_t spin_us = server_opts.spin_before_sleep.count();
-  server->add_option("--spin-us", spin_us,
-                     "when not busy polling: how long to keep polling after the last work before "
-                     "sleeping, in microseconds")
+  server
+      ->add_option("--spin-us", spin_us,
+                   "when not busy polling: how long to keep polling after the last work before "
+                   "sleeping, in microseconds")
       ->check(CLI::Range(int64_t{0}, int64_t{1'000'000}))
       ->capture_default_str();
   server->add_option("--memory", server_opts.memory,
@@ -128,6 +154,13 @@ int main(int argc, char** argv) try {
       ->add_option("--keep-checkpoints", server_opts.keep_checkpoints,
                    "coordinator: complete checkpoints kept (default 5)")
       ->check(CLI::Range(1, 1000000));
+  server->add_flag("--stop-when-workers-leave", server_opts.stop_when_workers_leave,
+                   "end once every worker connected and left (tessera run gives it): exit 0 "
+                   "when all said bye, else 1 naming the workers lost or never seen");
+  int64_t workers_grace_s = server_opts.workers_grace.count() / 1000;
+  server->add_option("--workers-grace-s", workers_grace_s,
+                     "with --stop-when-workers-leave: how long to wait for workers that never "
+                     "connected once none is left");
   server->add_flag("!--no-restore", server_opts.restore,
                    "coordinator: start afresh even if a checkpoint exists");
 
@@ -167,6 +200,9 @@ int main(int argc, char** argv) try {
   launch_cmd->add_flag("--no-restore", launch.no_restore,
                        "start afresh even if the checkpoint directory holds a checkpoint");
   launch_cmd->add_option("cmd", launch.worker_command, "the worker command (after --)")->required();
+
+  tools::RunOptions run;
+  auto run_main = tools::AddRunCommand(&app, &run);
 
   tools::DemoOptions demo;
   auto* demo_cmd =
@@ -287,11 +323,13 @@ int main(int argc, char** argv) try {
   if (app.got_subcommand(server)) {
     server_opts.staging_bytes_per_worker = staging_mib << 20;
     server_opts.spin_before_sleep = std::chrono::microseconds(spin_us);
+    server_opts.workers_grace = std::chrono::seconds(workers_grace_s);
     server_opts.checkpoint_every =
         std::chrono::milliseconds(static_cast<int64_t>(checkpoint_secs * 1000));
     return RunServer(server_flags, server_opts);
   }
   if (app.got_subcommand(launch_cmd)) return tools::Launch(launch);
+  if (app.got_subcommand("run")) return run_main();
   if (app.got_subcommand(status_cmd)) {
     if (!init_logging("status")) return 2;
     return tools::RunStatus(status);

@@ -334,6 +334,8 @@ struct TESSERA_EXPORT ClientOptions {
   //  - read_only: for an "evaluator" task (TensorFlow's, which TF_CONFIG may
   //    leave out of the cluster), or TESSERA_READ_ONLY=1;
   //  - the transport: TESSERA_TRANSPORT (tcp when unset);
+  //  - the GPU: TESSERA_CUDA_DEVICE (tessera run sets it by the task's place
+  //    on its node);
   //  - the log level: TESSERA_LOG_LEVEL, checked here.
   // An error names the variable or flag that is missing or wrong.
   static Result<ClientOptions> FromEnv(int argc = 0, const char* const* argv = nullptr);

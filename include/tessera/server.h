@@ -71,6 +71,13 @@ struct TESSERA_EXPORT ServerOptions {
   bool restore = true;
   // A round not finished within this time is abandoned (and logged).
   std::chrono::milliseconds checkpoint_timeout{120'000};
+
+  // For a server an engine started (tessera run): WaitUntilWorkersLeave
+  // returns once the job's workers are done with it, so that it can end as
+  // the engine expects. A worker rank that never connects is waited for
+  // this long after the last one left.
+  bool stop_when_workers_leave = false;
+  std::chrono::milliseconds workers_grace{60'000};
 };
 
 struct TESSERA_EXPORT ServerStats {
@@ -106,6 +113,12 @@ class TESSERA_EXPORT Server {
   ServerStats stats() const;
   // Stops serving; connections are closed.
   void Stop();
+  // With ServerOptions::stop_when_workers_leave: blocks until every worker
+  // has left, OK when all said bye, else an error naming the workers lost or
+  // never seen (a task that hosts no coordinator also waits for the
+  // coordinator to stop first, so that its final checkpoint finds this task
+  // serving). Returns at once, with an error, without that option.
+  Status WaitUntilWorkersLeave();
 
  private:
   class Impl;

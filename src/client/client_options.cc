@@ -107,6 +107,15 @@ Result<ClientOptions> ClientOptions::FromEnv(int argc, const char* const* argv) 
     }
     options.transport = transport;
   }
+  if (const char* device = std::getenv("TESSERA_CUDA_DEVICE"); device && *device) {
+    char* end = nullptr;
+    const long d = std::strtol(device, &end, 10);
+    if (end == device || *end != '\0' || d < 0 || d > 1024) {
+      return Status::InvalidArgument("TESSERA_CUDA_DEVICE='" + std::string(device) +
+                                     "' is not a GPU index");
+    }
+    options.cuda_device = static_cast<int>(d);
+  }
   TESSERA_RETURN_IF_ERROR(LogLevelFromEnv().status());
   return options;
 }

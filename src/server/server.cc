@@ -162,5 +162,6 @@ Server::~Server() = default;
 uint16_t Server::port() const { return impl_->shard.port(); }
 ServerStats Server::stats() const { return impl_->shard.stats(); }
 void Server::Stop() { impl_->shard.Stop(); }
+Status Server::WaitUntilWorkersLeave() { return impl_->shard.WaitUntilWorkersLeave(); }
 
 }  // namespace tessera

@@ -55,6 +55,9 @@ Status Shard::Start() {
   TESSERA_RETURN_IF_ERROR(OpenMemory());
   table_ = std::make_unique<ParamTable>(ctx_.get(), memory_.get(), arena_kind_,
                                         options_.arena_bytes, options_.cluster.num_workers());
+  if (options_.stop_when_workers_leave) {
+    presence_.emplace(options_.cluster.num_workers(), options_.workers_grace);
+  }
   if (!options_.checkpoint_dir.empty()) {
     // Every ps task writes its own file there: found out now, not when the
     // first round fails (a read-only or missing mount used to go unnoticed
@@ -144,6 +147,12 @@ Status Shard::ReadValue(const Param& p, void* host_dst) const {
 }
 
 void Shard::Stop() {
+  {
+    // Whoever waits for the workers to leave hears of the stop instead.
+    std::lock_guard<std::mutex> lock(verdict_mu_);
+    if (!verdict_) verdict_ = Status::Aborted("the server was stopped");
+    verdict_cv_.notify_all();
+  }
   if (!ctx_) return;
   if (service_ && !options_.checkpoint_dir.empty()) {
     // The final checkpoint, while the other shards still serve (`tessera

@@ -3,10 +3,12 @@
 // progress thread.
 #pragma once
 
+#include <condition_variable>
 #include <deque>
 #include <future>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <thread>
@@ -21,6 +23,7 @@
 #include "server/lease_table.h"
 #include "server/param_table.h"
 #include "server/step_counter.h"
+#include "server/worker_presence.h"
 #include "tessera/server.h"
 #include "transport/transport.h"
 #include "wire/handshake.h"
@@ -38,6 +41,8 @@ class Shard {
   uint16_t port() const { return listener_ ? listener_->port() : 0; }
   ServerStats stats() const;
   bool is_coordinator_only() const { return options_.job == "coordinator"; }
+  // ServerOptions::stop_when_workers_leave (any thread): the verdict.
+  Status WaitUntilWorkersLeave();
 
  private:
   using EndpointPtr = std::shared_ptr<transport::Endpoint>;
@@ -78,6 +83,10 @@ class Shard {
   };
 
   void OnMessage(const EndpointPtr& ep, std::span<const uint8_t> frame);
+  // stop_when_workers_leave: publishes the workers' verdict once there is
+  // one (and, off the coordinator, once the coordinator stopped), else
+  // schedules the next look when the grace time may bring one.
+  void CheckPresence();
   void OnDisconnect(const EndpointPtr& ep, const Status& why);
   // Stopping on purpose: a ps task tells its coordinator, and a coordinator
   // its ps tasks, and waits briefly for their acks, so that none of them
@@ -229,6 +238,12 @@ class Shard {
   bool stopping_ = false;
   std::map<uint32_t, int> connected_ranks_;   // authenticated connections per worker rank
   std::map<uint32_t, std::string> departed_;  // ranks with none left: rank -> task name
+  std::optional<WorkerPresence> presence_;    // stop_when_workers_leave only
+  bool presence_check_scheduled_ = false;
+  // The verdict, for WaitUntilWorkersLeave (any thread).
+  std::mutex verdict_mu_;
+  std::condition_variable verdict_cv_;
+  std::optional<Status> verdict_;
 
   // Membership and restore (progress thread).
   EndpointPtr coord_link_;  // a ps task's link to the coordinator

@@ -178,6 +178,7 @@ void Shard::OnLinkFrame(std::span<const uint8_t> frame) {
     case wire::Opcode::kBye:
       coordinator_said_bye_ = true;
       coord_link_->Send(kProtocolMsg, wire::Encode(wire::Ack{}, h->request_id));
+      CheckPresence();  // this task's end may have waited for the coordinator's
       return;
     case wire::Opcode::kAck:
       if (h->request_id == kByeRequestId) OnByeAnswered();

@@ -111,6 +111,10 @@ void Shard::OnDisconnect(const EndpointPtr& ep, const Status& why) {
     }
     const uint32_t rank = peer->hello.worker_rank;
     if (--connected_ranks_[rank] == 0) departed_[rank] = peer->hello.task;
+    if (presence_) {
+      presence_->Left(rank, peer->said_bye, std::chrono::steady_clock::now());
+      CheckPresence();
+    }
   }
   for (const auto& ended : leases_.ReleaseAllOf(ep.get())) EndLease(ended.lease);
   std::erase_if(blocked_pushes_, [&](const PendingPush& p) { return p.peer == peer; });
@@ -119,6 +123,41 @@ void Shard::OnDisconnect(const EndpointPtr& ep, const Status& why) {
   admission_->Forget(reinterpret_cast<uintptr_t>(ep.get()));
   peers_.erase(it);
   RetryWaiting();
+}
+
+void Shard::CheckPresence() {
+  if (!presence_ || stopping_) return;
+  const auto now = std::chrono::steady_clock::now();
+  std::optional<Status> verdict = presence_->Verdict(now);
+  // Off the coordinator, the end waits for the coordinator's: its final
+  // checkpoint needs this task serving.
+  const bool coordinator_gone = hosts_coordinator() || coordinator_said_bye_ || !link_joined_;
+  if (verdict && coordinator_gone) {
+    std::lock_guard<std::mutex> lock(verdict_mu_);
+    if (!verdict_) {
+      verdict_ = *verdict;
+      verdict_cv_.notify_all();
+    }
+    return;
+  }
+  if (auto next = presence_->NextCheck(); next && !verdict && !presence_check_scheduled_) {
+    presence_check_scheduled_ = true;
+    ctx_->PostAfter(std::chrono::duration_cast<std::chrono::milliseconds>(*next - now) +
+                        std::chrono::milliseconds(1),
+                    [this] {
+                      presence_check_scheduled_ = false;
+                      CheckPresence();
+                    });
+  }
+}
+
+Status Shard::WaitUntilWorkersLeave() {
+  if (!options_.stop_when_workers_leave) {
+    return Status::FailedPrecondition("the server was not started to stop when workers leave");
+  }
+  std::unique_lock<std::mutex> lock(verdict_mu_);
+  verdict_cv_.wait(lock, [&] { return verdict_.has_value(); });
+  return *verdict_;
 }
 
 void Shard::OnAccept(const EndpointPtr& ep) {
@@ -277,6 +316,7 @@ Status Shard::OnAuth(Peer& peer, const wire::Header& h, std::span<const uint8_t>
   }
   peer.authenticated = true;
   connected_ranks_[peer.hello.worker_rank]++;
+  if (presence_) presence_->Connected(peer.hello.worker_rank, peer.hello.task);
   departed_.erase(peer.hello.worker_rank);  // a restarted worker is back
   TLOG_INFO("{} connected from {}", peer.hello.task, peer.ep->peer());
   Reply(peer, h.request_id, welcome);
