@@ -46,6 +46,9 @@ PACKAGES=(
 # on), seen from the project's venv (--system-site-packages). PyPI's default
 # torch wheel would pull several GB of CUDA libraries into every CI run.
 PY_DEB_PACKAGES=(python3-numpy python3-torch python3-sklearn)
+# The engines tessera run is tested under (tests/engines): Open MPI, and
+# Slurm with munge, started by the test itself.
+ENGINE_PACKAGES=(openmpi-bin slurmctld slurmd slurm-client munge)
 # A CPU hog on every core for the tests that must hold on a busy host.
 LOAD_PACKAGES=(stress-ng)
 # libFuzzer: clang and its runtimes.
@@ -245,7 +248,7 @@ case "${1:-}" in
     ;;
   test)
     stage "packages" install_missing "${PACKAGES[@]}" "${VM_PACKAGES[@]}" "${LOAD_PACKAGES[@]}" \
-      "${FUZZ_PACKAGES[@]}" "${PY_DEB_PACKAGES[@]}"
+      "${FUZZ_PACKAGES[@]}" "${PY_DEB_PACKAGES[@]}" "${ENGINE_PACKAGES[@]}"
     stage "python venv" python_env
     # The Python package too (python/tessera), for the Python that has
     # nanobind: the venv's.
