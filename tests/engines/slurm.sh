@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tessera run under a real Slurm: munge, slurmctld and slurmd (Debian's
 # slurm-wlm) configured in a temporary directory and started here, then
-#   sbatch -n 4: srun tessera run --ps 2 -- integration_worker
+#   sbatch deploy/slurm/sync_sums.sbatch: srun tessera run --ps 2 -- integration_worker
 # The job trains to exact sums and Slurm's own job-completion record says
 # COMPLETED, exit 0; then a SIGKILLed worker ends the job FAILED with an
 # error naming the task, and no process of the job is left. Exit 77
@@ -26,7 +26,7 @@ stop_slurm() {
     [ -f "$dir/$f.pid" ] && kill "$(cat "$dir/$f.pid")" 2> /dev/null
   done
   for f in slurmd slurmctld munged; do
-    while [ -f "$dir/$f.pid" ] && kill -0 "$(cat "$dir/$f.pid")" 2> /dev/null; do sleep 0.1; done
+    while kill -0 "$(cat "$dir/$f.pid" 2> /dev/null)" 2> /dev/null; do sleep 0.1; done
   done
   rm -rf "$dir"
 }
@@ -94,15 +94,9 @@ unset TESSERA_SECRET
 fails=0
 # The job's state and exit code, from Slurm's job-completion record.
 record_of() { grep "JobId=$1 " "$dir/jobcomp.log" 2> /dev/null; }
-submit() {  # submit NAME ARGS...: the batch job running tessera run, its id printed
-  local name=$1
-  shift
-  cat > "$dir/$name.sh" << JOB
-#!/bin/bash
-srun $TESSERA_BIN run --ps 2 -- $INTEGRATION_WORKER $*
-JOB
-  TESSERA_TEST_JOB=$job sbatch --parsable -n 4 -O -J "$name" -o "$dir/$name.log" --export=ALL \
-    "$dir/$name.sh"
+submit() {  # submit NAME WORKER_ARGS: deploy/slurm/sync_sums.sbatch; its job id printed
+  TESSERA_TEST_JOB=$job WORKER_ARGS=$2 sbatch --parsable -J "$1" -o "$dir/$1.log" --export=ALL \
+    "$here/../../deploy/slurm/sync_sums.sbatch"
 }
 wait_job() {  # wait_job ID LIMIT: until Slurm recorded its end
   local end=$((SECONDS + $2))
@@ -114,7 +108,7 @@ wait_job() {  # wait_job ID LIMIT: until Slurm recorded its end
 
 echo "== slurm: 2 ps tasks, 2 workers, exact sums"
 job=slurm-train-$$
-id=$(submit train --tensors 40)
+id=$(submit train "--tensors 40")
 if wait_job "$id" 300; then
   record=$(record_of "$id")
   echo "$record" | grep -o "JobState=[A-Z]* .*ExitCode=[0-9:]*" | sed 's/ Partition.*Exit/ ... Exit/'
@@ -134,7 +128,7 @@ no_orphans "$job" 30 || fails=$((fails + 1))
 
 echo "== slurm: a worker SIGKILLed in the middle of sync training"
 job=slurm-kill-$$
-id=$(submit kill --sync-steps 1000000)
+id=$(submit kill "--sync-steps 1000000")
 if wait_for_step "$dir/kill.log" 20 120; then
   killed_at=$SECONDS
   kill_one "$job" integration_worker || fails=$((fails + 1))
@@ -162,4 +156,6 @@ if [ $fails -ne 0 ]; then
   tail -n 40 "$dir/kill.log"
   exit 1
 fi
+# The multi-node example at least parses.
+bash -n "$here/../../deploy/slurm/train.sbatch" || { echo "FAIL: deploy/slurm/train.sbatch"; exit 1; }
 echo "slurm: all passed"
