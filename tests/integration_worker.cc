@@ -4,6 +4,11 @@
 // concurrently with the other workers, and checks the final values against
 // the exact expected sums. Exits 0 only if every byte matches.
 //
+// As TensorFlow's evaluator (TF_CONFIG task "evaluator", which need not be in
+// the cluster) it is a read-only client: it looks the same tensors up,
+// checks that a push is refused, and waits for the workers' every round to
+// check the same exact sums.
+//
 // With --sync-steps N it trains sync tensors instead (every worker's push
 // per step, then a pull of that step), checks the exact sums, and the chief
 // waits for global step N; with --status-json FILE the chief then writes
@@ -155,12 +160,14 @@ int main(int argc, char** argv) {
   auto secret = LoadSecret();
   if (!secret.ok()) return Fail("secret", secret.status());
   const int workers = cfg->cluster.num_workers();
-  const int me = cfg->cluster.worker_rank(cfg->task).value();
+  const bool evaluator = cfg->task.job == "evaluator";
+  const int me = evaluator ? -1 : cfg->cluster.worker_rank(cfg->task).value();
 
   ClientOptions opts;
   opts.cluster = cfg->cluster;
   opts.task = cfg->task;
   opts.secret = *secret;
+  opts.read_only = evaluator;
   opts.chunk_bytes = chunk_kib << 10;
   opts.op_timeout = std::chrono::seconds(120);
   if (const char* transport = std::getenv("TESSERA_TRANSPORT")) opts.transport = transport;
@@ -178,14 +185,24 @@ int main(int argc, char** argv) {
         p.dtype, p.elems, [](uint64_t j) { return static_cast<int>(j % 5); }, &s.initial);
     specs.push_back(std::move(s));
   }
+  // An evaluator looks up what the chief declared: it waits for init first.
+  Status st = evaluator ? c.WaitForInit(std::chrono::seconds(120)) : Status::Ok();
+  if (!st.ok()) return Fail("init", st);
   auto handles = c.DeclareMany(specs);
   if (!handles.ok()) return Fail("declare", handles.status());
-  Status st = c.is_chief() ? c.Initialize() : c.WaitForInit(std::chrono::seconds(60));
+  if (!evaluator) st = c.is_chief() ? c.Initialize() : c.WaitForInit(std::chrono::seconds(60));
   if (!st.ok()) return Fail("init", st);
 
   // Every round pushes all tensors in one batched call; odd rounds use push_pull.
   std::vector<std::vector<uint8_t>> grads(plan.size()), scratch(plan.size());
-  for (int r = 0; r < rounds; ++r) {
+  if (evaluator) {
+    for (size_t i = 0; i < plan.size(); ++i) grads[i].resize(specs[i].initial.size());
+    Status refused = c.Push({{(*handles)[0], grads[0].data(), grads[0].size(), plan[0].dtype}});
+    if (refused.code() != StatusCode::kFailedPrecondition) {
+      return Fail("an evaluator's push was not refused", refused);
+    }
+  }
+  for (int r = 0; r < rounds && !evaluator; ++r) {
     std::vector<PushItem> push;
     std::vector<PushPullItem> push_pull;
     for (size_t i = 0; i < plan.size(); ++i) {

@@ -47,8 +47,9 @@ PACKAGES=(
 # torch wheel would pull several GB of CUDA libraries into every CI run.
 PY_DEB_PACKAGES=(python3-numpy python3-torch python3-sklearn)
 # The engines tessera run is tested under (tests/engines): Open MPI, and
-# Slurm with munge, started by the test itself.
-ENGINE_PACKAGES=(openmpi-bin slurmctld slurmd slurm-client munge)
+# Slurm with munge, started by the test itself; PyYAML to read the
+# Kubernetes manifests.
+ENGINE_PACKAGES=(openmpi-bin slurmctld slurmd slurm-client munge python3-yaml)
 # A CPU hog on every core for the tests that must hold on a busy host.
 LOAD_PACKAGES=(stress-ng)
 # libFuzzer: clang and its runtimes.

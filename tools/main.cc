@@ -25,7 +25,7 @@ namespace {
 
 using namespace tessera;
 
-int RunServer(const tools::ClusterFlags& flags, ServerOptions opts) {
+int RunServer(const tools::ClusterFlags& flags, ServerOptions opts, int coordinator_wait_s) {
   // Block the stop signals before any thread starts, then wait for one.
   sigset_t stop_signals;
   sigemptyset(&stop_signals);
@@ -82,6 +82,13 @@ int RunServer(const tools::ClusterFlags& flags, ServerOptions opts) {
     TLOG_INFO("stopping: the job's workers are done");
   } else {
     TLOG_INFO("stopping on {}", strsignal(sig));
+  }
+  // Every ps task may be told to stop at once (kubectl delete, scancel): the
+  // coordinator's final checkpoint needs the others still serving.
+  if (sig != SIGUSR1) {  // the workers' verdict waited for it already
+    if (!(*server)->WaitForCoordinatorToStop(std::chrono::seconds(coordinator_wait_s))) {
+      TLOG_WARN("the coordinator did not stop within {} s; stopping anyway", coordinator_wait_s);
+    }
   }
   (*server)->Stop();
   if (workers_watch.joinable()) workers_watch.join();
@@ -157,6 +164,12 @@ int main(int argc, char** argv) try {
   server->add_flag("--stop-when-workers-leave", server_opts.stop_when_workers_leave,
                    "end once every worker connected and left (tessera run gives it): exit 0 "
                    "when all said bye, else 1 naming the workers lost or never seen");
+  int coordinator_wait_s = 20;
+  server->add_option("--coordinator-wait-s", coordinator_wait_s,
+                     "asked to stop, a ps task that does not host the coordinator waits this "
+                     "long for the coordinator to stop first (its final checkpoint needs every "
+                     "shard; Kubernetes allows 30 s)")
+      ->check(CLI::Range(0, 3600));
   int64_t workers_grace_s = server_opts.workers_grace.count() / 1000;
   server->add_option("--workers-grace-s", workers_grace_s,
                      "with --stop-when-workers-leave: how long to wait for workers that never "
@@ -326,7 +339,7 @@ int main(int argc, char** argv) try {
     server_opts.workers_grace = std::chrono::seconds(workers_grace_s);
     server_opts.checkpoint_every =
         std::chrono::milliseconds(static_cast<int64_t>(checkpoint_secs * 1000));
-    return RunServer(server_flags, server_opts);
+    return RunServer(server_flags, server_opts, coordinator_wait_s);
   }
   if (app.got_subcommand(launch_cmd)) return tools::Launch(launch);
   if (app.got_subcommand("run")) return run_main();

@@ -119,6 +119,11 @@ class TESSERA_EXPORT Server {
   // coordinator to stop first, so that its final checkpoint finds this task
   // serving). Returns at once, with an error, without that option.
   Status WaitUntilWorkersLeave();
+  // A task that does not host the coordinator, asked to stop, should let
+  // the coordinator stop first: its final checkpoint needs every shard
+  // serving. Waits at most `limit` for the coordinator to say it stops (or
+  // for the link to it to go); true if it did, or this task hosts it.
+  bool WaitForCoordinatorToStop(std::chrono::milliseconds limit);
 
  private:
   class Impl;

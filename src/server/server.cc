@@ -163,5 +163,8 @@ uint16_t Server::port() const { return impl_->shard.port(); }
 ServerStats Server::stats() const { return impl_->shard.stats(); }
 void Server::Stop() { impl_->shard.Stop(); }
 Status Server::WaitUntilWorkersLeave() { return impl_->shard.WaitUntilWorkersLeave(); }
+bool Server::WaitForCoordinatorToStop(std::chrono::milliseconds limit) {
+  return impl_->shard.WaitForCoordinatorToStop(limit);
+}
 
 }  // namespace tessera

@@ -43,6 +43,9 @@ class Shard {
   bool is_coordinator_only() const { return options_.job == "coordinator"; }
   // ServerOptions::stop_when_workers_leave (any thread): the verdict.
   Status WaitUntilWorkersLeave();
+  // Off the coordinator (any thread): until the coordinator said it stops,
+  // or the link to it is gone, at most `limit`; whether it did.
+  bool WaitForCoordinatorToStop(std::chrono::milliseconds limit);
 
  private:
   using EndpointPtr = std::shared_ptr<transport::Endpoint>;
@@ -87,6 +90,7 @@ class Shard {
   // one (and, off the coordinator, once the coordinator stopped), else
   // schedules the next look when the grace time may bring one.
   void CheckPresence();
+  void NoteCoordinatorStopped();
   void OnDisconnect(const EndpointPtr& ep, const Status& why);
   // Stopping on purpose: a ps task tells its coordinator, and a coordinator
   // its ps tasks, and waits briefly for their acks, so that none of them
@@ -244,6 +248,7 @@ class Shard {
   std::mutex verdict_mu_;
   std::condition_variable verdict_cv_;
   std::optional<Status> verdict_;
+  bool coordinator_stopped_ = false;  // under verdict_mu_
 
   // Membership and restore (progress thread).
   EndpointPtr coord_link_;  // a ps task's link to the coordinator

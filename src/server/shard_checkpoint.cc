@@ -178,6 +178,7 @@ void Shard::OnLinkFrame(std::span<const uint8_t> frame) {
     case wire::Opcode::kBye:
       coordinator_said_bye_ = true;
       coord_link_->Send(kProtocolMsg, wire::Encode(wire::Ack{}, h->request_id));
+      NoteCoordinatorStopped();
       CheckPresence();  // this task's end may have waited for the coordinator's
       return;
     case wire::Opcode::kAck:
@@ -224,10 +225,23 @@ void Shard::RefuseCoordinator(const Status& why) {
   if (!stopping_) ctx_->PostAfter(5s, [this] { JoinCoordinator(); });
 }
 
+void Shard::NoteCoordinatorStopped() {
+  std::lock_guard<std::mutex> lock(verdict_mu_);
+  coordinator_stopped_ = true;
+  verdict_cv_.notify_all();
+}
+
+bool Shard::WaitForCoordinatorToStop(std::chrono::milliseconds limit) {
+  if (hosts_coordinator()) return true;
+  std::unique_lock<std::mutex> lock(verdict_mu_);
+  return verdict_cv_.wait_for(lock, limit, [&] { return coordinator_stopped_; });
+}
+
 void Shard::OnLinkLost(const Status& why) {
   if (!coord_link_) return;
   coord_link_.reset();
   link_joined_ = false;
+  NoteCoordinatorStopped();  // whoever waits for its stop waits no more
   if (stopping_) return;
   if (coordinator_said_bye_) {
     TLOG_INFO("the coordinator stopped; joining it again when it is back");
