@@ -25,7 +25,7 @@ import tessera
 import tessera.torch
 
 
-def parse_args():
+def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=300, help="global steps to train")
     p.add_argument("--batch", type=int, default=32, help="images per worker per step")
@@ -36,12 +36,15 @@ def parse_args():
                    help="pause this long each step (to watch, or to kill it midway)")
     # TensorFlow 1's cluster flags (--ps_hosts, --job_name, ...) are read by
     # Client.from_env; let them through.
-    args, _ = p.parse_known_args()
+    args, _ = p.parse_known_args(argv)
     return args
 
 
-def main():
-    args = parse_args()
+def train(argv=None):
+    """Trains as TF_CONFIG (or the TF1 flags) says; returns the chief's
+    held-out accuracy (None on the other workers). tessera.spark's main_fn
+    calls it on each worker (tests/spark)."""
+    args = parse_args(argv)
     torch.set_num_threads(1)  # the shards and the other workers share the cores
     client = tessera.Client.from_env()
     rank, workers = client.worker_rank, client.num_workers
@@ -82,12 +85,24 @@ def main():
         if args.ms_per_step > 0:
             time.sleep(args.ms_per_step / 1e3)
 
+    accuracy = None
     if client.is_chief:
         with torch.no_grad():
             accuracy = (model(x_test).argmax(1) == y_test).float().mean().item()
         print(f"held-out accuracy {accuracy:.4f} after {args.steps} steps", flush=True)
     client.close()
-    return 0 if np.isfinite(loss.item()) else 1  # a diverged run fails
+    if not np.isfinite(loss.item()):
+        raise RuntimeError(f"training diverged: loss {loss.item()}")
+    return accuracy
+
+
+def main():
+    try:
+        train()
+    except RuntimeError as e:  # a diverged run fails
+        print(e, flush=True)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":

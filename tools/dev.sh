@@ -48,8 +48,9 @@ PACKAGES=(
 PY_DEB_PACKAGES=(python3-numpy python3-torch python3-sklearn)
 # The engines tessera run is tested under (tests/engines): Open MPI, and
 # Slurm with munge, started by the test itself; PyYAML to read the
-# Kubernetes manifests.
-ENGINE_PACKAGES=(openmpi-bin slurmctld slurmd slurm-client munge python3-yaml)
+# Kubernetes manifests; Java for Spark (pyspark comes from PyPI, in .venv).
+ENGINE_PACKAGES=(openmpi-bin slurmctld slurmd slurm-client munge python3-yaml
+  openjdk-17-jre-headless)
 # A CPU hog on every core for the tests that must hold on a busy host.
 LOAD_PACKAGES=(stress-ng)
 # libFuzzer: clang and its runtimes.
@@ -65,7 +66,7 @@ VM_PACKAGES=(
 # the project's own venv. numpy stays 1.x: Debian's torch and scipy are
 # built against it.
 PY_PACKAGES=("safetensors>=0.4,<1" "numpy>=1.24,<2" "pytest>=7" "matplotlib>=3.6,<4"
-  "nanobind>=2.4,<4")
+  "nanobind>=2.4,<4" "pyspark>=3.5,<5")
 
 install_missing() {  # install_missing PACKAGE...
   local missing=()
@@ -84,7 +85,7 @@ install_missing() {  # install_missing PACKAGE...
 # Debian's own Python (the first python3 on PATH may be another), so that
 # Debian's python3-* packages are seen.
 python_env() {
-  if ! .venv/bin/python -c "import safetensors, numpy, pytest, matplotlib, nanobind, torch" \
+  if ! .venv/bin/python -c "import safetensors, numpy, pytest, matplotlib, nanobind, torch, pyspark" \
     2>/dev/null; then
     echo "== creating .venv: ${PY_PACKAGES[*]}"
     rm -rf .venv

@@ -165,10 +165,11 @@ int main(int argc, char** argv) try {
                    "end once every worker connected and left (tessera run gives it): exit 0 "
                    "when all said bye, else 1 naming the workers lost or never seen");
   int coordinator_wait_s = 20;
-  server->add_option("--coordinator-wait-s", coordinator_wait_s,
-                     "asked to stop, a ps task that does not host the coordinator waits this "
-                     "long for the coordinator to stop first (its final checkpoint needs every "
-                     "shard; Kubernetes allows 30 s)")
+  server
+      ->add_option("--coordinator-wait-s", coordinator_wait_s,
+                   "asked to stop, a ps task that does not host the coordinator waits this "
+                   "long for the coordinator to stop first (its final checkpoint needs every "
+                   "shard; Kubernetes allows 30 s)")
       ->check(CLI::Range(0, 3600));
   int64_t workers_grace_s = server_opts.workers_grace.count() / 1000;
   server->add_option("--workers-grace-s", workers_grace_s,

@@ -14,6 +14,7 @@
 
 #include "python/buffers.h"
 #include "python/client_binding.h"
+#include "python/server_binding.h"
 #include "python/errors.h"
 #include "tessera/client.h"
 #include "tessera_config.h"
@@ -217,4 +218,5 @@ NB_MODULE(_tessera, m) {
   BindValueTypes(m);
   BindOptions(m);
   BindClient(m);
+  BindServer(m);
 }

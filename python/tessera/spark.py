@@ -1,0 +1,404 @@
+"""tessera.spark: a Tessera cluster on Spark executors, as TensorFlowOnSpark
+started TensorFlow's ps and worker tasks there.
+
+    import tessera.spark
+
+    def main_fn(args, ctx):          # on each worker, with its TF_CONFIG set
+        client = tessera.Client.from_env()
+        ...
+
+    cluster = tessera.spark.run(sc, main_fn, args, num_ps=1, num_workers=2,
+                                input_mode=tessera.spark.InputMode.TENSORFLOW)
+    cluster.shutdown()
+
+The tasks run as one barrier stage of num_ps + num_workers tasks, all at
+once: each learns every task's address from the others (allGather), the
+first num_ps serve as ps tasks (a tessera.Server in the task, which ends
+once the workers are done) and the rest run main_fn(args, ctx) with their
+TF_CONFIG. The secret goes to the executors as a file Spark distributes
+(SparkContext.addFile), never in a closure or on a command line.
+
+Input modes, as TensorFlowOnSpark's:
+- InputMode.TENSORFLOW: the workers read their own data.
+- InputMode.SPARK: cluster.train(rdd, num_epochs) feeds the RDD's
+  partitions to the workers (ctx.get_data_feed().next_batch(n)), and
+  cluster.inference(rdd) returns an RDD of what they compute for each
+  record (feed.batch_results(results)).
+
+A task that fails fails the stage with its error, which shutdown() (or
+train and inference) raises.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import queue
+import socket
+import tempfile
+import threading
+import traceback
+from multiprocessing.connection import Client as _Connect
+from multiprocessing.connection import Listener
+from typing import Any, Callable, Iterable
+
+__all__ = ["InputMode", "TaskContext", "DataFeed", "TesseraCluster", "run"]
+
+
+
+class InputMode:
+    TENSORFLOW = 0
+    SPARK = 1
+
+
+def _feed_key(secret: str) -> bytes:
+    """What the data feeds authenticate with (multiprocessing's challenge,
+    before anything is unpickled): derived from the secret, never it."""
+    return hmac.new(secret.encode(), b"tessera spark feed v1", hashlib.sha256).digest()
+
+
+# Ends a partition in a worker's queue (or, from None, the whole feeding).
+_END = object()
+
+
+class DataFeed:
+    """A worker's share of the RDDs the driver feeds (InputMode.SPARK).
+
+    next_batch(n) returns up to n records (fewer at the end of a partition,
+    or once the feeding ended); should_stop() says that no more will come;
+    in inference, batch_results(results) answers the records of the last
+    batch, in their order. A partition's task on Spark ends once its records
+    were all handed out (training) or answered (inference).
+    """
+
+    def __init__(self, key: bytes, host: str, qsize: int = 1024):
+        # Bounded: a feeder waits while the worker is behind (back pressure).
+        self._records: queue.Queue = queue.Queue(maxsize=qsize)
+        self._listener = Listener((host, 0), authkey=key)
+        self.address = self._listener.address
+        self._stopped = threading.Event()
+        self._lock = threading.Lock()
+        self._partitions: dict = {}  # connection id -> _Partition
+        self._unanswered: list = []  # inference: the partition of each record handed out
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    class _Partition:
+        def __init__(self, conn, inference):
+            self.conn, self.inference = conn, inference
+            self.received = self.handed = 0
+            self.results: list = []
+            self.ended = False
+
+    def _accept(self):
+        while not self._stopped.is_set():
+            try:
+                conn = self._listener.accept()
+            except Exception:  # a peer without the key, or the listener closed
+                continue
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn):
+        try:
+            kind, inference = conn.recv()
+            if kind == "terminate":
+                self._stopped.set()
+                self._records.put((None, _END))
+                conn.send(("ok", None))
+                return
+            part = self._Partition(conn, inference)
+            with self._lock:
+                self._partitions[id(conn)] = part
+            while True:
+                kind, payload = conn.recv()
+                if kind == "records":
+                    with self._lock:
+                        part.received += len(payload)
+                    for r in payload:
+                        self._records.put((id(conn), r))
+                elif kind == "end":
+                    with self._lock:
+                        part.ended = True
+                    self._records.put((id(conn), _END))
+                    return
+        except EOFError:
+            return
+
+    def next_batch(self, n: int) -> list:
+        batch = []
+        while len(batch) < n and not (self._stopped.is_set() and self._records.empty()):
+            cid, r = self._records.get()
+            if r is _END:
+                if cid is not None:
+                    self._maybe_answer(cid)
+                if batch:
+                    break
+                continue
+            with self._lock:
+                part = self._partitions[cid]
+                part.handed += 1
+                if part.inference:
+                    self._unanswered.append(cid)
+            batch.append(r)
+        return batch
+
+    def batch_results(self, results: Iterable) -> None:
+        for r in results:
+            with self._lock:
+                cid = self._unanswered.pop(0)
+                self._partitions[cid].results.append(r)
+            self._maybe_answer(cid)
+
+    def _maybe_answer(self, cid):
+        """Ends a partition's task once all its records were handed out
+        (training) or answered (inference)."""
+        with self._lock:
+            part = self._partitions.get(cid)
+            if part is None or not part.ended or part.handed < part.received:
+                return
+            if part.inference and len(part.results) < part.received:
+                return
+            del self._partitions[cid]
+        part.conn.send(("done", part.results))
+        part.conn.close()
+
+    def should_stop(self) -> bool:
+        return self._stopped.is_set() and self._records.empty()
+
+
+class TaskContext:
+    """What main_fn gets: its task in the cluster and, in InputMode.SPARK,
+    its data feed."""
+
+    def __init__(self, job_name, task_index, cluster_spec, feed):
+        self.job_name = job_name
+        self.task_index = task_index
+        self.cluster_spec = cluster_spec
+        self.num_workers = len(cluster_spec["worker"])
+        self._feed = feed
+
+    def get_data_feed(self) -> DataFeed:
+        if self._feed is None:
+            raise RuntimeError("this cluster runs with InputMode.TENSORFLOW: no data feed")
+        return self._feed
+
+
+def _barrier_task(num_ps, main_fn, args, input_mode, registry, transport, checkpoint_dir,
+                  secret_name):
+    """One task of the barrier stage (on an executor)."""
+
+    def run_task(_):
+        from pyspark import BarrierTaskContext, SparkFiles
+
+        from . import _tessera
+
+        ctx = BarrierTaskContext.get()
+        me = ctx.partitionId()
+        host = ctx.getTaskInfos()[me].address.rsplit(":", 1)[0]
+        # A port for this task's server, held until it serves.
+        held = socket.socket()
+        held.bind((host, 0))
+        port = held.getsockname()[1]
+        everyone = ctx.allGather(f"{host}:{port}")
+        cluster = {"ps": everyone[:num_ps], "worker": everyone[num_ps:]}
+        secret_file = SparkFiles.get(secret_name)
+        with open(secret_file) as f:
+            secret = f.read().strip()
+        job, index = ("ps", me) if me < num_ps else ("worker", me - num_ps)
+        os.environ["TF_CONFIG"] = json.dumps({"cluster": cluster,
+                                              "task": {"type": job, "index": index}})
+        os.environ["TESSERA_SECRET_FILE"] = secret_file
+        os.environ.pop("TESSERA_SECRET", None)
+        os.environ["TESSERA_TRANSPORT"] = transport
+        held.close()
+        if job == "ps":
+            server = _tessera.Server(json.dumps(cluster), "ps", index, secret, transport,
+                                     checkpoint_dir or "", True, host)
+            try:
+                server.wait_until_workers_leave()
+            finally:
+                server.stop()
+            yield ("ps", index, None)
+            return
+        feed = None
+        if input_mode == InputMode.SPARK:
+            feed = DataFeed(_feed_key(secret), host)
+            with _Connect(registry, authkey=_feed_key(secret)) as c:
+                c.send(("worker", index, feed.address))
+        result = main_fn(args, TaskContext(job, index, cluster, feed))
+        yield ("worker", index, result)
+
+    return run_task
+
+
+class TesseraCluster:
+    """The running cluster, as TFCluster was: train, inference, shutdown."""
+
+    def __init__(self, sc, num_ps, num_workers, input_mode, key):
+        self.sc, self.num_ps, self.num_workers = sc, num_ps, num_workers
+        self.input_mode, self._key = input_mode, key
+        self.feeds: list = [None] * num_workers  # each worker's feed address
+        self.results = None  # each worker's main_fn result, once shut down
+        self._thread = None
+        self._error = None
+        self._outcome = None
+
+    def _raise_if_failed(self):
+        if self._error is not None:
+            raise RuntimeError(f"the Tessera cluster's Spark stage failed: {self._error}")
+
+    def train(self, rdd, num_epochs: int = 1) -> None:
+        """Feeds every partition of rdd to a worker, num_epochs times."""
+        self._need_spark_mode("train")
+        feeds, key = list(self.feeds), self._key
+        for _ in range(num_epochs):
+            self._raise_if_failed()
+            self._feeding(lambda: rdd.mapPartitionsWithIndex(_feeder(feeds, key, False)).count())
+
+    def inference(self, rdd):
+        """An RDD of what the workers answer for each record of rdd."""
+        self._need_spark_mode("inference")
+        self._raise_if_failed()
+        return rdd.mapPartitionsWithIndex(_feeder(list(self.feeds), self._key, True))
+
+    def _feeding(self, job):
+        """Runs a feeding job; when it fails because a worker died, the
+        cluster's stage says why: that error is raised instead."""
+        try:
+            return job()
+        except Exception:
+            self._thread.join(60)  # the stage ends once a task failed
+            self._raise_if_failed()
+            raise
+
+    def shutdown(self, timeout: float | None = None) -> list:
+        """Ends the feeds (InputMode.SPARK), waits for main_fn on every
+        worker to return and for the ps tasks to stop (the coordinator with a
+        final checkpoint), and returns each worker's main_fn result; raises
+        the failed task's error."""
+        if self.input_mode == InputMode.SPARK:
+            for address in self.feeds:
+                try:
+                    with _Connect(tuple(address), authkey=self._key) as c:
+                        c.send(("terminate", None))
+                        c.recv()
+                except (OSError, EOFError):
+                    pass  # a worker already gone: the stage's outcome says why
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise TimeoutError(f"the Tessera cluster did not stop within {timeout} s")
+        self._raise_if_failed()
+        workers = sorted((i, r) for kind, i, r in self._outcome if kind == "worker")
+        self.results = [r for _, r in workers]
+        return self.results
+
+    def _need_spark_mode(self, what):
+        if self.input_mode != InputMode.SPARK:
+            raise RuntimeError(f"{what} needs InputMode.SPARK; with InputMode.TENSORFLOW the "
+                               "workers read their own data")
+
+
+def _feeder(feeds, key, inference):
+    def feed(i, records):
+        with _Connect(tuple(feeds[i % len(feeds)]), authkey=key) as c:
+            c.send(("partition", inference))
+            chunk = []
+            for r in records:
+                chunk.append(r)
+                if len(chunk) == 256:
+                    c.send(("records", chunk))
+                    chunk = []
+            if chunk:
+                c.send(("records", chunk))
+            c.send(("end", None))
+            _, results = c.recv()
+        return iter(results if inference else [])
+    return feed
+
+
+def run(sc, main_fn: Callable[[Any, TaskContext], Any], args: Any, num_ps: int,
+        num_workers: int, input_mode: int = InputMode.TENSORFLOW, *, transport: str = "tcp",
+        checkpoint_dir: str | None = None, feed_timeout: float = 600) -> TesseraCluster:
+    """Starts num_ps ps tasks and num_workers workers running main_fn as one
+    barrier stage (Spark needs num_ps + num_workers free task slots)."""
+    if num_ps < 1 or num_workers < 1:
+        raise ValueError("a Tessera cluster needs at least one ps task and one worker")
+    secret = os.urandom(32).hex()
+    secret_dir = tempfile.mkdtemp(prefix="tessera-spark-")
+    # Each cluster its own file: Spark refuses the same name with other bytes.
+    secret_name = f"tessera-secret-{os.urandom(8).hex()}"
+    secret_path = os.path.join(secret_dir, secret_name)
+    fd = os.open(secret_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secret + "\n")
+    sc.addFile(secret_path)
+    key = _feed_key(secret)
+    cluster = TesseraCluster(sc, num_ps, num_workers, input_mode, key)
+    registry = None
+    if input_mode == InputMode.SPARK:
+        driver = sc.getConf().get("spark.driver.host", socket.gethostname())
+        registry = Listener((driver, 0), authkey=key)
+    n = num_ps + num_workers
+    task = _barrier_task(num_ps, main_fn, args, input_mode,
+                         registry.address if registry else None, transport, checkpoint_dir,
+                         secret_name)
+
+    def stage():
+        try:
+            cluster._outcome = sc.parallelize(range(n), n).barrier().mapPartitions(task).collect()
+        except Exception as e:  # the failed task's error, as Spark reports it
+            cluster._error = _task_error(e)
+        finally:
+            if registry is not None:
+                registry.close()
+
+    cluster._thread = threading.Thread(target=stage, daemon=True)
+    cluster._thread.start()
+    if registry is not None:
+        # Each worker says where its feed is; the stage's failure ends the wait.
+        waiting = threading.Event()
+
+        def collect():
+            try:
+                for _ in range(num_workers):
+                    with registry.accept() as c:
+                        _, index, address = c.recv()
+                        cluster.feeds[index] = address
+            except OSError:
+                pass
+            waiting.set()
+        threading.Thread(target=collect, daemon=True).start()
+        while not waiting.wait(0.2):
+            if not cluster._thread.is_alive() or cluster._error is not None:
+                break
+        cluster._raise_if_failed()
+        if any(f is None for f in cluster.feeds):
+            raise RuntimeError("not every worker reported its data feed")
+    return cluster
+
+
+def _task_error(e: Exception) -> str:
+    """What Spark says about a failed task, without the JVM's stack: the
+    task's own Python error where there is one, why the stage failed, and a
+    Python worker's crash."""
+    lines = [ln for ln in str(e).splitlines()
+             if ln.strip() and not ln.lstrip().startswith("at ")]
+    said = []
+    for i, ln in enumerate(lines):
+        if "Traceback (most recent call last)" in ln:
+            frames = []
+            for x in lines[i + 1:]:
+                if "Exception" in x and x.startswith("org."):
+                    break
+                frames.append(x)
+            said.append("\n".join(frames[-3:]))
+            break
+    for ln in lines:
+        if "Job aborted due to stage failure:" in ln:
+            said.append(ln.split("Job aborted due to stage failure:", 1)[1].strip())
+        elif "exited unexpectedly" in ln or "crashed" in ln:
+            said.append(ln.strip())
+    if said:
+        return "\n".join(dict.fromkeys(said))  # each once, in order
+    return lines[0] if lines else traceback.format_exception_only(type(e), e)[-1].strip()

@@ -1,0 +1,179 @@
+"""tessera.spark on a real Spark (PyPI's pyspark, Debian's Java) in local
+mode: the PyTorch digits example (examples/torch_digits.py) trained by 2
+ps tasks and 2 workers as one barrier stage, to the accuracy it reaches
+under tessera launch; the same data fed by Spark (InputMode.SPARK) through
+cluster.train and answered by cluster.inference; and a failing task,
+whose error fails the stage and reaches the driver. Run by run.sh."""
+
+import os
+import sys
+
+import numpy as np
+import pytest
+
+pyspark = pytest.importorskip("pyspark", reason="pyspark is not installed (pip install pyspark)")
+from pyspark.sql import SparkSession  # noqa: E402
+
+import tessera  # noqa: E402
+import tessera.spark  # noqa: E402
+
+EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "..", "examples")
+
+
+@pytest.fixture(scope="module")
+def sc():
+    # The executors' Python workers: this interpreter, this package.
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    # The workers unpickle the main functions below by reference: this
+    # file's module, and the example's.
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [os.path.abspath(EXAMPLES), os.path.dirname(os.path.abspath(__file__))] +
+        os.environ.get("PYTHONPATH", "").split(os.pathsep))
+    spark = (SparkSession.builder.master("local[4]").appName("tessera-spark-test")
+             .config("spark.ui.enabled", "false")
+             .config("spark.task.maxFailures", "1")  # a failed task fails the test, once
+             .getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    yield spark.sparkContext
+    spark.stop()
+
+
+def digits_main(args, ctx):
+    """Each worker: the example's own training (TF_CONFIG is set)."""
+    import torch_digits
+    return torch_digits.train(args)
+
+
+def test_digits_example_through_spark(sc, tmp_path):
+    cluster = tessera.spark.run(sc, digits_main, ["--steps", "300"], num_ps=2, num_workers=2,
+                                input_mode=tessera.spark.InputMode.TENSORFLOW,
+                                checkpoint_dir=str(tmp_path / "ckpt"))
+    results = cluster.shutdown(timeout=600)
+    accuracy = results[0]  # the chief's
+    print(f"held-out accuracy {accuracy:.4f} through Spark")
+    assert accuracy >= 0.95
+    assert results[1] is None
+    # shutdown() stopped the coordinator with a final checkpoint.
+    assert any(p.name.startswith("step-") for p in (tmp_path / "ckpt").iterdir())
+
+
+def fed_main(args, ctx):
+    """Each worker: an MLP trained on what Spark feeds it, async Adam on the
+    shards; then it answers inference records with its predictions."""
+    import torch
+
+    import tessera.torch
+    torch.set_num_threads(1)
+    client = tessera.Client.from_env()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
+    opt = tessera.torch.DistributedOptimizer(client, model, "adam", mode="async", lr=0.01,
+                                             prefix="fed/")
+    feed = ctx.get_data_feed()
+    loss_fn = torch.nn.CrossEntropyLoss()
+    trained = 0
+    while not feed.should_stop():
+        batch = feed.next_batch(32)
+        if not batch:
+            continue
+        if batch[0][1] < 0:  # inference records carry no label
+            with torch.no_grad():
+                x = torch.tensor(np.array([r[0] for r in batch]), dtype=torch.float32)
+                feed.batch_results(model(x).argmax(1).tolist())
+            continue
+        x = torch.tensor(np.array([r[0] for r in batch]), dtype=torch.float32)
+        y = torch.tensor([r[1] for r in batch], dtype=torch.int64)
+        opt.zero_grad()
+        loss_fn(model(x), y).backward()
+        opt.step()
+        trained += len(batch)
+    client.close()
+    return trained
+
+
+def test_spark_feeds_training_and_inference(sc):
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+    d = load_digits()
+    x_train, x_test, y_train, y_test = train_test_split(
+        d.data / 16.0, d.target, test_size=0.2, random_state=0, stratify=d.target)
+    cluster = tessera.spark.run(sc, fed_main, None, num_ps=1, num_workers=2,
+                                input_mode=tessera.spark.InputMode.SPARK)
+    train = sc.parallelize([(x.tolist(), int(y)) for x, y in zip(x_train, y_train)], 4)
+    cluster.train(train, num_epochs=8)
+    test = sc.parallelize([(x.tolist(), -1) for x in x_test], 4)
+    predictions = cluster.inference(test).collect()
+    trained = cluster.shutdown(timeout=300)
+    assert sum(trained) == 8 * len(x_train), trained
+    accuracy = float(np.mean(np.array(predictions) == y_test))
+    print(f"inference accuracy {accuracy:.4f} over {len(predictions)} Spark records")
+    assert len(predictions) == len(y_test)
+    assert accuracy >= 0.9
+
+
+def failing_main(args, ctx):
+    client = tessera.Client.from_env()
+    if ctx.task_index == 1:
+        raise ValueError("worker 1 could not read its data (on purpose)")
+    client.wait_for_init(60)
+    return "never"
+
+
+def test_a_failed_task_fails_the_stage_with_its_error(sc):
+    cluster = tessera.spark.run(sc, failing_main, None, num_ps=1, num_workers=2)
+    with pytest.raises(RuntimeError) as e:
+        cluster.shutdown(timeout=300)
+    assert "worker 1 could not read its data (on purpose)" in str(e.value)
+
+
+def killed_main(args, ctx):
+    """Sync training until this task is SIGKILLed; each worker says where it
+    is (its pid, the cluster) in a file of the test's."""
+    import json
+    import time
+    client = tessera.Client.from_env()
+    t = client.declare("k", (8,), "f32", "add", mode=tessera.sync())
+    client.initialize() if client.is_chief else client.wait_for_init()
+    out = np.zeros(8, np.float32)
+    step = 0
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        client.push(t, np.ones(8, np.float32), step=step)
+        client.pull(t, out, min_step=step + 1)
+        step += 1
+        if step == 20:
+            with open(os.path.join(args, f"worker{ctx.task_index}.json"), "w") as f:
+                json.dump({"pid": os.getpid(), "cluster": ctx.cluster_spec}, f)
+    return step
+
+
+def test_a_killed_worker_fails_the_stage_and_leaves_nothing_serving(sc, tmp_path):
+    import json
+    import signal
+    import socket
+    import time
+    cluster = tessera.spark.run(sc, killed_main, str(tmp_path), num_ps=1, num_workers=2)
+    report = tmp_path / "worker1.json"
+    deadline = time.monotonic() + 120
+    while not report.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)  # the next look: training is under way once it is there
+    assert report.exists(), "worker 1 never reached step 20"
+    info = json.loads(report.read_text())
+    killed = time.monotonic()
+    os.kill(info["pid"], signal.SIGKILL)
+    with pytest.raises(RuntimeError) as e:
+        cluster.shutdown(timeout=300)
+    print(f"the stage failed {time.monotonic() - killed:.1f} s after the kill: {e.value}")
+    # Named by whichever task saw it first: the surviving worker (the killed
+    # one disconnected), the ps task (it left without saying bye), or Spark
+    # (its Python worker crashed).
+    said = str(e.value)
+    assert ("/job:worker/task:1 disconnected" in said or
+            "/job:worker/task:1 left without saying bye" in said or
+            "exited unexpectedly" in said or "crashed" in said), said
+    # Nothing of the cluster is left serving: every task's port refuses.
+    for address in info["cluster"]["ps"] + info["cluster"]["worker"]:
+        host, port = address.rsplit(":", 1)
+        with socket.socket() as s:
+            s.settimeout(5)
+            assert s.connect_ex((host, int(port))) != 0, f"{address} still accepts connections"
