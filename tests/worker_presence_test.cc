@@ -12,9 +12,9 @@ using namespace std::chrono_literals;
 using Clock = WorkerPresence::Clock;
 
 TEST(WorkerPresence, DoneOnceEveryWorkerCameAndLeft) {
-  WorkerPresence p(2, 60s);
   const auto t0 = Clock::time_point{} + 1h;
-  EXPECT_FALSE(p.Verdict(t0)) << "nobody came yet";
+  WorkerPresence p(2, 60s, t0);
+  EXPECT_FALSE(p.Verdict(t0)) << "nobody came yet, and the grace time has not passed";
   p.Connected(0, "/job:worker/task:0");
   p.Connected(1, "/job:worker/task:1");
   p.Connected(1, "/job:worker/task:1");  // a second connection of the same task
@@ -29,8 +29,8 @@ TEST(WorkerPresence, DoneOnceEveryWorkerCameAndLeft) {
 }
 
 TEST(WorkerPresence, ALostWorkerIsNamedUnlessItCameBack) {
-  WorkerPresence p(2, 60s);
   const auto t0 = Clock::time_point{} + 1h;
+  WorkerPresence p(2, 60s, t0);
   p.Connected(0, "/job:worker/task:0");
   p.Connected(1, "/job:worker/task:1");
   p.Left(1, false, t0);                  // killed
@@ -46,8 +46,8 @@ TEST(WorkerPresence, ALostWorkerIsNamedUnlessItCameBack) {
 }
 
 TEST(WorkerPresence, WorkersThatNeverCameAreWaitedForThenNamed) {
-  WorkerPresence p(3, 60s);
   const auto t0 = Clock::time_point{} + 1h;
+  WorkerPresence p(3, 60s, t0);
   p.Connected(0, "/job:worker/task:0");
   p.Left(0, true, t0);
   EXPECT_FALSE(p.Verdict(t0 + 59s));
@@ -57,7 +57,7 @@ TEST(WorkerPresence, WorkersThatNeverCameAreWaitedForThenNamed) {
   ASSERT_TRUE(v);
   EXPECT_NE(v->message().find("worker rank 1, 2 never connected"), std::string::npos) << *v;
   // One that comes in time resets the wait.
-  WorkerPresence q(2, 60s);
+  WorkerPresence q(2, 60s, t0);
   q.Connected(0, "/job:worker/task:0");
   q.Left(0, true, t0);
   q.Connected(1, "/job:worker/task:1");
@@ -66,6 +66,18 @@ TEST(WorkerPresence, WorkersThatNeverCameAreWaitedForThenNamed) {
   auto w = q.Verdict(t0 + 30s);
   ASSERT_TRUE(w);
   EXPECT_TRUE(w->ok()) << *w;
+}
+
+TEST(WorkerPresence, NoWorkerAtAllIsNamedAfterTheGraceTime) {
+  const auto t0 = Clock::time_point{} + 1h;
+  WorkerPresence p(1, 60s, t0);
+  EXPECT_FALSE(p.Verdict(t0 + 59s));
+  ASSERT_TRUE(p.NextCheck());
+  auto v = p.Verdict(t0 + 60s);
+  ASSERT_TRUE(v);
+  EXPECT_NE(v->message().find("worker rank 0 never connected within 60 s of the start"),
+            std::string::npos)
+      << *v;
 }
 
 }  // namespace

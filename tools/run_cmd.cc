@@ -115,8 +115,10 @@ int Run(const RunOptions& o) {
   join.host = o.host;
   join.port = held->port;
   join.role = engine->role;
+  // A little longer than rank 0 waits for every rank: when some never
+  // come, rank 0's answer saying which is what every rank should print.
   auto assigned = rendezvous::JoinRendezvous(engine->rendezvous_host, engine->rendezvous_port,
-                                             *secret, join, timeout);
+                                             *secret, join, timeout + std::chrono::seconds(10));
   if (serving.joinable()) serving.join();
   if (!served.ok() && assigned.ok()) return Fail(me, served);
   if (!assigned.ok()) return Fail(me, assigned.status());
@@ -194,8 +196,12 @@ std::function<int()> AddRunCommand(CLI::App* app, RunOptions* o) {
   cmd->add_option("--gpus-per-node", o->gpus_per_node,
                   "GPUs per node: the place on the node modulo this picks a task's GPU")
       ->check(CLI::Range(1, 64));
+  // One value each time they are given: a vector option would otherwise take
+  // what follows, `--` included (CLI11 ends a vector's values there), and the
+  // worker command would be parsed as options.
   cmd->add_option("--nics", o->nics, "NICs (e.g. mlx5_0,mlx5_1), picked by place on the node")
-      ->delimiter(',');
+      ->delimiter(',')
+      ->allow_extra_args(false);
   cmd->add_option("--checkpoint-dir", o->checkpoint_dir,
                   "the ps tasks checkpoint into this directory (all nodes must see it)");
   cmd->add_option("--checkpoint-secs", o->checkpoint_secs, "checkpoint every this many seconds");
@@ -203,7 +209,8 @@ std::function<int()> AddRunCommand(CLI::App* app, RunOptions* o) {
                   "checkpoint every this many global steps");
   cmd->add_option("--server-arg", o->server_args,
                   "one more argument for each ps task's tessera server (repeatable; "
-                  "--server-arg=--busy-poll)");
+                  "--server-arg=--busy-poll)")
+      ->allow_extra_args(false);
   cmd->add_option("cmd", o->command, "the worker command (after --)")->required();
   return [o] { return Run(*o); };
 }

@@ -56,7 +56,8 @@ Status Shard::Start() {
   table_ = std::make_unique<ParamTable>(ctx_.get(), memory_.get(), arena_kind_,
                                         options_.arena_bytes, options_.cluster.num_workers());
   if (options_.stop_when_workers_leave) {
-    presence_.emplace(options_.cluster.num_workers(), options_.workers_grace);
+    presence_.emplace(options_.cluster.num_workers(), options_.workers_grace,
+                      std::chrono::steady_clock::now());
   }
   if (!options_.checkpoint_dir.empty()) {
     // Every ps task writes its own file there: found out now, not when the
@@ -95,6 +96,8 @@ Status Shard::Start() {
   } else {
     ctx_->Post([this] { JoinCoordinator(); });
   }
+  // A job whose workers never come ends too, after the grace time.
+  if (presence_) ctx_->Post([this] { CheckPresence(); });
   TLOG_INFO("{} serving on {}:{} over {}{}; parameters in {}{}", self.ToString(), host,
             listener_->port(), ctx_->Describe(),
             hosts_coordinator() && !is_coordinator_only() ? " (and the coordinator)" : "",

@@ -23,7 +23,7 @@ void WorkerPresence::Left(uint32_t rank, bool said_bye, Clock::time_point now) {
 }
 
 std::optional<Status> WorkerPresence::Verdict(Clock::time_point now) const {
-  if (connected_ > 0 || seen_.empty()) return std::nullopt;
+  if (connected_ > 0) return std::nullopt;
   const bool all_came = static_cast<int>(seen_.size()) >= num_workers_;
   if (!all_came && (!none_since_ || now - *none_since_ < grace_)) return std::nullopt;
   std::string lost, missing;
@@ -40,7 +40,8 @@ std::optional<Status> WorkerPresence::Verdict(Clock::time_point now) const {
   if (!lost.empty()) why = lost + " left without saying bye (killed, or lost)";
   if (!missing.empty()) {
     why += (why.empty() ? "" : "; ") + missing + " never connected within " +
-           std::to_string(grace_.count() / 1000) + " s of the last worker leaving";
+           std::to_string(grace_.count() / 1000) + " s of " +
+           (seen_.empty() ? "the start" : "the last worker leaving");
   }
   return Status::Aborted("the job's workers are gone: " + why);
 }

@@ -5,9 +5,10 @@
 // Done, OK: every worker of the cluster connected, and every one has left
 // saying bye. Done with an error naming them: every worker that connected
 // has left and some were lost (left without bye), or none is connected and
-// some never came within the grace time since the last one left (their
-// tasks died before connecting, or were never started). A worker that comes
-// back in time (a restarted task) is no loss. Pure logic, fed by the shard.
+// some never came within the grace time since the last one left, or since
+// the start when none ever came (their tasks died before connecting, or
+// were never started). A worker that comes back in time (a restarted task)
+// is no loss. Pure logic, fed by the shard.
 #pragma once
 
 #include <chrono>
@@ -22,8 +23,8 @@ namespace tessera::server {
 class WorkerPresence {
  public:
   using Clock = std::chrono::steady_clock;
-  WorkerPresence(int num_workers, std::chrono::milliseconds grace)
-      : num_workers_(num_workers), grace_(grace) {}
+  WorkerPresence(int num_workers, std::chrono::milliseconds grace, Clock::time_point start)
+      : num_workers_(num_workers), grace_(grace), none_since_(start) {}
 
   void Connected(uint32_t rank, const std::string& task);
   // One of the rank's connections ended; `said_bye`: it left on purpose.
