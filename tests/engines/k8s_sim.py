@@ -8,7 +8,8 @@ TF_CONFIG written as Kubeflow's training operator writes it.
 
 What is simulated, and what is not: the images. A container's `tessera`
 is this build's, and the trainer's command (python3 /app/train.py) is
-replaced by tests/integration_worker, which checks exact sums. Volume
+replaced by tests/integration_worker, which checks exact sums; the image's
+ENV is the test's sanitizer and UCX settings (image_env). Volume
 mounts are mapped to directories of the test (a secret's keys as files, a
 claim as one directory every pod shares), and paths in the environment
 and command follow them.
@@ -245,7 +246,7 @@ class Cluster:
             command[0] = self.tessera
         env["HOSTNAME"] = pod.hostname
         env["PATH"] = os.environ.get("PATH", "/usr/bin:/bin")
-        return env, command
+        return dict(image_env(), **env), command
 
     def start(self, pod):
         env, command = self.render(pod)
@@ -281,6 +282,22 @@ class Cluster:
                     except ProcessLookupError:
                         pass
         return self.wait(pods, limit)
+
+
+# What an image's ENV would hold, taken from the test's own environment:
+# the build under test is "the image". A sanitizer build's image sets its
+# runtime's options, and a TSan one must turn UCX's memory hooks off
+# (UCX_MEM_MMAP_HOOK_MODE=none; libucm's hooks crash a TSan process when its
+# threads exit, whichever backend it uses), as tools/dev.sh does for every
+# other TSan test; LD_LIBRARY_PATH finds the UCX the build was linked with.
+# The pod spec's own variables come on top, as the kubelet puts them.
+IMAGE_ENV_NAMES = ("ASAN_OPTIONS", "UBSAN_OPTIONS", "LSAN_OPTIONS", "TSAN_OPTIONS",
+                   "LD_LIBRARY_PATH")
+
+
+def image_env():
+    return {k: v for k, v in os.environ.items()
+            if k in IMAGE_ENV_NAMES or k.startswith("UCX_")}
 
 
 def run(cmd):
