@@ -85,3 +85,16 @@ kill_job() {  # kill_job JOB
   local pid
   for pid in $(job_pids "$1"); do kill -KILL "$pid" 2> /dev/null; done
 }
+
+# The killed worker is named in LOG: by the survivors (the other worker's
+# step, the ps tasks' verdict), or by the engine itself (ENGINE_SAYS, a
+# regular expression), which may end the job before they say it. Shows the
+# first lines that name it.
+killed_worker_named() {  # killed_worker_named LOG ENGINE_SAYS
+  local said="(/job:worker/task:[01] disconnected|left without saying bye|$2)"
+  if ! grep -qE "$said" "$1"; then
+    echo "FAIL: nothing named the killed worker"
+    return 1
+  fi
+  grep -hE "$said" "$1" | head -3
+}

@@ -56,15 +56,8 @@ if wait_for_step "$dir/kill.log" 20 120; then
     echo "FAIL: the job ended well although a worker was killed"
     fails=$((fails + 1))
   fi
-  # The killed worker is named: by the survivors (the other worker's step,
-  # the ps tasks' verdict), or by mpirun, which aborts the job when it sees
-  # a rank killed, possibly before they say it.
-  if ! grep -qE "(/job:worker/task:[01] disconnected|left without saying bye|exited on signal 9)" \
-    "$dir/kill.log"; then
-    echo "FAIL: nothing named the killed worker"
-    fails=$((fails + 1))
-  fi
-  grep -hE "(disconnected|left without saying bye|exited on signal 9)" "$dir/kill.log" | head -3
+  # mpirun aborts the job when it sees a rank killed, and says so.
+  killed_worker_named "$dir/kill.log" "exited on signal 9" || fails=$((fails + 1))
 else
   kill "$launched" 2> /dev/null
   wait "$launched"

@@ -137,13 +137,8 @@ if wait_for_step "$dir/kill.log" 20 120; then
     echo "the job ended $((SECONDS - killed_at)) s after the kill: $(grep -o "JobState=[A-Z]*" <<< "$record"), $(grep -o " ExitCode=[0-9:]*" <<< "$record")"
     grep -q "JobState=COMPLETED" <<< "$record" &&
       { echo "FAIL: Slurm recorded the job COMPLETED although a worker was killed"; fails=$((fails + 1)); }
-    # Named: by the other worker or the ps tasks, or by srun itself.
-    if ! grep -qE "(/job:worker/task:[01] disconnected|left without saying bye|task [0-9]+: Killed)" \
-      "$dir/kill.log"; then
-      echo "FAIL: nothing named the killed worker"
-      fails=$((fails + 1))
-    fi
-    grep -hE "(disconnected|left without saying bye|task [0-9]+: Killed)" "$dir/kill.log" | head -3
+    # srun says which task was killed.
+    killed_worker_named "$dir/kill.log" "task [0-9]+: Killed" || fails=$((fails + 1))
   else
     fails=$((fails + 1))
   fi
