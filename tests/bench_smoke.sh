@@ -12,7 +12,7 @@ if "$here/../.venv/bin/python" -c "import matplotlib" 2>/dev/null; then
   plot=(--plot "$out/bench.png")
 fi
 "$TESSERA_BIN" bench fabric push pull push_pull step --transport tcp --sizes 8,64K \
-  --batch 1,4 --iters 5 --warmup 1 --check --model "$here/bench_smoke_model.txt" \
+  --batch 1,4 --iters 5 --warmup 1 --check --baseline --model "$here/bench_smoke_model.txt" \
   --json "$out/bench.json" "${plot[@]}"
 python3 - "$out/bench.json" <<'PY'
 import json, sys
@@ -27,6 +27,15 @@ for r in rows:
         assert r["allocs_per_op"] >= 0, r
 batches = {r["batch"] for r in rows if r["scenario"] == "push"}
 assert batches == {1, 4}, batches
+# Tessera's tcp beside plain sockets doing the same exchange (--baseline).
+want_baseline = {"fabric-put": "socket push", "fabric-get": "socket pull",
+                 "fabric-msg-rtt": "socket echo", "push": "socket push",
+                 "pull": "socket pull", "push_pull": "socket echo"}
+compared = [r for r in rows if r["scenario"] in want_baseline and r["batch"] == 1]
+assert compared, "no row to compare"
+for r in compared:
+    assert r["baseline"] == want_baseline[r["scenario"]], r
+    assert r["baseline_us"] > 0 and r["ratio"] > 0, r
 print(f"bench smoke: {len(rows)} rows, scenarios {sorted(seen)}")
 PY
 if [ ${#plot[@]} -gt 0 ]; then

@@ -7,8 +7,10 @@
 //              batch sizes (tensors per call), shard and worker counts
 //   step       a synchronous training step of a real model's tensors
 //              (bench/models/*.txt) against its bandwidth bound
-// With --baseline each figure is printed beside ucx_perftest's for the same
-// transport and size (ucp_put_bw, ucp_get, ucp_am_lat) and their ratio.
+// With --baseline each figure is printed beside the raw fabric's for the
+// same transport and size, and their ratio: ucx_perftest's (ucp_put_bw,
+// ucp_get, ucp_am_lat) on UCX, perftest's (ib_write_bw, ib_read_bw,
+// ib_send_lat) on verbs, plain sockets' (push, pull, echo) on Tessera's tcp.
 // With --load everything is measured again beside a CPU hog on every core,
 // each loaded row next to its quiet one, with the loaded/quiet ratio.
 #pragma once

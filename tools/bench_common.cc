@@ -83,9 +83,11 @@ void CompareBandwidth(Row* row, const std::string& test, const Perftest& p) {
 }
 
 void CompareRoundTrip(Row* row, const std::string& test, const Perftest& lat) {
-  row->baseline = "2 x " + test;
-  row->baseline_us = 2 * lat.us;
-  row->ratio = lat.ok && lat.us > 0 ? row->tessera.p50_us / (2 * lat.us) : 0;
+  // perftest's latency tests report one way; a round trip is two of them.
+  const double round_trip = lat.round_trip ? lat.us : 2 * lat.us;
+  row->baseline = lat.round_trip ? test : "2 x " + test;
+  row->baseline_us = round_trip;
+  row->ratio = lat.ok && round_trip > 0 ? row->tessera.p50_us / round_trip : 0;
   row->ratio_of = "time";
   row->note = lat.error;
 }
@@ -99,7 +101,7 @@ Fabric FabricFor(const BenchOptions& o, const std::string& transport) {
     return f;
   }
   if (transport == "tcp") {
-    // Tessera's own sockets; the raw-fabric baseline is UCX's tcp.
+    // Tessera's own sockets; the raw-fabric baseline is plain sockets.
     f.backend = "tcp";
     f.ucx_tls = "tcp";
     return f;
@@ -241,7 +243,22 @@ Perftest RunIbPerftest(const std::string& host, const std::string& test, uint64_
 
 }  // namespace
 
+namespace {
+SocketOp SocketOpFor(Baseline kind) {
+  switch (kind) {
+    case Baseline::kPut:
+      return SocketOp::kPush;
+    case Baseline::kGet:
+      return SocketOp::kPull;
+    case Baseline::kMessageLatency:
+      return SocketOp::kEcho;
+  }
+  return SocketOp::kEcho;
+}
+}  // namespace
+
 std::string BaselineName(const Fabric& f, Baseline kind) {
+  if (f.backend == "tcp") return SocketOpName(SocketOpFor(kind));
   const bool verbs = f.backend == "verbs";
   switch (kind) {
     case Baseline::kPut:
@@ -257,6 +274,7 @@ std::string BaselineName(const Fabric& f, Baseline kind) {
 Perftest RunBaseline(const Fabric& f, Baseline kind, uint64_t size, int iters, int warmup,
                      bool pin) {
   const std::string test = BaselineName(f, kind);
+  if (f.backend == "tcp") return RunSocketBaseline(SocketOpFor(kind), size, iters, warmup, pin);
   if (f.backend == "verbs") return RunIbPerftest(f.host, test, size, iters, pin);
   return RunUcxPerftest(f.ucx_tls, test, size, iters, warmup, pin);
 }

@@ -65,6 +65,8 @@ struct Perftest {
   bool ok = false;
   double us = 0;    // per operation: one-way latency for *_lat tests
   double gbps = 0;  // bandwidth tests
+  // `us` is a whole round trip (the socket baseline), not one way.
+  bool round_trip = false;
   std::string error;
 };
 // Sets a row's baseline from a perftest run: a bandwidth test (ratio of
@@ -76,11 +78,19 @@ void CompareRoundTrip(Row* row, const std::string& test, const Perftest& lat);
 // The raw fabric's own figure for the same size, in the same run: a put
 // bandwidth, a get bandwidth, or a message round trip's one-way latency.
 // UCX: ucx_perftest (ucp_put_bw, ucp_get, ucp_am_lat) with the same UCX_TLS;
-// verbs: perftest (ib_write_bw, ib_read_bw, ib_send_lat) over rdma_cm.
+// verbs: perftest (ib_write_bw, ib_read_bw, ib_send_lat) over rdma_cm;
+// Tessera's own tcp: plain sockets on loopback (socket push, pull, echo).
 enum class Baseline { kPut, kGet, kMessageLatency };
 std::string BaselineName(const Fabric& f, Baseline kind);
 Perftest RunBaseline(const Fabric& f, Baseline kind, uint64_t size, int iters, int warmup,
                      bool pin);
+
+// Plain sockets on loopback, a server thread that only moves the bytes:
+// push sends N bytes and reads an 8-byte answer, pull sends 8 bytes and
+// reads N, echo sends and reads N. Medians of round trips (tools/bench_socket.cc).
+enum class SocketOp : uint64_t { kPush = 0, kPull = 1, kEcho = 2 };
+std::string SocketOpName(SocketOp op);
+Perftest RunSocketBaseline(SocketOp op, uint64_t size, int iters, int warmup, bool pin);
 
 // Shard processes (`tessera server`) and worker clients in this process.
 // The cluster a scenario runs on: shard processes it starts on loopback, or

@@ -284,6 +284,20 @@ Status RunOps(const BenchOptions& o, const Fabric& fabric, std::vector<Row>* row
           CompareBandwidth(&row, "cudaMemcpy D2D", MemcpyBaseline(set.bytes, o.iters));
           row.note = "GPU buffers: " + row.gpu_path + (row.note.empty() ? "" : "; " + row.note);
         }
+      } else if (o.baseline && set.batch == 1 && c.num_workers() == 1 && fabric.backend == "tcp") {
+        // Plain sockets make the call's own exchange: push sends N bytes
+        // and reads 8, pull the reverse, push_pull N each way.
+        const uint64_t b = set.bytes;
+        const Baseline kind = op == "pull"        ? Baseline::kGet
+                              : op == "push_pull" ? Baseline::kMessageLatency
+                                                  : Baseline::kPut;
+        const Perftest p =
+            RunBaseline(fabric, kind, b, b <= 65536 ? o.iters * 10 : o.iters, o.warmup, o.pin);
+        if (b <= 65536) {
+          CompareRoundTrip(&row, BaselineName(fabric, kind), p);
+        } else {
+          CompareBandwidth(&row, BaselineName(fabric, kind), p);
+        }
       } else if (o.baseline && set.batch == 1 && c.num_workers() == 1) {
         const uint64_t b = set.bytes;
         if (b <= 65536) {

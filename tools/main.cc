@@ -252,8 +252,9 @@ int main(int argc, char** argv) try {
   bench_cmd->add_option("--model", bench.model,
                         "step: resnet50, bert-large, or a file of 'name d1,d2,...' lines");
   bench_cmd->add_flag("--baseline", bench.baseline,
-                      "run ucx_perftest (ucp_put_bw, ucp_get, ucp_am_lat), or perftest's "
-                      "ib_write_bw, ib_read_bw, ib_send_lat on verbs, for the same points");
+                      "run ucx_perftest (ucp_put_bw, ucp_get, ucp_am_lat), perftest's "
+                      "ib_write_bw, ib_read_bw, ib_send_lat on verbs, or plain loopback "
+                      "sockets on tcp, for the same points");
   bench_cmd->add_flag("--check", bench.check, "verify every transferred byte");
   bench_cmd->add_flag("!--no-pin", bench.pin,
                       "do not pin shards to the first cores and the bench to the last");
