@@ -82,16 +82,66 @@ void BM_OptimizerF32(benchmark::State& state) {
 BENCHMARK(BM_OptimizerF32<UpdateRule::kSgd>)->Arg(1 << 20)->Arg(64 << 20);
 BENCHMARK(BM_OptimizerF32<UpdateRule::kAdam>)->Arg(1 << 20)->Arg(64 << 20);
 
-void BM_AddBF16(benchmark::State& state) {
+// The f16/bf16 kernels (kernels/cpu/halves_cpu.h): traffic counts the
+// tensor's own bytes, as for f32, so their ratio to memcpy's is comparable.
+uint16_t Half(DType dtype, float x) {
+  return dtype == DType::kF16 ? FloatToHalf(x) : FloatToBFloat16(x);
+}
+
+template <DType kDType>
+void BM_AddHalf(benchmark::State& state) {
   const size_t n = static_cast<size_t>(state.range(0)) / 2;
-  std::vector<uint16_t> dst(n, FloatToBFloat16(1.0f)), src(n, FloatToBFloat16(0.5f));
+  std::vector<uint16_t> dst(n, Half(kDType, 1.0f)), src(n, Half(kDType, 0.0f));
   for (auto _ : state) {
-    (void)ApplyUpdateCpu(UpdateRule::kAdd, DType::kBF16, dst.data(), src.data(), n);
+    (void)ApplyUpdateCpu(UpdateRule::kAdd, kDType, dst.data(), src.data(), n);
     benchmark::ClobberMemory();
   }
   state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(n * 2));
+  Traffic(state, 3.0 * static_cast<double>(n * 2));
 }
-BENCHMARK(BM_AddBF16)->Arg(1 << 20)->Arg(64 << 20);
+BENCHMARK(BM_AddHalf<DType::kBF16>)->Arg(1 << 20)->Arg(64 << 20);
+BENCHMARK(BM_AddHalf<DType::kF16>)->Arg(1 << 20)->Arg(64 << 20);
+
+// A sync step's sum of 4 half gradients into the f32 accumulator, and the
+// average rounded back to a half gradient: gradients in (2 bytes each),
+// the accumulator written once and read and written three times (4 bytes),
+// the result out (2 bytes).
+template <DType kDType>
+void BM_SumOf4GradientsHalf(benchmark::State& state) {
+  const size_t n = static_cast<size_t>(state.range(0)) / 2;
+  std::vector<float> acc(n);
+  std::vector<uint16_t> g(4 * n, Half(kDType, 0.25f));
+  std::vector<uint8_t> out;
+  for (auto _ : state) {
+    for (size_t w = 0; w < 4; ++w) (void)Accumulate(kDType, acc.data(), &g[w * n], n, w == 0);
+    FinishAccumulation(kDType, acc.data(), n, 0.25, &out);
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(4 * n * 2));
+  Traffic(state, (4 * 2.0 + 4.0 + 3 * 8.0 + 4.0 + 2.0) * static_cast<double>(n));
+}
+BENCHMARK(BM_SumOf4GradientsHalf<DType::kBF16>)->Arg(1 << 20)->Arg(64 << 20);
+BENCHMARK(BM_SumOf4GradientsHalf<DType::kF16>)->Arg(1 << 20)->Arg(64 << 20);
+
+// Adam on a half parameter through its f32 master: p and g in (2 bytes),
+// master, m and v in and out (4 bytes), p out (2 bytes).
+template <DType kDType>
+void BM_AdamHalf(benchmark::State& state) {
+  const size_t n = static_cast<size_t>(state.range(0)) / 2;
+  std::vector<uint16_t> p(n, Half(kDType, 1.0f)), g(n, Half(kDType, 0.01f));
+  std::vector<float> master(n, 1.0f), m(n), v(n);
+  Hyperparams h;
+  RuleState st{m.data(), v.data(), master.data()};
+  uint64_t step = 0;
+  for (auto _ : state) {
+    (void)ApplyOptimizerCpu(UpdateRule::kAdam, h, kDType, p.data(), g.data(), n, st, ++step);
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(n * 2));
+  Traffic(state, (2.0 + 3 * 8.0 + 2.0) * static_cast<double>(n));
+}
+BENCHMARK(BM_AdamHalf<DType::kBF16>)->Arg(1 << 20)->Arg(64 << 20);
+BENCHMARK(BM_AdamHalf<DType::kF16>)->Arg(1 << 20)->Arg(64 << 20);
 
 }  // namespace
 }  // namespace tessera::kernels

@@ -4,7 +4,9 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
+#include <iostream>
 #include <random>
 #include <sstream>
 
@@ -16,6 +18,7 @@
 #include "core/log_throttle.h"
 #include "core/placement.h"
 #include "core/secret.h"
+#include "kernels/cpu/halves_cpu.h"
 #include "kernels/update.h"
 #include "tessera/client.h"
 #include "tessera/cluster.h"
@@ -233,6 +236,99 @@ TEST(Kernels, HalfConversionsRoundTripEveryValue) {
   EXPECT_EQ(FloatToHalf(65520.0f), 0x7c00) << "overflow rounds to inf";
   EXPECT_EQ(FloatToHalf(1.0f + 1.0f / 2048), 0x3c00) << "ties to even";
   EXPECT_EQ(FloatToBFloat16(1.00390625f), 0x3f80) << "ties to even";
+}
+
+// Floats that exercise every rounding case of a narrowing: each half's value
+// and the midpoints and neighbours around it, infinities, NaNs of both signs
+// with and without payloads, f32 subnormals, and random bit patterns.
+std::vector<float> NarrowingCases() {
+  std::vector<uint32_t> bits = {0x7f800000u, 0xff800000u, 0x7fc00000u, 0xffc00000u, 0x7f800001u,
+                                0xff812345u, 0x7fbfffffu, 0x00000001u, 0x807fffffu, 0x477ff000u,
+                                0x477fefffu, 0x33000000u, 0x33000001u, 0x38800000u, 0x387fffffu};
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    for (float f :
+         {HalfToFloat(static_cast<uint16_t>(h)), BFloat16ToFloat(static_cast<uint16_t>(h))}) {
+      uint32_t b;
+      std::memcpy(&b, &f, sizeof(b));
+      for (uint32_t d : {0u, 1u, 0xfffu, 0x1000u, 0x1001u, 0x7fffu, 0x8000u, 0x8001u}) {
+        bits.push_back(b + d);
+        bits.push_back(b - d);
+      }
+    }
+  }
+  std::mt19937 rng(11);
+  for (int i = 0; i < 100000; ++i) bits.push_back(static_cast<uint32_t>(rng()));
+  std::vector<float> out(bits.size());
+  std::memcpy(out.data(), bits.data(), bits.size() * sizeof(float));
+  return out;
+}
+
+// The block conversions every f16/bf16 kernel uses give the scalar
+// functions' bits, whichever path this CPU takes (F16C or scalar; bf16
+// vectorised by the compiler), at every length a block's tail can have.
+TEST(Kernels, BlockHalfConversionsMatchTheScalarOnesBitForBit) {
+  std::cout << "f16 conversions: " << kernels::HalfConversionPath() << "\n";
+  for (DType dt : {DType::kF16, DType::kBF16}) {
+    auto to = dt == DType::kF16 ? FloatToHalf : FloatToBFloat16;
+    auto from = dt == DType::kF16 ? HalfToFloat : BFloat16ToFloat;
+    std::vector<uint16_t> every(0x10000);
+    for (uint32_t h = 0; h < 0x10000; ++h) every[h] = static_cast<uint16_t>(h);
+    std::vector<float> wide(every.size());
+    kernels::WidenHalves(dt, every.data(), wide.data(), every.size());
+    for (uint32_t h = 0; h < 0x10000; ++h) {
+      const float want = from(static_cast<uint16_t>(h));
+      ASSERT_EQ(std::memcmp(&wide[h], &want, 4), 0)
+          << DTypeName(dt) << " widening " << std::hex << h;
+    }
+    const std::vector<float> cases = NarrowingCases();
+    std::vector<uint16_t> narrow(cases.size());
+    kernels::NarrowToHalves(dt, cases.data(), narrow.data(), cases.size());
+    for (size_t i = 0; i < cases.size(); ++i) {
+      ASSERT_EQ(narrow[i], to(cases[i])) << DTypeName(dt) << " narrowing " << cases[i];
+    }
+    for (size_t len = 0; len < 20; ++len) {  // the tails after whole vectors
+      std::vector<uint16_t> part(len, 0xabcd);
+      kernels::NarrowToHalves(dt, cases.data() + 3, part.data(), len);
+      for (size_t i = 0; i < len; ++i) ASSERT_EQ(part[i], to(cases[3 + i])) << len;
+    }
+  }
+}
+
+bool IsHalfNan(DType dtype, uint16_t h) {
+  return dtype == DType::kF16 ? (h & 0x7fff) > 0x7c00 : (h & 0x7fff) > 0x7f80;
+}
+
+// The fused f16/bf16 add against the scalar sum rounded once, for every
+// half against partners from every class (zeros, subnormals, normals,
+// infinities, NaNs); a NaN sum must be a NaN, its sign aside.
+TEST(Kernels, FusedHalfAddMatchesTheScalarSum) {
+  for (DType dt : {DType::kF16, DType::kBF16}) {
+    auto to = dt == DType::kF16 ? FloatToHalf : FloatToBFloat16;
+    auto from = dt == DType::kF16 ? HalfToFloat : BFloat16ToFloat;
+    for (uint32_t shift : {0u, 1u, 0x3ffu, 0x7c00u, 0x8001u, 40503u}) {
+      std::vector<uint16_t> dst(0x10000), src(0x10000);
+      for (uint32_t h = 0; h < 0x10000; ++h) {
+        dst[h] = static_cast<uint16_t>(h);
+        src[h] = static_cast<uint16_t>((h * 7 + shift) & 0xffff);
+      }
+      const std::vector<uint16_t> before = dst;
+      kernels::AddHalves(dt, dst.data(), src.data(), dst.size() - shift % 13);  // odd tails
+      for (size_t i = 0; i < dst.size(); ++i) {
+        if (i >= dst.size() - shift % 13) {
+          ASSERT_EQ(dst[i], before[i]) << "written past the end";
+          continue;
+        }
+        const uint16_t want = to(from(before[i]) + from(src[i]));
+        if (IsHalfNan(dt, want)) {
+          ASSERT_TRUE(IsHalfNan(dt, dst[i]))
+              << DTypeName(dt) << std::hex << " " << before[i] << " + " << src[i];
+        } else {
+          ASSERT_EQ(dst[i], want) << DTypeName(dt) << std::hex << " " << before[i] << " + "
+                                  << src[i];
+        }
+      }
+    }
+  }
 }
 
 template <typename T>

@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "core/dtype.h"
+#include "kernels/cpu/halves_cpu.h"
 #include "kernels/optimizer_params.h"
 #include "kernels/update.h"
 
@@ -115,13 +116,6 @@ void Step(UpdateRule rule, T* p, const T* g, T* s0, T* s1, size_t n, const Param
   }
 }
 
-float ToFloat(DType dtype, uint16_t x) {
-  return dtype == DType::kF16 ? HalfToFloat(x) : BFloat16ToFloat(x);
-}
-uint16_t FromFloat(DType dtype, float x) {
-  return dtype == DType::kF16 ? FloatToHalf(x) : FloatToBFloat16(x);
-}
-
 }  // namespace
 
 int StateSlots(UpdateRule rule) {
@@ -170,10 +164,7 @@ Status ResetRuleState(UpdateRule rule, const Hyperparams& h, DType dtype, const 
       std::fill_n(static_cast<float*>(state.slot0), n, h.initial_accumulator);
     }
   }
-  if (state.master) {
-    const auto* p = static_cast<const uint16_t*>(param);
-    for (size_t i = 0; i < n; ++i) state.master[i] = ToFloat(dtype, p[i]);
-  }
+  if (state.master) WidenHalves(dtype, static_cast<const uint16_t*>(param), state.master, n);
   return Status::Ok();
 }
 
@@ -212,14 +203,13 @@ Status ApplyOptimizerCpu(UpdateRule rule, const Hyperparams& h, DType dtype, voi
       const auto* g = static_cast<const uint16_t*>(grad);
       auto* s0 = static_cast<float*>(state.slot0);
       auto* s1 = static_cast<float*>(state.slot1);
-      constexpr size_t kBlock = 2048;
-      std::array<float, kBlock> g32;
-      for (size_t off = 0; off < n; off += kBlock) {
-        const size_t len = std::min(kBlock, n - off);
-        for (size_t i = 0; i < len; ++i) g32[i] = ToFloat(dtype, g[off + i]);
+      std::array<float, kHalfBlock> g32;
+      for (size_t off = 0; off < n; off += kHalfBlock) {
+        const size_t len = std::min(kHalfBlock, n - off);
+        WidenHalves(dtype, g + off, g32.data(), len);
         Step(rule, state.master + off, g32.data(), s0 ? s0 + off : nullptr, s1 ? s1 + off : nullptr,
              len, k);
-        for (size_t i = 0; i < len; ++i) p[off + i] = FromFloat(dtype, state.master[off + i]);
+        NarrowToHalves(dtype, state.master + off, p + off, len);
       }
       return Status::Ok();
     }

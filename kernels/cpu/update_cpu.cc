@@ -1,7 +1,10 @@
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 
 #include "core/dtype.h"
+#include "kernels/cpu/halves_cpu.h"
 #include "kernels/update.h"
 
 namespace tessera::kernels {
@@ -10,11 +13,6 @@ namespace {
 template <typename T>
 void AddLoop(T* __restrict dst, const T* __restrict src, size_t n) {
   for (size_t i = 0; i < n; ++i) dst[i] += src[i];
-}
-
-template <float (*ToFloat)(uint16_t), uint16_t (*FromFloat)(float)>
-void AddHalfLoop(uint16_t* __restrict dst, const uint16_t* __restrict src, size_t n) {
-  for (size_t i = 0; i < n; ++i) dst[i] = FromFloat(ToFloat(dst[i]) + ToFloat(src[i]));
 }
 
 }  // namespace
@@ -41,12 +39,8 @@ Status ApplyUpdateCpu(UpdateRule rule, DType dtype, void* dst, const void* src, 
       AddLoop(static_cast<uint64_t*>(dst), static_cast<const uint64_t*>(src), n);
       break;
     case DType::kF16:
-      AddHalfLoop<HalfToFloat, FloatToHalf>(static_cast<uint16_t*>(dst),
-                                            static_cast<const uint16_t*>(src), n);
-      break;
     case DType::kBF16:
-      AddHalfLoop<BFloat16ToFloat, FloatToBFloat16>(static_cast<uint16_t*>(dst),
-                                                    static_cast<const uint16_t*>(src), n);
+      AddHalves(dtype, static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(src), n);
       break;
   }
   return Status::Ok();
@@ -60,8 +54,15 @@ Status Accumulate(DType dtype, void* acc, const void* grad, size_t n, bool first
   if (dtype == DType::kF16 || dtype == DType::kBF16) {
     auto* a = static_cast<float*>(acc);
     const auto* g = static_cast<const uint16_t*>(grad);
-    auto to_float = dtype == DType::kF16 ? HalfToFloat : BFloat16ToFloat;
-    for (size_t i = 0; i < n; ++i) a[i] = (first ? 0.0f : a[i]) + to_float(g[i]);
+    std::array<float, kHalfBlock> g32;
+    for (size_t off = 0; off < n; off += kHalfBlock) {
+      const size_t len = std::min(kHalfBlock, n - off);
+      WidenHalves(dtype, g + off, g32.data(), len);
+      // The first gradient is added to +0 (a -0 gradient sums to +0), as the
+      // CUDA twin does.
+      if (first) std::fill_n(a + off, len, 0.0f);
+      AddLoop(a + off, g32.data(), len);
+    }
     return Status::Ok();
   }
   return ApplyUpdateCpu(first ? UpdateRule::kAssign : UpdateRule::kAdd, dtype, acc, grad, n);
@@ -87,9 +88,8 @@ const void* FinishAccumulation(DType dtype, void* acc, size_t n, double scale,
     case DType::kBF16: {
       auto* a = static_cast<float*>(acc);
       out->resize(n * 2);
-      auto* o = reinterpret_cast<uint16_t*>(out->data());
-      auto from_float = dtype == DType::kF16 ? FloatToHalf : FloatToBFloat16;
-      for (size_t i = 0; i < n; ++i) o[i] = from_float(a[i] * static_cast<float>(scale));
+      if (scale != 1.0) Scale(a, n, static_cast<float>(scale));
+      NarrowToHalves(dtype, a, reinterpret_cast<uint16_t*>(out->data()), n);
       return out->data();
     }
     case DType::kI32:

@@ -1,0 +1,195 @@
+// bf16 converts with integer arithmetic that every vector unit has: plain
+// loops that GCC vectorises, built for AVX-512, AVX2 and baseline x86-64
+// (target_clones, as the optimizers). f16 needs the hardware's conversion
+// instructions (F16C), chosen at run time; a CPU without them takes the
+// scalar functions of core/dtype.h.
+#include "kernels/cpu/halves_cpu.h"
+
+#include <cstring>
+
+#include "core/dtype.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define TESSERA_HALF_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define TESSERA_HALF_CLONES
+#endif
+
+namespace tessera::kernels {
+namespace {
+
+inline float BFloat16Bits(uint16_t b) {
+  const uint32_t bits = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+// FloatToBFloat16 without its branch, so that loops calling it vectorise.
+inline uint16_t RoundToBFloat16(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, sizeof(x));
+  const uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
+  const uint32_t quiet_nan = (x >> 16) | 0x40u;
+  return static_cast<uint16_t>((x & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
+}
+
+TESSERA_HALF_CLONES
+void WidenBFloat16(const uint16_t* __restrict in, float* __restrict out, size_t n) {
+  for (size_t i = 0; i < n; ++i) out[i] = BFloat16Bits(in[i]);
+}
+
+TESSERA_HALF_CLONES
+void NarrowToBFloat16(const float* __restrict in, uint16_t* __restrict out, size_t n) {
+  for (size_t i = 0; i < n; ++i) out[i] = RoundToBFloat16(in[i]);
+}
+
+TESSERA_HALF_CLONES
+void AddBFloat16(uint16_t* __restrict dst, const uint16_t* __restrict src, size_t n) {
+  for (size_t i = 0; i < n; ++i)
+    dst[i] = RoundToBFloat16(BFloat16Bits(dst[i]) + BFloat16Bits(src[i]));
+}
+
+void AddHalfScalar(uint16_t* dst, const uint16_t* src, size_t n) {
+  for (size_t i = 0; i < n; ++i) dst[i] = FloatToHalf(HalfToFloat(dst[i]) + HalfToFloat(src[i]));
+}
+
+void WidenHalfScalar(const uint16_t* in, float* out, size_t n) {
+  for (size_t i = 0; i < n; ++i) out[i] = HalfToFloat(in[i]);
+}
+
+void NarrowToHalfScalar(const float* in, uint16_t* out, size_t n) {
+  for (size_t i = 0; i < n; ++i) out[i] = FloatToHalf(in[i]);
+}
+
+#if defined(__x86_64__)
+__attribute__((target("avx2,f16c"))) void WidenHalfF16c(const uint16_t* in, float* out, size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i));
+    __m256 f = _mm256_cvtph_ps(h);
+    // A signalling NaN is widened quiet by the hardware; HalfToFloat keeps
+    // its bits. Keep them too: the widened value must be the same.
+    const __m128i magnitude = _mm_and_si128(h, _mm_set1_epi16(0x7fff));
+    const __m128i is_nan = _mm_cmpgt_epi16(magnitude, _mm_set1_epi16(0x7c00));
+    if (!_mm_testz_si128(is_nan, is_nan)) {
+      const __m256i widened_bits = _mm256_or_si256(
+          _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_and_si128(h, _mm_set1_epi16(-32768))), 16),
+          _mm256_or_si256(_mm256_set1_epi32(0x7f800000),
+                          _mm256_slli_epi32(
+                              _mm256_cvtepu16_epi32(_mm_and_si128(h, _mm_set1_epi16(0x3ff))), 13)));
+      const __m256i mask = _mm256_cvtepi16_epi32(is_nan);
+      f = _mm256_blendv_ps(f, _mm256_castsi256_ps(widened_bits), _mm256_castsi256_ps(mask));
+    }
+    _mm256_storeu_ps(out + i, f);
+  }
+  WidenHalfScalar(in + i, out + i, n - i);
+}
+
+// Eight floats to halves, rounded to nearest even. The hardware keeps a
+// NaN's payload; FloatToHalf gives the quiet NaN of its sign, and so does this.
+__attribute__((target("avx2,f16c"))) inline __m128i RoundToHalves(__m256 f) {
+  const __m128i h = _mm256_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT);
+  const __m128i magnitude = _mm_and_si128(h, _mm_set1_epi16(0x7fff));
+  const __m128i is_nan = _mm_cmpgt_epi16(magnitude, _mm_set1_epi16(0x7c00));
+  const __m128i canonical =
+      _mm_or_si128(_mm_and_si128(h, _mm_set1_epi16(-32768)), _mm_set1_epi16(0x7e00));
+  return _mm_blendv_epi8(h, canonical, is_nan);
+}
+
+__attribute__((target("avx2,f16c"))) void NarrowToHalfF16c(const float* in, uint16_t* out,
+                                                           size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), RoundToHalves(_mm256_loadu_ps(in + i)));
+  }
+  NarrowToHalfScalar(in + i, out + i, n - i);
+}
+
+// A NaN operand's payload does not matter here: the sum is NaN, and is
+// rounded to the canonical NaN whatever its bits.
+__attribute__((target("avx2,f16c"))) void AddHalfF16c(uint16_t* dst, const uint16_t* src,
+                                                      size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 a = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(dst + i)));
+    const __m256 b = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i)));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), RoundToHalves(_mm256_add_ps(a, b)));
+  }
+  AddHalfScalar(dst + i, src + i, n - i);
+}
+
+// Sixteen bf16 sums at a time. Widening is a shift into the top half of
+// each 32-bit lane (unpack with zeros), narrowing RoundToBFloat16's
+// arithmetic on whole vectors; unpack and pack both work within 128-bit
+// lanes, so the elements come back in their order.
+__attribute__((target("avx2"))) inline __m256i RoundToBFloat16x8(__m256 f) {
+  const __m256i x = _mm256_castps_si256(f);
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(1));
+  const __m256i rounded =
+      _mm256_srli_epi32(_mm256_add_epi32(x, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff))), 16);
+  const __m256i quiet_nan = _mm256_or_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(0x40));
+  const __m256i is_nan = _mm256_cmpgt_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0x7fffffff)),
+                                            _mm256_set1_epi32(0x7f800000));
+  return _mm256_blendv_epi8(rounded, quiet_nan, is_nan);
+}
+
+__attribute__((target("avx2"))) void AddBFloat16Avx2(uint16_t* dst, const uint16_t* src, size_t n) {
+  const __m256i zero = _mm256_setzero_si256();
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(dst + i));
+    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
+    const __m256 lo = _mm256_add_ps(_mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, a)),
+                                    _mm256_castsi256_ps(_mm256_unpacklo_epi16(zero, b)));
+    const __m256 hi = _mm256_add_ps(_mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, a)),
+                                    _mm256_castsi256_ps(_mm256_unpackhi_epi16(zero, b)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i),
+                        _mm256_packus_epi32(RoundToBFloat16x8(lo), RoundToBFloat16x8(hi)));
+  }
+  AddBFloat16(dst + i, src + i, n - i);
+}
+
+bool HasF16c() {
+  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  return has;
+}
+bool HasAvx2() {
+  static const bool has = __builtin_cpu_supports("avx2");
+  return has;
+}
+#else
+bool HasF16c() { return false; }
+#endif
+
+}  // namespace
+
+void WidenHalves(DType dtype, const uint16_t* in, float* out, size_t n) {
+  if (dtype == DType::kBF16) return WidenBFloat16(in, out, n);
+#if defined(__x86_64__)
+  if (HasF16c()) return WidenHalfF16c(in, out, n);
+#endif
+  WidenHalfScalar(in, out, n);
+}
+
+void NarrowToHalves(DType dtype, const float* in, uint16_t* out, size_t n) {
+  if (dtype == DType::kBF16) return NarrowToBFloat16(in, out, n);
+#if defined(__x86_64__)
+  if (HasF16c()) return NarrowToHalfF16c(in, out, n);
+#endif
+  NarrowToHalfScalar(in, out, n);
+}
+
+void AddHalves(DType dtype, uint16_t* dst, const uint16_t* src, size_t n) {
+#if defined(__x86_64__)
+  if (dtype == DType::kBF16 && HasAvx2()) return AddBFloat16Avx2(dst, src, n);
+  if (dtype == DType::kF16 && HasF16c()) return AddHalfF16c(dst, src, n);
+#endif
+  if (dtype == DType::kBF16) return AddBFloat16(dst, src, n);
+  AddHalfScalar(dst, src, n);
+}
+
+const char* HalfConversionPath() { return HasF16c() ? "f16c" : "scalar"; }
+
+}  // namespace tessera::kernels
