@@ -19,36 +19,20 @@
 namespace tessera::kernels {
 namespace {
 
-inline float BFloat16Bits(uint16_t b) {
-  const uint32_t bits = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof(f));
-  return f;
-}
-
-// FloatToBFloat16 without its branch, so that loops calling it vectorise.
-inline uint16_t RoundToBFloat16(float f) {
-  uint32_t x;
-  std::memcpy(&x, &f, sizeof(x));
-  const uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
-  const uint32_t quiet_nan = (x >> 16) | 0x40u;
-  return static_cast<uint16_t>((x & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
-}
-
 TESSERA_HALF_CLONES
 void WidenBFloat16(const uint16_t* __restrict in, float* __restrict out, size_t n) {
-  for (size_t i = 0; i < n; ++i) out[i] = BFloat16Bits(in[i]);
+  for (size_t i = 0; i < n; ++i) out[i] = BFloat16ToFloat(in[i]);
 }
 
 TESSERA_HALF_CLONES
 void NarrowToBFloat16(const float* __restrict in, uint16_t* __restrict out, size_t n) {
-  for (size_t i = 0; i < n; ++i) out[i] = RoundToBFloat16(in[i]);
+  for (size_t i = 0; i < n; ++i) out[i] = FloatToBFloat16(in[i]);
 }
 
 TESSERA_HALF_CLONES
 void AddBFloat16(uint16_t* __restrict dst, const uint16_t* __restrict src, size_t n) {
   for (size_t i = 0; i < n; ++i)
-    dst[i] = RoundToBFloat16(BFloat16Bits(dst[i]) + BFloat16Bits(src[i]));
+    dst[i] = FloatToBFloat16(BFloat16ToFloat(dst[i]) + BFloat16ToFloat(src[i]));
 }
 
 void AddHalfScalar(uint16_t* dst, const uint16_t* src, size_t n) {
@@ -121,7 +105,7 @@ __attribute__((target("avx2,f16c"))) void AddHalfF16c(uint16_t* dst, const uint1
 }
 
 // Sixteen bf16 sums at a time. Widening is a shift into the top half of
-// each 32-bit lane (unpack with zeros), narrowing RoundToBFloat16's
+// each 32-bit lane (unpack with zeros), narrowing FloatToBFloat16's
 // arithmetic on whole vectors; unpack and pack both work within 128-bit
 // lanes, so the elements come back in their order.
 __attribute__((target("avx2"))) inline __m256i RoundToBFloat16x8(__m256 f) {

@@ -68,12 +68,14 @@ inline float BFloat16ToFloat(uint16_t b) {
   return f;
 }
 
+// Rounds to nearest even; a NaN keeps its top bits with the quiet bit set.
+// Without a branch, so that loops calling it vectorise (kernels/cpu).
 inline uint16_t FloatToBFloat16(float f) {
   uint32_t x;
   std::memcpy(&x, &f, sizeof(x));
-  if ((x & 0x7fffffff) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40);  // quiet nan
-  x += 0x7fff + ((x >> 16) & 1);
-  return static_cast<uint16_t>(x >> 16);
+  const uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
+  const uint32_t quiet_nan = (x >> 16) | 0x40u;
+  return static_cast<uint16_t>((x & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
 }
 
 // Writes `value` as one element of `dtype` at `out` (floats rounded to
