@@ -8,7 +8,10 @@ BUILD=$1
 # longer steps and a smaller integration test (see tools/dev.sh).
 T="timeout ${TESSERA_VM_STEP_TIMEOUT:-300}"
 WORKER_ARGS=${TESSERA_VM_WORKER_ARGS:-}
-step() { echo "=== rdma-vm: $*"; }
+# Each step says when it starts (seconds since the suite began), so that a
+# slow run shows where its time went.
+started=$(date +%s)
+step() { echo "=== rdma-vm (+$(($(date +%s) - started)) s): $*"; }
 # TESSERA_VM_ONLY=cluster: only the cluster runs (CI repeats those beside a
 # CPU hog); unset: every step.
 only=${TESSERA_VM_ONLY:-}
@@ -50,7 +53,7 @@ UCX_TLS=rc_verbs UCX_NET_DEVICES=rxe0:1 UCX_IB_GID_INDEX=1 \
   -- "$BUILD/tests/integration_worker" $WORKER_ARGS
 
 if [ "$only" = cluster ]; then
-  echo "=== rdma-vm: the cluster runs passed"
+  step "the cluster runs passed"
   exit 0
 fi
 
@@ -69,4 +72,4 @@ print(f"bench: {len(compared)} rows beside perftest (figures are functional only
 PY
 
 rm -f "$out"
-echo "=== rdma-vm: all passed"
+step "all passed"

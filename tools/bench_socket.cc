@@ -195,7 +195,9 @@ Perftest RunSocketBaseline(SocketOp op, uint64_t size, int iters, int warmup, bo
   conn = Fd();  // the server sees the end and returns
   server.join();
   if (!out.error.empty() || us.empty()) return out;
-  const Stats s = Summarise(std::move(us), size);
+  // Bytes moved per round trip: an echo carries them both ways, as
+  // push_pull's rows count them.
+  const Stats s = Summarise(std::move(us), op == SocketOp::kEcho ? 2 * size : size);
   out.ok = true;
   out.us = s.p50_us;
   out.gbps = s.gbps;
