@@ -10,6 +10,7 @@
 #include "core/dtype.h"
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define TESSERA_HALF_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
@@ -136,7 +137,13 @@ __attribute__((target("avx2"))) void AddBFloat16Avx2(uint16_t* dst, const uint16
 }
 
 bool HasF16c() {
-  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  // F16C from CPUID itself: clang's __builtin_cpu_supports does not know it.
+  // AVX2 through the builtin, which also checks the OS saves AVX state.
+  static const bool has = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    return __builtin_cpu_supports("avx2") && __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 &&
+           (ecx & bit_F16C) != 0;
+  }();
   return has;
 }
 bool HasAvx2() {
