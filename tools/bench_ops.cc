@@ -286,11 +286,13 @@ Status RunOps(const BenchOptions& o, const Fabric& fabric, std::vector<Row>* row
         }
       } else if (o.baseline && set.batch == 1 && c.num_workers() == 1 && fabric.backend == "tcp") {
         // Plain sockets make the call's own exchange: push sends N bytes
-        // and reads 8, pull the reverse, push_pull N each way.
+        // and reads 8, pull the reverse, push_pull (and push_then_pull) N
+        // each way.
         const uint64_t b = set.bytes;
-        const Baseline kind = op == "pull"        ? Baseline::kGet
-                              : op == "push_pull" ? Baseline::kMessageLatency
-                                                  : Baseline::kPut;
+        const bool both_ways = op == "push_pull" || op == "push_then_pull";
+        const Baseline kind = op == "pull" ? Baseline::kGet
+                              : both_ways  ? Baseline::kMessageLatency
+                                           : Baseline::kPut;
         const Perftest p =
             RunBaseline(fabric, kind, b, b <= 65536 ? o.iters * 10 : o.iters, o.warmup, o.pin);
         if (b <= 65536) {
