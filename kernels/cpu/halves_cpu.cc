@@ -1,11 +1,10 @@
 // bf16 converts with integer arithmetic that every vector unit has: plain
-// loops that GCC vectorises, built for AVX-512, AVX2 and baseline x86-64
-// (target_clones, as the optimizers). f16 needs the hardware's conversion
-// instructions (F16C), chosen at run time; a CPU without them takes the
-// scalar functions of core/dtype.h.
+// loops over core/dtype.h's branch-free functions, which GCC vectorises,
+// built for AVX-512, AVX2 and baseline x86-64 (target_clones, as the
+// optimizers); the fused add, which GCC vectorised poorly, is written out
+// for AVX2. f16 needs the hardware's conversion instructions (F16C). Both
+// are chosen at run time; a CPU without them takes the scalar functions.
 #include "kernels/cpu/halves_cpu.h"
-
-#include <cstring>
 
 #include "core/dtype.h"
 
