@@ -13,8 +13,9 @@
 #                       again under ASan/UBSan; the fuzz targets (libFuzzer,
 #                       clang, ASan/UBSan) for a bounded time each; the unit
 #                       and integration suites under ThreadSanitizer; then
-#                       those suites built against PyPI's CUDA-capable UCX
-#                       (libucx-cu12), the UCX a GPU deployment would use.
+#                       those suites' UCX cases built against PyPI's
+#                       CUDA-capable UCX (libucx-cu12), the UCX a GPU
+#                       deployment would use.
 #                       Each stage prints how long it took. The builds of
 #                       the later stages run behind the earlier stages'
 #                       tests, at the lowest CPU priority.
