@@ -68,13 +68,18 @@ cp "$here/meson-consumer/meson.build" "$here/trainer.cc" "$work/meson-src/"
 meson setup "$work/meson-build" "$work/meson-src" >"$work/meson-setup.log" 2>&1 ||
   { cat "$work/meson-setup.log"; exit 1; }
 ninja -C "$work/meson-build" >/dev/null
-readelf -d "$work/meson-build/trainer" | grep NEEDED | grep -qE 'libtessera\.so\.0' ||
+# Each tool's whole output first, then the checks: under pipefail, `tool |
+# grep -q` fails whenever grep's early exit cuts the tool off (SIGPIPE),
+# which ldd, writing line by line, did now and then.
+needed=$(readelf -d "$work/meson-build/trainer" | grep NEEDED)
+grep -qE 'libtessera\.so\.0' <<< "$needed" ||
   { echo "FAIL: the meson trainer does not need libtessera.so.0"; exit 1; }
-if readelf -d "$work/meson-build/trainer" | grep NEEDED | grep -E 'libuc[pts]|libfmt|libspdlog|libcuda'; then
+if grep -E 'libuc[pts]|libfmt|libspdlog|libcuda' <<< "$needed"; then
   echo "FAIL: the meson trainer links a dependency Tessera should keep private"; exit 1
 fi
-ldd "$work/meson-build/trainer" | grep -q "$stage.*libtessera" ||
-  { echo "FAIL: the trainer did not load the staged libtessera"; exit 1; }
+loaded=$(ldd "$work/meson-build/trainer")
+grep -q "$stage.*libtessera" <<< "$loaded" ||
+  { echo "$loaded"; echo "FAIL: the trainer did not load the staged libtessera"; exit 1; }
 run_cluster "meson trainer" "$work/meson-build/trainer"
 
 echo "== a CMake project, through find_package(Tessera)"
