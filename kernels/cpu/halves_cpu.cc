@@ -8,9 +8,22 @@
 
 #include "core/dtype.h"
 
+// ThreadSanitizer cannot run an IFUNC resolver (target_clones' dispatch):
+// the loader calls it before TSan's runtime is up, and it crashes. A TSan
+// build takes the baseline copy.
+#if defined(__SANITIZE_THREAD__)
+#define TESSERA_NO_IFUNC 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define TESSERA_NO_IFUNC 1
+#endif
+#endif
+
 #if defined(__x86_64__)
 #include <cpuid.h>
 #include <immintrin.h>
+#endif
+#if defined(__x86_64__) && !defined(TESSERA_NO_IFUNC)
 #define TESSERA_HALF_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define TESSERA_HALF_CLONES
