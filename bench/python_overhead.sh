@@ -9,8 +9,8 @@ build=${1:-$here/../build}
 python=${2:-$here/../.venv/bin/python}
 shift $(($# < 2 ? $# : 2))
 export PYTHONPATH="$build/python${PYTHONPATH:+:$PYTHONPATH}"
-echo "| transport | size | call | Python µs/call | C++ µs/call | Python − C++ µs | ratio |"
-echo "|---|---|---|---:|---:|---:|---:|"
+echo "| transport | size | call | Python µs/call | C++ µs/call, spaced as Python | Python − C++ µs | C++ back to back µs/call | spaced − back to back µs |"
+echo "|---|---|---|---:|---:|---:|---:|---:|"
 run() {  # run LABEL TRANSPORT [env...]
   local label=$1 transport=$2
   shift 2

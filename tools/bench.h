@@ -31,6 +31,10 @@ struct BenchOptions {
   int workers = 1;
   int iters = 30;
   int warmup = 3;
+  // Busy work between two calls, in µs: a trainer computes between its
+  // calls, and a call made after a pause may find the fabric's and the
+  // shard's threads asleep, which a back-to-back loop never does.
+  int gap_us = 0;
   // host, or cuda: the shards keep parameters on GPU 0 (staging through
   // host memory where the fabric cannot reach it) and the workers push from
   // and pull into GPU buffers; --baseline then compares with cudaMemcpy.

@@ -184,6 +184,13 @@ Status RunOps(const BenchOptions& o, const Fabric& fabric, std::vector<Row>* row
           push_pull.push_back({ts[k], src(k), dst(k), set.bytes});
         }
         for (int it = 0; it < o.warmup + o.iters; ++it) {
+          if (o.gap_us > 0) {
+            // Busy, as compute is: the core stays this thread's.
+            const auto resume =
+                std::chrono::steady_clock::now() + std::chrono::microseconds(o.gap_us);
+            while (std::chrono::steady_clock::now() < resume) {
+            }
+          }
           if (o.check) {
             for (size_t k = 0; k < ts.size(); ++k) {
               Pattern(out[k], w, static_cast<int>(k), it);

@@ -248,6 +248,10 @@ int main(int argc, char** argv) try {
   bench_cmd->add_option("--workers", bench.workers, "workers (clients, one thread each)");
   bench_cmd->add_option("--iters", bench.iters, "timed iterations per point");
   bench_cmd->add_option("--warmup", bench.warmup, "untimed iterations first");
+  bench_cmd
+      ->add_option("--gap-us", bench.gap_us,
+                   "busy work between two calls, in µs (a trainer computing)")
+      ->check(CLI::Range(0, 1'000'000));
   bench_cmd->add_option("--memory", bench.memory, "host or cuda");
   bench_cmd->add_option("--model", bench.model,
                         "step: resnet50, bert-large, or a file of 'name d1,d2,...' lines");

@@ -268,22 +268,25 @@ class PyClient {
 
   void Push(nb::handle items, std::optional<uint64_t> step) {
     Blocking(PushItems(items), [step](Client& c, const std::vector<PushItem>& push) {
-      return step ? c.PushAsync(push, *step) : c.PushAsync(push);
+      return step ? c.Push(push, *step) : c.Push(push);
     });
   }
   void Pull(nb::handle items, uint64_t min_version, uint64_t min_step) {
     Blocking(PullItems(items, min_version, min_step),
-             [](Client& c, const std::vector<PullItem>& pull) { return c.PullAsync(pull); });
+             [](Client& c, const std::vector<PullItem>& pull) { return c.Pull(pull); });
   }
   void PushPull(nb::handle items) {
     Blocking(PushPullItems(items),
-             [](Client& c, const std::vector<PushPullItem>& pp) { return c.PushPullAsync(pp); });
+             [](Client& c, const std::vector<PushPullItem>& pp) { return c.PushPull(pp); });
   }
 
   // For benchmarks/python_overhead.py: the same blocking call `n` times from
   // C++, so that Python's share of a call is measured beside C++'s in one
   // process, on one cluster, with the same arrays. Seconds per call.
-  double TimeCalls(const std::string& kind, nb::handle items, uint64_t n) {
+  // `pause_us`: a busy pause between calls, standing in for the caller's own
+  // work (the interpreter's, from Python), so that what calls spaced apart
+  // cost can be told from what the binding adds (docs/PERFORMANCE.md).
+  double TimeCalls(const std::string& kind, nb::handle items, uint64_t n, double pause_us) {
     const bool is_push = kind == "push";
     if (!is_push && kind != "pull") ThrowIfError(Status::InvalidArgument("kind: push or pull"));
     Call<PushItem> push;
@@ -298,8 +301,12 @@ class PyClient {
     const auto start = std::chrono::steady_clock::now();
     {
       nb::gil_scoped_release release;
+      const auto pause = std::chrono::duration<double, std::micro>(pause_us);
       for (uint64_t i = 0; i < n && st.ok(); ++i) {
         st = is_push ? c.Push(push.items) : c.Pull(pull.items);
+        const auto resume = std::chrono::steady_clock::now() + pause;
+        while (pause_us > 0 && std::chrono::steady_clock::now() < resume) {
+        }
       }
     }
     const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
@@ -363,18 +370,16 @@ class PyClient {
     return std::make_unique<PyFuture>(std::move(f), std::move(call.held), op_timeout_);
   }
 
-  // Starts and waits in one release of the GIL, as Client::Push does: this
-  // thread drives the client's progress from the first moment, instead of
-  // handing the reply to the progress thread while it takes the GIL back.
-  template <typename Item, typename Start>
-  void Blocking(Call<Item> call, Start&& start) {
+  // Calls the C++ client's blocking call in one release of the GIL, so that
+  // this thread drives the client's progress from the first moment, instead
+  // of handing the reply to the progress thread while it takes the GIL back.
+  // A call that gave up waiting (its deadline) may still be in flight, and
+  // reading or writing the arrays: they are then kept for good.
+  template <typename Item, typename Call_>
+  void Blocking(Call<Item> call, Call_&& blocking_call) {
     Client& c = client();
-    Future f;
-    Status st = WithoutGil([&] {
-      f = start(c, call.items);
-      return f.Wait();
-    });
-    if (!f.ready()) KeepForever(std::move(call.held));
+    Status st = WithoutGil([&] { return blocking_call(c, call.items); });
+    if (st.code() == StatusCode::kDeadlineExceeded) KeepForever(std::move(call.held));
     ThrowIfError(st);
   }
 
@@ -507,7 +512,7 @@ void BindClient(nb::module_& m) {
       .def_prop_ro("num_shards", [](PyClient& c) { return c.client().num_shards(); })
       .def_prop_ro("op_timeout",
                    [](PyClient& c) { return static_cast<double>(c.op_timeout().count()) / 1e3; })
-      .def("_time_calls", &PyClient::TimeCalls, "kind"_a, "items"_a, "n"_a);
+      .def("_time_calls", &PyClient::TimeCalls, "kind"_a, "items"_a, "n"_a, "pause_us"_a = 0.0);
 }
 
 }  // namespace tessera::python
