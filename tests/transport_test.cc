@@ -599,27 +599,6 @@ TEST_P(TransportTest, DrivingThreadsRunHandlersOneAtATime) {
   EXPECT_GT(ran_on_drivers_.load(), 0) << "no handler ran on a driving thread";
 }
 
-// A thread that says it will drive (BeginDriving) takes over the tasks
-// posted meanwhile, from itself or from others, and the progress thread is
-// not woken for them. Whatever it leaves undone when it stops (StopDriving),
-// here everything, since it never drives, must still run: the progress
-// thread, asleep on its fds with no timer due, is woken for it.
-TEST_P(TransportTest, TasksPostedWhileAThreadDrivesRunAfterItStops) {
-  for (int i = 0; i < 100; ++i) {
-    // Long enough for the progress thread to go back to sleep, so that most
-    // rounds start from there; the test passes either way.
-    std::this_thread::sleep_for(1ms);
-    Waiter<int> own, other;
-    client_ctx_->BeginDriving();
-    client_ctx_->Post([done = own.callback()] { done(1); });
-    std::thread poster([&] { client_ctx_->Post([done = other.callback()] { done(2); }); });
-    poster.join();
-    client_ctx_->StopDriving();
-    ASSERT_EQ(own.Wait(10s), 1) << "round " << i << ": the driver's own task never ran";
-    ASSERT_EQ(other.Wait(10s), 2) << "round " << i << ": another thread's task never ran";
-  }
-}
-
 // A peer process killed in the middle of a stream of reads: the reads fail,
 // and the connection is reported lost, within a bound; nothing hangs.
 TEST(VerbsFailure, PeerKilledMidTransferFailsWithinBound) {

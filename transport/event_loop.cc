@@ -92,13 +92,9 @@ void EventLoop::Post(std::function<void()> fn) {
     tasks_.push_back(std::move(fn));
     has_tasks_.store(true);  // sequentially consistent: see Nap
   }
-  // A thread driving the loop runs the task (Turn), and wakes the progress
-  // thread for whatever is left when it stops (StopDriving): has_tasks_ is
-  // stored before DriverActive is read here, and StopDriving stores before
-  // it reads has_tasks_, so one of the two sees the other. Otherwise a
-  // sleeping or napping progress thread is woken: the task would wait for
-  // the nap's end, or for the fabric's next event.
-  if ((sleeping_.load() || napping_.load()) && !DriverActive()) Wake();
+  // A napping progress thread is woken too: otherwise the task would wait
+  // for the nap's end whenever no other thread drives the loop any more.
+  if (sleeping_.load() || napping_.load()) Wake();
 }
 
 void EventLoop::PostAfter(std::chrono::milliseconds delay, std::function<void()> fn) {
@@ -211,26 +207,18 @@ bool EventLoop::Drive() {
     worked = Turn();
   }
   lock.unlock();
-  // The progress thread armed the fabric's fd before this thread took work
-  // from under it: it looks again when this thread stops driving, not now,
-  // when waking it would only have it compete for a core with this thread
-  // (and the peer) while the reply is on its way.
-  if (worked && sleeping_.load()) driven_while_asleep_.store(true);
+  if (worked) {
+    // The progress thread armed the fabric's fd before this thread took
+    // work from under it; wake it so that it looks again (follow-up work
+    // of what was just sent need not raise an event).
+    if (sleeping_.load()) Wake();
+  }
   return worked;
 }
 
-void EventLoop::BeginDriving() {
-  if (tls_driving != this) last_foreign_drive_ns_.store(NowNs());
-}
-
 void EventLoop::StopDriving() {
-  last_foreign_drive_ns_.store(0);  // sequentially consistent: see Nap, Post
-  if (napping_.load()) {
-    Wake();
-  } else if (sleeping_.load() && (has_tasks_.load() || driven_while_asleep_.load())) {
-    Wake();
-  }
-  driven_while_asleep_.store(false);
+  last_foreign_drive_ns_.store(0);  // sequentially consistent: see Nap
+  if (napping_.load()) Wake();
 }
 
 void EventLoop::Run() {

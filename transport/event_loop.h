@@ -63,15 +63,8 @@ class EventLoop {
   // calling thread, unless another thread is driving the loop; never blocks.
   // Returns true when it did some work.
   bool Drive();
-  // The calling thread is about to wait for what it asks for next and will
-  // call Drive() at once: what it posts meanwhile is left to it, instead of
-  // waking the progress thread to compete with it for a core. It must call
-  // StopDriving() when done, whatever happens.
-  void BeginDriving();
   // The calling thread stops calling Drive() (to sleep): the progress
-  // thread, which leaves the work to a driving thread, takes it back now,
-  // and is woken if it sleeps while tasks wait or the fabric was driven
-  // from under its armed fd.
+  // thread, which leaves the work to a driving thread, takes it back now.
   void StopDriving();
 
  private:
@@ -130,10 +123,6 @@ class EventLoop {
   // When a thread other than the progress thread last called Drive().
   std::atomic<int64_t> last_foreign_drive_ns_{0};
   std::atomic<bool> napping_{false};
-  // A driver did work while the progress thread slept on an armed fd: it
-  // must look again when the driver stops (StopDriving), since follow-up
-  // work of what was driven need not raise another event.
-  std::atomic<bool> driven_while_asleep_{false};
 
   // Whoever holds drive_mu_.
   std::vector<std::function<void()>> running_tasks_;  // the batch being run

@@ -232,10 +232,6 @@ class Context {
   // Returns true when it did some work. A thread waiting for a reply calls
   // it to pick the reply up itself, as MPI libraries do.
   virtual bool Drive() = 0;
-  // Says that the calling thread will call Drive() at once, to wait for what
-  // it is about to ask for: tasks it posts meanwhile are left to it instead
-  // of waking the progress thread. StopDriving() must follow.
-  virtual void BeginDriving() = 0;
   // Says that the calling thread stops calling Drive() for now (to sleep):
   // the progress thread, which meanwhile left the work to it, takes it back
   // at once instead of within a millisecond.

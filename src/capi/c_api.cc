@@ -402,26 +402,25 @@ int tessera_client_restored_step(const tessera_client_t* client, uint64_t* step)
   return 1;
 }
 
-// The blocking calls are the C++ client's, which drive its progress from the
-// start (see Client::Push).
 void tessera_client_push(tessera_client_t* client, const tessera_push_item_t* items, size_t count,
                          uint64_t step, char** errptr) {
-  GuardedVoid(errptr, [&] {
-    const auto batch = PushItems(items, count);
-    SaveError(errptr, step == TESSERA_NO_STEP ? client->client->Push(batch)
-                                              : client->client->Push(batch, step));
-  });
+  tessera_future_t* f = tessera_client_push_async(client, items, count, step);
+  tessera_future_wait(f, errptr);
+  tessera_future_destroy(f);
 }
 
 void tessera_client_pull(tessera_client_t* client, const tessera_pull_item_t* items, size_t count,
                          char** errptr) {
-  GuardedVoid(errptr, [&] { SaveError(errptr, client->client->Pull(PullItems(items, count))); });
+  tessera_future_t* f = tessera_client_pull_async(client, items, count);
+  tessera_future_wait(f, errptr);
+  tessera_future_destroy(f);
 }
 
 void tessera_client_push_pull(tessera_client_t* client, const tessera_push_pull_item_t* items,
                               size_t count, char** errptr) {
-  GuardedVoid(errptr,
-              [&] { SaveError(errptr, client->client->PushPull(PushPullItems(items, count))); });
+  tessera_future_t* f = tessera_client_push_pull_async(client, items, count);
+  tessera_future_wait(f, errptr);
+  tessera_future_destroy(f);
 }
 
 tessera_future_t* tessera_client_push_async(tessera_client_t* client,

@@ -86,45 +86,6 @@ Status Client::SetHyperparams(Tensor t, const Hyperparams& hyper) {
 Status Client::WaitForInit(std::chrono::milliseconds timeout) {
   return impl_->WaitForInit(timeout);
 }
-namespace {
-
-// A blocking call. The calling thread says first that it will drive the
-// client's progress (BeginDriving), so that posting the call's first task
-// does not wake the sleeping progress thread only to have it compete for a
-// core with this thread and the peer while the reply is on its way: on a
-// busy host that wake-up cost a call made after a pause several times what
-// the same call costs back to back (docs/PERFORMANCE.md, issue 17).
-template <typename Start>
-Status Blocking(ProgressDriver* driver, Start&& start,
-                std::vector<DroppedChunk>* dropped = nullptr) {
-  if (driver != nullptr) driver->BeginDriving();
-  Future f = start();
-  Status st = f.Wait();
-  if (dropped != nullptr) *dropped = f.dropped();
-  if (driver != nullptr) driver->StopDriving();  // Wait did, unless the call failed at once
-  return st;
-}
-
-}  // namespace
-
-Status Client::Push(const std::vector<PushItem>& items) {
-  return Blocking(impl_->driver_.get(), [&] { return PushAsync(items); });
-}
-Status Client::Push(const std::vector<PushItem>& items, uint64_t step) {
-  return Blocking(impl_->driver_.get(), [&] { return PushAsync(items, step); });
-}
-Status Client::Push(const std::vector<PushItem>& items, uint64_t step,
-                    std::vector<DroppedChunk>* dropped) {
-  return Blocking(
-      impl_->driver_.get(), [&] { return PushAsync(items, step); }, dropped);
-}
-Status Client::Pull(const std::vector<PullItem>& items) {
-  return Blocking(impl_->driver_.get(), [&] { return PullAsync(items); });
-}
-Status Client::PushPull(const std::vector<PushPullItem>& items) {
-  return Blocking(impl_->driver_.get(), [&] { return PushPullAsync(items); });
-}
-
 Future Client::PushAsync(const std::vector<PushItem>& items) {
   return impl_->Push(items, 0, std::nullopt, {});
 }

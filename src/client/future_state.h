@@ -29,11 +29,6 @@ class ProgressDriver {
     users_.fetch_sub(1);
     return worked;
   }
-  void BeginDriving() {
-    users_.fetch_add(1);
-    if (!closed_.load()) ctx_->BeginDriving();
-    users_.fetch_sub(1);
-  }
   void StopDriving() {
     users_.fetch_add(1);
     if (!closed_.load()) ctx_->StopDriving();

@@ -268,16 +268,16 @@ class PyClient {
 
   void Push(nb::handle items, std::optional<uint64_t> step) {
     Blocking(PushItems(items), [step](Client& c, const std::vector<PushItem>& push) {
-      return step ? c.Push(push, *step) : c.Push(push);
+      return step ? c.PushAsync(push, *step) : c.PushAsync(push);
     });
   }
   void Pull(nb::handle items, uint64_t min_version, uint64_t min_step) {
     Blocking(PullItems(items, min_version, min_step),
-             [](Client& c, const std::vector<PullItem>& pull) { return c.Pull(pull); });
+             [](Client& c, const std::vector<PullItem>& pull) { return c.PullAsync(pull); });
   }
   void PushPull(nb::handle items) {
     Blocking(PushPullItems(items),
-             [](Client& c, const std::vector<PushPullItem>& pp) { return c.PushPull(pp); });
+             [](Client& c, const std::vector<PushPullItem>& pp) { return c.PushPullAsync(pp); });
   }
 
   // For benchmarks/python_overhead.py: the same blocking call `n` times from
@@ -370,16 +370,18 @@ class PyClient {
     return std::make_unique<PyFuture>(std::move(f), std::move(call.held), op_timeout_);
   }
 
-  // Calls the C++ client's blocking call in one release of the GIL, so that
-  // this thread drives the client's progress from the first moment, instead
-  // of handing the reply to the progress thread while it takes the GIL back.
-  // A call that gave up waiting (its deadline) may still be in flight, and
-  // reading or writing the arrays: they are then kept for good.
-  template <typename Item, typename Call_>
-  void Blocking(Call<Item> call, Call_&& blocking_call) {
+  // Starts and waits in one release of the GIL, as Client::Push does: this
+  // thread drives the client's progress from the first moment, instead of
+  // handing the reply to the progress thread while it takes the GIL back.
+  template <typename Item, typename Start>
+  void Blocking(Call<Item> call, Start&& start) {
     Client& c = client();
-    Status st = WithoutGil([&] { return blocking_call(c, call.items); });
-    if (st.code() == StatusCode::kDeadlineExceeded) KeepForever(std::move(call.held));
+    Future f;
+    Status st = WithoutGil([&] {
+      f = start(c, call.items);
+      return f.Wait();
+    });
+    if (!f.ready()) KeepForever(std::move(call.held));
     ThrowIfError(st);
   }
 

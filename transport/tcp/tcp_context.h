@@ -56,7 +56,6 @@ class TcpContext final : public Context {
   }
   bool InProgressThread() const override { return loop_->InLoopThread(); }
   bool Drive() override { return loop_->Drive(); }
-  void BeginDriving() override { loop_->BeginDriving(); }
   void StopDriving() override { loop_->StopDriving(); }
   Counters counters() const override { return counters_.Snapshot(); }
   std::string Describe() const override;

@@ -39,7 +39,6 @@ class UcxContext final : public Context {
   }
   bool InProgressThread() const override { return loop_->InLoopThread(); }
   bool Drive() override { return loop_->Drive(); }
-  void BeginDriving() override { loop_->BeginDriving(); }
   void StopDriving() override { loop_->StopDriving(); }
   Counters counters() const override;
   std::string Describe() const override;

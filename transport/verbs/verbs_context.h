@@ -128,7 +128,6 @@ class VerbsContext final : public Context {
   }
   bool InProgressThread() const override { return loop_->InLoopThread(); }
   bool Drive() override { return loop_->Drive(); }
-  void BeginDriving() override { loop_->BeginDriving(); }
   void StopDriving() override { loop_->StopDriving(); }
   Counters counters() const override;
   std::string Describe() const override;
