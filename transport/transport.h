@@ -123,6 +123,11 @@ class Endpoint {
   // before it on this endpoint has landed (one ordered stream, served in
   // order): such a message needs no Flush ahead of it.
   virtual bool PutsLandBeforeLaterMessages() const { return false; }
+  // Puts of at most this many bytes cost this fabric more each than copying
+  // their bytes does: a caller with many of them next to each other at the
+  // peer does better copying them side by side into one registered buffer
+  // and putting that once. 0: never (a put is no dearer than a copy).
+  virtual size_t GatherPutsUpTo() const { return 0; }
 
   // Closes the connection after what was sent is delivered.
   virtual void Close() = 0;

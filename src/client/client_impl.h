@@ -21,6 +21,7 @@
 
 #include "client/control_queue.h"
 #include "client/future_state.h"
+#include "client/gather_buffer.h"
 #include "client/silence_meter.h"
 #include "client/staging_allocator.h"
 #include "core/log.h"
@@ -130,6 +131,8 @@ class Client::Impl {
     std::shared_ptr<transport::Endpoint> ep;
     std::unique_ptr<transport::RemoteRegion> staging;
     client::StagingAllocator alloc;
+    // Where small chunks are gathered into one put (loop thread).
+    client::GatherBuffer gather;
     std::unordered_map<uint32_t, std::unique_ptr<transport::RemoteRegion>> arenas;
     // A GPU shard on this node: its slot for this worker and its arenas,
     // mapped with CUDA IPC (pushes and pulls are device copies then).

@@ -265,7 +265,10 @@ void Client::Impl::PushThroughSlot(int shard, std::vector<ChunkIo> ios, uint32_t
   // (`bounce`, if any) outlive them.
   const bool ordered = s.ep->PutsLandBeforeLaterMessages();
   for (const auto& g : groups) {
-    g->outstanding = ordered ? 1 : static_cast<int>(g->msg.entries.size()) + 1;
+    // Ordered: one count for the push-done's turn. Otherwise also one for
+    // the flush, and one per put (added as each is issued: how many there
+    // are depends on what could be gathered).
+    g->outstanding = ordered ? 1 : 2;
     auto put_done = [progress, bounce](const Status& st) {
       (void)bounce;
       if (!st.ok() && progress->status.ok()) progress->status = st;
@@ -274,15 +277,53 @@ void Client::Impl::PushThroughSlot(int shard, std::vector<ChunkIo> ios, uint32_t
       put_done(st);
       if (--g->outstanding == 0) send(g);
     };
-    for (size_t k = 0; k < g->msg.entries.size(); ++k) {
-      const auto& e = g->msg.entries[k];
-      s.ep->Put(sent[g->first + k].local, e.byte_length, *s.staging, base + e.staging_offset,
-                ordered ? transport::Completion(put_done) : transport::Completion(one_done));
+    // `gathered`: the gather buffer's space the put reads, given back once
+    // the put completed.
+    auto put = [&](const void* local, uint64_t len, uint64_t at, const uint8_t* gathered) {
+      if (!ordered) g->outstanding++;
+      transport::Completion landed =
+          ordered ? transport::Completion(put_done) : transport::Completion(one_done);
+      if (gathered != nullptr) {
+        landed = [this, shard, gathered, landed = std::move(landed)](const Status& st) {
+          shards_[shard].gather.Give(gathered);
+          landed(st);
+        };
+      }
+      s.ep->Put(local, len, *s.staging, base + at, std::move(landed));
+    };
+    const auto& entries = g->msg.entries;
+    const uint64_t gather_up_to = s.ep->GatherPutsUpTo();
+    for (size_t k = 0; k < entries.size();) {
+      // A run of small host chunks, side by side in the slot, travels as one
+      // put from the gather buffer: the bytes between them are padding the
+      // shard never reads.
+      size_t end = k;
+      uint64_t span = 0;
+      while (gather_up_to > 0 && end < entries.size() && !sent[g->first + end].on_gpu &&
+             entries[end].byte_length <= gather_up_to &&
+             entries[end].staging_offset + entries[end].byte_length - entries[k].staging_offset <=
+                 client::GatherBuffer::kMaxRunBytes) {
+        span = entries[end].staging_offset + entries[end].byte_length - entries[k].staging_offset;
+        ++end;
+      }
+      uint8_t* gathered = end - k >= 2 ? s.gather.Take(*ctx_, span) : nullptr;
+      if (gathered == nullptr) {
+        put(sent[g->first + k].local, entries[k].byte_length, entries[k].staging_offset, nullptr);
+        ++k;
+        continue;
+      }
+      for (size_t i = k; i < end; ++i) {
+        std::memcpy(gathered + (entries[i].staging_offset - entries[k].staging_offset),
+                    sent[g->first + i].local, entries[i].byte_length);
+      }
+      put(gathered, span, entries[k].staging_offset, gathered);
+      k = end;
     }
     if (ordered) {
       one_done(Status::Ok());
     } else {
       s.ep->Flush(one_done);
+      one_done(Status::Ok());
     }
   }
 }

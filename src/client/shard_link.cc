@@ -49,6 +49,7 @@ Client::Impl::~Impl() {
     // Remote regions must go before the context.
     for (auto& s : shards_) {
       s.staging.reset();
+      s.gather.Release();
       s.arenas.clear();
       UnmapShard(s);
     }
