@@ -22,8 +22,10 @@
 #include "client/control_queue.h"
 #include "client/future_state.h"
 #include "client/gather_buffer.h"
+#include "client/pending_requests.h"
 #include "client/silence_meter.h"
 #include "client/staging_allocator.h"
+#include "core/inline_function.h"
 #include "core/log.h"
 #include "gpu/cuda.h"
 #include "tessera/client.h"
@@ -123,7 +125,9 @@ class Client::Impl {
   Status WaitForInitNow(std::chrono::milliseconds timeout);
 
   using Frame = std::vector<uint8_t>;
-  using ReplyFn = std::function<void(Status, const wire::Header&, std::span<const uint8_t>)>;
+  // Held in place (core/inline_function.h): a small call's reply handler,
+  // with its chunks and completion, costs no allocation.
+  using ReplyFn = InlineFunction<void(Status, const wire::Header&, std::span<const uint8_t>), 160>;
 
   struct ShardConn {
     TaskId task;
@@ -150,14 +154,11 @@ class Client::Impl {
     uint64_t next_op = 1;
     std::string name() const { return task.ToString() + " (" + addr.ToString() + ")"; }
   };
-  struct PendingRequest {
-    int shard;
-    ReplyFn fn;
-  };
 
-  // Loop thread.
+  // Loop thread. Returns the request's id, or 0 when it failed at once
+  // (`fn` then ran).
   template <typename Msg>
-  void Request(int shard, const Msg& msg, uint32_t flags, ReplyFn fn);
+  uint64_t Request(int shard, const Msg& msg, uint32_t flags, ReplyFn fn);
   // Tells every shard still connected that this worker leaves on purpose,
   // and waits briefly for their answers, so that none logs a lost worker.
   void SayBye();
@@ -300,7 +301,7 @@ class Client::Impl {
     uint32_t parts = 0;
   };
   // Hears how a push to one shard ended, and the versions it produced.
-  using PushDone = std::function<void(Status, std::vector<uint64_t>)>;
+  using PushDone = InlineFunction<void(Status, std::span<const uint64_t>), 64>;
   // `op` (may be null) hears of the chunks the shard dropped.
   void PushToShard(int shard, std::vector<ChunkIo> ios, uint32_t flags, PushStep tag,
                    const std::shared_ptr<Future::State>& op, PushDone done);
@@ -319,7 +320,9 @@ class Client::Impl {
                     Future::State* op);
   // A push message carrying its bytes (TravelsInline), copied from GPU
   // memory where they are there.
-  Result<wire::Push> InlinePush(const std::vector<ChunkIo>& ios, PushStep tag);
+  // Fills `msg`, whose vectors keep their capacity (the loop thread's
+  // push_scratch_, which the caller encodes at once).
+  Status InlinePush(const std::vector<ChunkIo>& ios, PushStep tag, wire::Push* msg);
   void PullFromShard(int shard, std::vector<ChunkIo> ios, const std::function<void(Status)>& done);
   // push_pull's one round trip to a shard, for gradients that travel inline:
   // the shard answers the push with the weights it produced.
@@ -357,8 +360,13 @@ class Client::Impl {
   uint64_t coord_reached_ = 0;
   bool closing_ = false;  // the client is being destroyed: nobody waits for the coordinator
   std::unordered_map<transport::Endpoint*, int> shard_of_;
-  std::unordered_map<uint64_t, PendingRequest> pending_;
-  uint64_t next_request_ = 1;
+  client::PendingRequests<ReplyFn> pending_;
+  // Loop thread: the last inline push built and the last push reply
+  // decoded. Each is used up before the next is made (a push is encoded
+  // as soon as it is built; a reply's versions are read before anything
+  // else runs), so reusing them saves their allocations on every call.
+  wire::Push push_scratch_;
+  wire::PushReply push_reply_scratch_;
 
   // Start-up progress, shared with the thread in Start().
   std::mutex start_mu_;
@@ -370,23 +378,21 @@ class Client::Impl {
 };
 
 template <typename Msg>
-void Client::Impl::Request(int shard, const Msg& msg, uint32_t flags, ReplyFn fn) {
+uint64_t Client::Impl::Request(int shard, const Msg& msg, uint32_t flags, ReplyFn fn) {
   ShardConn& s = shards_[shard];
   wire::Header none;
   if ((!s.dead.ok() && !s.reconnecting) || !s.ep) {
     if (!s.dead.ok()) Reconnect(shard);  // fails this call; a later one may succeed
-    return fn(s.dead.ok() ? Status::Unavailable(s.name() + " is not connected") : s.dead, none, {});
+    fn(s.dead.ok() ? Status::Unavailable(s.name() + " is not connected") : s.dead, none, {});
+    return 0;
   }
-  uint64_t id = next_request_++;
-  pending_[id] = PendingRequest{shard, std::move(fn)};
+  const uint64_t id = pending_.Add(shard, std::move(fn));
   s.ep->Send(kProtocolMsg, wire::Encode(msg, id, flags), [this, id](const Status& st) {
     if (st.ok()) return;
-    auto it = pending_.find(id);
-    if (it == pending_.end()) return;
-    auto cb = std::move(it->second.fn);
-    pending_.erase(it);
-    cb(st, wire::Header{}, {});
+    ReplyFn cb;
+    if (pending_.Take(id, &cb)) cb(st, wire::Header{}, {});
   });
+  return id;
 }
 
 template <typename Msg, typename ReplyMsg>
@@ -396,15 +402,15 @@ Result<ReplyMsg> Client::Impl::Call(int shard, const Msg& msg, std::chrono::mill
   auto future = promise->get_future();
   auto request_id = std::make_shared<std::atomic<uint64_t>>(0);
   ctx_->Post([=, this] {
-    request_id->store(next_request_);
-    Request(shard, msg, flags,
-            [promise](const Status& st, const wire::Header& h, std::span<const uint8_t> frame) {
-              if (!st.ok()) return promise->set_value(st);
-              promise->set_value(wire::DecodeBody<ReplyMsg>(h, frame));
-            });
+    request_id->store(
+        Request(shard, msg, flags,
+                [promise](const Status& st, const wire::Header& h, std::span<const uint8_t> frame) {
+                  if (!st.ok()) return promise->set_value(st);
+                  promise->set_value(wire::DecodeBody<ReplyMsg>(h, frame));
+                }));
   });
   if (future.wait_for(timeout) != std::future_status::ready) {
-    ctx_->Post([this, request_id] { pending_.erase(request_id->load()); });
+    ctx_->Post([this, request_id] { pending_.Erase(request_id->load()); });
     return Status::DeadlineExceeded(std::string(wire::OpcodeName(Msg::kOpcode)) + " to " +
                                     shards_[shard].name() + " got no answer within " +
                                     std::to_string(timeout.count()) + " ms");

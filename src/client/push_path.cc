@@ -36,22 +36,26 @@ Client::Impl::ReplyFn Client::Impl::OnPushReply(std::vector<ChunkIo> sent, uint6
   return [this, step, op = std::move(op), sent = std::move(sent), finish = std::move(finish)](
              const Status& st, const wire::Header& h, std::span<const uint8_t> frame) {
     if (!st.ok()) return finish(st, {});
-    auto reply = wire::DecodeBody<wire::PushReply>(h, frame);
-    if (!reply.ok()) return finish(reply.status(), {});
-    if (reply->outcomes.size() > sent.size()) {
+    wire::PushReply& reply = push_reply_scratch_;
+    if (Status decoded = wire::DecodeBodyInto(h, frame, &reply); !decoded.ok()) {
+      return finish(decoded, {});
+    }
+    if (reply.outcomes.size() > sent.size()) {
       return finish(Status::Internal("push reply does not match the request"), {});
     }
-    NoteOutcomes(reply->outcomes, sent.data(), step, op.get());
-    finish(Status::Ok(), std::move(reply->versions));
+    NoteOutcomes(reply.outcomes, sent.data(), step, op.get());
+    finish(Status::Ok(), reply.versions);
   };
 }
 
-Result<wire::Push> Client::Impl::InlinePush(const std::vector<ChunkIo>& ios, PushStep tag) {
+Status Client::Impl::InlinePush(const std::vector<ChunkIo>& ios, PushStep tag, wire::Push* out) {
   uint64_t raw = 0;
   for (const auto& io : ios) raw += io.chunk->bytes;
-  wire::Push msg;
+  wire::Push& msg = *out;
   msg.step = tag.step;
   msg.step_parts = tag.parts;
+  msg.entries.clear();
+  msg.payload.clear();
   msg.entries.reserve(ios.size());
   msg.payload.reserve(raw);
   bool from_gpu = false;
@@ -70,7 +74,7 @@ Result<wire::Push> Client::Impl::InlinePush(const std::vector<ChunkIo>& ios, Pus
     from_gpu = true;
   }
   if (from_gpu) TESSERA_RETURN_IF_ERROR(GpuWait().WithContext("push from GPU memory"));
-  return msg;
+  return Status::Ok();
 }
 
 void Client::Impl::PushToShard(int shard, std::vector<ChunkIo> ios, uint32_t flags, PushStep tag,
@@ -83,9 +87,9 @@ void Client::Impl::PushToShard(int shard, std::vector<ChunkIo> ios, uint32_t fla
   }
   if (TravelsInline(ios)) {
     // Small: the bytes ride in the push-done itself.
-    auto msg = InlinePush(ios, tag);
-    if (!msg.ok()) return done(msg.status(), {});
-    return Request(shard, *msg, flags, OnPushReply(std::move(ios), step, op, done));
+    if (Status st = InlinePush(ios, tag, &push_scratch_); !st.ok()) return done(st, {});
+    Request(shard, push_scratch_, flags, OnPushReply(std::move(ios), step, op, std::move(done)));
+    return;
   }
   if (Status st = GpuPathTo(s, ios); !st.ok()) return done(st.WithContext("push"), {});
   uint64_t total = 0;
@@ -107,13 +111,13 @@ void Client::Impl::PushToShard(int shard, std::vector<ChunkIo> ios, uint32_t fla
     auto versions = std::make_shared<std::vector<uint64_t>>();
     PushToShard(shard, std::move(first), flags, tag, op,
                 [this, shard, rest = std::move(rest), flags, step, op, versions, done](
-                    const Status& st, const std::vector<uint64_t>& v) mutable {
+                    const Status& st, std::span<const uint64_t> v) mutable {
                   if (!st.ok()) return done(st, {});
                   versions->insert(versions->end(), v.begin(), v.end());
                   PushToShard(shard, std::move(rest), flags, PushStep{step, 0}, op,
-                              [versions, done](const Status& st2, std::vector<uint64_t> v2) {
+                              [versions, done](const Status& st2, std::span<const uint64_t> v2) {
                                 versions->insert(versions->end(), v2.begin(), v2.end());
-                                done(st2, std::move(*versions));
+                                done(st2, *versions);
                               });
                 });
     return;
@@ -158,8 +162,8 @@ void Client::Impl::PushThroughSlot(int shard, std::vector<ChunkIo> ios, uint32_t
   const uint64_t op_id = s.next_op++;
   // Runs once: when every group is answered, on a failure, or when the shard
   // is lost.
-  auto finish = [this, shard, op_id, progress, off = offset, done](const Status& st,
-                                                                   std::vector<uint64_t> versions) {
+  auto finish = [this, shard, op_id, progress, off = offset, done](
+                    const Status& st, std::span<const uint64_t> versions) {
     if (progress->finished) return;
     progress->finished = true;
     ShardConn& conn = shards_[shard];
@@ -170,7 +174,7 @@ void Client::Impl::PushThroughSlot(int shard, std::vector<ChunkIo> ios, uint32_t
       conn.waiting_for_staging.pop_front();
       next();
     }
-    done(st, std::move(versions));
+    done(st, versions);
   };
   s.in_flight[op_id] = [finish](const Status& why) { finish(why, {}); };
 
@@ -192,11 +196,12 @@ void Client::Impl::PushThroughSlot(int shard, std::vector<ChunkIo> ios, uint32_t
     if (!st.ok())
       return finish(st.WithContext("copying into the CUDA IPC slot of " + s.name()), {});
     ipc_bytes_ += bytes;
-    return Request(shard, msg, flags | wire::kFlagIpcSlot,
-                   OnPushReply(std::move(ios), step, op,
-                               [finish](const Status& st2, std::vector<uint64_t> versions) {
-                                 finish(st2, std::move(versions));
-                               }));
+    Request(shard, msg, flags | wire::kFlagIpcSlot,
+            OnPushReply(std::move(ios), step, op,
+                        [finish](const Status& st2, std::span<const uint64_t> versions) {
+                          finish(st2, versions);
+                        }));
+    return;
   }
   // A fabric that cannot reach GPU memory, and the user allowed staging:
   // the GPU chunks are copied to host memory first (counted).
@@ -245,14 +250,16 @@ void Client::Impl::PushThroughSlot(int shard, std::vector<ChunkIo> ios, uint32_t
             [this, step, op, progress, finish, g](const Status& st, const wire::Header& h,
                                                   std::span<const uint8_t> frame) {
               if (!st.ok()) return finish(st, {});
-              auto reply = wire::DecodeBody<wire::PushReply>(h, frame);
-              if (!reply.ok()) return finish(reply.status(), {});
-              if (reply->versions.size() != g->msg.entries.size() ||
-                  reply->outcomes.size() > g->msg.entries.size()) {
+              wire::PushReply& reply = push_reply_scratch_;
+              if (Status decoded = wire::DecodeBodyInto(h, frame, &reply); !decoded.ok()) {
+                return finish(decoded, {});
+              }
+              if (reply.versions.size() != g->msg.entries.size() ||
+                  reply.outcomes.size() > g->msg.entries.size()) {
                 return finish(Status::Internal("push reply does not match the request"), {});
               }
-              NoteOutcomes(reply->outcomes, &progress->sent[g->first], step, op.get());
-              std::copy(reply->versions.begin(), reply->versions.end(),
+              NoteOutcomes(reply.outcomes, &progress->sent[g->first], step, op.get());
+              std::copy(reply.versions.begin(), reply.versions.end(),
                         progress->versions.begin() + static_cast<std::ptrdiff_t>(g->first));
               if (--progress->groups_left == 0) finish(Status::Ok(), std::move(progress->versions));
             });
@@ -364,7 +371,7 @@ Future Client::Impl::Push(const std::vector<PushItem>& items, uint32_t flags,
         uint32_t parts = 0;
         if (counts) parts = sync_parts > 0 ? (holds_sync(ios) ? sync_parts : 0) : shard == first;
         PushToShard(shard, std::move(ios), flags, PushStep{step, parts}, op,
-                    [op](const Status& st, const std::vector<uint64_t>&) { op->Finish(st); });
+                    [op](const Status& st, std::span<const uint64_t>) { op->Finish(st); });
       },
       call);
 }

@@ -13,9 +13,8 @@ void Client::Impl::PushThenPullInline(int shard, const std::vector<ChunkIo>& gra
     Reconnect(shard);  // fails this call; a later one may succeed
     return done(s.dead);
   }
-  auto msg = InlinePush(gradients, PushStep{});
-  if (!msg.ok()) return done(msg.status());
-  Request(shard, *msg, wire::kFlagThenPull,
+  if (Status st = InlinePush(gradients, PushStep{}, &push_scratch_); !st.ok()) return done(st);
+  Request(shard, push_scratch_, wire::kFlagThenPull,
           [this, shard, weights = std::move(weights), done = std::move(done)](
               const Status& st, const wire::Header& h, std::span<const uint8_t> frame) mutable {
             if (!st.ok()) return done(st);
@@ -53,7 +52,7 @@ Future Client::Impl::PushPull(const std::vector<PushPullItem>& items, const Call
         // Larger: the push, then a pull of at least the version it produced.
         PushToShard(shard, std::move(push), 0, PushStep{}, op,
                     [this, shard, pull = std::move(pull), done](
-                        const Status& st, std::vector<uint64_t> versions) mutable {
+                        const Status& st, std::span<const uint64_t> versions) mutable {
                       if (!st.ok()) return done(st);
                       for (size_t i = 0; i < pull.size() && i < versions.size(); ++i) {
                         pull[i].min_version = versions[i];

@@ -45,7 +45,7 @@ Client::Impl::~Impl() {
         s.dead = Status::Aborted("the client was destroyed before this call completed");
       FailCallsOf(static_cast<int>(shard), s.dead);
     }
-    pending_.clear();
+    pending_.Clear();
     // Remote regions must go before the context.
     for (auto& s : shards_) {
       s.staging.reset();
@@ -91,8 +91,8 @@ void Client::Impl::OnFrame(const std::shared_ptr<transport::Endpoint>& ep,
     TLOG_WARN("bad message from {}: {}", shards_[sit->second].name(), h.status().ToString());
     return OnShardLost(sit->second, h.status().WithContext("bad message"));
   }
-  auto it = pending_.find(h->request_id);
-  if (it == pending_.end()) {
+  ReplyFn fn;
+  if (!pending_.Take(h->request_id, &fn)) {
     if (h->opcode == wire::Opcode::kPullReply) {
       // Nobody waits for it any more (the caller gave up): hand the lease back.
       auto reply = wire::DecodeBody<wire::PullReply>(*h, frame);
@@ -105,8 +105,6 @@ void Client::Impl::OnFrame(const std::shared_ptr<transport::Endpoint>& ep,
     }
     return;
   }
-  auto fn = std::move(it->second.fn);
-  pending_.erase(it);
   if (h->opcode == wire::Opcode::kError) {
     auto err = wire::DecodeBody<wire::Error>(*h, frame);
     return fn(err.ok() ? err->ToStatus() : err.status(), *h, frame);
@@ -138,14 +136,7 @@ void Client::Impl::OnShardLost(int shard, const Status& why) {
 void Client::Impl::FailCallsOf(int shard, const Status& why) {
   ShardConn& s = shards_[shard];
   std::vector<ReplyFn> fail;
-  for (auto it = pending_.begin(); it != pending_.end();) {
-    if (it->second.shard == shard) {
-      fail.push_back(std::move(it->second.fn));
-      it = pending_.erase(it);
-    } else {
-      ++it;
-    }
-  }
+  pending_.TakeAllOf(shard, &fail);
   for (auto& fn : fail) fn(why, wire::Header{}, {});
   auto in_flight = std::move(s.in_flight);
   s.in_flight.clear();

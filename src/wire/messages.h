@@ -223,6 +223,7 @@ struct PushReply {
   size_t EncodedSizeHint() const { return 8 + versions.size() * 9; }
   void EncodeBody(ByteWriter& w) const;
   static Result<PushReply> DecodeBody(ByteReader& r);
+  static Status DecodeBodyInto(ByteReader& r, PushReply* m);
   bool operator==(const PushReply&) const = default;
 };
 
@@ -529,15 +530,9 @@ std::vector<uint8_t> Encode(const Msg& msg, uint64_t request_id, uint32_t flags 
 
 // Decodes the body of a frame whose header was already decoded; the body must
 // be consumed exactly.
-template <typename Msg>
-Result<Msg> DecodeBody(const Header& h, std::span<const uint8_t> frame) {
-  if (h.opcode != Msg::kOpcode) {
-    return Status::InvalidArgument(std::string("expected ") + OpcodeName(Msg::kOpcode) + ", got " +
-                                   OpcodeName(h.opcode));
-  }
-  ByteReader r(frame.subspan(kHeaderSize));
-  auto msg = Msg::DecodeBody(r);
-  if (!msg.ok()) return msg.status().WithContext(std::string("bad ") + OpcodeName(h.opcode));
+// What a decoded body's reader says beyond the message's own checks.
+inline Status CheckDecodedBody(const Header& h, const ByteReader& r, const Status& decoded) {
+  if (!decoded.ok()) return decoded.WithContext(std::string("bad ") + OpcodeName(h.opcode));
   if (r.failed()) {
     return Status::InvalidArgument(std::string("bad ") + OpcodeName(h.opcode) + ": truncated body");
   }
@@ -545,7 +540,32 @@ Result<Msg> DecodeBody(const Header& h, std::span<const uint8_t> frame) {
     return Status::InvalidArgument(std::string("bad ") + OpcodeName(h.opcode) + ": " +
                                    std::to_string(r.remaining()) + " trailing bytes");
   }
+  return Status::Ok();
+}
+inline Status CheckOpcode(const Header& h, Opcode expected) {
+  if (h.opcode == expected) return Status::Ok();
+  return Status::InvalidArgument(std::string("expected ") + OpcodeName(expected) + ", got " +
+                                 OpcodeName(h.opcode));
+}
+
+template <typename Msg>
+Result<Msg> DecodeBody(const Header& h, std::span<const uint8_t> frame) {
+  TESSERA_RETURN_IF_ERROR(CheckOpcode(h, Msg::kOpcode));
+  ByteReader r(frame.subspan(kHeaderSize));
+  auto msg = Msg::DecodeBody(r);
+  TESSERA_RETURN_IF_ERROR(CheckDecodedBody(h, r, msg.status()));
   return msg;
+}
+
+// The same into `out`, whose vectors keep their capacity: a caller that
+// decodes the same message again and again allocates nothing once they are
+// large enough. For messages with a DecodeBodyInto.
+template <typename Msg>
+Status DecodeBodyInto(const Header& h, std::span<const uint8_t> frame, Msg* out) {
+  TESSERA_RETURN_IF_ERROR(CheckOpcode(h, Msg::kOpcode));
+  ByteReader r(frame.subspan(kHeaderSize));
+  const Status st = Msg::DecodeBodyInto(r, out);
+  return CheckDecodedBody(h, r, st);
 }
 
 // Header and body in one step.

@@ -58,16 +58,20 @@ void PushReply::EncodeBody(ByteWriter& w) const {
 }
 Result<PushReply> PushReply::DecodeBody(ByteReader& r) {
   PushReply m;
-  if (!GetVersions(r, &m.versions)) return Truncated("versions");
+  TESSERA_RETURN_IF_ERROR(DecodeBodyInto(r, &m));
+  return m;
+}
+Status PushReply::DecodeBodyInto(ByteReader& r, PushReply* m) {
+  if (!GetVersions(r, &m->versions)) return Truncated("versions");
   std::span<const uint8_t> outcomes;
-  if (!r.GetBytes(m.versions.size(), &outcomes)) return Truncated("outcomes");
+  if (!r.GetBytes(m->versions.size(), &outcomes)) return Truncated("outcomes");
   for (uint8_t o : outcomes) {
     if (o > static_cast<uint8_t>(PushOutcome::kDuplicate)) {
       return Status::InvalidArgument("unknown push outcome " + std::to_string(o));
     }
   }
-  m.outcomes.assign(outcomes.begin(), outcomes.end());
-  return m;
+  m->outcomes.assign(outcomes.begin(), outcomes.end());
+  return Status::Ok();
 }
 
 void Pull::EncodeBody(ByteWriter& w) const {

@@ -1,0 +1,96 @@
+// The client's hot-path building blocks that exist to save allocations: a
+// callable kept in place, and the table of requests awaiting answers. Both
+// must behave exactly like what they replace (std::function, a map by id).
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "client/pending_requests.h"
+#include "core/inline_function.h"
+
+namespace tessera {
+namespace {
+
+using Fn = InlineFunction<int(int), 32>;
+
+TEST(InlineFunction, CallsWhatItHoldsInPlaceOrOnTheHeap) {
+  auto shared = std::make_shared<int>(5);
+  Fn small = [shared](int x) { return x + *shared; };  // 16 bytes: in place
+  std::vector<int> big_capture(3, 7);
+  std::string name(100, 'a');
+  Fn big = [big_capture, name, shared](int x) {  // larger than 32 bytes: on the heap
+    return x + big_capture[0] + static_cast<int>(name.size()) + *shared;
+  };
+  EXPECT_EQ(small(1), 6);
+  EXPECT_EQ(big(1), 113);
+  EXPECT_EQ(shared.use_count(), 3);
+  Fn copy = big;
+  Fn moved = std::move(small);
+  EXPECT_FALSE(small);  // NOLINT(bugprone-use-after-move): moved-from is empty, as documented
+  EXPECT_EQ(moved(2), 7);
+  EXPECT_EQ(copy(0), 112);
+  EXPECT_EQ(shared.use_count(), 4);  // moved kept one, big and copy one each
+  moved = nullptr;
+  copy = std::move(big);
+  EXPECT_EQ(shared.use_count(), 2);  // what `copy` held before is gone; big moved into it
+  Fn empty;
+  EXPECT_THROW(empty(1), std::bad_function_call);
+}
+
+TEST(InlineFunction, MutableCallablesKeepTheirState) {
+  InlineFunction<int(), 16> counter = [n = 0]() mutable { return ++n; };
+  EXPECT_EQ(counter(), 1);
+  EXPECT_EQ(counter(), 2);
+  auto copy = counter;  // NOLINT(performance-unnecessary-copy-initialization): copying is tested
+  EXPECT_EQ(copy(), 3);
+  EXPECT_EQ(counter(), 3);
+}
+
+TEST(PendingRequests, IdsFindTheirRequestOnceAndNeverAnother) {
+  client::PendingRequests<Fn> pending;
+  const uint64_t a = pending.Add(0, [](int x) { return x + 1; });
+  const uint64_t b = pending.Add(1, [](int x) { return x + 2; });
+  EXPECT_NE(a, 0u);
+  EXPECT_NE(a, b);
+  Fn fn;
+  int shard = -1;
+  ASSERT_TRUE(pending.Take(a, &fn, &shard));
+  EXPECT_EQ(fn(0), 1);
+  EXPECT_EQ(shard, 0);
+  EXPECT_FALSE(pending.Take(a, &fn)) << "answered already";
+  // The freed slot is reused under a new id: the old one finds nothing.
+  const uint64_t c = pending.Add(0, [](int x) { return x + 3; });
+  EXPECT_NE(c, a);
+  EXPECT_FALSE(pending.Take(a, &fn));
+  EXPECT_FALSE(pending.Take(0, &fn));
+  EXPECT_FALSE(pending.Take(~uint64_t{0}, &fn)) << "a forged id";
+  EXPECT_EQ(pending.size(), 2u);
+  pending.Erase(b);
+  EXPECT_FALSE(pending.Take(b, &fn));
+  ASSERT_TRUE(pending.Take(c, &fn));
+  EXPECT_EQ(fn(0), 3);
+  EXPECT_EQ(pending.size(), 0u);
+}
+
+TEST(PendingRequests, FailingAShardTakesOnlyItsRequests) {
+  client::PendingRequests<Fn> pending;
+  std::vector<uint64_t> ids;
+  ids.reserve(10);
+  for (int i = 0; i < 10; ++i) ids.push_back(pending.Add(i % 2, [i](int) { return i; }));
+  std::vector<Fn> failed;
+  pending.TakeAllOf(1, &failed);
+  ASSERT_EQ(failed.size(), 5u);
+  for (const Fn& f : failed) EXPECT_EQ(f(0) % 2, 1);
+  for (int i = 0; i < 10; ++i) {
+    Fn fn;
+    EXPECT_EQ(pending.Take(ids[i], &fn), i % 2 == 0) << i;
+  }
+  pending.Add(0, [](int) { return 0; });
+  pending.Clear();
+  EXPECT_EQ(pending.size(), 0u);
+}
+
+}  // namespace
+}  // namespace tessera
