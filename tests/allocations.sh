@@ -17,11 +17,11 @@ rows = json.load(open(sys.argv[1]))
 # (tcp's extra third is TcpEndpoint::Queue, once every third frame: perf
 # probe on operator new.)
 today = {("push", 8, "shm"): 6, ("push", 8, "tcp"): 7.3,
-         ("pull", 8, "shm"): 13, ("pull", 8, "tcp"): 14.3,
-         ("push_pull", 8, "shm"): 10, ("push_pull", 8, "tcp"): 11.3,
+         ("pull", 8, "shm"): 10, ("pull", 8, "tcp"): 11.3,
+         ("push_pull", 8, "shm"): 8, ("push_pull", 8, "tcp"): 9.3,
          ("push", 1 << 20, "shm"): 21, ("push", 1 << 20, "tcp"): 21.7,
-         ("pull", 1 << 20, "shm"): 23, ("pull", 1 << 20, "tcp"): 26,
-         ("push_pull", 1 << 20, "shm"): 50, ("push_pull", 1 << 20, "tcp"): 51.7}
+         ("pull", 1 << 20, "shm"): 21, ("pull", 1 << 20, "tcp"): 24,
+         ("push_pull", 1 << 20, "shm"): 48, ("push_pull", 1 << 20, "tcp"): 49.7}
 ceiling = {k: v + 0.5 for k, v in today.items()}
 bad = []
 for r in rows:

@@ -116,6 +116,32 @@ TEST(Wire, ValidFramesRoundTrip) {
 }
 
 // CUDA IPC fields: empty or exactly one handle; the node id is bounded.
+// Decoding into a reused message (the client's hot path) gives what a fresh
+// decode gives, also after a larger message left its vectors full, and
+// refuses a body of the wrong kind or cut short.
+TEST(Wire, DecodeIntoAReusedMessageMatchesAFreshDecode) {
+  PushReply push_reply;
+  PullReply pull_reply;
+  for (size_t n : {5u, 1u, 3u}) {
+    PushReply p{std::vector<uint64_t>(n, 7 + n), std::vector<uint8_t>(n, 1)};
+    PullReply q{n == 1 ? 0u : 9u, std::vector<uint64_t>(n, n), std::vector<uint8_t>(n * 3, 2)};
+    auto pf = Encode(p, 11);
+    auto qf = Encode(q, 12);
+    auto ph = DecodeHeader(pf);
+    auto qh = DecodeHeader(qf);
+    ASSERT_TRUE(ph.ok() && qh.ok());
+    ASSERT_TRUE(DecodeBodyInto(*ph, pf, &push_reply).ok());
+    ASSERT_TRUE(DecodeBodyInto(*qh, qf, &pull_reply).ok());
+    EXPECT_EQ(push_reply, p);
+    EXPECT_EQ(pull_reply, q);
+    EXPECT_EQ(push_reply, DecodeBody<PushReply>(*ph, pf).value());
+    EXPECT_FALSE(DecodeBodyInto(*ph, pf, &pull_reply).ok()) << "a push reply is no pull reply";
+    auto cut = pf;
+    cut.resize(cut.size() - 1);
+    EXPECT_FALSE(DecodeBodyInto(*ph, cut, &push_reply).ok()) << "truncated";
+  }
+}
+
 TEST(Wire, IpcHandlesAndNodeIdsValidated) {
   auto welcome =
       Decode<Welcome>(Encode(Welcome{{}, {1}, std::vector<uint8_t>(kIpcHandleBytes, 6)}, 1));

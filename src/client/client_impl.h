@@ -330,7 +330,7 @@ class Client::Impl {
                           std::vector<ChunkIo> weights, std::function<void(Status)> done);
   // Lands a pull reply's bytes in `ios`: copied from the reply when inline,
   // else read one-sided under its lease, which is then released.
-  void AcceptPullReply(int shard, std::vector<ChunkIo> ios, wire::PullReply reply,
+  void AcceptPullReply(int shard, std::vector<ChunkIo> ios, const wire::PullReply& reply,
                        const std::function<void(Status)>& done);
   Result<const TensorEntry*> Lookup(Tensor t, size_t bytes, std::optional<DType> dtype,
                                     bool check_bytes = true) const;
@@ -361,12 +361,15 @@ class Client::Impl {
   bool closing_ = false;  // the client is being destroyed: nobody waits for the coordinator
   std::unordered_map<transport::Endpoint*, int> shard_of_;
   client::PendingRequests<ReplyFn> pending_;
-  // Loop thread: the last inline push built and the last push reply
-  // decoded. Each is used up before the next is made (a push is encoded
-  // as soon as it is built; a reply's versions are read before anything
-  // else runs), so reusing them saves their allocations on every call.
+  // Loop thread: the last push and pull built and the last replies to
+  // them decoded. Each is used up before the next is made (a request is
+  // encoded as soon as it is built; a reply's versions and bytes are read
+  // before anything else runs), so reusing them saves their allocations
+  // on every call.
   wire::Push push_scratch_;
   wire::PushReply push_reply_scratch_;
+  wire::Pull pull_scratch_;
+  wire::PullReply pull_reply_scratch_;
 
   // Start-up progress, shared with the thread in Start().
   std::mutex start_mu_;

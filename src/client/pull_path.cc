@@ -24,7 +24,8 @@ uint32_t ShardWaitMs(std::chrono::milliseconds op_timeout) {
 void Client::Impl::PullFromShard(int shard, std::vector<ChunkIo> ios,
                                  const std::function<void(Status)>& done) {
   if (Status st = GpuPathTo(shards_[shard], ios); !st.ok()) return done(st.WithContext("pull"));
-  wire::Pull msg;
+  wire::Pull& msg = pull_scratch_;  // encoded at once by Request
+  msg.entries.clear();
   for (const auto& io : ios) msg.entries.push_back({io.chunk->key_id, io.min_version, io.min_step});
   msg.inline_max = static_cast<uint32_t>(std::min(options_.inline_bytes, wire::kMaxInlineBytes));
   msg.wait_ms = ShardWaitMs(options_.op_timeout);
@@ -32,13 +33,16 @@ void Client::Impl::PullFromShard(int shard, std::vector<ChunkIo> ios,
           [this, shard, ios = std::move(ios), done](const Status& st, const wire::Header& h,
                                                     std::span<const uint8_t> frame) mutable {
             if (!st.ok()) return done(st);
-            auto reply = wire::DecodeBody<wire::PullReply>(h, frame);
-            if (!reply.ok()) return done(reply.status());
-            AcceptPullReply(shard, std::move(ios), std::move(*reply), done);
+            wire::PullReply& reply = pull_reply_scratch_;
+            if (Status decoded = wire::DecodeBodyInto(h, frame, &reply); !decoded.ok()) {
+              return done(decoded);
+            }
+            AcceptPullReply(shard, std::move(ios), reply, done);
           });
 }
 
-void Client::Impl::AcceptPullReply(int shard, std::vector<ChunkIo> ios, wire::PullReply reply,
+void Client::Impl::AcceptPullReply(int shard, std::vector<ChunkIo> ios,
+                                   const wire::PullReply& reply,
                                    const std::function<void(Status)>& done) {
   if (reply.lease_id == 0) {
     // The bytes came inline: no lease to give back.

@@ -18,9 +18,11 @@ void Client::Impl::PushThenPullInline(int shard, const std::vector<ChunkIo>& gra
           [this, shard, weights = std::move(weights), done = std::move(done)](
               const Status& st, const wire::Header& h, std::span<const uint8_t> frame) mutable {
             if (!st.ok()) return done(st);
-            auto reply = wire::DecodeBody<wire::PullReply>(h, frame);
-            if (!reply.ok()) return done(reply.status());
-            AcceptPullReply(shard, std::move(weights), std::move(*reply), done);
+            wire::PullReply& reply = pull_reply_scratch_;
+            if (Status decoded = wire::DecodeBodyInto(h, frame, &reply); !decoded.ok()) {
+              return done(decoded);
+            }
+            AcceptPullReply(shard, std::move(weights), reply, done);
           });
 }
 

@@ -259,6 +259,7 @@ struct PullReply {
   size_t EncodedSizeHint() const { return 16 + versions.size() * 8 + data.size(); }
   void EncodeBody(ByteWriter& w) const;
   static Result<PullReply> DecodeBody(ByteReader& r);
+  static Status DecodeBodyInto(ByteReader& r, PullReply* m);
   bool operator==(const PullReply&) const = default;
 };
 

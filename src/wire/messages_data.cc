@@ -107,12 +107,16 @@ void PullReply::EncodeBody(ByteWriter& w) const {
 }
 Result<PullReply> PullReply::DecodeBody(ByteReader& r) {
   PullReply m;
-  if (!r.Get(&m.lease_id)) return Truncated("lease_id");
-  if (!GetVersions(r, &m.versions)) return Truncated("versions");
+  TESSERA_RETURN_IF_ERROR(DecodeBodyInto(r, &m));
+  return m;
+}
+Status PullReply::DecodeBodyInto(ByteReader& r, PullReply* m) {
+  if (!r.Get(&m->lease_id)) return Truncated("lease_id");
+  if (!GetVersions(r, &m->versions)) return Truncated("versions");
   std::span<const uint8_t> data;
   if (!r.GetBlob(&data, kMaxInlineBytes)) return Truncated("data");
-  m.data.assign(data.begin(), data.end());
-  return m;
+  m->data.assign(data.begin(), data.end());
+  return Status::Ok();
 }
 
 void Release::EncodeBody(ByteWriter& w) const { w.Put(lease_id); }
