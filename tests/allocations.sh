@@ -5,6 +5,12 @@
 # what the call makes today plus headroom for the background's share
 # (heartbeats), and comes down as the hot path loses its allocations.
 set -euo pipefail
+if [ "${TESSERA_SANITIZER:-none}" != none ]; then
+  # Under ASan core/pool_allocator.h hands every block back to the heap, so
+  # that ASan sees each free; the counts held here are the plain build's.
+  echo "SKIP: allocations are counted in the build without sanitizers (this one: $TESSERA_SANITIZER)"
+  exit 77
+fi
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 "$TESSERA_BIN" bench push pull push_pull --transport shm --transport tcp --sizes 8,1M \
@@ -16,12 +22,12 @@ rows = json.load(open(sys.argv[1]))
 # today's figure and half an allocation, so that a single new one fails.
 # (tcp's extra third is TcpEndpoint::Queue, once every third frame: perf
 # probe on operator new.)
-today = {("push", 8, "shm"): 6, ("push", 8, "tcp"): 7.3,
-         ("pull", 8, "shm"): 10, ("pull", 8, "tcp"): 11.3,
-         ("push_pull", 8, "shm"): 8, ("push_pull", 8, "tcp"): 9.3,
-         ("push", 1 << 20, "shm"): 21, ("push", 1 << 20, "tcp"): 21.7,
-         ("pull", 1 << 20, "shm"): 21, ("pull", 1 << 20, "tcp"): 24,
-         ("push_pull", 1 << 20, "shm"): 48, ("push_pull", 1 << 20, "tcp"): 49.7}
+today = {("push", 8, "shm"): 2, ("push", 8, "tcp"): 3.3,
+         ("pull", 8, "shm"): 6, ("pull", 8, "tcp"): 7.3,
+         ("push_pull", 8, "shm"): 3, ("push_pull", 8, "tcp"): 4.3,
+         ("push", 1 << 20, "shm"): 17, ("push", 1 << 20, "tcp"): 17.7,
+         ("pull", 1 << 20, "shm"): 17, ("pull", 1 << 20, "tcp"): 20,
+         ("push_pull", 1 << 20, "shm"): 34, ("push_pull", 1 << 20, "tcp"): 37.7}
 ceiling = {k: v + 0.5 for k, v in today.items()}
 bad = []
 for r in rows:

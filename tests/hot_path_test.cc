@@ -5,10 +5,12 @@
 
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "client/pending_requests.h"
 #include "core/inline_function.h"
+#include "core/pool_allocator.h"
 
 namespace tessera {
 namespace {
@@ -90,6 +92,26 @@ TEST(PendingRequests, FailingAShardTakesOnlyItsRequests) {
   pending.Add(0, [](int) { return 0; });
   pending.Clear();
   EXPECT_EQ(pending.size(), 0u);
+}
+
+TEST(PoolAllocator, ReusesFreedBlocksOfTheSameClassFromAnyThread) {
+  if (!pool_internal::kPooling) GTEST_SKIP() << "pooling is off under AddressSanitizer";
+  PoolAllocator<uint64_t> alloc;
+  uint64_t* a = alloc.allocate(20);  // 160 bytes: the 256-byte class
+  alloc.deallocate(a, 20);
+  uint64_t* b = alloc.allocate(30);  // 240 bytes: the same class, the same block
+  EXPECT_EQ(a, b);
+  // Freed on another thread, taken again here.
+  std::thread([&] { alloc.deallocate(b, 30); }).join();
+  EXPECT_EQ(alloc.allocate(17), a);
+  alloc.deallocate(a, 17);
+  // Larger than any class: the heap's, given back to it.
+  uint64_t* big = alloc.allocate(1u << 20);
+  big[(1u << 20) - 1] = 1;
+  alloc.deallocate(big, 1u << 20);
+  std::vector<int, PoolAllocator<int>> v;
+  for (int i = 0; i < 10000; ++i) v.push_back(i);  // grows through every class and past them
+  EXPECT_EQ(v[9999], 9999);
 }
 
 }  // namespace

@@ -86,7 +86,7 @@ void EventLoop::Stop() {
 
 bool EventLoop::InLoopThread() const { return tls_driving == this; }
 
-void EventLoop::Post(std::function<void()> fn) {
+void EventLoop::Post(Task fn) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     tasks_.push_back(std::move(fn));

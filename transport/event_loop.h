@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "tessera/status.h"
+#include "transport/task.h"
 
 namespace tessera::transport {
 
@@ -53,7 +54,7 @@ class EventLoop {
   // Runs the tasks already posted, then stops and joins the thread.
   void Stop();
 
-  void Post(std::function<void()> fn);
+  void Post(Task fn);
   void PostAfter(std::chrono::milliseconds delay, std::function<void()> fn);
   // True on the thread that holds the drive lock now (the progress thread,
   // or a thread inside Drive).
@@ -112,8 +113,8 @@ class EventLoop {
   int wake_fd_ = -1;
 
   std::mutex mu_;
-  std::vector<std::function<void()>> tasks_;  // guarded by mu_
-  std::atomic<bool> has_tasks_{false};        // !tasks_.empty(), without the lock
+  std::vector<Task> tasks_;             // guarded by mu_
+  std::atomic<bool> has_tasks_{false};  // !tasks_.empty(), without the lock
   std::atomic<bool> sleeping_{false};
   std::atomic<bool> running_{false};
   std::thread thread_;
@@ -125,7 +126,7 @@ class EventLoop {
   std::atomic<bool> napping_{false};
 
   // Whoever holds drive_mu_.
-  std::vector<std::function<void()>> running_tasks_;  // the batch being run
+  std::vector<Task> running_tasks_;  // the batch being run
   std::priority_queue<Timer, std::vector<Timer>, std::greater<>> timers_;
   uint64_t timer_seq_ = 0;
 };

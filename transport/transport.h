@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "tessera/status.h"
+#include "transport/task.h"
 
 namespace tessera::transport {
 
@@ -226,7 +227,7 @@ class Context {
                        ConnectCallback done) = 0;
 
   // Runs fn on the progress thread (soon, in order).
-  virtual void Post(std::function<void()> fn) = 0;
+  virtual void Post(Task fn) = 0;
   // Runs fn on the progress thread after `delay`.
   virtual void PostAfter(std::chrono::milliseconds delay, std::function<void()> fn) = 0;
   // True on the progress thread, and on a thread inside Drive().

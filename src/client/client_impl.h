@@ -27,6 +27,7 @@
 #include "client/staging_allocator.h"
 #include "core/inline_function.h"
 #include "core/log.h"
+#include "core/pool_allocator.h"
 #include "gpu/cuda.h"
 #include "tessera/client.h"
 #include "transport/transport.h"
@@ -207,7 +208,10 @@ class Client::Impl {
     uint8_t* out = nullptr;
     bool out_on_gpu = false;
   };
-  using ByShard = std::vector<std::vector<ChunkIo>>;
+  // From the pool (core/pool_allocator.h): a call's lists of chunks cost no
+  // allocation in steady state.
+  using ChunkIos = std::vector<ChunkIo, PoolAllocator<ChunkIo>>;
+  using ByShard = std::vector<ChunkIos, PoolAllocator<ChunkIos>>;
 
   // The one fan-out of Push, Pull and PushPull. An item of any of them, as
   // the split sees it.
@@ -282,13 +286,13 @@ class Client::Impl {
   Status GpuCopyAsync(void* dst, const void* src, size_t bytes);
   Status GpuWait();
   // Why GPU chunks cannot move to or from shard `s` one-sided, or OK.
-  Status GpuPathTo(const ShardConn& s, const std::vector<ChunkIo>& ios) const;
+  Status GpuPathTo(const ShardConn& s, const ChunkIos& ios) const;
   // Maps an arena of a GPU shard on this node (loop thread).
   void MapArena(ShardConn& s, const wire::ArenaKey& a);
   void UnmapShard(ShardConn& s);
   // Whether a push of these chunks to one shard carries their bytes inside
   // its message (ClientOptions::inline_bytes).
-  bool TravelsInline(const std::vector<ChunkIo>& ios) const {
+  bool TravelsInline(const ChunkIos& ios) const {
     if (ios.empty()) return false;
     uint64_t raw = 0;
     for (const auto& io : ios) raw += io.chunk->bytes;
@@ -303,16 +307,16 @@ class Client::Impl {
   // Hears how a push to one shard ended, and the versions it produced.
   using PushDone = InlineFunction<void(Status, std::span<const uint64_t>), 64>;
   // `op` (may be null) hears of the chunks the shard dropped.
-  void PushToShard(int shard, std::vector<ChunkIo> ios, uint32_t flags, PushStep tag,
+  void PushToShard(int shard, ChunkIos ios, uint32_t flags, PushStep tag,
                    const std::shared_ptr<Future::State>& op, PushDone done);
   // The rest of a push too large to travel inline, once `offset` in the
   // shard's staging slot is ours: into the CUDA IPC slot, or put one-sided
   // in groups, each group's push-done sent as its puts land.
-  void PushThroughSlot(int shard, std::vector<ChunkIo> ios, uint32_t flags, PushStep tag,
+  void PushThroughSlot(int shard, ChunkIos ios, uint32_t flags, PushStep tag,
                        const std::shared_ptr<Future::State>& op, uint64_t offset,
                        const PushDone& done);
   // Handles a push-reply: each chunk's outcome (NoteOutcomes), then `finish`.
-  ReplyFn OnPushReply(std::vector<ChunkIo> sent, uint64_t step, std::shared_ptr<Future::State> op,
+  ReplyFn OnPushReply(ChunkIos sent, uint64_t step, std::shared_ptr<Future::State> op,
                       PushDone finish);
   // Counts what the shard did with each pushed chunk, and tells `op` which
   // it dropped.
@@ -322,15 +326,15 @@ class Client::Impl {
   // memory where they are there.
   // Fills `msg`, whose vectors keep their capacity (the loop thread's
   // push_scratch_, which the caller encodes at once).
-  Status InlinePush(const std::vector<ChunkIo>& ios, PushStep tag, wire::Push* msg);
-  void PullFromShard(int shard, std::vector<ChunkIo> ios, const std::function<void(Status)>& done);
+  Status InlinePush(const ChunkIos& ios, PushStep tag, wire::Push* msg);
+  void PullFromShard(int shard, ChunkIos ios, const std::function<void(Status)>& done);
   // push_pull's one round trip to a shard, for gradients that travel inline:
   // the shard answers the push with the weights it produced.
-  void PushThenPullInline(int shard, const std::vector<ChunkIo>& gradients,
-                          std::vector<ChunkIo> weights, std::function<void(Status)> done);
+  void PushThenPullInline(int shard, const ChunkIos& gradients, ChunkIos weights,
+                          std::function<void(Status)> done);
   // Lands a pull reply's bytes in `ios`: copied from the reply when inline,
   // else read one-sided under its lease, which is then released.
-  void AcceptPullReply(int shard, std::vector<ChunkIo> ios, const wire::PullReply& reply,
+  void AcceptPullReply(int shard, ChunkIos ios, const wire::PullReply& reply,
                        const std::function<void(Status)>& done);
   Result<const TensorEntry*> Lookup(Tensor t, size_t bytes, std::optional<DType> dtype,
                                     bool check_bytes = true) const;
@@ -343,7 +347,8 @@ class Client::Impl {
                                       what + " (ClientOptions::read_only)");
   }
   std::shared_ptr<Future::State> NewOp() const {
-    auto st = std::make_shared<Future::State>();
+    // From the pool, as the lists of chunks.
+    auto st = std::allocate_shared<Future::State>(PoolAllocator<Future::State>());
     st->timeout = options_.op_timeout;
     st->driver = driver_;
     return st;

@@ -33,7 +33,7 @@ Status Client::Impl::GpuWait() {
   return stream_.Synchronize();
 }
 
-Status Client::Impl::GpuPathTo(const ShardConn& s, const std::vector<ChunkIo>& ios) const {
+Status Client::Impl::GpuPathTo(const ShardConn& s, const ChunkIos& ios) const {
   if (s.ipc_slot.data() != nullptr || fabric_gpu_.ok() || options_.allow_host_staging) {
     return Status::Ok();
   }

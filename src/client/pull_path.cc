@@ -21,8 +21,7 @@ uint32_t ShardWaitMs(std::chrono::milliseconds op_timeout) {
 
 }  // namespace
 
-void Client::Impl::PullFromShard(int shard, std::vector<ChunkIo> ios,
-                                 const std::function<void(Status)>& done) {
+void Client::Impl::PullFromShard(int shard, ChunkIos ios, const std::function<void(Status)>& done) {
   if (Status st = GpuPathTo(shards_[shard], ios); !st.ok()) return done(st.WithContext("pull"));
   wire::Pull& msg = pull_scratch_;  // encoded at once by Request
   msg.entries.clear();
@@ -41,8 +40,7 @@ void Client::Impl::PullFromShard(int shard, std::vector<ChunkIo> ios,
           });
 }
 
-void Client::Impl::AcceptPullReply(int shard, std::vector<ChunkIo> ios,
-                                   const wire::PullReply& reply,
+void Client::Impl::AcceptPullReply(int shard, ChunkIos ios, const wire::PullReply& reply,
                                    const std::function<void(Status)>& done) {
   if (reply.lease_id == 0) {
     // The bytes came inline: no lease to give back.
@@ -159,7 +157,7 @@ Future Client::Impl::Pull(const std::vector<PullItem>& items, const CallOptions&
   if (!by_shard.ok()) return FailedFuture(by_shard.status());
   return FanOut(
       std::move(*by_shard),
-      [this](int shard, std::vector<ChunkIo> ios, const std::shared_ptr<Future::State>& op) {
+      [this](int shard, ChunkIos ios, const std::shared_ptr<Future::State>& op) {
         PullFromShard(shard, std::move(ios), [op](const Status& st) { op->Finish(st); });
       },
       call);

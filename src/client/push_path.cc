@@ -30,7 +30,7 @@ void Client::Impl::NoteOutcomes(const std::vector<uint8_t>& outcomes, const Chun
   }
 }
 
-Client::Impl::ReplyFn Client::Impl::OnPushReply(std::vector<ChunkIo> sent, uint64_t step,
+Client::Impl::ReplyFn Client::Impl::OnPushReply(ChunkIos sent, uint64_t step,
                                                 std::shared_ptr<Future::State> op,
                                                 PushDone finish) {
   return [this, step, op = std::move(op), sent = std::move(sent), finish = std::move(finish)](
@@ -48,7 +48,7 @@ Client::Impl::ReplyFn Client::Impl::OnPushReply(std::vector<ChunkIo> sent, uint6
   };
 }
 
-Status Client::Impl::InlinePush(const std::vector<ChunkIo>& ios, PushStep tag, wire::Push* out) {
+Status Client::Impl::InlinePush(const ChunkIos& ios, PushStep tag, wire::Push* out) {
   uint64_t raw = 0;
   for (const auto& io : ios) raw += io.chunk->bytes;
   wire::Push& msg = *out;
@@ -77,7 +77,7 @@ Status Client::Impl::InlinePush(const std::vector<ChunkIo>& ios, PushStep tag, w
   return Status::Ok();
 }
 
-void Client::Impl::PushToShard(int shard, std::vector<ChunkIo> ios, uint32_t flags, PushStep tag,
+void Client::Impl::PushToShard(int shard, ChunkIos ios, uint32_t flags, PushStep tag,
                                const std::shared_ptr<Future::State>& op, PushDone done) {
   const uint64_t step = tag.step;
   ShardConn& s = shards_[shard];
@@ -96,7 +96,7 @@ void Client::Impl::PushToShard(int shard, std::vector<ChunkIo> ios, uint32_t fla
   for (const auto& io : ios) total += AlignUp(io.chunk->bytes, 64);
   if (total > s.alloc.size()) {
     // Larger than the whole slot: send in parts, each within the slot.
-    std::vector<ChunkIo> first, rest;
+    ChunkIos first, rest;
     uint64_t used = 0;
     for (auto& io : ios) {
       uint64_t b = AlignUp(io.chunk->bytes, 64);
@@ -134,9 +134,9 @@ void Client::Impl::PushToShard(int shard, std::vector<ChunkIo> ios, uint32_t fla
   PushThroughSlot(shard, std::move(ios), flags, tag, op, *offset, done);
 }
 
-void Client::Impl::PushThroughSlot(int shard, std::vector<ChunkIo> ios, uint32_t flags,
-                                   PushStep tag, const std::shared_ptr<Future::State>& op,
-                                   uint64_t offset, const PushDone& done) {
+void Client::Impl::PushThroughSlot(int shard, ChunkIos ios, uint32_t flags, PushStep tag,
+                                   const std::shared_ptr<Future::State>& op, uint64_t offset,
+                                   const PushDone& done) {
   const uint64_t step = tag.step;
   ShardConn& s = shards_[shard];
   // Pipelined: the entries go in groups of about kGroupBytes (never splitting
@@ -154,7 +154,7 @@ void Client::Impl::PushThroughSlot(int shard, std::vector<ChunkIo> ios, uint32_t
     Status status;
     bool finished = false;
     std::vector<uint64_t> versions;
-    std::vector<ChunkIo> sent;  // `ios`, once the groups are laid out
+    ChunkIos sent;  // `ios`, once the groups are laid out
   };
   auto progress = std::make_shared<Progress>();
   progress->versions.resize(ios.size());
@@ -226,7 +226,7 @@ void Client::Impl::PushThroughSlot(int shard, std::vector<ChunkIo> ios, uint32_t
   }
 
   progress->sent = std::move(ios);
-  const std::vector<ChunkIo>& sent = progress->sent;
+  const ChunkIos& sent = progress->sent;
   std::vector<std::shared_ptr<Group>> groups;
   uint64_t rel = offset, group_bytes = 0;
   for (size_t i = 0; i < sent.size(); ++i) {
@@ -353,7 +353,7 @@ Future Client::Impl::Push(const std::vector<PushItem>& items, uint32_t flags,
   // The shards count the global step (never the chief's init): an async
   // push on the part to its lowest-numbered shard, a sync push on every part
   // holding a sync tensor, each saying how many there are.
-  auto holds_sync = [](const std::vector<ChunkIo>& ios) {
+  auto holds_sync = [](const ChunkIos& ios) {
     return std::any_of(ios.begin(), ios.end(), [](const ChunkIo& io) {
       return io.tensor->decl.mode.kind == Consistency::kSync;
     });
@@ -367,7 +367,7 @@ Future Client::Impl::Push(const std::vector<PushItem>& items, uint32_t flags,
   return FanOut(
       std::move(*by_shard),
       [this, flags, step, counts, sync_parts, first, holds_sync](
-          int shard, std::vector<ChunkIo> ios, const std::shared_ptr<Future::State>& op) {
+          int shard, ChunkIos ios, const std::shared_ptr<Future::State>& op) {
         uint32_t parts = 0;
         if (counts) parts = sync_parts > 0 ? (holds_sync(ios) ? sync_parts : 0) : shard == first;
         PushToShard(shard, std::move(ios), flags, PushStep{step, parts}, op,

@@ -5,8 +5,7 @@
 
 namespace tessera {
 
-void Client::Impl::PushThenPullInline(int shard, const std::vector<ChunkIo>& gradients,
-                                      std::vector<ChunkIo> weights,
+void Client::Impl::PushThenPullInline(int shard, const ChunkIos& gradients, ChunkIos weights,
                                       std::function<void(Status)> done) {
   ShardConn& s = shards_[shard];
   if (!s.dead.ok()) {
@@ -40,10 +39,10 @@ Future Client::Impl::PushPull(const std::vector<PushPullItem>& items, const Call
   if (!by_shard.ok()) return FailedFuture(by_shard.status());
   return FanOut(
       std::move(*by_shard),
-      [this](int shard, std::vector<ChunkIo> push, const std::shared_ptr<Future::State>& op) {
+      [this](int shard, ChunkIos push, const std::shared_ptr<Future::State>& op) {
         auto done = [op](const Status& st) { op->Finish(st); };
         // The same chunks, read back into the weights' buffer.
-        std::vector<ChunkIo> pull;
+        ChunkIos pull;
         pull.reserve(push.size());
         for (const auto& io : push)
           pull.push_back({io.chunk, io.out, 0, 0, io.tensor, io.out_on_gpu});

@@ -50,7 +50,7 @@ class TcpContext final : public Context {
                                            AcceptHandler on_accept) override;
   void Connect(const std::string& host, uint16_t port, std::chrono::milliseconds timeout,
                ConnectCallback done) override;
-  void Post(std::function<void()> fn) override { loop_->Post(std::move(fn)); }
+  void Post(Task fn) override { loop_->Post(std::move(fn)); }
   void PostAfter(std::chrono::milliseconds delay, std::function<void()> fn) override {
     loop_->PostAfter(delay, std::move(fn));
   }
