@@ -327,15 +327,16 @@ class Client::Impl {
   // Fills `msg`, whose vectors keep their capacity (the loop thread's
   // push_scratch_, which the caller encodes at once).
   Status InlinePush(const ChunkIos& ios, PushStep tag, wire::Push* msg);
-  void PullFromShard(int shard, ChunkIos ios, const std::function<void(Status)>& done);
+  // How one shard's part of a pull or push_pull ended: held in place, as
+  // the reply handlers that carry it.
+  using PartDone = InlineFunction<void(Status), 32>;
+  void PullFromShard(int shard, ChunkIos ios, const PartDone& done);
   // push_pull's one round trip to a shard, for gradients that travel inline:
   // the shard answers the push with the weights it produced.
-  void PushThenPullInline(int shard, const ChunkIos& gradients, ChunkIos weights,
-                          std::function<void(Status)> done);
+  void PushThenPullInline(int shard, const ChunkIos& gradients, ChunkIos weights, PartDone done);
   // Lands a pull reply's bytes in `ios`: copied from the reply when inline,
   // else read one-sided under its lease, which is then released.
-  void AcceptPullReply(int shard, ChunkIos ios, const wire::PullReply& reply,
-                       const std::function<void(Status)>& done);
+  void AcceptPullReply(int shard, ChunkIos ios, const wire::PullReply& reply, const PartDone& done);
   Result<const TensorEntry*> Lookup(Tensor t, size_t bytes, std::optional<DType> dtype,
                                     bool check_bytes = true) const;
   // The same with tensors_mu_ held by the caller (one lock for a whole batch).

@@ -21,7 +21,7 @@ uint32_t ShardWaitMs(std::chrono::milliseconds op_timeout) {
 
 }  // namespace
 
-void Client::Impl::PullFromShard(int shard, ChunkIos ios, const std::function<void(Status)>& done) {
+void Client::Impl::PullFromShard(int shard, ChunkIos ios, const PartDone& done) {
   if (Status st = GpuPathTo(shards_[shard], ios); !st.ok()) return done(st.WithContext("pull"));
   wire::Pull& msg = pull_scratch_;  // encoded at once by Request
   msg.entries.clear();
@@ -41,7 +41,7 @@ void Client::Impl::PullFromShard(int shard, ChunkIos ios, const std::function<vo
 }
 
 void Client::Impl::AcceptPullReply(int shard, ChunkIos ios, const wire::PullReply& reply,
-                                   const std::function<void(Status)>& done) {
+                                   const PartDone& done) {
   if (reply.lease_id == 0) {
     // The bytes came inline: no lease to give back.
     uint64_t total = 0;

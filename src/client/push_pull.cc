@@ -6,7 +6,7 @@
 namespace tessera {
 
 void Client::Impl::PushThenPullInline(int shard, const ChunkIos& gradients, ChunkIos weights,
-                                      std::function<void(Status)> done) {
+                                      PartDone done) {
   ShardConn& s = shards_[shard];
   if (!s.dead.ok()) {
     Reconnect(shard);  // fails this call; a later one may succeed

@@ -115,4 +115,13 @@ class PoolAllocator {
   }
 };
 
+// A base that gives a class operator new and delete from the pool, for
+// objects made per operation (a fabric's request state).
+struct Pooled {
+  static void* operator new(size_t bytes) { return PoolAllocator<std::byte>().allocate(bytes); }
+  static void operator delete(void* p, size_t bytes) {
+    PoolAllocator<std::byte>().deallocate(static_cast<std::byte*>(p), bytes);
+  }
+};
+
 }  // namespace tessera

@@ -4,6 +4,7 @@
 #include <cstdlib>
 
 #include "core/log.h"
+#include "core/pool_allocator.h"
 #include "transport/closed.h"
 #include "transport/region_desc.h"
 #include "transport/run_on_loop.h"
@@ -14,13 +15,14 @@
 namespace tessera::transport::ucx {
 namespace {
 
-// What a UCX request needs until its callback.
-struct SendRequest {
+// What a UCX request needs until its callback; one per operation, so from
+// the pool.
+struct SendRequest : Pooled {
   uint8_t header[2];
   std::vector<uint8_t> bytes;
   Completion done;
 };
-struct RmaRequest {
+struct RmaRequest : Pooled {
   Completion done;
   // Its completion is a sign of the peer's life (Endpoint::last_traffic).
   std::shared_ptr<UcxEndpoint> ep;
@@ -84,7 +86,8 @@ void UcxEndpoint::SendNow(uint16_t msg_id, std::vector<uint8_t> bytes, Completio
   }
   ctx_->counters_.messages_sent++;
   ctx_->counters_.message_bytes_sent += bytes.size();
-  auto* req = new SendRequest{{static_cast<uint8_t>(msg_id), static_cast<uint8_t>(msg_id >> 8)},
+  auto* req = new SendRequest{{},
+                              {static_cast<uint8_t>(msg_id), static_cast<uint8_t>(msg_id >> 8)},
                               std::move(bytes),
                               std::move(done)};
   ucp_request_param_t param{};
@@ -154,7 +157,7 @@ void UcxEndpoint::RmaNow(Op op, void* local, size_t len, const RemoteRegion& rem
   auto& counters = ctx_->counters_;
   (op == Op::kPut ? counters.puts : counters.gets)++;
   (op == Op::kPut ? counters.put_bytes : counters.get_bytes) += len;
-  auto* req = new RmaRequest{std::move(done), shared_from_this()};
+  auto* req = new RmaRequest{{}, std::move(done), shared_from_this()};
   ucp_request_param_t param{};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   param.cb.send = &CompleteRma;
@@ -172,7 +175,7 @@ void UcxEndpoint::Flush(Completion done) {
 
 void UcxEndpoint::FlushNow(Completion done) {
   if (ep_ == nullptr) return done(DeadStatus());
-  auto* req = new RmaRequest{std::move(done), shared_from_this()};
+  auto* req = new RmaRequest{{}, std::move(done), shared_from_this()};
   ucp_request_param_t param{};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   param.cb.send = &CompleteRma;
