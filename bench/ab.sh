@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# A/B of two builds of `tessera` in the same minutes: the same `tessera bench`
+# arguments run with OLD, then NEW, N rounds alternating (so that a noisy
+# spell of the machine hits both), then each point's median p50 per build and
+# their ratio, with every round's figure.
+#   bench/ab.sh OLD_TESSERA NEW_TESSERA [bench arguments...]     (N=3 rounds)
+# e.g. build the previous main into /tmp/old (git worktree add /tmp/old-src
+# main~1; meson setup /tmp/old /tmp/old-src; ninja -C /tmp/old tools/tessera),
+# then: N=5 bench/ab.sh /tmp/old/tools/tessera build/tools/tessera push pull \
+#   --transport shm --transport tcp --sizes 8,1M --iters 100
+set -euo pipefail
+if [ $# -lt 2 ]; then
+  sed -n '2,10p' "$0" >&2
+  exit 2
+fi
+old=$1 new=$2
+shift 2
+rounds=${N:-3}
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+for r in $(seq "$rounds"); do
+  for v in old new; do
+    bin=$old
+    [ "$v" = new ] && bin=$new
+    "$bin" bench "$@" --json "$out/$v.$r.json" >/dev/null
+  done
+done
+python3 - "$out" "$rounds" <<'PY'
+import json, statistics, sys
+out, rounds = sys.argv[1], int(sys.argv[2])
+points = {}
+for v in ("old", "new"):
+    for r in range(1, rounds + 1):
+        for row in json.load(open(f"{out}/{v}.{r}.json")):
+            key = (row["scenario"], row["transport"], row["bytes"], row["batch"])
+            points.setdefault(key, {}).setdefault(v, []).append(row)
+print("| scenario | transport | bytes | batch | old p50 µs | new p50 µs | new/old | old rounds | new rounds | allocs/op old → new |")
+print("|---|---|---:|---:|---:|---:|---:|---|---|---|")
+for (scenario, transport, size, batch), by in points.items():
+    o = [x["p50_us"] for x in by.get("old", [])]
+    n = [x["p50_us"] for x in by.get("new", [])]
+    if not o or not n:
+        continue
+    mo, mn = statistics.median(o), statistics.median(n)
+    allocs = lambda rows: statistics.median(x.get("allocs_per_op", -1) for x in rows)
+    print(f"| {scenario} | {transport} | {size} | {batch} | {mo:.1f} | {mn:.1f} | {mn / mo:.2f} | "
+          f"{', '.join(f'{x:.1f}' for x in o)} | {', '.join(f'{x:.1f}' for x in n)} | "
+          f"{allocs(by['old']):.1f} → {allocs(by['new']):.1f} |")
+PY
