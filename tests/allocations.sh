@@ -23,11 +23,11 @@ rows = json.load(open(sys.argv[1]))
 # (tcp's extra third is TcpEndpoint::Queue, once every third frame: perf
 # probe on operator new.)
 today = {("push", 8, "shm"): 1, ("push", 8, "tcp"): 3.3,
-         ("pull", 8, "shm"): 2, ("pull", 8, "tcp"): 4.3,
+         ("pull", 8, "shm"): 1, ("pull", 8, "tcp"): 3.3,
          ("push_pull", 8, "shm"): 1, ("push_pull", 8, "tcp"): 3.3,
          ("push", 1 << 20, "shm"): 14, ("push", 1 << 20, "tcp"): 17.7,
-         ("pull", 1 << 20, "shm"): 7, ("pull", 1 << 20, "tcp"): 13,
-         ("push_pull", 1 << 20, "shm"): 21, ("push_pull", 1 << 20, "tcp"): 30.7}
+         ("pull", 1 << 20, "shm"): 6, ("pull", 1 << 20, "tcp"): 12,
+         ("push_pull", 1 << 20, "shm"): 20, ("push_pull", 1 << 20, "tcp"): 29.7}
 ceiling = {k: v + 0.5 for k, v in today.items()}
 bad = []
 for r in rows:

@@ -29,8 +29,11 @@ void Client::Impl::PullFromShard(int shard, ChunkIos ios, const PartDone& done) 
   msg.inline_max = static_cast<uint32_t>(std::min(options_.inline_bytes, wire::kMaxInlineBytes));
   msg.wait_ms = ShardWaitMs(options_.op_timeout);
   Request(shard, msg, 0,
-          [this, shard, ios = std::move(ios), done](const Status& st, const wire::Header& h,
-                                                    std::span<const uint8_t> frame) mutable {
+          // `done` copied as a PartDone, not a const one: a const member
+          // would make the handler's move a copy, which keeps it off the
+          // inline buffer (see core/inline_function.h).
+          [this, shard, ios = std::move(ios), done = PartDone(done)](
+              const Status& st, const wire::Header& h, std::span<const uint8_t> frame) mutable {
             if (!st.ok()) return done(st);
             wire::PullReply& reply = pull_reply_scratch_;
             if (Status decoded = wire::DecodeBodyInto(h, frame, &reply); !decoded.ok()) {

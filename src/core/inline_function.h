@@ -3,7 +3,10 @@
 // most 16 bytes in place: a lambda holding a shared_ptr or a vector costs a
 // heap allocation each time it is made, which the client's per-call
 // callbacks (a reply handler, a push's completion) must not. Larger
-// callables still work, on the heap, so that rare paths need no care.
+// callables still work, on the heap, so that rare paths need no care; so do
+// callables whose move may throw, e.g. a lambda that captured a `const&`
+// parameter by copy (its member is const, so moving it copies): capture
+// `x = T(x)` instead to keep such a lambda in place.
 #pragma once
 
 #include <cstddef>
