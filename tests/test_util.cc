@@ -11,6 +11,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <fstream>
+#include <string_view>
 #include <thread>
 
 #include "core/ports.h"
@@ -52,15 +53,32 @@ pid_t ShardProcesses::Spawn(int i, const std::vector<std::string>& env) {
   argv.insert(argv.end(), args_.begin(), args_.end());
   const TaskId task = i < num_ps_ ? TaskId{"ps", i} : spec_.coordinator();
   const std::string tf_config = ToTfConfigJson(spec_, task);
+  // Everything the child needs is built before the fork: between fork and
+  // exec a child of a threaded process may only make async-signal-safe
+  // calls (an allocator or environment lock held by another thread at the
+  // fork would never be released; seen as a restarted shard that never
+  // started, under ASan).
+  std::vector<std::string> envs = {"TESSERA_SECRET=" + secret_, "TF_CONFIG=" + tf_config};
+  envs.insert(envs.end(), env.begin(), env.end());
+  auto overridden = [&](const char* kv) {
+    const std::string_view s(kv);
+    const std::string_view name = s.substr(0, s.find('='));
+    return std::any_of(envs.begin(), envs.end(), [&](const std::string& e) {
+      return std::string_view(e).substr(0, e.find('=')) == name;
+    });
+  };
+  std::vector<char*> cenv;
+  for (auto& e : envs) cenv.push_back(e.data());
+  for (char** e = environ; *e != nullptr; ++e) {
+    if (!overridden(*e)) cenv.push_back(*e);
+  }
+  cenv.push_back(nullptr);
+  std::vector<char*> cargv;
+  for (auto& a : argv) cargv.push_back(a.data());
+  cargv.push_back(nullptr);
   pid_t pid = fork();
   if (pid == 0) {
-    setenv("TESSERA_SECRET", secret_.c_str(), 1);
-    setenv("TF_CONFIG", tf_config.c_str(), 1);
-    for (const auto& kv : env) putenv(const_cast<char*>(kv.c_str()));
-    std::vector<char*> cargv;
-    for (auto& a : argv) cargv.push_back(a.data());
-    cargv.push_back(nullptr);
-    execv(bin, cargv.data());
+    execve(bin, cargv.data(), cenv.data());
     _exit(127);
   }
   return pid;

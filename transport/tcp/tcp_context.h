@@ -185,6 +185,7 @@ class TcpEndpoint final : public Endpoint, public std::enable_shared_from_this<T
   bool write_shut_ = false;
   bool want_write_ = false;  // EPOLLOUT asked for
   bool dead_ = false;
+  int sending_ = 0;  // inside Queue's write: a failure is reported later (MarkDead)
   Status close_reason_;
   ConnectCallback connect_done_;
   std::deque<OutFrame> out_;

@@ -173,7 +173,9 @@ void TcpEndpoint::Queue(OutFrame frame) {
     return;
   }
   out_.push_back(std::move(frame));
+  sending_++;
   WriteSome();
+  sending_--;
   UpdateInterest();
 }
 
@@ -516,7 +518,18 @@ void TcpEndpoint::MarkDead(const Status& why, bool report) {
   for (auto& f : out) {
     if (f.written) f.written(dead);
   }
-  if (report && !closing_ && ctx_->on_disconnect_) ctx_->on_disconnect_(self, why);
+  if (!report || closing_ || !ctx_->on_disconnect_) return;
+  if (sending_ > 0) {
+    // Inside a caller's Send, often a handler answering this very peer: it
+    // must not see the peer torn down under it (the shard's reply to a
+    // push, then its step count, read the peer). Reported on the loop's
+    // next turn instead; whoever holds the endpoint keeps it alive.
+    ctx_->Post([ctx = ctx_, weak = std::weak_ptr<TcpEndpoint>(self), why] {
+      if (auto ep = weak.lock(); ep && ctx->on_disconnect_) ctx->on_disconnect_(ep, why);
+    });
+    return;
+  }
+  ctx_->on_disconnect_(self, why);
 }
 
 }  // namespace tessera::transport::tcp
