@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "kernels/cpu/halves_cpu.h"
 #include "kernels/update.h"
 
 namespace tessera::kernels {
@@ -101,6 +102,27 @@ void BM_AddHalf(benchmark::State& state) {
 }
 BENCHMARK(BM_AddHalf<DType::kBF16>)->Arg(1 << 20)->Arg(64 << 20);
 BENCHMARK(BM_AddHalf<DType::kF16>)->Arg(1 << 20)->Arg(64 << 20);
+
+// Each half add path this CPU can run (0 scalar, 1 AVX2, 2 AVX-512), side by
+// side in one run: what the widest one gains.
+template <DType kDType>
+void BM_AddHalfPath(benchmark::State& state) {
+  const auto path = static_cast<kernels::HalfAddPath>(state.range(1));
+  if (!kernels::CanRun(path, kDType)) {
+    state.SkipWithError("this CPU cannot run this path");
+    return;
+  }
+  const size_t n = static_cast<size_t>(state.range(0)) / 2;
+  std::vector<uint16_t> dst(n, Half(kDType, 1.0f)), src(n, Half(kDType, 0.0f));
+  for (auto _ : state) {
+    kernels::AddHalvesUsing(path, kDType, dst.data(), src.data(), n);
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(n * 2));
+  Traffic(state, 3.0 * static_cast<double>(n * 2));
+}
+BENCHMARK(BM_AddHalfPath<DType::kBF16>)->ArgsProduct({{1 << 20, 64 << 20}, {0, 1, 2}});
+BENCHMARK(BM_AddHalfPath<DType::kF16>)->ArgsProduct({{1 << 20, 64 << 20}, {0, 1, 2}});
 
 // A sync step's sum of 4 half gradients into the f32 accumulator, and the
 // average rounded back to a half gradient: gradients in (2 bytes each),

@@ -306,6 +306,7 @@ TEST(Kernels, FusedHalfAddMatchesTheScalarSum) {
     auto to = dt == DType::kF16 ? FloatToHalf : FloatToBFloat16;
     auto from = dt == DType::kF16 ? HalfToFloat : BFloat16ToFloat;
     for (uint32_t shift : {0u, 1u, 0x3ffu, 0x7c00u, 0x8001u, 40503u}) {
+      SCOPED_TRACE(shift);
       std::vector<uint16_t> dst(0x10000), src(0x10000);
       for (uint32_t h = 0; h < 0x10000; ++h) {
         dst[h] = static_cast<uint16_t>(h);
@@ -329,6 +330,35 @@ TEST(Kernels, FusedHalfAddMatchesTheScalarSum) {
       }
     }
   }
+}
+
+// AddHalves runs the widest path this CPU has; the narrower ones must give
+// the same bits too (a CPU without AVX-512 takes them).
+TEST(Kernels, EveryHalfAddPathGivesTheScalarBits) {
+  int ran = 0;
+  for (DType dt : {DType::kF16, DType::kBF16}) {
+    for (auto path : {kernels::HalfAddPath::kAvx2, kernels::HalfAddPath::kAvx512}) {
+      if (!kernels::CanRun(path, dt)) continue;
+      ran++;
+      std::vector<uint16_t> want(0x10000), got(0x10000), src(0x10000);
+      for (uint32_t h = 0; h < 0x10000; ++h) {
+        want[h] = got[h] = static_cast<uint16_t>(h);
+        src[h] = static_cast<uint16_t>((h * 40503u + 7) & 0xffff);
+      }
+      const size_t n = want.size() - 5;  // a tail for the narrower loop
+      kernels::AddHalvesUsing(kernels::HalfAddPath::kScalar, dt, want.data(), src.data(), n);
+      kernels::AddHalvesUsing(path, dt, got.data(), src.data(), n);
+      for (size_t i = 0; i < want.size(); ++i) {
+        if (IsHalfNan(dt, want[i])) {
+          ASSERT_TRUE(IsHalfNan(dt, got[i])) << DTypeName(dt) << " element " << i;
+          continue;
+        }
+        ASSERT_EQ(got[i], want[i])
+            << DTypeName(dt) << " path " << static_cast<int>(path) << " element " << i;
+      }
+    }
+  }
+  std::cout << ran << " vector half add path(s) on this CPU checked\n";
 }
 
 template <typename T>

@@ -29,6 +29,13 @@ void NarrowToHalves(DType dtype, const float* in, uint16_t* out, size_t n);
 // added, rounded once, as NarrowToHalves rounds.
 void AddHalves(DType dtype, uint16_t* dst, const uint16_t* src, size_t n);
 
+// The fused add's code paths (AddHalves takes the widest this CPU has), for
+// tests that must check each one, and benches that compare them. kAvx2 is
+// AVX2 for bf16, AVX2 with F16C for f16.
+enum class HalfAddPath { kScalar, kAvx2, kAvx512 };
+bool CanRun(HalfAddPath path, DType dtype);
+void AddHalvesUsing(HalfAddPath path, DType dtype, uint16_t* dst, const uint16_t* src, size_t n);
+
 // Which f16 conversion this CPU runs: "f16c" or "scalar".
 const char* HalfConversionPath();
 
