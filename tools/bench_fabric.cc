@@ -214,6 +214,23 @@ class FabricPeer {
     return *t / n;
   }
 
+  // One put, its flush, then the peer reads the bytes and answers: the
+  // least a push must do, since the shard reads what it applies.
+  Result<double> TimedPutRead(uint64_t bytes) {
+    return Timed(2, [&] {
+      ep_->Put(local(), bytes, *remote_, remote_->base(), [this, bytes](const Status& st) {
+        if (!st.ok()) return Complete(st);
+        ep_->Flush([this, bytes](const Status& st2) {
+          if (!st2.ok()) return Complete(st2);
+          std::vector<uint8_t> length(sizeof(bytes));
+          std::memcpy(length.data(), &bytes, sizeof(bytes));
+          ep_->Send(kConsumeMsg, std::move(length));
+          Complete();
+        });
+      });
+    });
+  }
+
   transport::Endpoint& ep() { return *ep_; }
   transport::RemoteRegion& remote() { return *remote_; }
   uint8_t* local() { return static_cast<uint8_t*>(local_->data()); }
@@ -237,18 +254,24 @@ int Window(uint64_t bytes) {
 
 }  // namespace
 
-Result<double> FabricPutGbps(const BenchOptions& o, const Fabric& fabric, uint64_t bytes) {
+Result<FabricBandwidth> MeasureFabricBandwidth(const BenchOptions& o, const Fabric& fabric,
+                                               uint64_t bytes) {
   auto f = FabricPeer::Start(o, fabric, bytes);
   if (!f.ok()) return f.status();
   FabricPeer& p = **f;
-  std::vector<double> us;
+  std::vector<double> put_us, put_read_us;
   const int n = Window(bytes);
   for (int it = 0; it < o.warmup + o.iters; ++it) {
-    auto t = p.TimedPuts(bytes, n);
-    if (!t.ok()) return t.status();
-    if (it >= o.warmup) us.push_back(*t);
+    auto put = p.TimedPuts(bytes, n);
+    if (!put.ok()) return put.status();
+    auto put_read = p.TimedPutRead(bytes);
+    if (!put_read.ok()) return put_read.status();
+    if (it >= o.warmup) {
+      put_us.push_back(*put);
+      put_read_us.push_back(*put_read);
+    }
   }
-  return Summarise(us, bytes).gbps;
+  return FabricBandwidth{Summarise(put_us, bytes).gbps, Summarise(put_read_us, bytes).gbps};
 }
 
 Status RunFabric(const BenchOptions& o, const Fabric& fabric, std::vector<Row>* rows) {
@@ -275,21 +298,7 @@ Status RunFabric(const BenchOptions& o, const Fabric& fabric, std::vector<Row>* 
         get_us.push_back(*get / n);
       }
       if (bytes >= 4096) {
-        // One put, its flush, then the peer reads the bytes and answers:
-        // the least a push must do, since the shard reads what it applies.
-        auto consumed = p.Timed(2, [&] {
-          p.ep().Put(p.local(), bytes, p.remote(), p.remote().base(),
-                     [&p, bytes](const Status& st) {
-                       if (!st.ok()) return p.Complete(st);
-                       p.ep().Flush([&p, bytes](const Status& st2) {
-                         if (!st2.ok()) return p.Complete(st2);
-                         std::vector<uint8_t> length(sizeof(bytes));
-                         std::memcpy(length.data(), &bytes, sizeof(bytes));
-                         p.ep().Send(kConsumeMsg, std::move(length));
-                         p.Complete();
-                       });
-                     });
-        });
+        auto consumed = p.TimedPutRead(bytes);
         if (!consumed.ok()) return consumed.status();
         if (it >= o.warmup) consumed_us.push_back(*consumed);
       }

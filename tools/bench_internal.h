@@ -122,9 +122,16 @@ Status RunFabric(const BenchOptions& o, const Fabric& fabric, std::vector<Row>* 
 Status RunOps(const BenchOptions& o, const Fabric& fabric, std::vector<Row>* rows);
 Status RunStep(const BenchOptions& o, const Fabric& fabric, std::vector<Row>* rows);
 
-// Tessera's own transport put bandwidth for `bytes` on this transport, for
-// the step's bound (GB/s).
-Result<double> FabricPutGbps(const BenchOptions& o, const Fabric& fabric, uint64_t bytes);
+// Tessera's own transport moving `bytes` on this transport, for the step's
+// bound (GB/s): streamed puts, and one put the peer then reads and answers
+// (`fabric-put-read`, the least a push costs, since the shard reads what it
+// applies).
+struct FabricBandwidth {
+  double put_gbps = 0;
+  double put_read_gbps = 0;
+};
+Result<FabricBandwidth> MeasureFabricBandwidth(const BenchOptions& o, const Fabric& fabric,
+                                               uint64_t bytes);
 
 std::string SizeName(uint64_t bytes);
 
