@@ -2,7 +2,10 @@
 """Draws `tessera bench --json` results: bandwidth against size for Tessera's
 push/pull and the fabric's put/get (Tessera's transport and ucx_perftest),
 one panel per transport, and round-trip times of small calls beside UCX's
-active-message round trip. Usage: plot_bench.py RESULTS.json OUT.png"""
+active-message round trip. With --scaling (bench/scaling.sh's merged
+results): aggregate push/pull bandwidth and the step's time against the
+number of workers (1 shard) and of shards (2 workers), beside memcpy.
+Usage: plot_bench.py [--scaling] RESULTS.json OUT.png"""
 import json
 import sys
 
@@ -10,6 +13,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 
 def main(src: str, out: str) -> None:
@@ -58,7 +62,55 @@ def main(src: str, out: str) -> None:
     fig.savefig(out, dpi=110)
 
 
+def scaling(src: str, out: str) -> None:
+    rows = json.load(open(src))
+    memcpy = [r["gbps"] for r in rows if r["scenario"] == "memcpy"]
+    transports = sorted({r["transport"] for r in rows if r["scenario"] in ("push", "pull")})
+    fig, axes = plt.subplots(2, 2, figsize=(13, 9))
+    # (which axis varies, the other held, its label)
+    for col, (vary, held, hold_at, label) in enumerate(
+            (("workers", "shards", 1, "workers (1 shard)"),
+             ("shards", "workers", 2, "shards (2 workers)"))):
+        ax = axes[0][col]
+        for tr in transports:
+            for name in ("push", "pull"):
+                pts = sorted((r[vary], r["gbps"]) for r in rows if r["scenario"] == name
+                             and r["transport"] == tr and r[held] == hold_at)
+                if pts:
+                    ax.plot(*zip(*pts), marker="o", label=f"{name}, {tr}")
+        if memcpy:
+            ax.axhline(memcpy[0], color="grey", linestyle="--", label="memcpy, one thread")
+        ax.set_xlabel(label)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_ylabel("aggregate GB/s (median call)")
+        ax.set_title(f"bandwidth against {vary}")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+        ax = axes[1][col]
+        for tr in transports:
+            pts = sorted((r[vary], r["p50_us"] / 1e3, r["baseline_us"] / 1e3) for r in rows
+                         if r["scenario"] == "step" and r["transport"] == tr
+                         and r[held] == hold_at)
+            if pts:
+                xs, ms, bound = zip(*pts)
+                line, = ax.plot(xs, ms, marker="o", label=f"step, {tr}")
+                ax.plot(xs, bound, linestyle="--", color=line.get_color(),
+                        label=f"bound (fabric-put-read), {tr}")
+        ax.set_xlabel(label)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_ylabel("ms per step (p50)")
+        ax.set_title(f"synchronous step against {vary}")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
 if __name__ == "__main__":
-    if len(sys.argv) != 3:
+    args = sys.argv[1:]
+    draw = main
+    if args and args[0] == "--scaling":
+        draw, args = scaling, args[1:]
+    if len(args) != 2:
         sys.exit(__doc__)
-    main(sys.argv[1], sys.argv[2])
+    draw(args[0], args[1])
