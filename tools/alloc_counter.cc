@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <new>
 
+#include "core/heap_counter.h"
 #include "tools/bench.h"
 
 namespace {
@@ -68,4 +69,10 @@ void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { std::f
 
 namespace tessera::tools {
 uint64_t HeapAllocations() { return g_allocations.load(std::memory_order_relaxed); }
+
+namespace {
+// Every `tessera` process counts, a shard (`tessera server`) included: its
+// status then says how many allocations it has made (core/heap_counter.h).
+[[maybe_unused]] const bool registered = (SetHeapAllocationCounter(&HeapAllocations), true);
+}  // namespace
 }  // namespace tessera::tools

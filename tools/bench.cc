@@ -39,7 +39,9 @@ void PrintTable(const std::vector<Row>& rows) {
           r.vs_quiet, r.note.empty() ? "" : ("; " + r.note).c_str());
       continue;
     }
+    // The worker's, then the shards' (after a slash) where they were counted.
     std::string allocs = r.allocs_per_op < 0 ? "-" : fmt::format("{:.1f}", r.allocs_per_op);
+    if (r.shard_allocs_per_op >= 0) allocs += fmt::format("/{:.1f}", r.shard_allocs_per_op);
     std::string ratio = r.ratio > 0 ? fmt::format("{:.2f}", r.ratio) : "-";
     printf(
         "%-15s %-10s %9s %5d %3d %3d | %10.1f %10.1f %9.3f %7s | %-31s %10.1f %9.3f | %7s %s%s\n",

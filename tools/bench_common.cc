@@ -38,6 +38,7 @@ nlohmann::json Row::ToJson() const {
       {"baseline", baseline},     {"baseline_us", baseline_us}, {"baseline_gbps", baseline_gbps},
       {"ratio", ratio},           {"ratio_of", ratio_of},       {"note", note}};
   if (allocs_per_op >= 0) j["allocs_per_op"] = allocs_per_op;
+  if (shard_allocs_per_op >= 0) j["shard_allocs_per_op"] = shard_allocs_per_op;
   if (!load.empty()) {
     j["load"] = load;
     if (vs_quiet > 0) j["p50_vs_quiet"] = vs_quiet;
@@ -311,6 +312,9 @@ Result<std::unique_ptr<LocalCluster>> LocalCluster::Start(const BenchOptions& o,
         cpu));
   }
   TESSERA_RETURN_IF_ERROR(c->ConnectWorkers(o, spec, secret, fabric.backend, workers));
+  c->shard_addresses_ = ps;
+  c->secret_ = secret;
+  c->backend_ = fabric.backend;
   return c;
 }
 
@@ -351,6 +355,7 @@ Status LocalCluster::ConnectWorkers(const BenchOptions& o, const ClusterSpec& sp
 }
 
 LocalCluster::~LocalCluster() {
+  observers_.clear();
   clients_.clear();
   for (pid_t pid : shards_) kill(pid, SIGTERM);
   for (pid_t pid : shards_) waitpid(pid, nullptr, 0);

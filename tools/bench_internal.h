@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,7 @@
 
 #include "tessera/client.h"
 #include "tools/bench.h"
+#include "tools/observer.h"
 
 namespace tessera::tools::bench {
 
@@ -31,7 +33,9 @@ struct Row {
   int batch = 1, shards = 0, workers = 0;
   Stats tessera;
   double allocs_per_op = -1;  // -1: not counted
-  std::string baseline;       // "ucp_put_bw", "2 x ucp_am_lat", "bound", ...
+  // The shards' processes, all of them, per call (-1: not counted).
+  double shard_allocs_per_op = -1;
+  std::string baseline;  // "ucp_put_bw", "2 x ucp_am_lat", "bound", ...
   double baseline_us = 0, baseline_gbps = 0;
   // Tessera over the baseline: bandwidths for large sizes, round-trip times
   // for small ones (see `ratio_of`).
@@ -103,14 +107,31 @@ class LocalCluster {
   Client& worker(int i) { return *clients_[static_cast<size_t>(i)]; }
   int num_workers() const { return static_cast<int>(clients_.size()); }
 
+  // The shards' own heap allocations (their status says them: the `tessera`
+  // process counts, core/heap_counter.h): Mark before the calls, then
+  // ShardAllocationsPerCall after them, what asking costs taken off. Nothing
+  // for a cluster the bench did not start, or when a shard cannot say.
+  void MarkShardAllocations();
+  std::optional<double> ShardAllocationsPerCall(uint64_t calls);
+
  private:
   LocalCluster() = default;
   static Result<std::unique_ptr<LocalCluster>> Attach(const BenchOptions& o, const Fabric& fabric,
                                                       int workers);
   Status ConnectWorkers(const BenchOptions& o, const ClusterSpec& spec, const std::string& secret,
                         const std::string& backend, int workers);
+  // The sum of the shards' counts now, less nothing; opens the observers
+  // and measures what one status question costs the first time.
+  std::optional<uint64_t> ShardAllocationsNow();
+
   std::vector<pid_t> shards_;  // empty for a given cluster
   std::vector<std::unique_ptr<Client>> clients_;
+  // For counting the shards' allocations.
+  std::vector<TaskAddress> shard_addresses_;
+  std::string secret_, backend_;
+  std::vector<std::unique_ptr<Observer>> observers_;
+  uint64_t cost_of_asking_ = 0;  // allocations per status question, all shards
+  std::optional<uint64_t> marked_;
 };
 
 // The scenarios; each appends its rows.

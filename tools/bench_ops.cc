@@ -2,9 +2,11 @@
 // bandwidth over tensor sizes and batch sizes, beside ucx_perftest.
 #include <fmt/format.h>
 #include <algorithm>
+#include <barrier>
 #include <cstring>
 #include <map>
 #include <thread>
+#include <utility>
 
 #include "gpu/cuda.h"
 #include "tools/bench_internal.h"
@@ -143,9 +145,28 @@ Status RunOps(const BenchOptions& o, const Fabric& fabric, std::vector<Row>* row
     std::map<uint64_t, double> single_us;  // size -> this op's batch-1 p50, for the batch ratio
     for (const auto& set : sets) {
       std::vector<Sample> samples(static_cast<size_t>(c.num_workers()));
+      // The shards' count starts when every worker has done its warmup
+      // (--check adds pulls of its own: not counted then).
+      const bool count_shards = !o.check;
+      auto mark = [&]() noexcept {
+        if (count_shards) c.MarkShardAllocations();
+      };
+      std::barrier warmed_up(c.num_workers(), mark);
       const bool on_gpu = o.memory == "cuda";
       const ClientCounters gpu_before = on_gpu ? GpuCounters(c) : ClientCounters{};
       auto run = [&](int w) {
+        // Arrives at the barrier once: at the first timed call, or on the
+        // way out of an early return (so that no other worker waits).
+        struct Arrival {
+          decltype(warmed_up)& barrier;
+          bool arrived = false;
+          void Now() {
+            if (!std::exchange(arrived, true)) barrier.arrive_and_wait();
+          }
+          ~Arrival() {
+            if (!arrived) barrier.arrive_and_drop();
+          }
+        } arrival{warmed_up};
         Client& client = c.worker(w);
         Sample& s = samples[static_cast<size_t>(w)];
         const auto& ts = set.tensors[static_cast<size_t>(w)];
@@ -184,6 +205,7 @@ Status RunOps(const BenchOptions& o, const Fabric& fabric, std::vector<Row>* row
           push_pull.push_back({ts[k], src(k), dst(k), set.bytes});
         }
         for (int it = 0; it < o.warmup + o.iters; ++it) {
+          if (it == o.warmup) arrival.Now();
           if (o.gap_us > 0) {
             // Busy, as compute is: the core stays this thread's.
             const auto resume =
@@ -268,6 +290,9 @@ Status RunOps(const BenchOptions& o, const Fabric& fabric, std::vector<Row>* row
               Summarise(all, call_bytes)};
       // Every worker's thread counts: an upper bound per call with W > 1.
       row.allocs_per_op = n ? static_cast<double>(allocations) / static_cast<double>(n) : -1;
+      if (count_shards) {
+        if (auto shard = c.ShardAllocationsPerCall(n)) row.shard_allocs_per_op = *shard;
+      }
       if (set.batch == 1) single_us[set.bytes] = row.tessera.p50_us;
       if (set.batch > 1 && single_us.count(set.bytes)) {
         row.note = "batch/1 = " + std::to_string(row.tessera.p50_us / single_us[set.bytes]);

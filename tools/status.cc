@@ -1,101 +1,17 @@
 #include "tools/status.h"
 
-#include <condition_variable>
 #include <cstdio>
-#include <deque>
-#include <future>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "core/secret.h"
-#include "transport/transport.h"
-#include "wire/handshake.h"
-#include "wire/messages.h"
+#include "tools/observer.h"
 
 namespace tessera::tools {
 namespace {
 
-using namespace std::chrono_literals;
 using nlohmann::json;
-
-// Frames from the tasks, one connection at a time.
-class Inbox {
- public:
-  void Put(std::span<const uint8_t> frame) {
-    std::lock_guard<std::mutex> lock(mu_);
-    frames_.emplace_back(frame.begin(), frame.end());
-    cv_.notify_all();
-  }
-  Result<std::vector<uint8_t>> Next(std::chrono::milliseconds timeout) {
-    std::unique_lock<std::mutex> lock(mu_);
-    if (!cv_.wait_for(lock, timeout, [&] { return !frames_.empty(); })) {
-      return Status::DeadlineExceeded("no answer within " + std::to_string(timeout.count()) +
-                                      " ms");
-    }
-    auto f = std::move(frames_.front());
-    frames_.pop_front();
-    return f;
-  }
-  void Clear() {
-    std::lock_guard<std::mutex> lock(mu_);
-    frames_.clear();
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::vector<uint8_t>> frames_;
-};
-
-// Sends `msg` and decodes the answer as Reply (an error reply becomes its status).
-template <typename Reply, typename Msg>
-Result<Reply> Ask(transport::Endpoint& ep, Inbox& inbox, const Msg& msg, uint64_t id,
-                  std::chrono::milliseconds timeout) {
-  ep.Send(wire::kProtocolMsg, wire::Encode(msg, id));
-  auto frame = inbox.Next(timeout);
-  if (!frame.ok()) return frame.status();
-  if (auto err = wire::Decode<wire::Error>(*frame); err.ok())
-    return Status(err->code, err->message);
-  return wire::Decode<Reply>(*frame);
-}
-
-Result<json> AskTask(transport::Context& ctx, Inbox& inbox, const TaskAddress& addr,
-                     const std::string& secret, std::chrono::milliseconds timeout) {
-  inbox.Clear();
-  std::promise<Result<std::shared_ptr<transport::Endpoint>>> connected;
-  ctx.Connect(
-      addr.host, addr.port, timeout,
-      [&](const Result<std::shared_ptr<transport::Endpoint>>& ep) { connected.set_value(ep); });
-  auto ep = connected.get_future().get();
-  if (!ep.ok()) return ep.status();
-  struct Closer {
-    std::shared_ptr<transport::Endpoint> ep;
-    ~Closer() { ep->Close(); }
-  } closer{*ep};
-  wire::Hello hello;
-  hello.role = wire::PeerRole::kObserver;
-  hello.task = "/job:status/task:0";
-  wire::ClientHandshake handshake(secret, std::move(hello));
-  // Whichever task answers: an observer asks each its own status.
-  (*ep)->Send(wire::kProtocolMsg, wire::Encode(handshake.hello(), 1));
-  for (uint64_t id = 2;; ++id) {
-    auto frame = inbox.Next(timeout);
-    if (!frame.ok()) return frame.status();
-    auto next = handshake.OnFrame(*frame, std::nullopt, "it");
-    if (!next.ok()) return next.status();
-    const auto* auth = std::get_if<wire::Auth>(&*next);
-    if (auth == nullptr) break;  // welcomed
-    (*ep)->Send(wire::kProtocolMsg, wire::Encode(*auth, id));
-  }
-  (*ep)->MarkAuthenticated();
-  auto reply = Ask<wire::StatusReply>(**ep, inbox, wire::StatusRequest{}, 3, timeout);
-  if (!reply.ok()) return reply.status();
-  auto j = json::parse(reply->json, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return Status::Internal("its status is not JSON");
-  return j;
-}
 
 std::string Workers(const json& j) {
   std::string out;
@@ -119,17 +35,6 @@ int RunStatus(const StatusOptions& o) {
     fprintf(stderr, "tessera status: %s\n", secret.status().ToString().c_str());
     return 2;
   }
-  transport::ContextOptions topts;
-  topts.backend = o.cluster.transport;
-  topts.name = "status";
-  auto ctx = transport::Context::Open(topts);
-  if (!ctx.ok()) {
-    fprintf(stderr, "tessera status: %s\n", ctx.status().ToString().c_str());
-    return 2;
-  }
-  Inbox inbox;
-  (*ctx)->SetHandler(wire::kProtocolMsg, [&](const std::shared_ptr<transport::Endpoint>&,
-                                             std::span<const uint8_t> frame) { inbox.Put(frame); });
   std::vector<TaskId> tasks;
   for (int i = 0; i < cluster->num_tasks("ps"); ++i) tasks.push_back({"ps", i});
   for (int i = 0; i < cluster->num_tasks("coordinator"); ++i) tasks.push_back({"coordinator", i});
@@ -137,7 +42,9 @@ int RunStatus(const StatusOptions& o) {
   int failed = 0;
   for (const TaskId& t : tasks) {
     const TaskAddress addr = cluster->address(t).value();
-    auto j = AskTask(**ctx, inbox, addr, *secret, std::chrono::milliseconds(o.timeout_ms));
+    auto observer = Observer::Connect(o.cluster.transport, addr, *secret,
+                                      std::chrono::milliseconds(o.timeout_ms));
+    auto j = observer.ok() ? (*observer)->AskStatus() : Result<json>(observer.status());
     if (!j.ok()) {
       failed++;
       all.push_back(

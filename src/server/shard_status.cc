@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/dtype.h"
+#include "core/heap_counter.h"
 #include "core/log.h"
 #include "core/node_id.h"
 #include "core/timeouts.h"
@@ -50,6 +51,9 @@ std::string Shard::StatusJson() const {
                         {"checkpoints_written", s.checkpoints_written},
                         {"host_staged_bytes", s.host_staged_bytes},
                         {"cuda_ipc_workers", s.cuda_ipc_workers}}}};
+  // Only where the process counts them (the `tessera` tool does): the
+  // bench's figure of the shard's allocations per call.
+  if (const auto allocations = HeapAllocationsSoFar()) j["heap_allocations"] = *allocations;
   if (service_) {
     j["global_step"] = service_->global_step();
     // What the coordinator was told of steps, and by whom: the shards count
