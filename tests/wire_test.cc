@@ -140,6 +140,33 @@ TEST(Wire, DecodeIntoAReusedMessageMatchesAFreshDecode) {
     cut.resize(cut.size() - 1);
     EXPECT_FALSE(DecodeBodyInto(*ph, cut, &push_reply).ok()) << "truncated";
   }
+  // The shard's side: pushes and pulls decoded into the last one's message.
+  // A push without inline bytes after one with them must come out with none.
+  Push push;
+  Pull pull;
+  for (size_t n : {4u, 1u, 2u}) {
+    Push p;
+    p.step = n;
+    p.step_parts = n == 1 ? 0 : 1;
+    for (size_t i = 0; i < n; ++i) p.entries.push_back({uint32_t(i), 8 * i, 8});
+    if (n != 1) p.payload.assign(8 * n, uint8_t(n));
+    Pull q;
+    for (size_t i = 0; i < n; ++i) q.entries.push_back({uint32_t(i + 1), n, i});
+    q.inline_max = uint32_t(n * 100);
+    q.wait_ms = uint32_t(n);
+    auto pf = Encode(p, 13);
+    auto qf = Encode(q, 14);
+    auto ph = DecodeHeader(pf);
+    auto qh = DecodeHeader(qf);
+    ASSERT_TRUE(ph.ok() && qh.ok());
+    ASSERT_TRUE(DecodeBodyInto(*ph, pf, &push).ok());
+    ASSERT_TRUE(DecodeBodyInto(*qh, qf, &pull).ok());
+    EXPECT_EQ(push, p) << n << " entries";
+    EXPECT_EQ(pull, q) << n << " entries";
+    EXPECT_EQ(push, DecodeBody<Push>(*ph, pf).value());
+    EXPECT_EQ(pull, DecodeBody<Pull>(*qh, qf).value());
+    EXPECT_FALSE(DecodeBodyInto(*qh, qf, &push).ok()) << "a pull is no push";
+  }
 }
 
 TEST(Wire, IpcHandlesAndNodeIdsValidated) {

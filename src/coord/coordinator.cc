@@ -238,18 +238,19 @@ void Coordinator::RestoreFrom(const ckpt::Checkpoint* checkpoint) {
 }
 
 Status Coordinator::OnStepsApplied(int shard, const wire::StepsApplied& report) {
-  const std::string from = "step report from ps task " + std::to_string(shard);
+  // Built only for an error: every step passes here.
+  auto from = [shard] { return "step report from ps task " + std::to_string(shard); };
   if (shard < 0 || shard >= num_shards_) {
-    return Status::InvalidArgument(from + " of a cluster of " + std::to_string(num_shards_));
+    return Status::InvalidArgument(from() + " of a cluster of " + std::to_string(num_shards_));
   }
   for (const auto& worker : report.sync_workers) {
     if (worker.rank >= static_cast<uint32_t>(num_workers_)) {
-      return Status::InvalidArgument(from + " names worker rank " + std::to_string(worker.rank) +
+      return Status::InvalidArgument(from() + " names worker rank " + std::to_string(worker.rank) +
                                      ", but the cluster has " + std::to_string(num_workers_) +
                                      " workers");
     }
     if (worker.parts == 0 || worker.parts > static_cast<uint32_t>(num_shards_)) {
-      return Status::InvalidArgument(from + " says the step of worker rank " +
+      return Status::InvalidArgument(from() + " says the step of worker rank " +
                                      std::to_string(worker.rank) + " spans " +
                                      std::to_string(worker.parts) + " shards");
     }

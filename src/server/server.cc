@@ -107,6 +107,18 @@ void Shard::OnWorkerMessage(Peer& peer, const wire::Header& h, std::span<const u
     }
     serve(std::move(*m));
   };
+  // The same, decoded into the message the last call of its kind handed
+  // back (`spare`), so that its vectors keep their capacity.
+  auto decoded_into_spare = [&]<typename Msg>(Msg& spare, auto serve) {
+    Msg m = std::move(spare);
+    Status st = wire::DecodeBodyInto(h, frame, &m);
+    if (!st.ok()) {
+      spare = std::move(m);
+      return SendError(peer, h.request_id,
+                       st.WithContext(std::string(wire::OpcodeName(h.opcode)) + " refused"));
+    }
+    serve(std::move(m));
+  };
   const bool data_op = h.opcode == wire::Opcode::kCreate || h.opcode == wire::Opcode::kPush ||
                        h.opcode == wire::Opcode::kPull || h.opcode == wire::Opcode::kRelease ||
                        h.opcode == wire::Opcode::kSetHyper;
@@ -121,11 +133,11 @@ void Shard::OnWorkerMessage(Peer& peer, const wire::Header& h, std::span<const u
       return decoded.operator()<wire::Create>(
           [&](wire::Create m) { OnCreate(peer, h.request_id, m); });
     case wire::Opcode::kPush:
-      return decoded.operator()<wire::Push>(
-          [&](wire::Push m) { OnPush(peer, h.request_id, h.flags, std::move(m)); });
+      return decoded_into_spare(
+          spare_push_, [&](wire::Push m) { OnPush(peer, h.request_id, h.flags, std::move(m)); });
     case wire::Opcode::kPull:
-      return decoded.operator()<wire::Pull>(
-          [&](wire::Pull m) { OnPull(peer, h.request_id, std::move(m)); });
+      return decoded_into_spare(spare_pull_,
+                                [&](wire::Pull m) { OnPull(peer, h.request_id, std::move(m)); });
     case wire::Opcode::kSetHyper:
       return decoded.operator()<wire::SetHyper>(
           [&](wire::SetHyper m) { OnSetHyper(peer, h.request_id, m); });

@@ -16,6 +16,7 @@
 
 #include "ckpt/checkpoint.h"
 #include "coord/service.h"
+#include "core/borrowed.h"
 #include "core/failpoint.h"
 #include "core/log_throttle.h"
 #include "server/admission.h"
@@ -239,6 +240,16 @@ class Shard {
   std::deque<PendingPull> waiting_pulls_;
   bool wait_sweep_scheduled_ = false;
   std::deque<uint32_t> pending_steps_;  // sync chunks whose step is complete, waiting for readers
+  // Kept across calls so that a push's or pull's reply and the step reports
+  // reuse their vectors (core/borrowed.h): no allocation per call for them.
+  wire::PushReply push_reply_;
+  wire::PullReply pull_reply_;
+  // A push or pull handled at once hands its message back here, and the next
+  // one is decoded into it (server.cc): its vectors keep their capacity. At
+  // most one message of each (the wire's limits bound it).
+  wire::Push spare_push_;
+  wire::Pull spare_pull_;
+  std::vector<wire::StepsApplied> step_reports_;
   bool stopping_ = false;
   std::map<uint32_t, int> connected_ranks_;   // authenticated connections per worker rank
   std::map<uint32_t, std::string> departed_;  // ranks with none left: rank -> task name

@@ -113,6 +113,7 @@ void Shard::OnPush(Peer& peer, uint64_t request_id, uint32_t flags, wire::Push m
     MarkWaitingWriters();
     return;
   }
+  spare_push_ = std::move(push.msg);
   RetryWaiting();
 }
 
@@ -153,7 +154,10 @@ bool Shard::TryApplyPush(PendingPush& push) {
   const auto* staging = !from_slot ? push.msg.payload.data()
                         : from_ipc ? push.peer->ipc_slot
                                    : static_cast<const uint8_t*>(push.peer->staging->data());
-  wire::PushReply reply;
+  Borrowed<wire::PushReply> borrowed(push_reply_);
+  wire::PushReply& reply = *borrowed;
+  reply.versions.clear();
+  reply.outcomes.clear();
   reply.versions.reserve(push.msg.entries.size());
   reply.outcomes.reserve(push.msg.entries.size());
   for (const auto& e : push.msg.entries) {
@@ -243,15 +247,17 @@ void Shard::ScheduleStepReport() {
 
 void Shard::ReportSteps() {
   if (stopping_ || !step_counter_.has_reports()) return;
-  if (hosts_coordinator()) {
-    for (const auto& report : step_counter_.TakeReports()) service_->OnLocalSteps(report);
-    return;
-  }
   // Without a joined link the steps wait in the counter, and go when it
   // (re)joins.
-  if (!coord_link_ || !link_joined_) return;
-  for (const auto& report : step_counter_.TakeReports()) {
-    coord_link_->Send(kProtocolMsg, wire::Encode(report, 0));
+  if (!hosts_coordinator() && (!coord_link_ || !link_joined_)) return;
+  Borrowed<std::vector<wire::StepsApplied>> reports(step_reports_);
+  step_counter_.TakeReportsInto(&*reports);
+  for (const auto& report : *reports) {
+    if (hosts_coordinator()) {
+      service_->OnLocalSteps(report);
+    } else {
+      coord_link_->Send(kProtocolMsg, wire::Encode(report, 0));
+    }
   }
 }
 

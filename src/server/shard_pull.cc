@@ -25,7 +25,10 @@ void Shard::OnPull(Peer& peer, uint64_t request_id, wire::Pull msg) {
     }
   }
   PendingPull pull{&peer, request_id, std::move(msg)};
-  if (TryGrantPull(pull)) return;
+  if (TryGrantPull(pull)) {
+    spare_pull_ = std::move(pull.msg);
+    return;
+  }
   Status st = StepReachable(pull);
   if (!st.ok()) return SendError(peer, request_id, st);
   if (pull.msg.wait_ms > 0) {
@@ -155,7 +158,11 @@ bool Shard::TryGrantPull(PendingPull& pull) {
       return false;
     }
   }
-  wire::PullReply reply;
+  Borrowed<wire::PullReply> borrowed(pull_reply_);
+  wire::PullReply& reply = *borrowed;
+  reply.lease_id = 0;
+  reply.versions.clear();
+  reply.data.clear();
   // Small pulls get the bytes in the reply: one round trip, no lease (the
   // copy is made here, between updates, so it is never half-applied).
   uint64_t total = 0;

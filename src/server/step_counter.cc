@@ -32,20 +32,25 @@ void StepCounter::CountSync(uint32_t rank, uint64_t step, uint32_t replicas, uin
 }
 
 std::vector<wire::StepsApplied> StepCounter::TakeReports() {
-  std::vector<wire::StepsApplied> out(std::make_move_iterator(ready_.begin()),
-                                      std::make_move_iterator(ready_.end()));
+  std::vector<wire::StepsApplied> out;
+  TakeReportsInto(&out);
+  return out;
+}
+
+void StepCounter::TakeReportsInto(std::vector<wire::StepsApplied>* out) {
+  out->clear();
+  for (auto& report : ready_) out->push_back(std::move(report));
   ready_.clear();
-  for (const auto& report : out) {  // sync steps only: async counts must not repeat
+  for (const auto& report : *out) {  // sync steps only: async counts must not repeat
     recent_.push_back(report);
     recent_.back().async_steps = 0;
     if (recent_.size() > kRecentReports) recent_.pop_front();
   }
   if (async_pending_ > 0) {
-    if (out.empty()) out.emplace_back();
-    out.front().async_steps = async_pending_;
+    if (out->empty()) out->emplace_back();
+    out->front().async_steps = async_pending_;
     async_pending_ = 0;
   }
-  return out;
 }
 
 }  // namespace tessera::server

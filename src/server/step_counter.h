@@ -28,6 +28,8 @@ class StepCounter {
   // What is ready, one report per sync step; pending async steps ride the
   // first. Empty when there is nothing to say.
   std::vector<wire::StepsApplied> TakeReports();
+  // The same into `out` (cleared first), whose capacity is kept.
+  void TakeReportsInto(std::vector<wire::StepsApplied>* out);
   // The last few sync step reports taken, to send again on rejoining: a
   // restarted coordinator learns the global step from them.
   std::vector<wire::StepsApplied> Recent() const { return {recent_.begin(), recent_.end()}; }

@@ -206,6 +206,7 @@ struct Push {
   size_t EncodedSizeHint() const { return 20 + entries.size() * 20 + payload.size(); }
   void EncodeBody(ByteWriter& w) const;
   static Result<Push> DecodeBody(ByteReader& r);
+  static Status DecodeBodyInto(ByteReader& r, Push* m);
   bool operator==(const Push&) const = default;
 };
 
@@ -247,6 +248,7 @@ struct Pull {
   size_t EncodedSizeHint() const { return 12 + entries.size() * 20; }
   void EncodeBody(ByteWriter& w) const;
   static Result<Pull> DecodeBody(ByteReader& r);
+  static Status DecodeBodyInto(ByteReader& r, Pull* m);
   bool operator==(const Pull&) const = default;
 };
 

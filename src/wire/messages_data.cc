@@ -21,19 +21,23 @@ void Push::EncodeBody(ByteWriter& w) const {
 }
 Result<Push> Push::DecodeBody(ByteReader& r) {
   Push m;
+  TESSERA_RETURN_IF_ERROR(DecodeBodyInto(r, &m));
+  return m;
+}
+Status Push::DecodeBodyInto(ByteReader& r, Push* m) {
   uint32_t count = 0;
-  if (!r.Get(&m.step) || !r.Get(&m.step_parts)) return Truncated("step");
+  if (!r.Get(&m->step) || !r.Get(&m->step_parts)) return Truncated("step");
   if (!GetCount(r, 20, &count)) return Truncated("entry count");
   if (count == 0) return Status::InvalidArgument("push of no tensors");
-  m.entries.resize(count);
-  for (auto& e : m.entries) {
+  m->entries.resize(count);
+  for (auto& e : m->entries) {
     if (!r.Get(&e.key_id) || !r.Get(&e.staging_offset) || !r.Get(&e.byte_length))
       return Truncated("entry");
   }
   std::span<const uint8_t> payload;
   if (!r.GetBlob(&payload, kMaxInlineBytes)) return Truncated("payload");
-  m.payload.assign(payload.begin(), payload.end());
-  return m;
+  m->payload.assign(payload.begin(), payload.end());
+  return Status::Ok();
 }
 
 namespace {
@@ -86,18 +90,22 @@ void Pull::EncodeBody(ByteWriter& w) const {
 }
 Result<Pull> Pull::DecodeBody(ByteReader& r) {
   Pull m;
+  TESSERA_RETURN_IF_ERROR(DecodeBodyInto(r, &m));
+  return m;
+}
+Status Pull::DecodeBodyInto(ByteReader& r, Pull* m) {
   uint32_t count = 0;
   if (!GetCount(r, 20, &count)) return Truncated("entry count");
   if (count == 0) return Status::InvalidArgument("pull of no tensors");
-  m.entries.resize(count);
-  for (auto& e : m.entries) {
+  m->entries.resize(count);
+  for (auto& e : m->entries) {
     if (!r.Get(&e.key_id) || !r.Get(&e.min_version) || !r.Get(&e.min_step)) {
       return Truncated("entry");
     }
   }
-  if (!r.Get(&m.inline_max)) return Truncated("inline_max");
-  if (!r.Get(&m.wait_ms)) return Truncated("wait_ms");
-  return m;
+  if (!r.Get(&m->inline_max)) return Truncated("inline_max");
+  if (!r.Get(&m->wait_ms)) return Truncated("wait_ms");
+  return Status::Ok();
 }
 
 void PullReply::EncodeBody(ByteWriter& w) const {
