@@ -37,7 +37,7 @@ class CheckpointerTest : public ::testing::Test {
     coord_.MarkInitialized();
 
     Checkpointer::Host host;
-    host.send_to_shard = [this](int k, std::vector<uint8_t> frame) {
+    host.send_to_shard = [this](int k, MessageBytes frame) {
       if (!joined_[static_cast<size_t>(k)]) return false;
       to_shard_[static_cast<size_t>(k)].push_back(std::move(frame));
       return true;
@@ -150,7 +150,7 @@ class CheckpointerTest : public ::testing::Test {
   Coordinator coord_{2, 1};
   std::unique_ptr<Checkpointer> checkpointer_;
   std::array<bool, 2> joined_ = {true, true};
-  std::array<std::deque<std::vector<uint8_t>>, 2> to_shard_;
+  std::array<std::deque<MessageBytes>, 2> to_shard_;
   std::mutex mu_;
   std::deque<std::function<void()>> posted_, timers_;
   int saved_ = 0, failed_ = 0;
@@ -210,7 +210,7 @@ TEST_F(CheckpointerTest, NoRoundWithoutEveryShardOrBeforeInit) {
   Checkpointer::Host host;
   host.post = [](std::function<void()> fn) { fn(); };
   host.post_after = [](std::chrono::milliseconds, std::function<void()>) {};
-  host.send_to_shard = [](int, std::vector<uint8_t>) { return true; };
+  host.send_to_shard = [](int, MessageBytes) { return true; };
   Checkpointer early(CheckpointOptions{dir_.string()}, &fresh, "{}", host);
   std::optional<Result<SavedCheckpoint>> refused;
   early.Save(Checkpointer::Reason::kRequest,

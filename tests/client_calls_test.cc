@@ -145,7 +145,7 @@ TEST_P(ClientCallsTest, ShardRefusesAReadersWrites) {
   wire::Create create;
   create.entries.push_back({declare.tensors[0], 0, 1, 0, 4});
   struct Refused {
-    std::vector<uint8_t> frame;
+    MessageBytes frame;
     StatusCode code;
     const char* says;
   };

@@ -23,12 +23,8 @@ class ServiceHarness {
  public:
   explicit ServiceHarness(coord::ServiceOptions o = Options()) {
     coord::Service::Host host;
-    host.send = [this](PeerId peer, std::vector<uint8_t> frame) {
-      sent[peer].push_back(std::move(frame));
-    };
-    host.send_to_local_shard = [this](std::vector<uint8_t> frame) {
-      to_local.push_back(std::move(frame));
-    };
+    host.send = [this](PeerId peer, MessageBytes frame) { sent[peer].push_back(std::move(frame)); };
+    host.send_to_local_shard = [this](MessageBytes frame) { to_local.push_back(std::move(frame)); };
     host.post = [](std::function<void()> fn) { fn(); };
     host.post_after = [](std::chrono::milliseconds, std::function<void()>) {};
     service = std::make_unique<coord::Service>(std::move(o), std::move(host));
@@ -70,8 +66,8 @@ class ServiceHarness {
     return wire::DecodeBody<Reply>(*h, frame);
   }
 
-  std::map<PeerId, std::deque<std::vector<uint8_t>>> sent;
-  std::vector<std::vector<uint8_t>> to_local;
+  std::map<PeerId, std::deque<MessageBytes>> sent;
+  std::vector<MessageBytes> to_local;
   std::unique_ptr<coord::Service> service;
 };
 

@@ -11,6 +11,7 @@
 #include "client/pending_requests.h"
 #include "core/inline_function.h"
 #include "core/pool_allocator.h"
+#include "core/ring_queue.h"
 
 namespace tessera {
 namespace {
@@ -112,6 +113,46 @@ TEST(PoolAllocator, ReusesFreedBlocksOfTheSameClassFromAnyThread) {
   std::vector<int, PoolAllocator<int>> v;
   for (int i = 0; i < 10000; ++i) v.push_back(i);  // grows through every class and past them
   EXPECT_EQ(v[9999], 9999);
+}
+
+// A FIFO through which a frame passes per call: in order across wrap-around
+// and growth, push_front ahead of everything, every element destroyed once,
+// and no growth at all while what it holds stays bounded.
+TEST(RingQueue, KeepsOrderAndItsStorage) {
+  auto live = std::make_shared<int>(0);
+  struct Tracked {
+    std::shared_ptr<int> live;
+    int value;
+    Tracked(std::shared_ptr<int> l, int v) : live(std::move(l)), value(v) { ++*live; }
+    Tracked(Tracked&& o) noexcept : live(o.live), value(o.value) { ++*live; }
+    ~Tracked() { --*live; }
+  };
+  RingQueue<Tracked> q;
+  int next_in = 0, next_out = 0;
+  // Grow to 12 (capacity 16), then cycle many times through the wrap.
+  for (; next_in < 12; ++next_in) q.push_back({live, next_in});
+  const size_t capacity = q.capacity();
+  EXPECT_EQ(capacity, 16u);
+  for (int round = 0; round < 1000; ++round) {
+    q.push_back({live, next_in++});
+    ASSERT_EQ(q.front().value, next_out++);
+    q.pop_front();
+  }
+  EXPECT_EQ(q.capacity(), capacity) << "a bounded queue grew";
+  EXPECT_EQ(*live, 12);
+  // Growth while wrapped keeps the order; push_front goes first.
+  for (int i = 0; i < 30; ++i) q.push_back({live, next_in++});
+  q.push_front({live, -1});
+  EXPECT_EQ(q.size(), 43u);
+  EXPECT_EQ(q.front().value, -1);
+  q.pop_front();
+  for (size_t i = 0; i < q.size(); ++i) ASSERT_EQ(q[i].value, next_out + static_cast<int>(i));
+  RingQueue<Tracked> moved = std::move(q);
+  EXPECT_TRUE(q.empty());
+  EXPECT_EQ(moved.front().value, next_out);
+  EXPECT_EQ(*live, 42);
+  moved.clear();
+  EXPECT_EQ(*live, 0);
 }
 
 }  // namespace

@@ -115,7 +115,7 @@ TEST_P(SecurityTest, HugeAnnouncementBeforeAuthenticationAllocatesNothing) {
   for (size_t mib : {size_t{1}, size_t{64}}) {
     RawPeer stranger(spec_.tasks("ps")[0], transport_);
     ASSERT_TRUE(stranger.connected());
-    stranger.endpoint().Send(1, std::vector<uint8_t>(mib << 20, 0));
+    stranger.endpoint().Send(1, MessageBytes(mib << 20, 0));
     EXPECT_TRUE(stranger.Next().empty()) << "the server answered a " << mib << " MiB hello";
   }
   ServerStillServes();

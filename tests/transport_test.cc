@@ -95,21 +95,21 @@ class TransportTest : public ::testing::TestWithParam<TransportCase> {
     server_region_ = std::move(*region);
 
     // The server echoes messages and answers kDescribeMsg with its region's key.
-    server_->SetHandler(
-        kEchoMsg, [](const std::shared_ptr<Endpoint>& from, std::span<const uint8_t> bytes) {
-          from->Send(kEchoMsg + 100, std::vector<uint8_t>(bytes.begin(), bytes.end()));
-        });
+    server_->SetHandler(kEchoMsg,
+                        [](const std::shared_ptr<Endpoint>& from, std::span<const uint8_t> bytes) {
+                          from->SendCopy(kEchoMsg + 100, bytes);
+                        });
     server_->SetHandler(kSnapshotMsg, [this](const std::shared_ptr<Endpoint>& from,
                                              std::span<const uint8_t> bytes) {
       uint64_t where[2] = {0, 0};
       if (bytes.size() == sizeof(where)) std::memcpy(where, bytes.data(), sizeof(where));
       const auto* at = static_cast<const uint8_t*>(server_region_->data());
       if (where[0] > kRegionSize || where[1] > kRegionSize - where[0]) where[0] = where[1] = 0;
-      from->Send(kEchoMsg + 100, std::vector<uint8_t>(at + where[0], at + where[0] + where[1]));
+      from->SendCopy(kEchoMsg + 100, {at + where[0], at + where[0] + where[1]});
     });
     server_->SetHandler(kDescribeMsg,
                         [this](const std::shared_ptr<Endpoint>& from, std::span<const uint8_t>) {
-                          from->Send(kDescribeMsg + 100, server_region_->Describe());
+                          from->SendCopy(kDescribeMsg + 100, server_region_->Describe());
                         });
     client_ctx_->SetHandler(
         kEchoMsg + 100, [this](const std::shared_ptr<Endpoint>&, std::span<const uint8_t> bytes) {
@@ -118,10 +118,10 @@ class TransportTest : public ::testing::TestWithParam<TransportCase> {
           cv_.notify_all();
         });
     // Counts its runs, where they ran, and any two that overlapped.
-    server_->SetHandler(
-        kSerialMsg, [](const std::shared_ptr<Endpoint>& from, std::span<const uint8_t> bytes) {
-          from->Send(kSerialMsg + 100, std::vector<uint8_t>(bytes.begin(), bytes.end()));
-        });
+    server_->SetHandler(kSerialMsg,
+                        [](const std::shared_ptr<Endpoint>& from, std::span<const uint8_t> bytes) {
+                          from->SendCopy(kSerialMsg + 100, bytes);
+                        });
     client_ctx_->SetHandler(kSerialMsg + 100,
                             [this](const std::shared_ptr<Endpoint>&, std::span<const uint8_t>) {
                               if (inside_.fetch_add(1) != 0) overlaps_++;
@@ -245,7 +245,7 @@ TEST_P(TransportTest, MessagesRoundTripByteExact) {
   for (size_t size : {size_t{0}, size_t{1}, size_t{7}, size_t{4096}, size_t{65537}, size_t{1} << 20,
                       (size_t{8} << 20) + 3}) {
     auto msg = Pattern(size, static_cast<uint32_t>(size));
-    ep_->Send(kEchoMsg, msg);
+    ep_->SendCopy(kEchoMsg, msg);
     auto reply = NextReply();
     ASSERT_EQ(reply.size(), size) << "echo of " << size << " bytes";
     EXPECT_TRUE(reply == msg) << "echo of " << size << " bytes differs";
@@ -269,12 +269,12 @@ TEST_P(TransportTest, StrangersCannotAnnounceLargeMessages) {
   ASSERT_NE(small, nullptr);
   small->MarkAuthenticated();  // its replies may be anything; the server's side is the test
   auto msg = Pattern(1024, 5);
-  small->Send(kEchoMsg, msg);
+  small->SendCopy(kEchoMsg, msg);
   EXPECT_TRUE(NextReply() == msg) << "a small message from a stranger is fine";
 
   auto large = connect();
   ASSERT_NE(large, nullptr);
-  large->Send(kEchoMsg, Pattern(ContextOptions{}.max_unauthenticated_message_bytes + 1, 6));
+  large->SendCopy(kEchoMsg, Pattern(ContextOptions{}.max_unauthenticated_message_bytes + 1, 6));
   // The server's side of each connection (index 0 is SetUp's).
   ASSERT_TRUE(::tessera::testing::WaitUntil([&] { return Accepted(2) != nullptr; }, 20s));
   EXPECT_TRUE(::tessera::testing::WaitUntil([&] { return ServerSideClosed(2); }, 20s))
@@ -370,8 +370,9 @@ TEST_P(TransportTest, PutsLandBeforeLaterMessagesWhereClaimed) {
         if (!st.ok()) puts_failed++;
       });
       const uint64_t where[2] = {offset, size};
-      ep_->Send(kSnapshotMsg, std::vector<uint8_t>(reinterpret_cast<const uint8_t*>(where),
-                                                   reinterpret_cast<const uint8_t*>(where + 2)));
+      ep_->SendCopy(kSnapshotMsg,
+                    std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(where),
+                                             reinterpret_cast<const uint8_t*>(where + 2)));
       auto seen = NextReply();
       ASSERT_EQ(seen.size(), size);
       EXPECT_TRUE(seen == src) << "the message of round " << round << " overtook its put of "
@@ -619,7 +620,7 @@ TEST(VerbsFailure, PeerKilledMidTransferFailsWithinBound) {
     auto region = (*ctx)->Allocate(kBytes, MemoryKind::kHost);
     if (!region.ok()) _exit(3);
     auto listener = (*ctx)->Listen(host, port, [&](const std::shared_ptr<Endpoint>& ep) {
-      ep->Send(kDescribeMsg + 100, (*region)->Describe());
+      ep->SendCopy(kDescribeMsg + 100, (*region)->Describe());
     });
     if (!listener.ok()) _exit(4);
     pause();

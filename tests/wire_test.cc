@@ -22,7 +22,7 @@ TensorDecl Decl(std::string name, DType dtype, Shape shape) {
 // One valid frame per message type, and a decoder that takes any of them.
 struct Sample {
   const char* name;
-  std::vector<uint8_t> frame;
+  MessageBytes frame;
   std::function<Status(std::span<const uint8_t>)> decode;
   // Decodes and compares with the message that was encoded, field by field.
   std::function<bool(std::span<const uint8_t>)> decodes_to_original;
@@ -200,7 +200,7 @@ TEST(Wire, TrailingBytesRejected) {
     // Extend the body and claim the extra byte in the header: the body decoder
     // must notice it did not consume it.
     s.frame.push_back(0);
-    ByteWriter(&s.frame).PatchU32(12, static_cast<uint32_t>(s.frame.size() - kHeaderSize));
+    MessageWriter(&s.frame).PatchU32(12, static_cast<uint32_t>(s.frame.size() - kHeaderSize));
     Status st = s.decode(s.frame);
     EXPECT_FALSE(st.ok()) << s.name;
     EXPECT_NE(st.message().find("trailing"), std::string::npos) << s.name << ": " << st.ToString();
@@ -227,18 +227,18 @@ TEST(Wire, HeaderFieldsValidated) {
 
 // Writes a frame with a hand-made body, for fields encoders never produce.
 template <typename Msg>
-Status DecodeRaw(const std::function<void(ByteWriter&)>& body) {
-  std::vector<uint8_t> f;
+Status DecodeRaw(const std::function<void(MessageWriter&)>& body) {
+  MessageBytes f;
   Header h;
   h.opcode = Msg::kOpcode;
   EncodeHeader(h, &f);
-  ByteWriter w(&f);
+  MessageWriter w(&f);
   body(w);
   w.PatchU32(12, static_cast<uint32_t>(f.size() - kHeaderSize));
   return Decode<Msg>(f).status();
 }
 
-void HyperBody(ByteWriter& w, std::vector<float> values = {}, uint8_t flags = 0) {
+void HyperBody(MessageWriter& w, std::vector<float> values = {}, uint8_t flags = 0) {
   const Hyperparams d;
   if (values.empty()) {
     values = {d.learning_rate, d.weight_decay, d.momentum,           d.beta1,
@@ -252,7 +252,7 @@ void HyperBody(ByteWriter& w, std::vector<float> values = {}, uint8_t flags = 0)
   w.Put(flags);
 }
 
-void ModeBody(ByteWriter& w, uint8_t kind = 1, uint32_t r2a = 0, uint32_t total = 0,
+void ModeBody(MessageWriter& w, uint8_t kind = 1, uint32_t r2a = 0, uint32_t total = 0,
               uint8_t average = 1) {
   w.Put(kind);
   w.Put(r2a);
@@ -261,7 +261,7 @@ void ModeBody(ByteWriter& w, uint8_t kind = 1, uint32_t r2a = 0, uint32_t total 
   w.Put(uint32_t{0});
 }
 
-void TensorBody(ByteWriter& w, const std::string& name, uint8_t dtype, uint8_t rule,
+void TensorBody(MessageWriter& w, const std::string& name, uint8_t dtype, uint8_t rule,
                 std::vector<int64_t> dims, size_t claimed_ndims = SIZE_MAX) {
   w.PutString(name);
   w.Put(dtype);
@@ -274,40 +274,41 @@ void TensorBody(ByteWriter& w, const std::string& name, uint8_t dtype, uint8_t r
 }
 
 TEST(Wire, DeclareFieldsValidated) {
-  auto declare_with = [](std::function<void(ByteWriter&)> tensor, uint32_t count = 1,
+  auto declare_with = [](std::function<void(MessageWriter&)> tensor, uint32_t count = 1,
                          uint64_t chunk = 4096) {
-    return DecodeRaw<Declare>([&](ByteWriter& w) {
+    return DecodeRaw<Declare>([&](MessageWriter& w) {
       w.Put(chunk);
       w.Put(uint8_t{1});
       w.Put(count);
       tensor(w);
     });
   };
-  EXPECT_TRUE(declare_with([](ByteWriter& w) { TensorBody(w, "w", 1, 2, {2, 2}); }).ok());
+  EXPECT_TRUE(declare_with([](MessageWriter& w) { TensorBody(w, "w", 1, 2, {2, 2}); }).ok());
   struct Case {
     const char* what;
-    std::function<void(ByteWriter&)> tensor;
+    std::function<void(MessageWriter&)> tensor;
     const char* needle;
   };
   std::vector<Case> cases = {
-      {"dtype 0", [](ByteWriter& w) { TensorBody(w, "w", 0, 2, {2}); }, "dtype"},
-      {"dtype 99", [](ByteWriter& w) { TensorBody(w, "w", 99, 2, {2}); }, "dtype"},
-      {"rule 9", [](ByteWriter& w) { TensorBody(w, "w", 1, 9, {2}); }, "rule"},
+      {"dtype 0", [](MessageWriter& w) { TensorBody(w, "w", 0, 2, {2}); }, "dtype"},
+      {"dtype 99", [](MessageWriter& w) { TensorBody(w, "w", 99, 2, {2}); }, "dtype"},
+      {"rule 9", [](MessageWriter& w) { TensorBody(w, "w", 1, 9, {2}); }, "rule"},
       {"9 dims",
-       [](ByteWriter& w) {
+       [](MessageWriter& w) {
          TensorBody(w, "w", 1, 2, {1, 1, 1, 1, 1, 1, 1, 1, 1});
        },
        "dimensions"},
-      {"negative dim", [](ByteWriter& w) { TensorBody(w, "w", 1, 2, {-3}); }, "negative"},
+      {"negative dim", [](MessageWriter& w) { TensorBody(w, "w", 1, 2, {-3}); }, "negative"},
       {"overflowing shape",
-       [](ByteWriter& w) {
+       [](MessageWriter& w) {
          TensorBody(w, "w", 1, 2, {1LL << 40, 1LL << 40});
        },
        "64 bits"},
-      {"empty name", [](ByteWriter& w) { TensorBody(w, "", 1, 2, {2}); }, "empty"},
-      {"ndims beyond body", [](ByteWriter& w) { TensorBody(w, "w", 1, 2, {2}, 8); }, "truncated"},
+      {"empty name", [](MessageWriter& w) { TensorBody(w, "", 1, 2, {2}); }, "empty"},
+      {"ndims beyond body", [](MessageWriter& w) { TensorBody(w, "w", 1, 2, {2}, 8); },
+       "truncated"},
       {"name length lies",
-       [](ByteWriter& w) {
+       [](MessageWriter& w) {
          w.Put(uint32_t{5000});
          for (int i = 0; i < 64; ++i) w.Put(uint8_t{'w'});
        },
@@ -319,15 +320,15 @@ TEST(Wire, DeclareFieldsValidated) {
     EXPECT_NE(st.message().find(c.needle), std::string::npos) << c.what << ": " << st.ToString();
   }
   // A count that the body cannot hold is refused before anything is allocated.
-  Status st = declare_with([](ByteWriter& w) { TensorBody(w, "w", 1, 2, {2}); }, 0xffffffffu);
+  Status st = declare_with([](MessageWriter& w) { TensorBody(w, "w", 1, 2, {2}); }, 0xffffffffu);
   EXPECT_FALSE(st.ok());
-  EXPECT_FALSE(declare_with([](ByteWriter& w) { TensorBody(w, "w", 1, 2, {2}); }, 1, 3).ok())
+  EXPECT_FALSE(declare_with([](MessageWriter& w) { TensorBody(w, "w", 1, 2, {2}); }, 1, 3).ok())
       << "chunk_bytes 3";
 }
 
 TEST(Wire, HyperparamsValidated) {
   auto declare = [](uint8_t dtype, uint8_t rule, std::vector<float> hyper, uint8_t flags = 0) {
-    return DecodeRaw<Declare>([&](ByteWriter& w) {
+    return DecodeRaw<Declare>([&](MessageWriter& w) {
       w.Put(uint64_t{4096});
       w.Put(uint8_t{1});
       w.Put(uint32_t{1});
@@ -369,7 +370,7 @@ TEST(Wire, HyperparamsValidated) {
 
 TEST(Wire, ConsistencyModesValidated) {
   auto declare = [](uint8_t dtype, uint8_t kind, uint32_t r2a, uint32_t total, uint8_t average) {
-    return DecodeRaw<Declare>([&](ByteWriter& w) {
+    return DecodeRaw<Declare>([&](MessageWriter& w) {
       w.Put(uint64_t{4096});
       w.Put(uint8_t{1});
       w.Put(uint32_t{1});
@@ -406,7 +407,7 @@ TEST(Wire, ConsistencyModesValidated) {
 
 TEST(Wire, CreateChunkMustFitShape) {
   auto create = [](uint32_t index, uint32_t count, uint64_t offset, uint64_t elems) {
-    return DecodeRaw<Create>([&](ByteWriter& w) {
+    return DecodeRaw<Create>([&](MessageWriter& w) {
       w.Put(uint32_t{1});
       TensorBody(w, "w", 1, 2, {10});
       w.Put(index);
@@ -424,12 +425,12 @@ TEST(Wire, CreateChunkMustFitShape) {
 }
 
 TEST(Wire, EmptyPushAndPullRejected) {
-  EXPECT_FALSE(DecodeRaw<Push>([](ByteWriter& w) {
+  EXPECT_FALSE(DecodeRaw<Push>([](MessageWriter& w) {
                  w.Put(uint64_t{0});
                  w.Put(uint32_t{0});
                }).ok());
-  EXPECT_FALSE(DecodeRaw<Pull>([](ByteWriter& w) { w.Put(uint32_t{0}); }).ok());
-  EXPECT_FALSE(DecodeRaw<Error>([](ByteWriter& w) {
+  EXPECT_FALSE(DecodeRaw<Pull>([](MessageWriter& w) { w.Put(uint32_t{0}); }).ok());
+  EXPECT_FALSE(DecodeRaw<Error>([](MessageWriter& w) {
                  w.Put(uint8_t{200});
                  w.PutString("x");
                }).ok());

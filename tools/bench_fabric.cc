@@ -61,7 +61,7 @@ int RunBenchPeer(const BenchPeerOptions& peer) {
   }
   (*ctx)->SetHandler(
       kEchoMsg, [](const std::shared_ptr<transport::Endpoint>& ep, std::span<const uint8_t> bytes) {
-        ep->Send(kEchoMsg, std::vector<uint8_t>(bytes.begin(), bytes.end()));
+        ep->Send(kEchoMsg, MessageBytes(bytes.begin(), bytes.end()));
       });
   const auto* region_data = static_cast<const uint8_t*>((*region)->data());
   const uint64_t region_size = (*region)->size();
@@ -71,7 +71,7 @@ int RunBenchPeer(const BenchPeerOptions& peer) {
                        uint64_t n = 0;
                        if (bytes.size() == sizeof(n)) std::memcpy(&n, bytes.data(), sizeof(n));
                        const uint64_t sum = ReadAll(region_data, std::min(n, region_size));
-                       std::vector<uint8_t> reply(sizeof(sum));
+                       MessageBytes reply(sizeof(sum));
                        std::memcpy(reply.data(), &sum, sizeof(sum));
                        ep->Send(kEchoMsg, std::move(reply));
                      });
@@ -83,7 +83,7 @@ int RunBenchPeer(const BenchPeerOptions& peer) {
         // transport's one-sided path is what is measured).
         ep->MarkAuthenticated();
         peers.push_back(ep);
-        ep->Send(kRegionMsg, (*region)->Describe());
+        ep->SendCopy(kRegionMsg, (*region)->Describe());
       });
   if (!listener.ok()) {
     fprintf(stderr, "bench-peer: %s\n", listener.status().ToString().c_str());
@@ -222,7 +222,7 @@ class FabricPeer {
         if (!st.ok()) return Complete(st);
         ep_->Flush([this, bytes](const Status& st2) {
           if (!st2.ok()) return Complete(st2);
-          std::vector<uint8_t> length(sizeof(bytes));
+          MessageBytes length(sizeof(bytes));
           std::memcpy(length.data(), &bytes, sizeof(bytes));
           ep_->Send(kConsumeMsg, std::move(length));
           Complete();
@@ -303,8 +303,8 @@ Status RunFabric(const BenchOptions& o, const Fabric& fabric, std::vector<Row>* 
         if (it >= o.warmup) consumed_us.push_back(*consumed);
       }
       if (bytes <= 65536) {
-        auto am = p.Timed(
-            1, [&] { p.ep().Send(kEchoMsg, std::vector<uint8_t>(p.local(), p.local() + bytes)); });
+        auto am =
+            p.Timed(1, [&] { p.ep().Send(kEchoMsg, MessageBytes(p.local(), p.local() + bytes)); });
         if (!am.ok()) return am.status();
         if (it >= o.warmup) am_us.push_back(*am);
       }

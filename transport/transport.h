@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "core/bytes.h"
 #include "tessera/status.h"
 #include "transport/task.h"
 
@@ -104,7 +105,14 @@ class Endpoint {
 
   // Sends a small message; the handler registered for `msg_id` runs on the
   // peer. `done` (optional) runs when the bytes may be considered sent.
-  virtual void Send(uint16_t msg_id, std::vector<uint8_t> bytes, Completion done = {}) = 0;
+  // The bytes are the pool's (wire::Encode makes them so): the backend frees
+  // them once sent, and the next message takes the same block again.
+  virtual void Send(uint16_t msg_id, MessageBytes bytes, Completion done = {}) = 0;
+  // The same for bytes held elsewhere (a region's description, a test's
+  // pattern): copied into a message first.
+  void SendCopy(uint16_t msg_id, std::span<const uint8_t> bytes, Completion done = {}) {
+    Send(msg_id, MessageBytes(bytes.begin(), bytes.end()), std::move(done));
+  }
 
   // Attaches a region a peer described (Region::Describe). Refuses keys that
   // are malformed or fail their checksum.

@@ -125,7 +125,7 @@ class Client::Impl {
   Status InitializeNow();
   Status WaitForInitNow(std::chrono::milliseconds timeout);
 
-  using Frame = std::vector<uint8_t>;
+  using Frame = MessageBytes;
   // Held in place (core/inline_function.h): a small call's reply handler,
   // with its chunks and completion, costs no allocation.
   using ReplyFn = InlineFunction<void(Status, const wire::Header&, std::span<const uint8_t>), 160>;
@@ -150,8 +150,12 @@ class Client::Impl {
     // Listening time without any traffic from the shard (heartbeats).
     SilenceMeter silence;
     // One-sided work in flight, failed by OnShardLost: a fabric may never
-    // complete operations towards a peer that hangs.
-    std::unordered_map<uint64_t, std::function<void(const Status&)>> in_flight;
+    // complete operations towards a peer that hangs. An entry per large
+    // call: its node from the pool, its abort held in place.
+    using AbortInFlight = InlineFunction<void(const Status&), 160>;
+    std::unordered_map<uint64_t, AbortInFlight, std::hash<uint64_t>, std::equal_to<>,
+                       PoolAllocator<std::pair<const uint64_t, AbortInFlight>>>
+        in_flight;
     uint64_t next_op = 1;
     std::string name() const { return task.ToString() + " (" + addr.ToString() + ")"; }
   };

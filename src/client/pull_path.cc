@@ -76,7 +76,8 @@ void Client::Impl::AcceptPullReply(int shard, ChunkIos ios, const wire::PullRepl
     Status status;
     bool finished = false;
   };
-  auto progress = std::make_shared<Progress>(Progress{static_cast<int>(ios.size()), Status::Ok()});
+  auto progress = std::allocate_shared<Progress>(
+      PoolAllocator<Progress>(), Progress{static_cast<int>(ios.size()), Status::Ok()});
   uint64_t lease = reply.lease_id;
   const uint64_t op_id = s.next_op++;
   auto finish = [this, shard, op_id, progress, done](const Status& result) {

@@ -153,10 +153,11 @@ void Client::Impl::PushThroughSlot(int shard, ChunkIos ios, uint32_t flags, Push
     size_t groups_left = 0;
     Status status;
     bool finished = false;
-    std::vector<uint64_t> versions;
+    std::vector<uint64_t, PoolAllocator<uint64_t>> versions;
     ChunkIos sent;  // `ios`, once the groups are laid out
   };
-  auto progress = std::make_shared<Progress>();
+  // Made per call, so from the pool (object and count in one block).
+  auto progress = std::allocate_shared<Progress>(PoolAllocator<Progress>());
   progress->versions.resize(ios.size());
   const uint64_t base = s.staging->base();
   const uint64_t op_id = s.next_op++;
@@ -227,12 +228,12 @@ void Client::Impl::PushThroughSlot(int shard, ChunkIos ios, uint32_t flags, Push
 
   progress->sent = std::move(ios);
   const ChunkIos& sent = progress->sent;
-  std::vector<std::shared_ptr<Group>> groups;
+  std::vector<std::shared_ptr<Group>, PoolAllocator<std::shared_ptr<Group>>> groups;
   uint64_t rel = offset, group_bytes = 0;
   for (size_t i = 0; i < sent.size(); ++i) {
     const bool same_tensor = i > 0 && sent[i].tensor == sent[i - 1].tensor;
     if (groups.empty() || (group_bytes >= kGroupBytes && !same_tensor)) {
-      groups.push_back(std::make_shared<Group>());
+      groups.push_back(std::allocate_shared<Group>(PoolAllocator<Group>()));
       groups.back()->msg.step = step;
       groups.back()->msg.step_parts = groups.size() == 1 ? tag.parts : 0;
       groups.back()->first = i;

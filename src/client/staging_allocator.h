@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "core/bytes.h"
+#include "core/pool_allocator.h"
 
 namespace tessera::client {
 
@@ -57,8 +58,11 @@ class StagingAllocator {
 
  private:
   uint64_t size_ = 0;
-  std::map<uint64_t, uint64_t> free_;  // offset -> length
-  std::map<uint64_t, uint64_t> used_;
+  // Their nodes come and go with every push: from the pool, not the heap.
+  using Ranges =
+      std::map<uint64_t, uint64_t, std::less<>, PoolAllocator<std::pair<const uint64_t, uint64_t>>>;
+  Ranges free_;  // offset -> length
+  Ranges used_;
 };
 
 }  // namespace tessera::client

@@ -51,7 +51,7 @@ class Checkpointer {
   // What the host provides: a frame to shard k (false when k has not joined),
   // and running work on the progress thread (now or later).
   struct Host {
-    std::function<bool(int shard, std::vector<uint8_t> frame)> send_to_shard;
+    std::function<bool(int shard, MessageBytes frame)> send_to_shard;
     std::function<void(std::function<void()>)> post;
     std::function<void(std::chrono::milliseconds, std::function<void()>)> post_after;
     std::function<void(const SavedCheckpoint&)> on_saved;  // a new checkpoint is complete

@@ -35,7 +35,7 @@ Status Service::Open() {
 void Service::Start() {
   if (options_.checkpoints.dir.empty()) return;
   Checkpointer::Host host;
-  host.send_to_shard = [this](int k, std::vector<uint8_t> frame) {
+  host.send_to_shard = [this](int k, MessageBytes frame) {
     if (k == options_.local_shard) {
       host_.send_to_local_shard(std::move(frame));
       return true;
@@ -154,7 +154,7 @@ void Service::OnWorkerRequest(const WorkerRef& from, const wire::Header& h,
                               : missing + " joined the coordinator");
   }
   waiting_bytes_ += frame.size();
-  waiting_.push_back({from, h, std::vector<uint8_t>(frame.begin(), frame.end())});
+  waiting_.push_back({from, h, MessageBytes(frame.begin(), frame.end())});
 }
 
 void Service::Serve(const WorkerRef& from, const wire::Header& h, std::span<const uint8_t> frame) {

@@ -63,9 +63,9 @@ struct WorkerRef {
 class Service {
  public:
   struct Host {
-    std::function<void(PeerId, std::vector<uint8_t>)> send;
+    std::function<void(PeerId, MessageBytes)> send;
     // Frames to the hosted ps task (checkpoint rounds), when local_shard >= 0.
-    std::function<void(std::vector<uint8_t>)> send_to_local_shard;
+    std::function<void(MessageBytes)> send_to_local_shard;
     std::function<void(std::function<void()>)> post;
     std::function<void(std::chrono::milliseconds, std::function<void()>)> post_after;
   };
@@ -116,7 +116,7 @@ class Service {
   struct Waiting {
     WorkerRef from;
     wire::Header header;
-    std::vector<uint8_t> frame;
+    MessageBytes frame;
   };
   // Joins are answered once every ps task joined once (joins_answered_);
   // worker requests once, besides, every known tensor's chunks are placed

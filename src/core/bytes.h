@@ -11,7 +11,14 @@
 #include <type_traits>
 #include <vector>
 
+#include "core/pool_allocator.h"
+
 namespace tessera {
+
+// The bytes of one message on the wire. Their memory comes from the pool
+// (core/pool_allocator.h), because every call encodes one and a fabric frees
+// it once sent: in steady state a call's message then costs no allocation.
+using MessageBytes = std::vector<uint8_t, PoolAllocator<uint8_t>>;
 
 // `n` rounded up to a multiple of `alignment`.
 constexpr uint64_t AlignUp(uint64_t n, uint64_t alignment) {
@@ -21,7 +28,10 @@ constexpr uint64_t AlignUp(uint64_t n, uint64_t alignment) {
 // FNV-1a, 64 bit: a cheap integrity check (not a MAC) for self-describing blobs.
 uint64_t Fnv1a64(std::span<const uint8_t> bytes, uint64_t seed = 0xcbf29ce484222325ULL);
 
-class ByteWriter {
+// Appends to a byte vector: a message's (MessageWriter) or any other
+// (ByteWriter: a key's description, a file's header).
+template <typename Bytes>
+class BasicByteWriter {
   template <typename T, bool IsEnum>
   struct Underlying {
     using type = T;
@@ -32,7 +42,7 @@ class ByteWriter {
   };
 
  public:
-  explicit ByteWriter(std::vector<uint8_t>* out) : out_(out) {}
+  explicit BasicByteWriter(Bytes* out) : out_(out) {}
 
   template <typename T>
   void Put(T value) {
@@ -67,8 +77,10 @@ class ByteWriter {
   }
 
  private:
-  std::vector<uint8_t>* out_;
+  Bytes* out_;
 };
+using ByteWriter = BasicByteWriter<std::vector<uint8_t>>;
+using MessageWriter = BasicByteWriter<MessageBytes>;
 
 class ByteReader {
  public:

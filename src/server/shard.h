@@ -173,7 +173,7 @@ class Shard {
   // Checkpoint rounds, the shard's side (messages from the coordinator, over
   // the link or, on ps task 0, directly).
   void OnCoordinatorFrame(std::span<const uint8_t> frame);
-  void SendToCoordinator(std::vector<uint8_t> frame);
+  void SendToCoordinator(MessageBytes frame);
   void OnCkptPrepare(const wire::CkptPrepare& m);
   void OnCkptWrite(wire::CkptWrite m);
   // Copies the chunk's slots into the round; false when that failed and

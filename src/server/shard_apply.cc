@@ -210,13 +210,21 @@ bool Shard::TryApplyPush(PendingPush& push) {
 void Shard::ReplyWithWeights(const PendingPush& push, const std::vector<uint64_t>& versions) {
   // The pull half of a push_pull: the weights this push produced, inline
   // (the gradients came inline, and weights are as large).
-  PendingPull pull{push.peer, push.request_id, {}, std::nullopt};
+  // Built in the spare pull message (server.cc), whose vector keeps its
+  // capacity, and handed back when granted at once.
+  PendingPull pull{push.peer, push.request_id, std::move(spare_pull_), std::nullopt};
+  pull.msg.entries.clear();
+  pull.msg.wait_ms = 0;
   pull.msg.inline_max = static_cast<uint32_t>(push.msg.payload.size());
   pull.msg.entries.reserve(push.msg.entries.size());
   for (size_t i = 0; i < push.msg.entries.size(); ++i) {
     pull.msg.entries.push_back({push.msg.entries[i].key_id, versions[i], 0});
   }
-  if (!TryGrantPull(pull)) waiting_pulls_.push_back(std::move(pull));
+  if (TryGrantPull(pull)) {
+    spare_pull_ = std::move(pull.msg);
+  } else {
+    waiting_pulls_.push_back(std::move(pull));
+  }
 }
 
 void Shard::CountStep(const PendingPush& push) {

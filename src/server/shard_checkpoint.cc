@@ -27,12 +27,12 @@ Status Shard::StartService() {
   o.checkpoints.timeout = options_.checkpoint_timeout;
   o.restore = options_.restore;
   coord::Service::Host host;
-  host.send = [this](coord::PeerId peer, std::vector<uint8_t> frame) {
+  host.send = [this](coord::PeerId peer, MessageBytes frame) {
     // A peer that left meanwhile (a worker waiting for a round) is skipped.
     auto it = peers_.find(reinterpret_cast<transport::Endpoint*>(peer));
     if (it != peers_.end()) it->second->ep->Send(kProtocolMsg, std::move(frame));
   };
-  host.send_to_local_shard = [this](std::vector<uint8_t> frame) {
+  host.send_to_local_shard = [this](MessageBytes frame) {
     ctx_->Post([this, f = std::move(frame)] {
       if (!stopping_) OnCoordinatorFrame(f);
     });
@@ -333,7 +333,7 @@ void Shard::RestoreChunk(Param& p) {
 // ---------------------------------------------------------------------------
 // Checkpoint rounds, the shard's side
 
-void Shard::SendToCoordinator(std::vector<uint8_t> frame) {
+void Shard::SendToCoordinator(MessageBytes frame) {
   if (hosts_coordinator()) {
     ctx_->Post([this, f = std::move(frame)] {
       if (!stopping_ && service_) service_->OnLocalShardFrame(f);

@@ -14,7 +14,7 @@ bool GetCount(ByteReader& r, size_t min_item_bytes, uint32_t* count) {
   return static_cast<uint64_t>(*count) * min_item_bytes <= r.remaining();
 }
 
-void PutFloat(ByteWriter& w, float f) {
+void PutFloat(MessageWriter& w, float f) {
   uint32_t bits;
   std::memcpy(&bits, &f, 4);
   w.Put(bits);
@@ -27,7 +27,7 @@ bool GetFloat(ByteReader& r, float* f) {
   return true;
 }
 
-void PutHyper(ByteWriter& w, const Hyperparams& h) {
+void PutHyper(MessageWriter& w, const Hyperparams& h) {
   for (float f : {h.learning_rate, h.weight_decay, h.momentum, h.beta1, h.beta2, h.epsilon,
                   h.initial_accumulator}) {
     PutFloat(w, f);
@@ -49,7 +49,7 @@ Result<Hyperparams> GetHyper(ByteReader& r) {
   return h;
 }
 
-void PutTensorDecl(ByteWriter& w, const TensorDecl& t) {
+void PutTensorDecl(MessageWriter& w, const TensorDecl& t) {
   w.PutString(t.name);
   w.Put(static_cast<uint8_t>(t.dtype));
   w.Put(static_cast<uint8_t>(t.rule));
@@ -107,7 +107,7 @@ Result<TensorDecl> GetTensorDecl(ByteReader& r) {
   return t;
 }
 
-void PutCreateEntry(ByteWriter& w, const CreateEntry& e) {
+void PutCreateEntry(MessageWriter& w, const CreateEntry& e) {
   PutTensorDecl(w, e.tensor);
   w.Put(e.chunk_index);
   w.Put(e.num_chunks);

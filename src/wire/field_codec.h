@@ -25,21 +25,21 @@ bool GetArray(ByteReader& r, std::array<uint8_t, N>* out) {
   return true;
 }
 
-void PutFloat(ByteWriter& w, float f);
+void PutFloat(MessageWriter& w, float f);
 bool GetFloat(ByteReader& r, float* f);
 
 constexpr size_t kHyperBytes = 7 * 4 + 1;
-void PutHyper(ByteWriter& w, const Hyperparams& h);
+void PutHyper(MessageWriter& w, const Hyperparams& h);
 Result<Hyperparams> GetHyper(ByteReader& r);
 
 constexpr size_t kModeBytes = 1 + 4 + 4 + 1 + 4;
 constexpr size_t kMinTensorDeclBytes = 4 + 1 + 1 + 1 + 4 + kHyperBytes + kModeBytes;
-void PutTensorDecl(ByteWriter& w, const TensorDecl& t);
+void PutTensorDecl(MessageWriter& w, const TensorDecl& t);
 Result<TensorDecl> GetTensorDecl(ByteReader& r);
 
 // A chunk of a tensor, checked to lie inside its shape.
 constexpr size_t kMinCreateEntryBytes = kMinTensorDeclBytes + 24;
-void PutCreateEntry(ByteWriter& w, const CreateEntry& e);
+void PutCreateEntry(MessageWriter& w, const CreateEntry& e);
 Result<CreateEntry> GetCreateEntry(ByteReader& r);
 
 }  // namespace tessera::wire::field

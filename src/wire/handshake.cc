@@ -12,8 +12,8 @@ constexpr std::string_view kServerLabel = "tessera-v3-server";
 
 // What both proofs bind: every field of the hello, and which task answered.
 std::string Transcript(const Hello& hello, uint32_t shard_index) {
-  std::vector<uint8_t> bytes;
-  ByteWriter w(&bytes);
+  MessageBytes bytes;
+  MessageWriter w(&bytes);
   hello.EncodeBody(w);
   w.Put(shard_index);
   return std::string(bytes.begin(), bytes.end());

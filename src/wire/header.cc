@@ -82,8 +82,8 @@ const char* OpcodeName(Opcode op) {
   return "unknown";
 }
 
-void EncodeHeader(const Header& h, std::vector<uint8_t>* out) {
-  ByteWriter w(out);
+void EncodeHeader(const Header& h, MessageBytes* out) {
+  MessageWriter w(out);
   w.Put(kMagic);
   w.Put(h.version);
   w.Put(static_cast<uint16_t>(h.opcode));

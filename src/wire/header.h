@@ -9,6 +9,7 @@
 #include <span>
 #include <vector>
 
+#include "core/bytes.h"
 #include "tessera/status.h"
 
 namespace tessera::wire {
@@ -89,7 +90,7 @@ struct Header {
   uint64_t request_id = 0;
 };
 
-void EncodeHeader(const Header& h, std::vector<uint8_t>* out);
+void EncodeHeader(const Header& h, MessageBytes* out);
 // Validates magic, version, opcode, flags and that exactly body_length bytes follow.
 Result<Header> DecodeHeader(std::span<const uint8_t> frame);
 

@@ -39,7 +39,7 @@ Status ValidateTensorDecl(const TensorDecl& t) {
   return Status::Ok();
 }
 
-void Hello::EncodeBody(ByteWriter& w) const {
+void Hello::EncodeBody(MessageWriter& w) const {
   w.Put(static_cast<uint8_t>(role));
   w.Put(worker_rank);
   w.PutString(task);
@@ -62,7 +62,7 @@ Result<Hello> Hello::DecodeBody(ByteReader& r) {
   return m;
 }
 
-void Challenge::EncodeBody(ByteWriter& w) const {
+void Challenge::EncodeBody(MessageWriter& w) const {
   w.PutBytes(server_nonce);
   w.Put(shard_index);
 }
@@ -73,7 +73,7 @@ Result<Challenge> Challenge::DecodeBody(ByteReader& r) {
   return m;
 }
 
-void Auth::EncodeBody(ByteWriter& w) const { w.PutBytes(client_proof); }
+void Auth::EncodeBody(MessageWriter& w) const { w.PutBytes(client_proof); }
 Result<Auth> Auth::DecodeBody(ByteReader& r) {
   Auth m;
   if (!GetArray(r, &m.client_proof)) return Truncated("client_proof");
@@ -93,7 +93,7 @@ bool GetIpcHandle(ByteReader& r, std::vector<uint8_t>* out) {
 
 }  // namespace
 
-void Welcome::EncodeBody(ByteWriter& w) const {
+void Welcome::EncodeBody(MessageWriter& w) const {
   w.PutBytes(server_proof);
   w.PutBlob(staging_region);
   w.PutBlob(staging_ipc);
@@ -108,7 +108,7 @@ Result<Welcome> Welcome::DecodeBody(ByteReader& r) {
   return m;
 }
 
-void Declare::EncodeBody(ByteWriter& w) const {
+void Declare::EncodeBody(MessageWriter& w) const {
   w.Put(chunk_bytes);
   w.Put(placement);
   w.Put(static_cast<uint32_t>(tensors.size()));
@@ -133,7 +133,7 @@ Result<Declare> Declare::DecodeBody(ByteReader& r) {
   return m;
 }
 
-void DeclareReply::EncodeBody(ByteWriter& w) const {
+void DeclareReply::EncodeBody(MessageWriter& w) const {
   w.Put(static_cast<uint32_t>(tensors.size()));
   for (const auto& chunks : tensors) {
     w.Put(static_cast<uint32_t>(chunks.size()));
@@ -190,7 +190,7 @@ Result<DeclareReply> DeclareReply::DecodeBody(ByteReader& r) {
   return m;
 }
 
-void UpdateHyper::EncodeBody(ByteWriter& w) const {
+void UpdateHyper::EncodeBody(MessageWriter& w) const {
   w.PutString(name);
   PutHyper(w, hyper);
 }
@@ -203,7 +203,7 @@ Result<UpdateHyper> UpdateHyper::DecodeBody(ByteReader& r) {
   return m;
 }
 
-void Create::EncodeBody(ByteWriter& w) const {
+void Create::EncodeBody(MessageWriter& w) const {
   w.Put(static_cast<uint32_t>(entries.size()));
   for (const auto& e : entries) PutCreateEntry(w, e);
 }
@@ -220,7 +220,7 @@ Result<Create> Create::DecodeBody(ByteReader& r) {
   return m;
 }
 
-void CreateReply::EncodeBody(ByteWriter& w) const {
+void CreateReply::EncodeBody(MessageWriter& w) const {
   w.Put(static_cast<uint32_t>(keys.size()));
   for (const auto& k : keys) {
     w.Put(k.key_id);
@@ -258,14 +258,14 @@ Result<CreateReply> CreateReply::DecodeBody(ByteReader& r) {
   return m;
 }
 
-void StatusReply::EncodeBody(ByteWriter& w) const { w.PutString(json); }
+void StatusReply::EncodeBody(MessageWriter& w) const { w.PutString(json); }
 Result<StatusReply> StatusReply::DecodeBody(ByteReader& r) {
   StatusReply m;
   if (!r.GetString(&m.json, 1u << 20)) return Truncated("json");
   return m;
 }
 
-void Error::EncodeBody(ByteWriter& w) const {
+void Error::EncodeBody(MessageWriter& w) const {
   w.Put(static_cast<uint8_t>(code));
   w.PutString(message);
 }

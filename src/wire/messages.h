@@ -45,7 +45,7 @@ struct Hello {
   // The cluster spec this task was given (ClusterSpec::ToJson); empty from an
   // observer, which is not part of the cluster.
   std::string cluster;
-  void EncodeBody(ByteWriter& w) const;
+  void EncodeBody(MessageWriter& w) const;
   static Result<Hello> DecodeBody(ByteReader& r);
   bool operator==(const Hello&) const = default;
 };
@@ -57,7 +57,7 @@ struct Challenge {
   static constexpr Opcode kOpcode = Opcode::kChallenge;
   Nonce server_nonce{};
   uint32_t shard_index = 0;
-  void EncodeBody(ByteWriter& w) const;
+  void EncodeBody(MessageWriter& w) const;
   static Result<Challenge> DecodeBody(ByteReader& r);
   bool operator==(const Challenge&) const = default;
 };
@@ -65,7 +65,7 @@ struct Challenge {
 struct Auth {
   static constexpr Opcode kOpcode = Opcode::kAuth;
   Proof client_proof{};
-  void EncodeBody(ByteWriter& w) const;
+  void EncodeBody(MessageWriter& w) const;
   static Result<Auth> DecodeBody(ByteReader& r);
   bool operator==(const Auth&) const = default;
 };
@@ -77,7 +77,7 @@ struct Welcome {
   // Same node, GPU shard: a CUDA IPC handle of a GPU slot of the same size
   // (pushes flagged kFlagIpcSlot are read from it); else empty.
   std::vector<uint8_t> staging_ipc;
-  void EncodeBody(ByteWriter& w) const;
+  void EncodeBody(MessageWriter& w) const;
   static Result<Welcome> DecodeBody(ByteReader& r);
   bool operator==(const Welcome&) const = default;
 };
@@ -104,7 +104,7 @@ struct Declare {
   uint64_t chunk_bytes = 0;
   uint8_t placement = 1;
   std::vector<TensorDecl> tensors;
-  void EncodeBody(ByteWriter& w) const;
+  void EncodeBody(MessageWriter& w) const;
   static Result<Declare> DecodeBody(ByteReader& r);
   bool operator==(const Declare&) const = default;
 };
@@ -129,7 +129,7 @@ struct DeclareReply {
   // chief set them since (UpdateHyper), or as saved in the checkpoint the
   // cluster restored. Creates carry these.
   std::vector<Hyperparams> hyper;
-  void EncodeBody(ByteWriter& w) const;
+  void EncodeBody(MessageWriter& w) const;
   static Result<DeclareReply> DecodeBody(ByteReader& r);
   bool operator==(const DeclareReply&) const = default;
 };
@@ -147,7 +147,7 @@ struct CreateEntry {
 struct Create {
   static constexpr Opcode kOpcode = Opcode::kCreate;
   std::vector<CreateEntry> entries;
-  void EncodeBody(ByteWriter& w) const;
+  void EncodeBody(MessageWriter& w) const;
   static Result<Create> DecodeBody(ByteReader& r);
   bool operator==(const Create&) const = default;
 };
@@ -175,7 +175,7 @@ struct CreateReply {
   static constexpr Opcode kOpcode = Opcode::kCreateReply;
   std::vector<KeyLocation> keys;
   std::vector<ArenaKey> arenas;  // arenas this connection has not been told about yet
-  void EncodeBody(ByteWriter& w) const;
+  void EncodeBody(MessageWriter& w) const;
   static Result<CreateReply> DecodeBody(ByteReader& r);
   bool operator==(const CreateReply&) const = default;
 };
@@ -204,7 +204,7 @@ struct Push {
   // step once every one of them was accepted.
   uint32_t step_parts = 0;
   size_t EncodedSizeHint() const { return 20 + entries.size() * 20 + payload.size(); }
-  void EncodeBody(ByteWriter& w) const;
+  void EncodeBody(MessageWriter& w) const;
   static Result<Push> DecodeBody(ByteReader& r);
   static Status DecodeBodyInto(ByteReader& r, Push* m);
   bool operator==(const Push&) const = default;
@@ -222,7 +222,7 @@ struct PushReply {
   std::vector<uint64_t> versions;  // each key's version after this push
   std::vector<uint8_t> outcomes;   // a PushOutcome per key
   size_t EncodedSizeHint() const { return 8 + versions.size() * 9; }
-  void EncodeBody(ByteWriter& w) const;
+  void EncodeBody(MessageWriter& w) const;
   static Result<PushReply> DecodeBody(ByteReader& r);
   static Status DecodeBodyInto(ByteReader& r, PushReply* m);
   bool operator==(const PushReply&) const = default;
@@ -246,7 +246,7 @@ struct Pull {
   // the step). 0: no limit of its own.
   uint32_t wait_ms = 0;
   size_t EncodedSizeHint() const { return 12 + entries.size() * 20; }
-  void EncodeBody(ByteWriter& w) const;
+  void EncodeBody(MessageWriter& w) const;
   static Result<Pull> DecodeBody(ByteReader& r);
   static Status DecodeBodyInto(ByteReader& r, Pull* m);
   bool operator==(const Pull&) const = default;
@@ -259,7 +259,7 @@ struct PullReply {
   std::vector<uint64_t> versions;
   std::vector<uint8_t> data;  // the chunks' bytes, in request order, or empty
   size_t EncodedSizeHint() const { return 16 + versions.size() * 8 + data.size(); }
-  void EncodeBody(ByteWriter& w) const;
+  void EncodeBody(MessageWriter& w) const;
   static Result<PullReply> DecodeBody(ByteReader& r);
   static Status DecodeBodyInto(ByteReader& r, PullReply* m);
   bool operator==(const PullReply&) const = default;
@@ -268,21 +268,21 @@ struct PullReply {
 struct Release {
   static constexpr Opcode kOpcode = Opcode::kRelease;
   uint64_t lease_id = 0;
-  void EncodeBody(ByteWriter& w) const;
+  void EncodeBody(MessageWriter& w) const;
   static Result<Release> DecodeBody(ByteReader& r);
   bool operator==(const Release&) const = default;
 };
 
 struct InitDone {
   static constexpr Opcode kOpcode = Opcode::kInitDone;
-  void EncodeBody(ByteWriter&) const {}
+  void EncodeBody(MessageWriter&) const {}
   static Result<InitDone> DecodeBody(ByteReader&) { return InitDone{}; }
   bool operator==(const InitDone&) const = default;
 };
 
 struct WaitInit {
   static constexpr Opcode kOpcode = Opcode::kWaitInit;
-  void EncodeBody(ByteWriter&) const {}
+  void EncodeBody(MessageWriter&) const {}
   static Result<WaitInit> DecodeBody(ByteReader&) { return WaitInit{}; }
   bool operator==(const WaitInit&) const = default;
 };
@@ -290,14 +290,14 @@ struct WaitInit {
 // A worker's heartbeat; answered with an Ack.
 struct Ping {
   static constexpr Opcode kOpcode = Opcode::kPing;
-  void EncodeBody(ByteWriter&) const {}
+  void EncodeBody(MessageWriter&) const {}
   static Result<Ping> DecodeBody(ByteReader&) { return Ping{}; }
   bool operator==(const Ping&) const = default;
 };
 
 struct Ack {
   static constexpr Opcode kOpcode = Opcode::kAck;
-  void EncodeBody(ByteWriter&) const {}
+  void EncodeBody(MessageWriter&) const {}
   static Result<Ack> DecodeBody(ByteReader&) { return Ack{}; }
   bool operator==(const Ack&) const = default;
 };
@@ -309,7 +309,7 @@ struct UpdateHyper {
   static constexpr Opcode kOpcode = Opcode::kUpdateHyper;
   std::string name;
   Hyperparams hyper;
-  void EncodeBody(ByteWriter& w) const;
+  void EncodeBody(MessageWriter& w) const;
   static Result<UpdateHyper> DecodeBody(ByteReader& r);
   bool operator==(const UpdateHyper&) const = default;
 };
@@ -319,7 +319,7 @@ struct SetHyper {
   static constexpr Opcode kOpcode = Opcode::kSetHyper;
   std::vector<uint32_t> key_ids;
   Hyperparams hyper;
-  void EncodeBody(ByteWriter& w) const;
+  void EncodeBody(MessageWriter& w) const;
   static Result<SetHyper> DecodeBody(ByteReader& r);
   bool operator==(const SetHyper&) const = default;
 };
@@ -340,14 +340,14 @@ struct StepsApplied {
   uint64_t async_steps = 0;
   uint64_t sync_step = 0;
   std::vector<SyncStepWorker> sync_workers;  // empty: no sync step in this report
-  void EncodeBody(ByteWriter& w) const;
+  void EncodeBody(MessageWriter& w) const;
   static Result<StepsApplied> DecodeBody(ByteReader& r);
   bool operator==(const StepsApplied&) const = default;
 };
 
 struct GetStep {
   static constexpr Opcode kOpcode = Opcode::kGetStep;
-  void EncodeBody(ByteWriter&) const {}
+  void EncodeBody(MessageWriter&) const {}
   static Result<GetStep> DecodeBody(ByteReader&) { return GetStep{}; }
   bool operator==(const GetStep&) const = default;
 };
@@ -355,7 +355,7 @@ struct GetStep {
 struct StepReply {
   static constexpr Opcode kOpcode = Opcode::kStepReply;
   uint64_t global_step = 0;
-  void EncodeBody(ByteWriter& w) const;
+  void EncodeBody(MessageWriter& w) const;
   static Result<StepReply> DecodeBody(ByteReader& r);
   bool operator==(const StepReply&) const = default;
 };
@@ -375,7 +375,7 @@ struct Join {
   bool more = false;
   // Chunks per join message, so that one stays well inside a frame.
   static constexpr size_t kMaxChunks = 8192;
-  void EncodeBody(ByteWriter& w) const;
+  void EncodeBody(MessageWriter& w) const;
   static Result<Join> DecodeBody(ByteReader& r);
   bool operator==(const Join&) const = default;
 };
@@ -387,7 +387,7 @@ struct JoinReply {
   static constexpr Opcode kOpcode = Opcode::kJoinReply;
   std::string restore_path;
   uint64_t global_step = 0;
-  void EncodeBody(ByteWriter& w) const;
+  void EncodeBody(MessageWriter& w) const;
   static Result<JoinReply> DecodeBody(ByteReader& r);
   bool operator==(const JoinReply&) const = default;
 };
@@ -397,7 +397,7 @@ struct JoinReply {
 struct CkptPrepare {
   static constexpr Opcode kOpcode = Opcode::kCkptPrepare;
   uint64_t round = 0;
-  void EncodeBody(ByteWriter& w) const { w.Put(round); }
+  void EncodeBody(MessageWriter& w) const { w.Put(round); }
   static Result<CkptPrepare> DecodeBody(ByteReader& r);
   bool operator==(const CkptPrepare&) const = default;
 };
@@ -408,7 +408,7 @@ struct CkptPrepared {
   bool has_sync = false;  // min/max are meaningful
   uint64_t min_step = 0, max_step = 0;
   uint64_t chunks = 0;  // initialised chunks held
-  void EncodeBody(ByteWriter& w) const;
+  void EncodeBody(MessageWriter& w) const;
   static Result<CkptPrepared> DecodeBody(ByteReader& r);
   bool operator==(const CkptPrepared&) const = default;
 };
@@ -433,7 +433,7 @@ struct CkptWrite {
   std::string dir;                 // the round's temporary directory
   std::vector<std::string> files;  // file names in it
   std::vector<CkptEntry> entries;
-  void EncodeBody(ByteWriter& w) const;
+  void EncodeBody(MessageWriter& w) const;
   static Result<CkptWrite> DecodeBody(ByteReader& r);
   bool operator==(const CkptWrite&) const = default;
 };
@@ -445,7 +445,7 @@ struct CkptWritten {
   std::string message;
   // Per parameter entry (slot 0) of the request, in order: optimizer steps applied.
   std::vector<uint64_t> updates;
-  void EncodeBody(ByteWriter& w) const;
+  void EncodeBody(MessageWriter& w) const;
   static Result<CkptWritten> DecodeBody(ByteReader& r);
   bool operator==(const CkptWritten&) const = default;
 };
@@ -454,7 +454,7 @@ struct CkptWritten {
 struct CkptAbort {
   static constexpr Opcode kOpcode = Opcode::kCkptAbort;
   uint64_t round = 0;
-  void EncodeBody(ByteWriter& w) const { w.Put(round); }
+  void EncodeBody(MessageWriter& w) const { w.Put(round); }
   static Result<CkptAbort> DecodeBody(ByteReader& r);
   bool operator==(const CkptAbort&) const = default;
 };
@@ -462,7 +462,7 @@ struct CkptAbort {
 // A worker asks for a checkpoint now; answered when it is complete.
 struct SaveCheckpoint {
   static constexpr Opcode kOpcode = Opcode::kSaveCheckpoint;
-  void EncodeBody(ByteWriter&) const {}
+  void EncodeBody(MessageWriter&) const {}
   static Result<SaveCheckpoint> DecodeBody(ByteReader&) { return SaveCheckpoint{}; }
   bool operator==(const SaveCheckpoint&) const = default;
 };
@@ -471,7 +471,7 @@ struct CheckpointSaved {
   static constexpr Opcode kOpcode = Opcode::kCheckpointSaved;
   uint64_t global_step = 0;
   std::string path;
-  void EncodeBody(ByteWriter& w) const;
+  void EncodeBody(MessageWriter& w) const;
   static Result<CheckpointSaved> DecodeBody(ByteReader& r);
   bool operator==(const CheckpointSaved&) const = default;
 };
@@ -480,14 +480,14 @@ struct CheckpointSaved {
 // done, as a JSON object (see `tessera status`).
 struct StatusRequest {
   static constexpr Opcode kOpcode = Opcode::kStatus;
-  void EncodeBody(ByteWriter&) const {}
+  void EncodeBody(MessageWriter&) const {}
   static Result<StatusRequest> DecodeBody(ByteReader&) { return StatusRequest{}; }
   bool operator==(const StatusRequest&) const = default;
 };
 struct StatusReply {
   static constexpr Opcode kOpcode = Opcode::kStatusReply;
   std::string json;
-  void EncodeBody(ByteWriter& w) const;
+  void EncodeBody(MessageWriter& w) const;
   static Result<StatusReply> DecodeBody(ByteReader& r);
   bool operator==(const StatusReply&) const = default;
 };
@@ -496,7 +496,7 @@ struct StatusReply {
 // takes the connection's end as a departure, not a loss.
 struct Bye {
   static constexpr Opcode kOpcode = Opcode::kBye;
-  void EncodeBody(ByteWriter&) const {}
+  void EncodeBody(MessageWriter&) const {}
   static Result<Bye> DecodeBody(ByteReader&) { return Bye{}; }
   bool operator==(const Bye&) const = default;
 };
@@ -505,15 +505,17 @@ struct Error {
   static constexpr Opcode kOpcode = Opcode::kError;
   StatusCode code = StatusCode::kInternal;
   std::string message;
-  void EncodeBody(ByteWriter& w) const;
+  void EncodeBody(MessageWriter& w) const;
   static Result<Error> DecodeBody(ByteReader& r);
   Status ToStatus() const { return {code, message}; }
   bool operator==(const Error&) const = default;
 };
 
+// A frame: header and body, in bytes from the message pool (a message sent
+// per call then costs no heap allocation once the pool holds its size).
 template <typename Msg>
-std::vector<uint8_t> Encode(const Msg& msg, uint64_t request_id, uint32_t flags = 0) {
-  std::vector<uint8_t> out;
+MessageBytes Encode(const Msg& msg, uint64_t request_id, uint32_t flags = 0) {
+  MessageBytes out;
   // Messages that know their size get it in one allocation.
   if constexpr (requires { msg.EncodedSizeHint(); }) {
     out.reserve(kHeaderSize + msg.EncodedSizeHint());
@@ -525,7 +527,7 @@ std::vector<uint8_t> Encode(const Msg& msg, uint64_t request_id, uint32_t flags 
   h.flags = flags;
   h.request_id = request_id;
   EncodeHeader(h, &out);
-  ByteWriter w(&out);
+  MessageWriter w(&out);
   msg.EncodeBody(w);
   w.PatchU32(12, static_cast<uint32_t>(out.size() - kHeaderSize));
   return out;

@@ -8,7 +8,7 @@ namespace tessera::wire {
 
 using namespace field;  // this layer's own field codecs
 
-void StepsApplied::EncodeBody(ByteWriter& w) const {
+void StepsApplied::EncodeBody(MessageWriter& w) const {
   w.Put(async_steps);
   w.Put(sync_step);
   w.Put(static_cast<uint32_t>(sync_workers.size()));
@@ -29,14 +29,14 @@ Result<StepsApplied> StepsApplied::DecodeBody(ByteReader& r) {
   return m;
 }
 
-void StepReply::EncodeBody(ByteWriter& w) const { w.Put(global_step); }
+void StepReply::EncodeBody(MessageWriter& w) const { w.Put(global_step); }
 Result<StepReply> StepReply::DecodeBody(ByteReader& r) {
   StepReply m;
   if (!r.Get(&m.global_step)) return Truncated("global_step");
   return m;
 }
 
-void Join::EncodeBody(ByteWriter& w) const {
+void Join::EncodeBody(MessageWriter& w) const {
   w.Put(static_cast<uint32_t>(chunks.size()));
   for (size_t i = 0; i < chunks.size(); ++i) {
     PutCreateEntry(w, chunks[i]);
@@ -70,7 +70,7 @@ Result<Join> Join::DecodeBody(ByteReader& r) {
   return m;
 }
 
-void JoinReply::EncodeBody(ByteWriter& w) const {
+void JoinReply::EncodeBody(MessageWriter& w) const {
   w.PutString(restore_path);
   w.Put(global_step);
 }
@@ -87,7 +87,7 @@ Result<CkptPrepare> CkptPrepare::DecodeBody(ByteReader& r) {
   return m;
 }
 
-void CkptPrepared::EncodeBody(ByteWriter& w) const {
+void CkptPrepared::EncodeBody(MessageWriter& w) const {
   w.Put(round);
   w.Put(static_cast<uint8_t>(has_sync ? 1 : 0));
   w.Put(min_step);
@@ -107,7 +107,7 @@ Result<CkptPrepared> CkptPrepared::DecodeBody(ByteReader& r) {
   return m;
 }
 
-void CkptWrite::EncodeBody(ByteWriter& w) const {
+void CkptWrite::EncodeBody(MessageWriter& w) const {
   w.Put(round);
   w.Put(step);
   w.PutString(dir);
@@ -150,7 +150,7 @@ Result<CkptWrite> CkptWrite::DecodeBody(ByteReader& r) {
   return m;
 }
 
-void CkptWritten::EncodeBody(ByteWriter& w) const {
+void CkptWritten::EncodeBody(MessageWriter& w) const {
   w.Put(round);
   w.Put(static_cast<uint8_t>(code));
   w.PutString(message);
@@ -180,7 +180,7 @@ Result<CkptAbort> CkptAbort::DecodeBody(ByteReader& r) {
   return m;
 }
 
-void CheckpointSaved::EncodeBody(ByteWriter& w) const {
+void CheckpointSaved::EncodeBody(MessageWriter& w) const {
   w.Put(global_step);
   w.PutString(path);
 }

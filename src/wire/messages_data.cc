@@ -8,7 +8,7 @@ namespace tessera::wire {
 
 using namespace field;  // this layer's own field codecs
 
-void Push::EncodeBody(ByteWriter& w) const {
+void Push::EncodeBody(MessageWriter& w) const {
   w.Put(step);
   w.Put(step_parts);
   w.Put(static_cast<uint32_t>(entries.size()));
@@ -41,7 +41,7 @@ Status Push::DecodeBodyInto(ByteReader& r, Push* m) {
 }
 
 namespace {
-void PutVersions(ByteWriter& w, const std::vector<uint64_t>& v) {
+void PutVersions(MessageWriter& w, const std::vector<uint64_t>& v) {
   w.Put(static_cast<uint32_t>(v.size()));
   for (uint64_t x : v) w.Put(x);
 }
@@ -56,7 +56,7 @@ bool GetVersions(ByteReader& r, std::vector<uint64_t>* v) {
 }
 }  // namespace
 
-void PushReply::EncodeBody(ByteWriter& w) const {
+void PushReply::EncodeBody(MessageWriter& w) const {
   PutVersions(w, versions);
   w.PutBytes(outcomes);
 }
@@ -78,7 +78,7 @@ Status PushReply::DecodeBodyInto(ByteReader& r, PushReply* m) {
   return Status::Ok();
 }
 
-void Pull::EncodeBody(ByteWriter& w) const {
+void Pull::EncodeBody(MessageWriter& w) const {
   w.Put(static_cast<uint32_t>(entries.size()));
   for (const auto& e : entries) {
     w.Put(e.key_id);
@@ -108,7 +108,7 @@ Status Pull::DecodeBodyInto(ByteReader& r, Pull* m) {
   return Status::Ok();
 }
 
-void PullReply::EncodeBody(ByteWriter& w) const {
+void PullReply::EncodeBody(MessageWriter& w) const {
   w.Put(lease_id);
   PutVersions(w, versions);
   w.PutBlob(data);
@@ -127,14 +127,14 @@ Status PullReply::DecodeBodyInto(ByteReader& r, PullReply* m) {
   return Status::Ok();
 }
 
-void Release::EncodeBody(ByteWriter& w) const { w.Put(lease_id); }
+void Release::EncodeBody(MessageWriter& w) const { w.Put(lease_id); }
 Result<Release> Release::DecodeBody(ByteReader& r) {
   Release m;
   if (!r.Get(&m.lease_id)) return Truncated("lease_id");
   return m;
 }
 
-void SetHyper::EncodeBody(ByteWriter& w) const {
+void SetHyper::EncodeBody(MessageWriter& w) const {
   w.Put(static_cast<uint32_t>(key_ids.size()));
   for (uint32_t k : key_ids) w.Put(k);
   PutHyper(w, hyper);

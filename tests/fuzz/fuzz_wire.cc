@@ -20,7 +20,7 @@ void DecodeAs(const Header& h, std::span<const uint8_t> frame) {
     FUZZ_CHECK(!msg.status().message().empty(), "a decode error says nothing");
     return;
   }
-  const std::vector<uint8_t> once = Encode(*msg, h.request_id, h.flags);
+  const tessera::MessageBytes once = Encode(*msg, h.request_id, h.flags);
   auto again = Decode<Msg>(once);
   FUZZ_CHECK(again.ok(), "a decoded message does not decode after encoding");
   FUZZ_CHECK(Encode(*again, h.request_id, h.flags) == once, "encoding is not stable");

@@ -20,7 +20,7 @@ namespace {
 using namespace tessera;
 namespace fs = std::filesystem;
 
-void Write(const fs::path& dir, const std::string& name, const std::vector<uint8_t>& bytes) {
+void Write(const fs::path& dir, const std::string& name, std::span<const uint8_t> bytes) {
   fs::create_directories(dir);
   std::ofstream(dir / name, std::ios::binary)
       .write(reinterpret_cast<const char*>(bytes.data()),
@@ -31,7 +31,7 @@ void Write(const fs::path& dir, const std::string& name, const std::string& text
   Write(dir, name, std::vector<uint8_t>(text.begin(), text.end()));
 }
 
-std::vector<uint8_t> Concat(std::vector<uint8_t> a, const std::vector<uint8_t>& b) {
+std::vector<uint8_t> Concat(std::vector<uint8_t> a, std::span<const uint8_t> b) {
   a.insert(a.end(), b.begin(), b.end());
   return a;
 }
@@ -49,7 +49,7 @@ wire::TensorDecl Decl() {
 void WireSeeds(const fs::path& dir) {
   using namespace wire;
   int n = 0;
-  auto put = [&](const std::vector<uint8_t>& frame) {
+  auto put = [&](std::span<const uint8_t> frame) {
     Write(dir, "seed-" + std::to_string(n++), frame);
   };
   Hello hello;
@@ -100,8 +100,7 @@ void WireSeeds(const fs::path& dir) {
 }
 
 // Two frames, as fuzz_handshake.cc reads them.
-std::vector<uint8_t> TwoFrames(const std::vector<uint8_t>& first,
-                               const std::vector<uint8_t>& second) {
+std::vector<uint8_t> TwoFrames(std::span<const uint8_t> first, std::span<const uint8_t> second) {
   std::vector<uint8_t> out = {static_cast<uint8_t>(first.size() & 0xff),
                               static_cast<uint8_t>(first.size() >> 8)};
   return Concat(Concat(out, first), second);
@@ -208,7 +207,7 @@ void TcpStreamSeeds(const fs::path& dir) {
     const std::string tag = authenticated ? "-authenticated" : "";
     std::vector<uint8_t> message =
         Concat(Concat({authenticated}, preamble), frame(FrameType::kMessage, 4));
-    Write(dir, "message" + tag, Concat(message, {1, 2, 3, 4}));
+    Write(dir, "message" + tag, Concat(message, std::vector<uint8_t>{1, 2, 3, 4}));
     Write(dir, "put" + tag,
           Concat(Concat(Concat({authenticated}, preamble), frame(FrameType::kPut, 8, 1, 0)),
                  std::vector<uint8_t>(8, 0xab)));

@@ -17,12 +17,12 @@
 #pragma once
 
 #include <atomic>
-#include <deque>
 #include <memory>
 #include <unordered_map>
 #include <vector>
 
 #include "core/log_throttle.h"
+#include "core/ring_queue.h"
 #include "transport/atomic_counters.h"
 #include "transport/event_loop.h"
 #include "transport/message_handlers.h"
@@ -111,7 +111,7 @@ class TcpEndpoint final : public Endpoint, public std::enable_shared_from_this<T
   TcpEndpoint(TcpContext* ctx, int fd, std::string peer, const ContextOptions& options);
   ~TcpEndpoint() override;
 
-  void Send(uint16_t msg_id, std::vector<uint8_t> bytes, Completion done) override;
+  void Send(uint16_t msg_id, MessageBytes bytes, Completion done) override;
   Result<std::unique_ptr<RemoteRegion>> Attach(std::span<const uint8_t> description) override;
   void Put(const void* local, size_t len, const RemoteRegion& remote, uint64_t remote_addr,
            Completion done) override;
@@ -138,7 +138,7 @@ class TcpEndpoint final : public Endpoint, public std::enable_shared_from_this<T
     uint8_t header_len = kFrameHeaderBytes;
     const uint8_t* payload = nullptr;
     size_t payload_len = 0;
-    std::vector<uint8_t> owned;
+    MessageBytes owned;
     Completion written;  // messages: once on the wire
     size_t sent = 0;     // of header_len + payload_len
   };
@@ -151,7 +151,7 @@ class TcpEndpoint final : public Endpoint, public std::enable_shared_from_this<T
   };
   enum class RecvState { kPreamble, kHeader, kPayload };
 
-  void Run(std::function<void()> fn);
+  void Run(Task fn);
   void Queue(OutFrame frame);
   void Issue(FrameType type, void* local, size_t len, const RemoteRegion& remote,
              uint64_t remote_addr, Completion done);
@@ -188,11 +188,12 @@ class TcpEndpoint final : public Endpoint, public std::enable_shared_from_this<T
   int sending_ = 0;  // inside Queue's write: a failure is reported later (MarkDead)
   Status close_reason_;
   ConnectCallback connect_done_;
-  std::deque<OutFrame> out_;
+  RingQueue<OutFrame> out_;  // keeps its storage: no allocation per frame
   std::unordered_map<uint64_t, Op> ops_;
   uint64_t next_op_ = 1;
   uint64_t ops_issued_ = 0, ops_completed_ = 0;
-  std::deque<std::pair<uint64_t, Completion>> flush_waiters_;
+  RingQueue<std::pair<uint64_t, Completion>> flush_waiters_;
+  std::vector<Completion> written_;  // WriteSome's, kept for its capacity
 
   RecvState state_ = RecvState::kPreamble;
   std::unique_ptr<uint8_t[]> rbuf_;
@@ -202,7 +203,7 @@ class TcpEndpoint final : public Endpoint, public std::enable_shared_from_this<T
   FrameHeader cur_;
   uint8_t* payload_dst_ = nullptr;  // where the current payload goes
   uint64_t payload_left_ = 0;
-  std::vector<uint8_t> message_;  // a message larger than what was buffered
+  MessageBytes message_;  // a message larger than what was buffered
 };
 
 }  // namespace tessera::transport::tcp

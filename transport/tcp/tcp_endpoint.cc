@@ -9,6 +9,7 @@
 #include <climits>
 #include <cstring>
 
+#include "core/borrowed.h"
 #include "core/log.h"
 #include "transport/closed.h"
 #include "transport/region_desc.h"
@@ -45,11 +46,11 @@ TcpEndpoint::~TcpEndpoint() {
   if (fd_ >= 0) close(fd_);
 }
 
-void TcpEndpoint::Run(std::function<void()> fn) { RunOnProgress(*ctx_, this, std::move(fn)); }
+void TcpEndpoint::Run(Task fn) { RunOnProgress(*ctx_, this, std::move(fn)); }
 
 Status TcpEndpoint::DeadStatus() const { return ClosedStatus(peer_, close_reason_); }
 
-void TcpEndpoint::Send(uint16_t msg_id, std::vector<uint8_t> bytes, Completion done) {
+void TcpEndpoint::Send(uint16_t msg_id, MessageBytes bytes, Completion done) {
   ctx_->counters_.messages_sent++;
   ctx_->counters_.message_bytes_sent += bytes.size();
   Run([this, msg_id, bytes = std::move(bytes), done = std::move(done)]() mutable {
@@ -134,7 +135,7 @@ void TcpEndpoint::Flush(Completion done) {
     if (dead_) return done(DeadStatus());
     // Answers come back in issue order: the flush waits for those issued so far.
     if (ops_completed_ == ops_issued_) return done(Status::Ok());
-    flush_waiters_.emplace_back(ops_issued_, std::move(done));
+    flush_waiters_.push_back({ops_issued_, std::move(done)});
   });
 }
 
@@ -180,11 +181,15 @@ void TcpEndpoint::Queue(OutFrame frame) {
 }
 
 bool TcpEndpoint::WriteSome() {
-  std::vector<Completion> written;
+  // The completions run after the writes, and may send again (a nested
+  // WriteSome borrows an empty list then).
+  Borrowed<std::vector<Completion>> borrowed(written_);
+  std::vector<Completion>& written = *borrowed;
   while (!dead_ && !connecting_ && !out_.empty()) {
     iovec iov[128];
     int n = 0;
-    for (auto it = out_.begin(); it != out_.end() && n < 126; ++it) {
+    for (size_t i = 0; i < out_.size() && n < 126; ++i) {
+      OutFrame* it = &out_[i];
       size_t skip = it->sent;
       if (skip < it->header_len) {
         iov[n++] = {it->header.data() + skip, it->header_len - skip};
@@ -224,6 +229,7 @@ bool TcpEndpoint::WriteSome() {
     write_shut_ = true;
   }
   for (auto& done : written) done(Status::Ok());
+  written.clear();
   return out_.empty();
 }
 
@@ -438,7 +444,7 @@ Status TcpEndpoint::OnPayloadDone() {
   state_ = RecvState::kHeader;
   switch (cur_.type) {
     case FrameType::kMessage: {
-      std::vector<uint8_t> bytes = std::move(message_);
+      MessageBytes bytes = std::move(message_);
       message_ = {};
       ctx_->Dispatch(shared_from_this(), cur_.msg_id, bytes);
       return Status::Ok();
@@ -514,9 +520,9 @@ void TcpEndpoint::MarkDead(const Status& why, bool report) {
   for (auto& [id, op] : ops) {
     if (op.done) op.done(dead);
   }
-  for (auto& [seq, done] : waiters) done(dead);
-  for (auto& f : out) {
-    if (f.written) f.written(dead);
+  for (; !waiters.empty(); waiters.pop_front()) waiters.front().second(dead);
+  for (; !out.empty(); out.pop_front()) {
+    if (out.front().written) out.front().written(dead);
   }
   if (!report || closing_ || !ctx_->on_disconnect_) return;
   if (sending_ > 0) {

@@ -19,7 +19,7 @@ namespace {
 // the pool.
 struct SendRequest : Pooled {
   uint8_t header[2];
-  std::vector<uint8_t> bytes;
+  MessageBytes bytes;
   Completion done;
 };
 struct RmaRequest : Pooled {
@@ -72,14 +72,14 @@ UcxEndpoint::~UcxEndpoint() = default;
 
 Status UcxEndpoint::DeadStatus() const { return ClosedStatus(peer_, close_reason_); }
 
-void UcxEndpoint::Send(uint16_t msg_id, std::vector<uint8_t> bytes, Completion done) {
+void UcxEndpoint::Send(uint16_t msg_id, MessageBytes bytes, Completion done) {
   RunOnProgress(*ctx_, this,
                 [this, msg_id, bytes = std::move(bytes), done = std::move(done)]() mutable {
                   SendNow(msg_id, std::move(bytes), std::move(done));
                 });
 }
 
-void UcxEndpoint::SendNow(uint16_t msg_id, std::vector<uint8_t> bytes, Completion done) {
+void UcxEndpoint::SendNow(uint16_t msg_id, MessageBytes bytes, Completion done) {
   if (ep_ == nullptr) {
     if (done) done(DeadStatus());
     return;

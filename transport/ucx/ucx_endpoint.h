@@ -27,7 +27,7 @@ class UcxEndpoint final : public Endpoint, public std::enable_shared_from_this<U
       : Endpoint(options), ctx_(ctx), peer_(std::move(peer)) {}
   ~UcxEndpoint() override;
 
-  void Send(uint16_t msg_id, std::vector<uint8_t> bytes, Completion done) override;
+  void Send(uint16_t msg_id, MessageBytes bytes, Completion done) override;
   Result<std::unique_ptr<RemoteRegion>> Attach(std::span<const uint8_t> description) override;
   void Put(const void* local, size_t len, const RemoteRegion& remote, uint64_t remote_addr,
            Completion done) override;
@@ -42,7 +42,7 @@ class UcxEndpoint final : public Endpoint, public std::enable_shared_from_this<U
 
  private:
   friend class UcxContext;
-  void SendNow(uint16_t msg_id, std::vector<uint8_t> bytes, Completion done);
+  void SendNow(uint16_t msg_id, MessageBytes bytes, Completion done);
   enum class Op { kPut, kGet };
   void Rma(Op op, void* local, size_t len, const RemoteRegion& remote, uint64_t remote_addr,
            Completion done);

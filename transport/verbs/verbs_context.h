@@ -187,7 +187,7 @@ class VerbsEndpoint final : public Endpoint, public std::enable_shared_from_this
       : Endpoint(options), ctx_(ctx), peer_(std::move(peer)) {}
   ~VerbsEndpoint() override = default;
 
-  void Send(uint16_t msg_id, std::vector<uint8_t> bytes, Completion done) override;
+  void Send(uint16_t msg_id, MessageBytes bytes, Completion done) override;
   Result<std::unique_ptr<RemoteRegion>> Attach(std::span<const uint8_t> description) override;
   void Put(const void* local, size_t len, const RemoteRegion& remote, uint64_t remote_addr,
            Completion done) override;
@@ -221,7 +221,7 @@ class VerbsEndpoint final : public Endpoint, public std::enable_shared_from_this
     bool is_message = false;
     // Message
     uint16_t msg_id = 0;
-    std::vector<uint8_t> bytes;
+    MessageBytes bytes;
     size_t sent = 0;
     bool credit_only = false;
     // RMA
@@ -234,7 +234,7 @@ class VerbsEndpoint final : public Endpoint, public std::enable_shared_from_this
     Completion done;
   };
 
-  void SendNow(uint16_t msg_id, std::vector<uint8_t> bytes, Completion done);
+  void SendNow(uint16_t msg_id, MessageBytes bytes, Completion done);
   void RmaNow(Op::Kind kind, void* local, size_t len, const RemoteRegion& remote,
               uint64_t remote_addr, Completion done);
   void FlushNow(Completion done);
@@ -275,7 +275,7 @@ class VerbsEndpoint final : public Endpoint, public std::enable_shared_from_this
   uint32_t sq_free_ = VerbsContext::kSendQueueDepth;
   uint32_t outstanding_ = 0;  // work requests posted and not completed
   std::deque<Pending> pending_;
-  std::vector<uint8_t> inbox_;  // the message being reassembled
+  MessageBytes inbox_;  // the message being reassembled
   uint16_t inbox_msg_ = 0;
   uint32_t inbox_total_ = 0;
   bool inbox_open_ = false;

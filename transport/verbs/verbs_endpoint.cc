@@ -23,14 +23,14 @@ Status VerbsEndpoint::DeadStatus() const { return ClosedStatus(peer_, close_reas
 // ---------------------------------------------------------------------------
 // Issuing
 
-void VerbsEndpoint::Send(uint16_t msg_id, std::vector<uint8_t> bytes, Completion done) {
+void VerbsEndpoint::Send(uint16_t msg_id, MessageBytes bytes, Completion done) {
   RunOnProgress(*ctx_, this,
                 [this, msg_id, bytes = std::move(bytes), done = std::move(done)]() mutable {
                   SendNow(msg_id, std::move(bytes), std::move(done));
                 });
 }
 
-void VerbsEndpoint::SendNow(uint16_t msg_id, std::vector<uint8_t> bytes, Completion done) {
+void VerbsEndpoint::SendNow(uint16_t msg_id, MessageBytes bytes, Completion done) {
   if (dead_ || closing_) {
     if (done) done(DeadStatus());
     return;
@@ -322,7 +322,7 @@ void VerbsEndpoint::OnReceive(const uint8_t* data, uint32_t len) {
     if (inbox_open_) inbox_.insert(inbox_.end(), payload.begin(), payload.end());
     if ((h.flags & kLast) && inbox_open_) {
       inbox_open_ = false;
-      std::vector<uint8_t> message = std::move(inbox_);
+      MessageBytes message = std::move(inbox_);
       inbox_ = {};
       if (message.size() == inbox_total_) {
         ctx_->Dispatch(self, inbox_msg_, message);
