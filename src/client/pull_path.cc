@@ -71,27 +71,42 @@ void Client::Impl::AcceptPullReply(int shard, ChunkIos ios, const wire::PullRepl
     return done(to_gpu ? GpuWait().WithContext("pull into GPU memory") : Status::Ok());
   }
   ShardConn& s = shards_[shard];
+  // What the gets share, from the pool: each get's completion holds only
+  // `this` and this, and stays inside its Completion (no allocation per get).
   struct Progress {
     int outstanding;
     Status status;
     bool finished = false;
+    int shard;
+    uint64_t op_id;
+    uint64_t lease;
+    PartDone done;
+    // GPU chunks read into host memory, copied up once every get is done.
+    std::vector<uint8_t> bounce;
+    std::vector<std::pair<uint8_t*, size_t>> bounce_to;  // (GPU destination, bytes)
   };
-  auto progress = std::allocate_shared<Progress>(
-      PoolAllocator<Progress>(), Progress{static_cast<int>(ios.size()), Status::Ok()});
-  uint64_t lease = reply.lease_id;
-  const uint64_t op_id = s.next_op++;
-  auto finish = [this, shard, op_id, progress, done](const Status& result) {
+  auto progress = std::allocate_shared<Progress>(PoolAllocator<Progress>(),
+                                                 Progress{static_cast<int>(ios.size()),
+                                                          Status::Ok(),
+                                                          false,
+                                                          shard,
+                                                          s.next_op++,
+                                                          reply.lease_id,
+                                                          done,
+                                                          {},
+                                                          {}});
+  // Runs once: when the gets are done, on a failure, or when the shard is lost.
+  auto finish = [this, progress](const Status& result) {
     if (progress->finished) return;
     progress->finished = true;
-    shards_[shard].in_flight.erase(op_id);
-    done(result);
+    shards_[progress->shard].in_flight.erase(progress->op_id);
+    progress->done(result);
   };
-  s.in_flight[op_id] = finish;
+  s.in_flight[progress->op_id] = finish;
+  const uint64_t lease = reply.lease_id;
   // Same node, GPU shard: device copies out of the mapped arenas. Else,
   // GPU chunks on a fabric that cannot reach GPU memory are read into
   // host memory and copied up once the gets are done (counted).
-  std::shared_ptr<std::vector<uint8_t>> bounce;
-  std::vector<std::pair<uint8_t*, size_t>> bounce_to;  // (GPU destination, bytes)
   bool all_mapped = !ios.empty();
   for (const auto& io : ios) all_mapped &= s.ipc_arenas.count(io.chunk->arena_id) > 0;
   if (all_mapped) {
@@ -112,36 +127,40 @@ void Client::Impl::AcceptPullReply(int shard, ChunkIos ios, const wire::PullRepl
     uint64_t need = 0;
     for (const auto& io : ios) need += io.on_gpu ? io.chunk->bytes : 0;
     if (need > 0) {
-      bounce = std::make_shared<std::vector<uint8_t>>(need);
+      progress->bounce.resize(need);
       uint64_t at = 0;
       for (const auto& io : ios) {
-        into.push_back(io.on_gpu ? bounce->data() + at : io.local);
+        into.push_back(io.on_gpu ? progress->bounce.data() + at : io.local);
         if (!io.on_gpu) continue;
-        bounce_to.emplace_back(io.local, io.chunk->bytes);
+        progress->bounce_to.emplace_back(io.local, io.chunk->bytes);
         at += io.chunk->bytes;
       }
     }
   }
-  auto step = [this, shard, progress, lease, finish, bounce,
-               bounce_to = std::move(bounce_to)](const Status& st2) {
+  auto step = [this, progress](const Status& st2) {
     if (!st2.ok() && progress->status.ok()) progress->status = st2;
     if (--progress->outstanding > 0) return;
-    if (bounce && progress->status.ok()) {
-      const uint8_t* src = bounce->data();
+    if (!progress->bounce.empty() && progress->status.ok()) {
+      const uint8_t* src = progress->bounce.data();
       Status up;
-      for (const auto& [dst, n] : bounce_to) {
+      for (const auto& [dst, n] : progress->bounce_to) {
         if (up.ok()) up = GpuCopyAsync(dst, src, n);
         src += n;
       }
       if (up.ok()) up = GpuWait();
-      if (up.ok()) staged_bytes_ += bounce->size();
+      if (up.ok()) staged_bytes_ += progress->bounce.size();
       progress->status = up.WithContext("staging into GPU memory through host memory");
     }
     // The bytes are ours: let the shard update them again.
-    ShardConn& conn = shards_[shard];
+    const int shard_index = progress->shard;
+    ShardConn& conn = shards_[shard_index];
     if (conn.dead.ok() && conn.ep)
-      conn.ep->Send(kProtocolMsg, wire::Encode(wire::Release{lease}, 0));
-    finish(progress->status.ok() ? progress->status : ShardError(shard, progress->status));
+      conn.ep->Send(kProtocolMsg, wire::Encode(wire::Release{progress->lease}, 0));
+    if (progress->finished) return;
+    progress->finished = true;
+    conn.in_flight.erase(progress->op_id);
+    progress->done(progress->status.ok() ? progress->status
+                                         : ShardError(shard_index, progress->status));
   };
   for (size_t i = 0; i < ios.size(); ++i) {
     const Chunk* chunk = ios[i].chunk;

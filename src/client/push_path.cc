@@ -148,36 +148,56 @@ void Client::Impl::PushThroughSlot(int shard, ChunkIos ios, uint32_t flags, Push
     wire::Push msg;
     size_t first = 0;  // index of its first entry among `ios`
     int outstanding = 0;
+    // Sends its push-done (below), held here so that a put's completion
+    // need only hold the group.
+    InlineFunction<void(const std::shared_ptr<Group>&), 64> send;
   };
+  // What the call's groups and puts share, from the pool (object and count
+  // in one block): each put's completion holds only `this`, this and its
+  // group, and so stays inside its Completion (no allocation per put).
   struct Progress {
     size_t groups_left = 0;
     Status status;
     bool finished = false;
+    int shard = 0;
+    uint32_t flags = 0;
+    uint64_t step = 0;
+    uint64_t op_id = 0;
+    uint64_t offset = 0;
+    std::shared_ptr<Future::State> op;
+    PushDone done;
     std::vector<uint64_t, PoolAllocator<uint64_t>> versions;
     ChunkIos sent;  // `ios`, once the groups are laid out
+    // GPU chunks copied to host memory first (a fabric that cannot reach
+    // GPU memory, and the user allowed staging); read by the puts.
+    std::vector<uint8_t> bounce;
   };
-  // Made per call, so from the pool (object and count in one block).
   auto progress = std::allocate_shared<Progress>(PoolAllocator<Progress>());
+  progress->shard = shard;
+  progress->flags = flags;
+  progress->step = step;
+  progress->op_id = s.next_op++;
+  progress->offset = offset;
+  progress->op = op;
+  progress->done = done;
   progress->versions.resize(ios.size());
   const uint64_t base = s.staging->base();
-  const uint64_t op_id = s.next_op++;
   // Runs once: when every group is answered, on a failure, or when the shard
   // is lost.
-  auto finish = [this, shard, op_id, progress, off = offset, done](
-                    const Status& st, std::span<const uint64_t> versions) {
+  auto finish = [this, progress](const Status& st, std::span<const uint64_t> versions) {
     if (progress->finished) return;
     progress->finished = true;
-    ShardConn& conn = shards_[shard];
-    conn.in_flight.erase(op_id);
-    conn.alloc.Free(off);
+    ShardConn& conn = shards_[progress->shard];
+    conn.in_flight.erase(progress->op_id);
+    conn.alloc.Free(progress->offset);
     if (!conn.waiting_for_staging.empty()) {
       auto next = std::move(conn.waiting_for_staging.front());
       conn.waiting_for_staging.pop_front();
       next();
     }
-    done(st, versions);
+    progress->done(st, versions);
   };
-  s.in_flight[op_id] = [finish](const Status& why) { finish(why, {}); };
+  s.in_flight[progress->op_id] = [finish](const Status& why) { finish(why, {}); };
 
   if (s.ipc_slot.data() != nullptr) {
     // Same node, GPU shard: copy straight into the mapped slot (from GPU or
@@ -204,20 +224,18 @@ void Client::Impl::PushThroughSlot(int shard, ChunkIos ios, uint32_t flags, Push
                         }));
     return;
   }
-  // A fabric that cannot reach GPU memory, and the user allowed staging:
-  // the GPU chunks are copied to host memory first (counted).
-  std::shared_ptr<std::vector<uint8_t>> bounce;
   if (!fabric_gpu_.ok()) {
     uint64_t need = 0;
     for (const auto& io : ios) need += io.on_gpu ? io.chunk->bytes : 0;
     if (need > 0) {
-      bounce = std::make_shared<std::vector<uint8_t>>(need);
+      progress->bounce.resize(need);
       uint64_t at = 0;
       Status st;
       for (auto& io : ios) {
         if (!io.on_gpu) continue;
-        if (st.ok()) st = GpuCopyAsync(bounce->data() + at, io.local, io.chunk->bytes);
-        io.local = bounce->data() + at;
+        uint8_t* host = progress->bounce.data() + at;
+        if (st.ok()) st = GpuCopyAsync(host, io.local, io.chunk->bytes);
+        io.local = host;
         at += io.chunk->bytes;
       }
       if (st.ok()) st = GpuWait();
@@ -244,12 +262,14 @@ void Client::Impl::PushThroughSlot(int shard, ChunkIos ios, uint32_t flags, Push
     group_bytes += sent[i].chunk->bytes;
   }
   progress->groups_left = groups.size();
-  auto send = [this, shard, flags, step, op, progress, finish](const std::shared_ptr<Group>& g) {
+  // A group's push-done, once its puts are complete at the shard.
+  auto send = [this, progress, finish](const std::shared_ptr<Group>& g) {
     if (progress->finished) return;
-    if (!progress->status.ok()) return finish(ShardError(shard, progress->status), {});
-    Request(shard, g->msg, flags,
-            [this, step, op, progress, finish, g](const Status& st, const wire::Header& h,
-                                                  std::span<const uint8_t> frame) {
+    const int to = progress->shard;
+    if (!progress->status.ok()) return finish(ShardError(to, progress->status), {});
+    Request(to, g->msg, progress->flags,
+            [this, progress, finish, g](const Status& st, const wire::Header& h,
+                                        std::span<const uint8_t> frame) {
               if (!st.ok()) return finish(st, {});
               wire::PushReply& reply = push_reply_scratch_;
               if (Status decoded = wire::DecodeBodyInto(h, frame, &reply); !decoded.ok()) {
@@ -259,10 +279,11 @@ void Client::Impl::PushThroughSlot(int shard, ChunkIos ios, uint32_t flags, Push
                   reply.outcomes.size() > g->msg.entries.size()) {
                 return finish(Status::Internal("push reply does not match the request"), {});
               }
-              NoteOutcomes(reply.outcomes, &progress->sent[g->first], step, op.get());
+              NoteOutcomes(reply.outcomes, &progress->sent[g->first], progress->step,
+                           progress->op.get());
               std::copy(reply.versions.begin(), reply.versions.end(),
                         progress->versions.begin() + static_cast<std::ptrdiff_t>(g->first));
-              if (--progress->groups_left == 0) finish(Status::Ok(), std::move(progress->versions));
+              if (--progress->groups_left == 0) finish(Status::Ok(), progress->versions);
             });
   };
   // The shard reads the slot once the push message arrives: this group's
@@ -270,20 +291,20 @@ void Client::Impl::PushThroughSlot(int shard, ChunkIos ios, uint32_t flags, Push
   // that serves its stream in order they have, and the message follows the
   // puts at once; elsewhere a flush waits for them first. Either way the
   // reply comes after the puts' completions, so the buffers they read
-  // (`bounce`, if any) outlive them.
+  // (`progress->bounce`, if any) outlive them.
   const bool ordered = s.ep->PutsLandBeforeLaterMessages();
   for (const auto& g : groups) {
     // Ordered: one count for the push-done's turn. Otherwise also one for
     // the flush, and one per put (added as each is issued: how many there
     // are depends on what could be gathered).
     g->outstanding = ordered ? 1 : 2;
-    auto put_done = [progress, bounce](const Status& st) {
-      (void)bounce;
+    g->send = send;
+    auto put_done = [progress](const Status& st) {
       if (!st.ok() && progress->status.ok()) progress->status = st;
     };
-    auto one_done = [put_done, send, g](const Status& st) {
-      put_done(st);
-      if (--g->outstanding == 0) send(g);
+    auto one_done = [progress, g](const Status& st) {
+      if (!st.ok() && progress->status.ok()) progress->status = st;
+      if (--g->outstanding == 0) g->send(g);
     };
     // `gathered`: the gather buffer's space the put reads, given back once
     // the put completed.

@@ -4,8 +4,11 @@
 // memory from here instead of the heap. Blocks are shared process-wide, by
 // size class (powers of two from 64 bytes to 64 KiB; larger ones come from
 // the heap every time), and any thread may free what another allocated.
-// Each class keeps at most kKeptPerClass free blocks, so what it holds is
-// bounded (under 8 MiB in all). Off under AddressSanitizer.
+// Each class keeps a bounded number of free blocks (KeptIn), so what the
+// pool holds is bounded (about 10 MiB in all): 1024 of each class up to
+// 1 KiB, since a call of many tensors has that many small entries (a put's
+// or get's record) in flight at once, and 64 of each larger class. Off
+// under AddressSanitizer.
 #pragma once
 
 #include <array>
@@ -36,7 +39,8 @@ inline constexpr bool kPooling = true;
 inline constexpr size_t kMinBlock = 64;
 inline constexpr size_t kMaxBlock = 64u << 10;
 inline constexpr size_t kClasses = 11;  // 64 B .. 64 KiB
-inline constexpr size_t kKeptPerClass = 64;
+// How many free blocks of class `cls` are kept.
+constexpr size_t KeptIn(size_t cls) { return (kMinBlock << cls) <= 1024 ? 1024 : 64; }
 
 class FreeBlocks {
  public:
@@ -67,7 +71,7 @@ class FreeBlocks {
     {
       std::lock_guard<std::mutex> lock(classes_[cls].mu);
       auto& free = classes_[cls].free;
-      if (free.size() < kKeptPerClass) {
+      if (free.size() < KeptIn(cls)) {
         free.push_back(p);  // within the capacity reserved below: no allocation
         return;
       }
@@ -77,7 +81,7 @@ class FreeBlocks {
 
  private:
   FreeBlocks() {
-    for (auto& c : classes_) c.free.reserve(kKeptPerClass);
+    for (size_t cls = 0; cls < kClasses; ++cls) classes_[cls].free.reserve(KeptIn(cls));
   }
   struct Class {
     std::mutex mu;

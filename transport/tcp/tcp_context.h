@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "core/log_throttle.h"
+#include "core/pool_allocator.h"
 #include "core/ring_queue.h"
 #include "transport/atomic_counters.h"
 #include "transport/event_loop.h"
@@ -189,7 +190,10 @@ class TcpEndpoint final : public Endpoint, public std::enable_shared_from_this<T
   Status close_reason_;
   ConnectCallback connect_done_;
   RingQueue<OutFrame> out_;  // keeps its storage: no allocation per frame
-  std::unordered_map<uint64_t, Op> ops_;
+  // An entry per put or get: its node from the pool.
+  std::unordered_map<uint64_t, Op, std::hash<uint64_t>, std::equal_to<>,
+                     PoolAllocator<std::pair<const uint64_t, Op>>>
+      ops_;
   uint64_t next_op_ = 1;
   uint64_t ops_issued_ = 0, ops_completed_ = 0;
   RingQueue<std::pair<uint64_t, Completion>> flush_waiters_;
