@@ -49,11 +49,10 @@ for t in ("shm", "tcp"):
                   ("push_pull", KiB, 256, t): many})
     shard_today.update({("push", KiB, 256, t): 0, ("pull", KiB, 256, t): 12,
                         ("push_pull", KiB, 256, t): 12})
-# The UCX a GPU deployment uses (CI's last stage: libucx-cu12, 1.22) may
-# allocate where Debian's 1.13 does not; measured, session 18:
-UCX_1_22_SHM = {}
-for key, n in UCX_1_22_SHM.items():
-    today[key] = max(today[key], n)
+# The same figures hold with the UCX a GPU deployment uses (CI's last stage:
+# libucx-cu12, 1.22), measured in session 18. (Its 1 MiB calls used to make
+# more: a UCX request that completed later built an error message for its
+# success, FromUcs.)
 ceiling = {k: v + 0.5 for k, v in today.items()}
 shard_ceiling = {k: v + 0.5 for k, v in shard_today.items()}
 bad = []

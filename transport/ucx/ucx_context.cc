@@ -453,13 +453,16 @@ ucs_status_t UcxContext::AmCallback(void* arg, const void* header, size_t header
   // Large message: fetch it into a buffer of our own, then dispatch. Its
   // announcement already shows that the peer is alive.
   it->second->NoteTraffic();
-  struct RndvRecv {
+  // Per message (UCX 1.22 sends a batched push this way), so from the pool.
+  struct RndvRecv : Pooled {
+    RndvRecv(UcxContext* c, ucp_ep_h ep, uint16_t id, size_t n)
+        : ctx(c), reply_ep(ep), msg_id(id), buffer(n) {}
     UcxContext* ctx;
     ucp_ep_h reply_ep;
     uint16_t msg_id;
-    std::vector<uint8_t> buffer;
+    MessageBytes buffer;
   };
-  auto* recv = new RndvRecv{self, reply_ep, msg_id, std::vector<uint8_t>(length)};
+  auto* recv = new RndvRecv(self, reply_ep, msg_id, length);
   ucp_request_param_t rp{};
   rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   rp.user_data = recv;

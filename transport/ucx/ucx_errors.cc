@@ -2,8 +2,9 @@
 
 namespace tessera::transport::ucx {
 
-Status FromUcs(ucs_status_t status, const std::string& what) {
-  std::string msg = what + ": " + ucs_status_string(status);
+Status FromUcs(ucs_status_t status, std::string_view what) {
+  if (status == UCS_OK) return Status::Ok();
+  std::string msg = std::string(what) + ": " + ucs_status_string(status);
   switch (status) {
     case UCS_OK:
       return Status::Ok();
