@@ -61,7 +61,7 @@ int RunBenchPeer(const BenchPeerOptions& peer) {
   }
   (*ctx)->SetHandler(
       kEchoMsg, [](const std::shared_ptr<transport::Endpoint>& ep, std::span<const uint8_t> bytes) {
-        ep->Send(kEchoMsg, MessageBytes(bytes.begin(), bytes.end()));
+        ep->Send(kEchoMsg, CopyToMessage(bytes));
       });
   const auto* region_data = static_cast<const uint8_t*>((*region)->data());
   const uint64_t region_size = (*region)->size();
@@ -303,8 +303,7 @@ Status RunFabric(const BenchOptions& o, const Fabric& fabric, std::vector<Row>* 
         if (it >= o.warmup) consumed_us.push_back(*consumed);
       }
       if (bytes <= 65536) {
-        auto am =
-            p.Timed(1, [&] { p.ep().Send(kEchoMsg, MessageBytes(p.local(), p.local() + bytes)); });
+        auto am = p.Timed(1, [&] { p.ep().Send(kEchoMsg, CopyToMessage({p.local(), bytes})); });
         if (!am.ok()) return am.status();
         if (it >= o.warmup) am_us.push_back(*am);
       }

@@ -115,7 +115,7 @@ class Endpoint {
   // The same for bytes held elsewhere (a region's description, a test's
   // pattern): copied into a message first.
   void SendCopy(uint16_t msg_id, std::span<const uint8_t> bytes, Completion done = {}) {
-    Send(msg_id, MessageBytes(bytes.begin(), bytes.end()), std::move(done));
+    Send(msg_id, CopyToMessage(bytes), std::move(done));
   }
 
   // Attaches a region a peer described (Region::Describe). Refuses keys that

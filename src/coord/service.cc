@@ -154,7 +154,7 @@ void Service::OnWorkerRequest(const WorkerRef& from, const wire::Header& h,
                               : missing + " joined the coordinator");
   }
   waiting_bytes_ += frame.size();
-  waiting_.push_back({from, h, MessageBytes(frame.begin(), frame.end())});
+  waiting_.push_back({from, h, CopyToMessage(frame)});
 }
 
 void Service::Serve(const WorkerRef& from, const wire::Header& h, std::span<const uint8_t> frame) {
