@@ -30,8 +30,7 @@ rows = [r for f in sys.argv[1:] for r in json.load(open(f))]
 # storage, completions held in place). What is left: a large push's group
 # message (its entry list, one per MiB pushed) and, in a call of many
 # tensors above the inline limit, the gathered runs and the groups (per
-# call, not per tensor); in the shard, a large pull's lease (its entry, its
-# task's name and its keys).
+# call, not per tensor). The shard makes none.
 MiB, KiB = 1 << 20, 4096
 today = {}
 shard_today = {}
@@ -42,13 +41,13 @@ for t in ("shm", "tcp"):
         today[(call, 8, 256, t)] = 0
         shard_today[(call, 8, 256, t)] = 0
     today.update({("push", MiB, 1, t): 1, ("pull", MiB, 1, t): 0, ("push_pull", MiB, 1, t): 1})
-    shard_today.update({("push", MiB, 1, t): 0, ("pull", MiB, 1, t): 4,
-                        ("push_pull", MiB, 1, t): 4})
+    shard_today.update({("push", MiB, 1, t): 0, ("pull", MiB, 1, t): 0,
+                        ("push_pull", MiB, 1, t): 0})
     many = 9 if t == "shm" else 10  # tcp gathers the 4 KiB runs: one closure each
     today.update({("push", KiB, 256, t): many, ("pull", KiB, 256, t): 0,
                   ("push_pull", KiB, 256, t): many})
-    shard_today.update({("push", KiB, 256, t): 0, ("pull", KiB, 256, t): 12,
-                        ("push_pull", KiB, 256, t): 12})
+    shard_today.update({("push", KiB, 256, t): 0, ("pull", KiB, 256, t): 0,
+                        ("push_pull", KiB, 256, t): 0})
 # The same figures hold with the UCX a GPU deployment uses (CI's last stage:
 # libucx-cu12, 1.22), measured in session 18. (Its 1 MiB calls used to make
 # more: a UCX request that completed later built an error message for its

@@ -15,8 +15,8 @@ const void* const kA = &a_owner;
 const void* const kB = &b_owner;
 
 LeaseTable::Lease Of(const void* owner, std::vector<uint32_t> keys, Clock::time_point expires) {
-  return {owner, owner == kA ? "/job:worker/task:0" : "/job:worker/task:1", std::move(keys),
-          expires};
+  return {owner, owner == kA ? "/job:worker/task:0" : "/job:worker/task:1",
+          LeaseTable::Keys(keys.begin(), keys.end()), expires};
 }
 
 TEST(LeaseTable, OnlyItsHolderReleasesALease) {
@@ -27,7 +27,7 @@ TEST(LeaseTable, OnlyItsHolderReleasesALease) {
   EXPECT_EQ(table.Release(*id, kB).status().code(), StatusCode::kNotFound);
   auto lease = table.Release(*id, kA);
   ASSERT_TRUE(lease.ok());
-  EXPECT_EQ(lease->keys, (std::vector<uint32_t>{1, 2}));
+  EXPECT_EQ(lease->keys, (LeaseTable::Keys{1, 2}));
   EXPECT_FALSE(table.Release(*id, kA).ok()) << "released twice";
   EXPECT_EQ(table.size(), 0u);
 }
@@ -53,7 +53,7 @@ TEST(LeaseTable, ExpiredLeasesAreTakenOnce) {
   auto expired = table.TakeExpired(now);
   ASSERT_EQ(expired.size(), 1u);
   EXPECT_EQ(expired[0].id, *old);
-  EXPECT_EQ(expired[0].lease.keys, std::vector<uint32_t>{7});
+  EXPECT_EQ(expired[0].lease.keys, LeaseTable::Keys{7});
   EXPECT_TRUE(table.TakeExpired(now).empty());
   EXPECT_FALSE(table.Release(*old, kA).ok()) << "a revoked lease is gone";
 }

@@ -5,7 +5,7 @@ namespace tessera::server {
 Result<uint64_t> LeaseTable::Grant(Lease lease) {
   size_t& held = held_[lease.owner];
   if (held >= max_per_owner_) {
-    return Status::ResourceExhausted(lease.task + " holds " + std::to_string(held) +
+    return Status::ResourceExhausted(std::string(lease.task) + " holds " + std::to_string(held) +
                                      " pull leases, the most one connection may: release "
                                      "them before pulling more");
   }

@@ -10,6 +10,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/pool_allocator.h"
 #include "tessera/status.h"
 
 namespace tessera::server {
@@ -17,10 +18,14 @@ namespace tessera::server {
 class LeaseTable {
  public:
   using Clock = std::chrono::steady_clock;
+  // A lease is made per one-sided pull: its name, keys and table entries
+  // take their memory from the pool, not the heap.
+  using Task = std::basic_string<char, std::char_traits<char>, PoolAllocator<char>>;
+  using Keys = std::vector<uint32_t, PoolAllocator<uint32_t>>;
   struct Lease {
     const void* owner = nullptr;  // the connection that holds it
-    std::string task;             // its task, for the logs
-    std::vector<uint32_t> keys;
+    Task task;                    // its task, for the logs
+    Keys keys;
     Clock::time_point expires;
   };
   struct Ended {
@@ -47,8 +52,12 @@ class LeaseTable {
  private:
   size_t max_per_owner_;
   uint64_t next_id_ = 1;
-  std::unordered_map<uint64_t, Lease> leases_;
-  std::unordered_map<const void*, size_t> held_;  // owner -> leases
+  std::unordered_map<uint64_t, Lease, std::hash<uint64_t>, std::equal_to<>,
+                     PoolAllocator<std::pair<const uint64_t, Lease>>>
+      leases_;
+  std::unordered_map<const void*, size_t, std::hash<const void*>, std::equal_to<>,
+                     PoolAllocator<std::pair<const void* const, size_t>>>
+      held_;  // owner -> leases
   void Forget(const void* owner);
 };
 

@@ -184,7 +184,7 @@ bool Shard::TryGrantPull(PendingPull& pull) {
     return true;
   }
   LeaseTable::Lease lease{pull.peer->ep.get(),
-                          pull.peer->hello.task,
+                          LeaseTable::Task(pull.peer->hello.task),
                           {},
                           std::chrono::steady_clock::now() + options_.lease_timeout};
   for (const auto& e : pull.msg.entries) lease.keys.push_back(e.key_id);
@@ -223,7 +223,7 @@ void Shard::RevokeExpiredLeases() {
   auto expired = leases_.TakeExpired(std::chrono::steady_clock::now());
   for (const auto& [id, lease] : expired) {
     TLOG_WARN("{} held pull lease {} for longer than {} ms; revoked so updates can go on",
-              lease.task, id, options_.lease_timeout.count());
+              std::string_view(lease.task), id, options_.lease_timeout.count());
     leases_revoked_++;
     EndLease(lease);
   }
