@@ -153,6 +153,15 @@ TEST(RingQueue, KeepsOrderAndItsStorage) {
   EXPECT_EQ(*live, 42);
   moved.clear();
   EXPECT_EQ(*live, 0);
+  // A drained queue keeps its storage up to a bound, and gives back more.
+  moved.ReleaseIfEmptyAbove(64);
+  EXPECT_EQ(moved.capacity(), 64u);
+  moved.ReleaseIfEmptyAbove(16);
+  EXPECT_EQ(moved.capacity(), 0u);
+  moved.push_back({live, 1});
+  moved.ReleaseIfEmptyAbove(0);
+  EXPECT_EQ(moved.capacity(), 8u) << "a queue that holds something keeps its storage";
+  EXPECT_EQ(moved.front().value, 1);
 }
 
 }  // namespace

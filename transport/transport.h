@@ -123,8 +123,10 @@ class Endpoint {
   virtual Result<std::unique_ptr<RemoteRegion>> Attach(std::span<const uint8_t> description) = 0;
 
   // One-sided write of local bytes [local, local+len) to remote_addr. The
-  // local buffer must stay valid until `done` runs. Out-of-region writes are
-  // refused before anything is sent.
+  // local buffer must stay valid until `done` runs, and `remote` attached
+  // until the operation is issued (a call from off the progress thread is
+  // issued there, later). Out-of-region writes are refused before anything
+  // is sent.
   virtual void Put(const void* local, size_t len, const RemoteRegion& remote, uint64_t remote_addr,
                    Completion done) = 0;
   // One-sided read of len bytes at remote_addr into local.

@@ -72,7 +72,8 @@ void Client::Impl::AcceptPullReply(int shard, ChunkIos ios, const wire::PullRepl
   }
   ShardConn& s = shards_[shard];
   // What the gets share, from the pool: each get's completion holds only
-  // `this` and this, and stays inside its Completion (no allocation per get).
+  // `this`, this and `finish_once`, and so stays inside its Completion (no
+  // allocation per get).
   struct Progress {
     int outstanding;
     Status status;
@@ -95,13 +96,15 @@ void Client::Impl::AcceptPullReply(int shard, ChunkIos ios, const wire::PullRepl
                                                           done,
                                                           {},
                                                           {}});
-  // Runs once: when the gets are done, on a failure, or when the shard is lost.
-  auto finish = [this, progress](const Status& result) {
-    if (progress->finished) return;
-    progress->finished = true;
-    shards_[progress->shard].in_flight.erase(progress->op_id);
-    progress->done(result);
+  // Runs once: when the gets are done, on a failure, or when the shard is
+  // lost. It holds only `this`, so the gets' completions can hold it too.
+  auto finish_once = [this](Progress& p, const Status& result) {
+    if (p.finished) return;
+    p.finished = true;
+    shards_[p.shard].in_flight.erase(p.op_id);
+    p.done(result);
   };
+  auto finish = [finish_once, progress](const Status& result) { finish_once(*progress, result); };
   s.in_flight[progress->op_id] = finish;
   const uint64_t lease = reply.lease_id;
   // Same node, GPU shard: device copies out of the mapped arenas. Else,
@@ -137,7 +140,7 @@ void Client::Impl::AcceptPullReply(int shard, ChunkIos ios, const wire::PullRepl
       }
     }
   }
-  auto step = [this, progress](const Status& st2) {
+  auto step = [this, progress, finish_once](const Status& st2) {
     if (!st2.ok() && progress->status.ok()) progress->status = st2;
     if (--progress->outstanding > 0) return;
     if (!progress->bounce.empty() && progress->status.ok()) {
@@ -156,11 +159,8 @@ void Client::Impl::AcceptPullReply(int shard, ChunkIos ios, const wire::PullRepl
     ShardConn& conn = shards_[shard_index];
     if (conn.dead.ok() && conn.ep)
       conn.ep->Send(kProtocolMsg, wire::Encode(wire::Release{progress->lease}, 0));
-    if (progress->finished) return;
-    progress->finished = true;
-    conn.in_flight.erase(progress->op_id);
-    progress->done(progress->status.ok() ? progress->status
-                                         : ShardError(shard_index, progress->status));
+    finish_once(*progress, progress->status.ok() ? progress->status
+                                                 : ShardError(shard_index, progress->status));
   };
   for (size_t i = 0; i < ios.size(); ++i) {
     const Chunk* chunk = ios[i].chunk;

@@ -302,8 +302,8 @@ void Client::Impl::PushThroughSlot(int shard, ChunkIos ios, uint32_t flags, Push
     auto put_done = [progress](const Status& st) {
       if (!st.ok() && progress->status.ok()) progress->status = st;
     };
-    auto one_done = [progress, g](const Status& st) {
-      if (!st.ok() && progress->status.ok()) progress->status = st;
+    auto one_done = [put_done, g](const Status& st) {
+      put_done(st);
       if (--g->outstanding == 0) g->send(g);
     };
     // `gathered`: the gather buffer's space the put reads, given back once

@@ -47,10 +47,20 @@ struct UninitializedPoolAllocator : PoolAllocator<T> {
 // it once sent: in steady state a call's message then costs no allocation.
 using MessageBytes = std::vector<uint8_t, UninitializedPoolAllocator<uint8_t>>;
 
-// A message holding a copy of `bytes` (one memcpy).
+// Appends `bytes` to `out` with one resize and one memcpy, whatever the
+// vector's allocator (use it, not insert, on a MessageBytes).
+template <typename Bytes>
+void AppendBytes(Bytes* out, std::span<const uint8_t> bytes) {
+  if (bytes.empty()) return;
+  const size_t at = out->size();
+  out->resize(at + bytes.size());
+  std::memcpy(out->data() + at, bytes.data(), bytes.size());
+}
+
+// A message holding a copy of `bytes`.
 inline MessageBytes CopyToMessage(std::span<const uint8_t> bytes) {
-  MessageBytes out(bytes.size());
-  if (!bytes.empty()) std::memcpy(out.data(), bytes.data(), bytes.size());
+  MessageBytes out;
+  AppendBytes(&out, bytes);
   return out;
 }
 
@@ -92,11 +102,11 @@ class BasicByteWriter {
       for (size_t i = 0; i < sizeof(U); ++i) out_->push_back(static_cast<uint8_t>(v >> (8 * i)));
     }
   }
-  void PutBytes(std::span<const uint8_t> bytes) { Append(bytes.data(), bytes.size()); }
+  void PutBytes(std::span<const uint8_t> bytes) { AppendBytes(out_, bytes); }
   // u32 length, then the bytes.
   void PutString(std::string_view s) {
     Put<uint32_t>(static_cast<uint32_t>(s.size()));
-    Append(s.data(), s.size());
+    AppendBytes(out_, {reinterpret_cast<const uint8_t*>(s.data()), s.size()});
   }
   void PutBlob(std::span<const uint8_t> bytes) {
     Put<uint32_t>(static_cast<uint32_t>(bytes.size()));
@@ -109,14 +119,6 @@ class BasicByteWriter {
   }
 
  private:
-  // One resize and one memcpy, whatever the vector's allocator.
-  void Append(const void* bytes, size_t n) {
-    if (n == 0) return;
-    const size_t at = out_->size();
-    out_->resize(at + n);
-    std::memcpy(out_->data() + at, bytes, n);
-  }
-
   Bytes* out_;
 };
 using ByteWriter = BasicByteWriter<std::vector<uint8_t>>;

@@ -55,6 +55,15 @@ class RingQueue {
     head_ = (head_ + 1) & (capacity_ - 1);
     --size_;
   }
+  // Gives the storage back when the queue is empty and holds more than
+  // `keep` slots, so that a burst (a peer that stopped reading) does not
+  // stay held once it has drained.
+  void ReleaseIfEmptyAbove(size_t keep) {
+    if (size_ != 0 || capacity_ <= keep) return;
+    slots_.reset();
+    capacity_ = 0;
+    head_ = 0;
+  }
   // Destroys every element; the storage stays for what comes next.
   void clear() {
     while (size_ > 0) pop_front();

@@ -26,6 +26,9 @@ constexpr uint64_t kDirectBytes = 16 * 1024;
 // Answers (get data, put acknowledgements) queued for a peer that does not
 // read them: beyond this, the peer is dropped rather than held in memory.
 constexpr size_t kMaxQueuedFrames = 1 << 16;
+// Frame slots a connection keeps once its send queue drains (about 150 KiB):
+// beyond them, a burst's storage goes back.
+constexpr size_t kKeptQueueSlots = 1024;
 // How long a graceful close waits for the peer to close its side.
 constexpr std::chrono::milliseconds kCloseLinger{2000};
 
@@ -232,6 +235,8 @@ bool TcpEndpoint::WriteSome() {
   }
   for (auto& done : written) done(Status::Ok());
   written.clear();
+  // Steady traffic keeps the queue's slots; a burst gives them back.
+  out_.ReleaseIfEmptyAbove(kKeptQueueSlots);
   return out_.empty();
 }
 

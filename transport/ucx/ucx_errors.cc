@@ -6,8 +6,6 @@ Status FromUcs(ucs_status_t status, std::string_view what) {
   if (status == UCS_OK) return Status::Ok();
   std::string msg = std::string(what) + ": " + ucs_status_string(status);
   switch (status) {
-    case UCS_OK:
-      return Status::Ok();
     case UCS_ERR_UNREACHABLE:
     case UCS_ERR_CONNECTION_RESET:
     case UCS_ERR_ENDPOINT_TIMEOUT:

@@ -319,7 +319,7 @@ void VerbsEndpoint::OnReceive(const uint8_t* data, uint32_t len) {
       ctx_->Post([self] { self->Abort(); });
       return;
     }
-    if (inbox_open_) inbox_.insert(inbox_.end(), payload.begin(), payload.end());
+    if (inbox_open_) AppendBytes(&inbox_, payload);
     if ((h.flags & kLast) && inbox_open_) {
       inbox_open_ = false;
       MessageBytes message = std::move(inbox_);
