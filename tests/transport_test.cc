@@ -27,6 +27,7 @@ namespace {
 
 using namespace std::chrono_literals;
 using tessera::testing::Waiter;
+using tessera::testing::WaitUntil;
 
 constexpr uint16_t kEchoMsg = 7;
 constexpr uint16_t kDescribeMsg = 8;
@@ -516,6 +517,84 @@ TEST_P(TransportTest, ConnectToDeadAddressFailsWithinTimeout) {
   EXPECT_FALSE(r->ok());
   EXPECT_LT(elapsed, 4s) << "failure took longer than the 2 s timeout";
   EXPECT_NE(r->status().message().find(host_), std::string::npos) << r->status().ToString();
+}
+
+// Each listener hands its connections to its own handler, also when the
+// context opened another listener after it.
+TEST_P(TransportTest, EachListenerHandsItsConnectionsToItsOwnHandler) {
+  std::atomic<int> second_took{0};
+  auto second = server_->Listen(host_, 0, [&](const std::shared_ptr<Endpoint>&) { second_took++; });
+  ASSERT_TRUE(second.ok()) << second.status().ToString();
+  const size_t before = [&] {
+    std::lock_guard<std::mutex> lock(mu_);
+    return accepted_.size();
+  }();
+  for (uint16_t port : {listener_->port(), (*second)->port()}) {
+    Waiter<Result<std::shared_ptr<Endpoint>>> connected;
+    client_ctx_->Connect(host_, port, 10s, connected.callback());
+    auto ep = connected.Wait();
+    ASSERT_TRUE(ep.has_value()) << "connect to port " << port << " did not call back";
+    ASSERT_TRUE(ep->ok()) << ep->status().ToString();
+    (**ep)->Close();
+  }
+  EXPECT_TRUE(WaitUntil([&] { return Accepted(before) != nullptr; }, 10s))
+      << "the first listener's handler never got its connection";
+  EXPECT_TRUE(WaitUntil([&] { return second_took.load() == 1; }, 10s))
+      << "the second listener's handler got " << second_took.load() << " connections, not 1";
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    EXPECT_EQ(accepted_.size(), before + 1) << "the first listener's handler got another's";
+  }
+}
+
+// A connection made the moment a listener opens is handed to its handler
+// like any other. UCX once acknowledged such a connection without handing
+// it up (the handler was set after ucp_listener_create returned), and its
+// peer's handshake then waited forever: a launch under a CPU hog in CI.
+// Connects to `port` again at once after each refusal, until a listener
+// takes it (or the test gives up); shared with the attempts in flight,
+// which may outlive a failed round.
+struct ConnectRace {
+  Context* ctx = nullptr;
+  std::string host;
+  uint16_t port = 0;
+  std::function<void(Result<std::shared_ptr<Endpoint>>)> done;
+  std::atomic<int> refused{0}, handed_up{0};
+  std::atomic<bool> give_up{false};
+};
+
+void AttemptRace(const std::shared_ptr<ConnectRace>& race) {
+  race->ctx->Connect(race->host, race->port, 5s, [race](Result<std::shared_ptr<Endpoint>> r) {
+    if (r.ok() || race->give_up) return race->done(std::move(r));
+    race->refused++;
+    AttemptRace(race);
+  });
+}
+
+TEST_P(TransportTest, ConnectionsRacingTheListenersOpeningAreHandedUp) {
+  for (int round = 0; round < 5; ++round) {
+    auto race = std::make_shared<ConnectRace>();
+    race->ctx = client_ctx_;
+    race->host = host_;
+    race->port = tessera::testing::UnusedPort();
+    Waiter<Result<std::shared_ptr<Endpoint>>> connected;
+    race->done = connected.callback();
+    AttemptRace(race);
+    const bool refused_first = WaitUntil([&] { return race->refused.load() > 0; }, 10s);
+    auto listener = server_->Listen(
+        host_, race->port, [race](const std::shared_ptr<Endpoint>&) { race->handed_up++; });
+    if (!listener.ok()) race->give_up = true;
+    auto ep = connected.Wait();
+    race->give_up = true;
+    ASSERT_TRUE(refused_first) << "no refusal before the listener opened";
+    ASSERT_TRUE(listener.ok()) << listener.status().ToString();
+    ASSERT_TRUE(ep.has_value()) << "round " << round << ": connect did not call back";
+    ASSERT_TRUE(ep->ok()) << "round " << round << ": " << ep->status().ToString();
+    EXPECT_TRUE(WaitUntil([&] { return race->handed_up.load() == 1; }, 10s))
+        << "round " << round << ": the connection was taken (after " << race->refused.load()
+        << " refusals) but handed to the listener's handler " << race->handed_up.load() << " times";
+    (**ep)->Close();
+  }
 }
 
 TEST_P(TransportTest, CountersSeparateMessagesFromOneSidedBytes) {

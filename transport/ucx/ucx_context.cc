@@ -78,6 +78,7 @@ class UcxListener final : public Listener {
       return;
     }
     // Accepted once its handshake message arrives (UcxContext::Dispatch).
+    ep->on_accept_ = self->on_accept_;
   }
 
   UcxContext* ctx_;
@@ -319,8 +320,6 @@ Result<std::unique_ptr<Listener>> UcxContext::Listen(const std::string& host, ui
     return Status::Ok();
   });
   if (!st.ok()) return st;
-  // The listener's accept handler is reached through the endpoint's first message.
-  accept_handler_ = listener->on_accept_;
   return std::unique_ptr<Listener>(std::move(listener));
 }
 
@@ -503,7 +502,11 @@ void UcxContext::Dispatch(const std::shared_ptr<UcxEndpoint>& ep, uint16_t msg_i
     if (ep->connected_) return;
     ep->connected_ = true;
     ep->SendNow(kConnectAckMsg, {}, {});
-    if (accept_handler_) accept_handler_(ep);
+    // The handler came with the listener before it listened: a context-wide
+    // one set after ucp_listener_create returned was missing for a request
+    // that came at once, and that connection was acked but never handed up
+    // (its peer's handshake then waited forever).
+    if (auto accept = std::move(ep->on_accept_)) accept(ep);
     return;
   }
   if (msg_id == kConnectAckMsg) {

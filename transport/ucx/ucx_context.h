@@ -74,7 +74,6 @@ class UcxContext final : public Context {
   // Set before connections exist, then only read.
   MessageHandlers handlers_{options_.name};
   DisconnectHandler on_disconnect_;
-  AcceptHandler accept_handler_;
 
   // Loop thread only.
   std::unordered_map<ucp_ep_h, std::shared_ptr<UcxEndpoint>> endpoints_;

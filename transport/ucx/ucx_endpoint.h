@@ -20,6 +20,7 @@ inline constexpr uint16_t kConnectMsg = 0xff01;
 inline constexpr uint16_t kConnectAckMsg = 0xff02;
 
 class UcxContext;
+class UcxListener;
 
 class UcxEndpoint final : public Endpoint, public std::enable_shared_from_this<UcxEndpoint> {
  public:
@@ -42,6 +43,7 @@ class UcxEndpoint final : public Endpoint, public std::enable_shared_from_this<U
 
  private:
   friend class UcxContext;
+  friend class UcxListener;
   void SendNow(uint16_t msg_id, MessageBytes bytes, Completion done);
   enum class Op { kPut, kGet };
   void Rma(Op op, void* local, size_t len, const RemoteRegion& remote, uint64_t remote_addr,
@@ -57,7 +59,11 @@ class UcxEndpoint final : public Endpoint, public std::enable_shared_from_this<U
   ucp_ep_h ep_ = nullptr;         // loop thread only
   bool connected_ = false;        // loop thread only: the handshake completed
   ConnectCallback connect_done_;  // client side, until connected
-  Status close_reason_;           // loop thread only
+  // Server side, until connected: the handler of the listener that took the
+  // connection request, copied from it then, so that the connection reaches
+  // its own listener's handler however listeners come and go meanwhile.
+  AcceptHandler on_accept_;
+  Status close_reason_;  // loop thread only
 };
 
 }  // namespace tessera::transport::ucx
