@@ -17,6 +17,7 @@
 
 #include "core/dtype.h"
 #include "core/secret.h"
+#include "core/timeouts.h"
 #include "kernels/update.h"
 #include "tessera/client.h"
 #include "tessera/server.h"
@@ -196,6 +197,78 @@ TEST_P(ClusterTest, ShardMissingAtStartIsNamed) {
   EXPECT_NE(c.status().message().find(spec_.tasks("ps")[1].ToString()), std::string::npos);
   EXPECT_EQ(c.status().message().find("/job:ps/task:0"), std::string::npos) << "ps 0 was up";
   EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
+}
+
+// A task at a shard's address that takes the connection but never answers
+// the handshake (what a connection the shard dropped unseen looks like)
+// does not hold the worker: after the hello deadline it connects again, and
+// when the start-up time is up it names what happened. Before, it waited
+// for that answer until the start-up time ran out, and a shard that was
+// fine a moment later was never tried again.
+TEST_P(ClusterTest, AShardThatNeverAnswersTheHandshakeIsConnectedToAgain) {
+  StartCluster(2, 1, /*running=*/1);
+  const TaskAddress silent_at = spec_.tasks("ps")[1];
+  auto silent = transport::Context::Open({.backend = transport_});
+  ASSERT_TRUE(silent.ok()) << silent.status().ToString();
+  std::mutex mu;
+  std::vector<std::shared_ptr<transport::Endpoint>> taken;  // kept open, never answered
+  auto listener = (*silent)->Listen(silent_at.host, silent_at.port,
+                                    [&](const std::shared_ptr<transport::Endpoint>& ep) {
+                                      std::lock_guard<std::mutex> lock(mu);
+                                      taken.push_back(ep);
+                                    });
+  ASSERT_TRUE(listener.ok()) << listener.status().ToString();
+  const double scale = TimeoutScale().value();
+  setenv("TESSERA_HELLO_TIMEOUT_MS", "300", 1);
+  auto opts = Options(0);
+  opts.startup_timeout = std::chrono::milliseconds(static_cast<int64_t>(3000 * scale));
+  auto c = Client::Connect(opts);
+  unsetenv("TESSERA_HELLO_TIMEOUT_MS");
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), StatusCode::kDeadlineExceeded) << c.status().ToString();
+  EXPECT_NE(
+      c.status().message().find("/job:ps/task:1 (" + silent_at.ToString() +
+                                "): took the connection but did not finish the handshake within"),
+      std::string::npos)
+      << c.status().ToString();
+  EXPECT_EQ(c.status().message().find("/job:ps/task:0"), std::string::npos) << "ps 0 was up";
+  std::lock_guard<std::mutex> lock(mu);
+  EXPECT_GE(taken.size(), 2u) << "the worker never connected again";
+  listener->reset();
+  for (auto& ep : taken) ep->Close();
+}
+
+// The same for a ps task joining the coordinator: a coordinator that takes
+// the connection and never answers is connected to again after the hello
+// deadline, instead of being waited for as long as the task runs.
+TEST_P(ClusterTest, ACoordinatorThatNeverAnswersTheHandshakeIsConnectedToAgain) {
+  AddPsAndWorkers(2, 1);
+  const TaskAddress silent_at = spec_.tasks("ps")[0];  // where the coordinator would be
+  auto silent = transport::Context::Open({.backend = transport_});
+  ASSERT_TRUE(silent.ok()) << silent.status().ToString();
+  std::mutex mu;
+  std::vector<std::shared_ptr<transport::Endpoint>> taken;  // kept open, never answered
+  auto listener = (*silent)->Listen(silent_at.host, silent_at.port,
+                                    [&](const std::shared_ptr<transport::Endpoint>& ep) {
+                                      std::lock_guard<std::mutex> lock(mu);
+                                      taken.push_back(ep);
+                                    });
+  ASSERT_TRUE(listener.ok()) << listener.status().ToString();
+  setenv("TESSERA_HELLO_TIMEOUT_MS", "300", 1);
+  auto server = Server::Start(ServerOptionsFor(1));
+  unsetenv("TESSERA_HELLO_TIMEOUT_MS");
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  const bool again = testing::WaitUntil(
+      [&] {
+        std::lock_guard<std::mutex> lock(mu);
+        return taken.size() >= 2;
+      },
+      std::chrono::milliseconds(static_cast<int64_t>(20'000 * TimeoutScale().value())));
+  (*server)->Stop();
+  EXPECT_TRUE(again) << "the ps task never connected to the coordinator again";
+  listener->reset();
+  std::lock_guard<std::mutex> lock(mu);
+  for (auto& ep : taken) ep->Close();
 }
 
 TEST_P(ClusterTest, WrongSecretIsRefusedAndOthersKeepWorking) {

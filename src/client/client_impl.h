@@ -388,6 +388,10 @@ class Client::Impl {
   std::vector<std::string> start_error_;
   StatusCode start_code_ = StatusCode::kUnavailable;
   bool stopping_ = false;
+  // How long a shard may take to answer the handshake: the shard's own
+  // hello deadline (TESSERA_HELLO_TIMEOUT_MS), after which it would have
+  // closed the connection anyway.
+  std::chrono::milliseconds handshake_timeout_{5000};
 };
 
 template <typename Msg>

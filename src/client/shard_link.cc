@@ -187,6 +187,9 @@ Status Client::Impl::Start() {
   if (!hb_interval.ok()) return hb_interval.status();
   options_.heartbeat_timeout = *hb_timeout;
   options_.heartbeat_interval = *hb_interval;
+  auto handshake_timeout = TimeoutFromEnv("TESSERA_HELLO_TIMEOUT_MS", handshake_timeout_);
+  if (!handshake_timeout.ok()) return handshake_timeout.status();
+  handshake_timeout_ = *handshake_timeout;
   if (options_.heartbeat_timeout.count() > 0 && options_.heartbeat_interval.count() <= 0) {
     return Status::InvalidArgument("heartbeat_interval must be above 0 when heartbeats are on");
   }
@@ -334,7 +337,24 @@ void Client::Impl::ConnectShard(int shard, std::chrono::steady_clock::time_point
                   conn.ep = *ep;
                   conn.dead = Status::Ok();
                   shard_of_[conn.ep.get()] = shard;
-                  Handshake(shard, [this, shard](const Status& st) {
+                  Handshake(shard, [this, shard, deadline](const Status& st) {
+                    if (st.code() == StatusCode::kDeadlineExceeded &&
+                        std::chrono::steady_clock::now() < deadline) {
+                      // No answer: the shard may never have seen this
+                      // connection. A new one, as after a refused connect.
+                      ShardConn& c = shards_[shard];
+                      shard_of_.erase(c.ep.get());
+                      c.ep->Abort();
+                      c.ep.reset();
+                      {
+                        std::lock_guard<std::mutex> lock(start_mu_);
+                        start_error_[shard] = st.message();
+                      }
+                      TLOG_WARN("{} {}; connecting again", c.name(), st.message());
+                      ctx_->PostAfter(std::chrono::milliseconds(300),
+                                      [this, shard, deadline] { ConnectShard(shard, deadline); });
+                      return;
+                    }
                     {
                       std::lock_guard<std::mutex> lock(start_mu_);
                       start_state_[shard] = st.ok() ? 1 : -1;
@@ -375,8 +395,12 @@ void Client::Impl::Reconnect(int shard) {
                   conn.silence.Reset(std::chrono::steady_clock::now());
                   Handshake(shard, [this, shard](const Status& st) {
                     if (!st.ok()) {
-                      TLOG_WARN("{} answers again but refused this worker: {}",
-                                shards_[shard].name(), st.message());
+                      if (st.code() == StatusCode::kDeadlineExceeded) {
+                        TLOG_WARN("{} {}; trying again", shards_[shard].name(), st.message());
+                      } else {
+                        TLOG_WARN("{} answers again but refused this worker: {}",
+                                  shards_[shard].name(), st.message());
+                      }
                       shards_[shard].reconnecting = false;
                       if (shards_[shard].ep) shards_[shard].ep->Abort();
                       return;
@@ -447,7 +471,22 @@ void Client::Impl::ReCreate(int shard) {
 }
 
 void Client::Impl::Handshake(int shard, std::function<void(Status)> done) {
-  auto fail = std::move(done);  // called once: with the error, or OK when welcomed
+  // `done` is called once: with the error, or OK when welcomed, or when the
+  // shard let the hello deadline pass without either. A reply that never
+  // comes (a connection the far side dropped unseen) must not hold this
+  // worker's start, or its reconnect, for ever: after the deadline the
+  // caller connects again.
+  struct Turn {
+    std::function<void(Status)> done;
+    uint64_t request = 0;  // the request waiting for its answer
+  };
+  auto turn = std::make_shared<Turn>(Turn{std::move(done), 0});
+  auto fail = [turn](const Status& st) {
+    if (!turn->done) return;
+    auto call = std::move(turn->done);
+    turn->done = nullptr;
+    call(st);
+  };
   wire::Hello hello;
   hello.role = options_.read_only ? wire::PeerRole::kReader : wire::PeerRole::kWorker;
   hello.worker_rank = options_.read_only ? 0 : static_cast<uint32_t>(worker_rank_);
@@ -468,54 +507,61 @@ void Client::Impl::Handshake(int shard, std::function<void(Status)> done) {
     if (!st.ok()) return st;
     return handshake->OnFrame(frame, expect_index, name);
   };
-  Request(shard, handshake->hello(), 0,
-          [this, shard, read, fail](const Status& st, const wire::Header&,
-                                    std::span<const uint8_t> frame) {
-            auto auth = read(st, frame);
-            if (!auth.ok()) return fail(auth.status());
-            if (!std::holds_alternative<wire::Auth>(*auth)) {
-              return fail(Status::Internal("a welcome before the challenge"));
-            }
-            Request(
-                shard, std::get<wire::Auth>(*auth), 0,
-                [this, shard, read, fail](const Status& st2, const wire::Header&,
-                                          std::span<const uint8_t> f2) {
-                  auto welcomed = read(st2, f2);
-                  if (!welcomed.ok()) return fail(welcomed.status());
-                  if (!std::holds_alternative<wire::Welcome>(*welcomed)) {
-                    return fail(Status::Internal("a second challenge"));
+  ctx_->PostAfter(handshake_timeout_, [this, turn, fail] {
+    if (stopping_ || !turn->done) return;
+    pending_.Erase(turn->request);
+    fail(Status::DeadlineExceeded("took the connection but did not finish the handshake within " +
+                                  std::to_string(handshake_timeout_.count()) + " ms"));
+  });
+  turn->request = Request(
+      shard, handshake->hello(), 0,
+      [this, shard, read, fail, turn](const Status& st, const wire::Header&,
+                                      std::span<const uint8_t> frame) {
+        auto auth = read(st, frame);
+        if (!auth.ok()) return fail(auth.status());
+        if (!std::holds_alternative<wire::Auth>(*auth)) {
+          return fail(Status::Internal("a welcome before the challenge"));
+        }
+        turn->request = Request(
+            shard, std::get<wire::Auth>(*auth), 0,
+            [this, shard, read, fail](const Status& st2, const wire::Header&,
+                                      std::span<const uint8_t> f2) {
+              auto welcomed = read(st2, f2);
+              if (!welcomed.ok()) return fail(welcomed.status());
+              if (!std::holds_alternative<wire::Welcome>(*welcomed)) {
+                return fail(Status::Internal("a second challenge"));
+              }
+              const wire::Welcome* w = &std::get<wire::Welcome>(*welcomed);
+              ShardConn& s = shards_[shard];
+              s.ep->MarkAuthenticated();
+              // The coordinator has no staging slot, nor has a reader one.
+              if (s.task.job == "ps" && !options_.read_only) {
+                auto staging = s.ep->Attach(w->staging_region);
+                if (!staging.ok()) return fail(staging.status());
+                if (AlignUp(options_.chunk_bytes, 64) > (*staging)->size()) {
+                  return fail(Status::InvalidArgument(
+                      "chunk_bytes " + std::to_string(options_.chunk_bytes) + " exceeds the " +
+                      std::to_string((*staging)->size()) + "-byte staging slot of " + s.name() +
+                      "; lower chunk_bytes or start the shard with a larger --staging-mib"));
+                }
+                s.alloc.Reset((*staging)->size());
+                s.staging = std::move(*staging);
+                if (!w->staging_ipc.empty()) {
+                  auto slot = gpu::IpcMapping::Open(w->staging_ipc.data(), w->staging_ipc.size(),
+                                                    options_.cuda_device);
+                  if (slot.ok()) {
+                    s.ipc_slot = std::move(*slot);
+                    ipc_shards_++;
+                    TLOG_INFO("{} shares this node: reached through CUDA IPC", s.name());
+                  } else {
+                    TLOG_WARN("{} offered CUDA IPC, which failed ({}): using the fabric", s.name(),
+                              slot.status().message());
                   }
-                  const wire::Welcome* w = &std::get<wire::Welcome>(*welcomed);
-                  ShardConn& s = shards_[shard];
-                  s.ep->MarkAuthenticated();
-                  // The coordinator has no staging slot, nor has a reader one.
-                  if (s.task.job == "ps" && !options_.read_only) {
-                    auto staging = s.ep->Attach(w->staging_region);
-                    if (!staging.ok()) return fail(staging.status());
-                    if (AlignUp(options_.chunk_bytes, 64) > (*staging)->size()) {
-                      return fail(Status::InvalidArgument(
-                          "chunk_bytes " + std::to_string(options_.chunk_bytes) + " exceeds the " +
-                          std::to_string((*staging)->size()) + "-byte staging slot of " + s.name() +
-                          "; lower chunk_bytes or start the shard with a larger --staging-mib"));
-                    }
-                    s.alloc.Reset((*staging)->size());
-                    s.staging = std::move(*staging);
-                    if (!w->staging_ipc.empty()) {
-                      auto slot = gpu::IpcMapping::Open(
-                          w->staging_ipc.data(), w->staging_ipc.size(), options_.cuda_device);
-                      if (slot.ok()) {
-                        s.ipc_slot = std::move(*slot);
-                        ipc_shards_++;
-                        TLOG_INFO("{} shares this node: reached through CUDA IPC", s.name());
-                      } else {
-                        TLOG_WARN("{} offered CUDA IPC, which failed ({}): using the fabric",
-                                  s.name(), slot.status().message());
-                      }
-                    }
-                  }
-                  fail(Status::Ok());  // i.e. done
-                });
-          });
+                }
+              }
+              fail(Status::Ok());  // i.e. done
+            });
+      });
 }
 
 }  // namespace tessera

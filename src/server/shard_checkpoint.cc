@@ -122,6 +122,21 @@ void Shard::JoinCoordinator() {
                   hello.cluster = options_.cluster.ToJson();
                   link_handshake_.emplace(options_.secret, std::move(hello));
                   coord_link_->Send(kProtocolMsg, wire::Encode(link_handshake_->hello(), 1));
+                  // No welcome by the hello deadline (the coordinator's own):
+                  // it may never have seen this connection. A new one.
+                  std::weak_ptr<transport::Endpoint> sent_on = coord_link_;
+                  const auto limit = admission_->options().hello_deadline;
+                  ctx_->PostAfter(limit, [this, sent_on, limit] {
+                    if (stopping_ || !link_handshake_ || coord_link_ != sent_on.lock()) return;
+                    TLOG_WARN(
+                        "the coordinator took the connection but did not finish the handshake "
+                        "within {} ms; joining again",
+                        limit.count());
+                    link_handshake_.reset();
+                    auto link = std::move(coord_link_);
+                    link->Abort();
+                    JoinCoordinator();
+                  });
                 });
 }
 
