@@ -472,6 +472,43 @@ TEST_P(ClusterTest, SmallTensorsAboveTheInlineLimitArriveWhole) {
   }
 }
 
+// A push larger than the worker's staging slot on a shard (16 MiB here)
+// goes in parts, one after another, each within the slot: every tensor
+// arrives whole, and the sync step counts once, whatever the parts.
+TEST_P(ClusterTest, APushLargerThanTheStagingSlotGoesInParts) {
+  StartCluster(1, 1);
+  Client& c = Connect(0);
+  std::vector<TensorSpec> specs;
+  for (int i = 0; i < 7; ++i) {
+    specs.push_back(F32("t" + std::to_string(i), i == 3 ? 1000 : (1 << 20) - 16 * i));
+    specs.back().mode = ConsistencyMode::Sync(1, 1, /*average=*/false);
+  }
+  auto t = c.DeclareMany(specs);  // about 24 MiB: two parts
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  ASSERT_TRUE(c.Initialize().ok());
+  std::vector<std::vector<float>> grads(specs.size()), back(specs.size());
+  std::vector<PushItem> push;
+  std::vector<PullItem> pull;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    grads[i].resize(static_cast<size_t>(specs[i].shape[0]));
+    for (size_t k = 0; k < grads[i].size(); ++k) grads[i][k] = static_cast<float>(i * 7 + k % 1000);
+    back[i].resize(grads[i].size());
+    push.push_back(PushItem::Of<float>((*t)[i], grads[i]));
+    pull.push_back(PullItem::Of<float>((*t)[i], back[i]));
+  }
+  for (uint64_t step = 0; step < 2; ++step) {
+    ASSERT_TRUE(c.Push(push, step).ok()) << "step " << step;
+    for (auto& p : pull) p.min_step = step + 1;
+    ASSERT_TRUE(c.Pull(pull).ok()) << "step " << step;
+  }
+  for (size_t i = 0; i < specs.size(); ++i) {
+    for (size_t k = 0; k < grads[i].size(); ++k) {
+      ASSERT_EQ(back[i][k], 2 * grads[i][k]) << "tensor " << i << ", element " << k;
+    }
+  }
+  EXPECT_EQ(EventualGlobalStep(c, 2), 2u);
+}
+
 TEST_P(ClusterTest, ChunksLargerThanTheStagingSlotAreRefusedAtConnect) {
   StartCluster(1, 1);
   auto opts = Options(0);

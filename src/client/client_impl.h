@@ -313,6 +313,10 @@ class Client::Impl {
   // `op` (may be null) hears of the chunks the shard dropped.
   void PushToShard(int shard, ChunkIos ios, uint32_t flags, PushStep tag,
                    const std::shared_ptr<Future::State>& op, PushDone done);
+  // A push larger than the whole staging slot, sent in parts one after
+  // another, each within the slot (push_path.cc).
+  struct PushInParts;
+  void PushNextPart(const std::shared_ptr<PushInParts>& parts);
   // The rest of a push too large to travel inline, once `offset` in the
   // shard's staging slot is ours: into the CUDA IPC slot, or put one-sided
   // in groups, each group's push-done sent as its puts land.

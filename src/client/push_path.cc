@@ -77,6 +77,45 @@ Status Client::Impl::InlinePush(const ChunkIos& ios, PushStep tag, wire::Push* o
   return Status::Ok();
 }
 
+// A push larger than its shard's staging slot: the longest run of chunks
+// that fits the slot, then (once it is answered and the slot is free again)
+// the next. Only the first part counts the step. The call's state comes from
+// the pool and each part's completion holds only it, so that the parts
+// allocate nothing of their own.
+struct Client::Impl::PushInParts {
+  int shard = 0;
+  uint32_t flags = 0;
+  PushStep tag;
+  std::shared_ptr<Future::State> op;
+  PushDone done;
+  ChunkIos ios;
+  size_t next = 0;  // the first chunk not yet sent
+  std::vector<uint64_t, PoolAllocator<uint64_t>> versions;
+};
+
+void Client::Impl::PushNextPart(const std::shared_ptr<PushInParts>& parts) {
+  const uint64_t slot = shards_[parts->shard].alloc.size();
+  ChunkIos part;
+  uint64_t used = 0;
+  size_t end = parts->next;
+  for (; end < parts->ios.size(); ++end) {
+    const uint64_t b = AlignUp(parts->ios[end].chunk->bytes, 64);
+    if (used + b > slot) break;
+    used += b;
+  }
+  part.assign(parts->ios.begin() + static_cast<std::ptrdiff_t>(parts->next),
+              parts->ios.begin() + static_cast<std::ptrdiff_t>(end));
+  const PushStep tag{parts->tag.step, parts->next == 0 ? parts->tag.parts : 0};
+  parts->next = end;
+  PushToShard(parts->shard, std::move(part), parts->flags, tag, parts->op,
+              [this, parts](const Status& st, std::span<const uint64_t> v) {
+                if (!st.ok()) return parts->done(st, {});
+                parts->versions.insert(parts->versions.end(), v.begin(), v.end());
+                if (parts->next < parts->ios.size()) return PushNextPart(parts);
+                parts->done(Status::Ok(), parts->versions);
+              });
+}
+
 void Client::Impl::PushToShard(int shard, ChunkIos ios, uint32_t flags, PushStep tag,
                                const std::shared_ptr<Future::State>& op, PushDone done) {
   const uint64_t step = tag.step;
@@ -95,32 +134,23 @@ void Client::Impl::PushToShard(int shard, ChunkIos ios, uint32_t flags, PushStep
   uint64_t total = 0;
   for (const auto& io : ios) total += AlignUp(io.chunk->bytes, 64);
   if (total > s.alloc.size()) {
-    // Larger than the whole slot: send in parts, each within the slot.
-    ChunkIos first, rest;
-    uint64_t used = 0;
-    for (auto& io : ios) {
-      uint64_t b = AlignUp(io.chunk->bytes, 64);
-      if (b > s.alloc.size()) {
+    // Larger than the whole slot: in parts, each within the slot.
+    for (const auto& io : ios) {
+      if (AlignUp(io.chunk->bytes, 64) > s.alloc.size()) {
         return done(Status::InvalidArgument("a chunk of " + std::to_string(io.chunk->bytes) +
                                             " bytes exceeds the staging slot on " + s.name()),
                     {});
       }
-      (used + b <= s.alloc.size() && rest.empty() ? first : rest).push_back(io);
-      if (rest.empty()) used += b;
     }
-    auto versions = std::make_shared<std::vector<uint64_t>>();
-    PushToShard(shard, std::move(first), flags, tag, op,
-                [this, shard, rest = std::move(rest), flags, step, op, versions, done](
-                    const Status& st, std::span<const uint64_t> v) mutable {
-                  if (!st.ok()) return done(st, {});
-                  versions->insert(versions->end(), v.begin(), v.end());
-                  PushToShard(shard, std::move(rest), flags, PushStep{step, 0}, op,
-                              [versions, done](const Status& st2, std::span<const uint64_t> v2) {
-                                versions->insert(versions->end(), v2.begin(), v2.end());
-                                done(st2, *versions);
-                              });
-                });
-    return;
+    auto parts = std::allocate_shared<PushInParts>(PoolAllocator<PushInParts>());
+    parts->shard = shard;
+    parts->flags = flags;
+    parts->tag = tag;
+    parts->op = op;
+    parts->done = std::move(done);
+    parts->ios = std::move(ios);
+    parts->versions.reserve(parts->ios.size());
+    return PushNextPart(parts);
   }
   auto offset = s.alloc.Allocate(total);
   if (!offset) {
@@ -247,19 +277,25 @@ void Client::Impl::PushThroughSlot(int shard, ChunkIos ios, uint32_t flags, Push
   progress->sent = std::move(ios);
   const ChunkIos& sent = progress->sent;
   std::vector<std::shared_ptr<Group>, PoolAllocator<std::shared_ptr<Group>>> groups;
-  uint64_t rel = offset, group_bytes = 0;
-  for (size_t i = 0; i < sent.size(); ++i) {
-    const bool same_tensor = i > 0 && sent[i].tensor == sent[i - 1].tensor;
-    if (groups.empty() || (group_bytes >= kGroupBytes && !same_tensor)) {
-      groups.push_back(std::allocate_shared<Group>(PoolAllocator<Group>()));
-      groups.back()->msg.step = step;
-      groups.back()->msg.step_parts = groups.size() == 1 ? tag.parts : 0;
-      groups.back()->first = i;
-      group_bytes = 0;
+  uint64_t rel = offset;
+  for (size_t i = 0; i < sent.size();) {
+    // A group: whole tensors up to about kGroupBytes, its entries' list
+    // sized at once.
+    size_t end = i;
+    for (uint64_t group_bytes = 0; end < sent.size(); ++end) {
+      const bool same_tensor = end > i && sent[end].tensor == sent[end - 1].tensor;
+      if (group_bytes >= kGroupBytes && !same_tensor) break;
+      group_bytes += sent[end].chunk->bytes;
     }
-    groups.back()->msg.entries.push_back({sent[i].chunk->key_id, rel, sent[i].chunk->bytes});
-    rel += AlignUp(sent[i].chunk->bytes, 64);
-    group_bytes += sent[i].chunk->bytes;
+    auto& g = groups.emplace_back(std::allocate_shared<Group>(PoolAllocator<Group>()));
+    g->msg.step = step;
+    g->msg.step_parts = groups.size() == 1 ? tag.parts : 0;
+    g->first = i;
+    g->msg.entries.reserve(end - i);
+    for (; i < end; ++i) {
+      g->msg.entries.push_back({sent[i].chunk->key_id, rel, sent[i].chunk->bytes});
+      rel += AlignUp(sent[i].chunk->bytes, 64);
+    }
   }
   progress->groups_left = groups.size();
   // A group's push-done, once its puts are complete at the shard.
@@ -299,26 +335,23 @@ void Client::Impl::PushThroughSlot(int shard, ChunkIos ios, uint32_t flags, Push
     // are depends on what could be gathered).
     g->outstanding = ordered ? 1 : 2;
     g->send = send;
-    auto put_done = [progress](const Status& st) {
+    auto one_done = [progress, g](const Status& st) {
       if (!st.ok() && progress->status.ok()) progress->status = st;
-    };
-    auto one_done = [put_done, g](const Status& st) {
-      put_done(st);
       if (--g->outstanding == 0) g->send(g);
     };
     // `gathered`: the gather buffer's space the put reads, given back once
-    // the put completed.
+    // the put completed. The completion holds what it needs and no more (48
+    // bytes: kept inside its Completion, no allocation per put); `counted`
+    // is the group when its push-done waits for this put.
     auto put = [&](const void* local, uint64_t len, uint64_t at, const uint8_t* gathered) {
       if (!ordered) g->outstanding++;
-      transport::Completion landed =
-          ordered ? transport::Completion(put_done) : transport::Completion(one_done);
-      if (gathered != nullptr) {
-        landed = [this, shard, gathered, landed = std::move(landed)](const Status& st) {
-          shards_[shard].gather.Give(gathered);
-          landed(st);
-        };
-      }
-      s.ep->Put(local, len, *s.staging, base + at, std::move(landed));
+      std::shared_ptr<Group> counted = ordered ? nullptr : g;
+      s.ep->Put(local, len, *s.staging, base + at,
+                [this, progress, counted = std::move(counted), gathered](const Status& st) {
+                  if (gathered != nullptr) shards_[progress->shard].gather.Give(gathered);
+                  if (!st.ok() && progress->status.ok()) progress->status = st;
+                  if (counted && --counted->outstanding == 0) counted->send(counted);
+                });
     };
     const auto& entries = g->msg.entries;
     const uint64_t gather_up_to = s.ep->GatherPutsUpTo();

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/bytes.h"
+#include "core/pool_allocator.h"
 #include "core/secret.h"
 #include "tessera/status.h"
 #include "tessera/tensor.h"
@@ -186,6 +187,10 @@ struct PushEntry {
   uint64_t byte_length = 0;
   bool operator==(const PushEntry&) const = default;
 };
+// From the pool (core/pool_allocator.h): a large push sends a message per
+// MiB whose list of entries would otherwise come from the heap on every
+// call (and a list of 256 grown one by one, nine times).
+using PushEntries = std::vector<PushEntry, PoolAllocator<PushEntry>>;
 
 // "push-done": the bytes are in the sender's staging slot; apply them.
 // Small pushes carry their bytes inline: then each entry's staging_offset
@@ -195,7 +200,7 @@ constexpr size_t kMaxInlineBytes = 64 * 1024;
 struct Push {
   static constexpr Opcode kOpcode = Opcode::kPush;
   uint64_t step = 0;  // the worker's step (sync and bounded tensors)
-  std::vector<PushEntry> entries;
+  PushEntries entries;
   std::vector<uint8_t> payload;  // inline bytes, or empty
   // Whether this part counts the worker's step, and over how many shards:
   // 0: it does not (an init, or an async push's other parts). An async push
@@ -335,11 +340,13 @@ struct SyncStepWorker {
   uint32_t parts = 0;  // the shards the worker's step spans (Push::step_parts)
   bool operator==(const SyncStepWorker&) const = default;
 };
+// From the pool, as PushEntries: a shard reports every sync step.
+using SyncStepWorkers = std::vector<SyncStepWorker, PoolAllocator<SyncStepWorker>>;
 struct StepsApplied {
   static constexpr Opcode kOpcode = Opcode::kStepsApplied;
   uint64_t async_steps = 0;
   uint64_t sync_step = 0;
-  std::vector<SyncStepWorker> sync_workers;  // empty: no sync step in this report
+  SyncStepWorkers sync_workers;  // empty: no sync step in this report
   void EncodeBody(MessageWriter& w) const;
   static Result<StepsApplied> DecodeBody(ByteReader& r);
   bool operator==(const StepsApplied&) const = default;
