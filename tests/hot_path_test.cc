@@ -12,6 +12,7 @@
 #include "core/inline_function.h"
 #include "core/pool_allocator.h"
 #include "core/ring_queue.h"
+#include "core/spares.h"
 
 namespace tessera {
 namespace {
@@ -162,6 +163,29 @@ TEST(RingQueue, KeepsOrderAndItsStorage) {
   moved.ReleaseIfEmptyAbove(0);
   EXPECT_EQ(moved.capacity(), 8u) << "a queue that holds something keeps its storage";
   EXPECT_EQ(moved.front().value, 1);
+}
+
+// Messages handed back after use come out again with their capacity, the
+// last given first; beyond the bound one handed back is dropped, and with
+// none kept a new one is made.
+TEST(Spares, HandsBackWhatWasGivenWithItsCapacity) {
+  Spares<std::vector<int>> spares;
+  EXPECT_TRUE(spares.Take().empty()) << "none kept: a new one";
+  std::vector<int> a;
+  a.reserve(1000);
+  const int* storage = nullptr;
+  a.push_back(7);
+  storage = a.data();
+  spares.Give(std::move(a));
+  std::vector<int> again = spares.Take();
+  EXPECT_EQ(again.data(), storage) << "the same storage came back";
+  EXPECT_GE(again.capacity(), 1000u);
+  EXPECT_EQ(spares.size(), 0u);
+  for (size_t i = 0; i < Spares<std::vector<int>>::kKept + 5; ++i) {
+    spares.Give(std::vector<int>(1, static_cast<int>(i)));
+  }
+  EXPECT_EQ(spares.size(), Spares<std::vector<int>>::kKept) << "bounded";
+  EXPECT_EQ(spares.Take().front(), static_cast<int>(Spares<std::vector<int>>::kKept - 1));
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 
 #include "ckpt/checkpoint.h"
 #include "core/placement.h"
+#include "core/pool_allocator.h"
 #include "tessera/cluster.h"
 #include "wire/messages.h"
 
@@ -124,9 +125,15 @@ class Coordinator {
   uint64_t global_step_ = 0;
   uint32_t replicas_to_aggregate_ = 0;  // from the first sync tensor
   // Sync steps not yet counted: step -> worker -> the ps tasks that counted
-  // the worker's step; and step -> the workers whose step is done.
-  std::map<uint64_t, std::map<uint32_t, std::set<int>>> sync_parts_;
-  std::map<uint64_t, std::set<uint32_t>> sync_steps_done_;
+  // the worker's step; and step -> the workers whose step is done. Every
+  // step passes through them: their nodes come from the pool, so that
+  // counting a step allocates nothing.
+  template <typename K, typename V>
+  using PooledMap = std::map<K, V, std::less<>, PoolAllocator<std::pair<const K, V>>>;
+  template <typename K>
+  using PooledSet = std::set<K, std::less<>, PoolAllocator<K>>;
+  PooledMap<uint64_t, PooledMap<uint32_t, PooledSet<int>>> sync_parts_;
+  PooledMap<uint64_t, PooledSet<uint32_t>> sync_steps_done_;
   std::vector<std::atomic<uint64_t>> step_reports_by_shard_;
 };
 

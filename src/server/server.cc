@@ -107,13 +107,13 @@ void Shard::OnWorkerMessage(Peer& peer, const wire::Header& h, std::span<const u
     }
     serve(std::move(*m));
   };
-  // The same, decoded into the message the last call of its kind handed
-  // back (`spare`), so that its vectors keep their capacity.
-  auto decoded_into_spare = [&]<typename Msg>(Msg& spare, auto serve) {
-    Msg m = std::move(spare);
+  // The same, decoded into a message an earlier call of its kind handed
+  // back (`spares`), so that its vectors keep their capacity.
+  auto decoded_into_spare = [&]<typename Msg>(Spares<Msg>& spares, auto serve) {
+    Msg m = spares.Take();
     Status st = wire::DecodeBodyInto(h, frame, &m);
     if (!st.ok()) {
-      spare = std::move(m);
+      spares.Give(std::move(m));
       return SendError(peer, h.request_id,
                        st.WithContext(std::string(wire::OpcodeName(h.opcode)) + " refused"));
     }
@@ -134,9 +134,9 @@ void Shard::OnWorkerMessage(Peer& peer, const wire::Header& h, std::span<const u
           [&](wire::Create m) { OnCreate(peer, h.request_id, m); });
     case wire::Opcode::kPush:
       return decoded_into_spare(
-          spare_push_, [&](wire::Push m) { OnPush(peer, h.request_id, h.flags, std::move(m)); });
+          spare_pushes_, [&](wire::Push m) { OnPush(peer, h.request_id, h.flags, std::move(m)); });
     case wire::Opcode::kPull:
-      return decoded_into_spare(spare_pull_,
+      return decoded_into_spare(spare_pulls_,
                                 [&](wire::Pull m) { OnPull(peer, h.request_id, std::move(m)); });
     case wire::Opcode::kSetHyper:
       return decoded.operator()<wire::SetHyper>(

@@ -13,12 +13,14 @@
 #include <set>
 #include <thread>
 #include <unordered_map>
+#include <vector>
 
 #include "ckpt/checkpoint.h"
 #include "coord/service.h"
 #include "core/borrowed.h"
 #include "core/failpoint.h"
 #include "core/log_throttle.h"
+#include "core/spares.h"
 #include "server/admission.h"
 #include "server/apply.h"
 #include "server/lease_table.h"
@@ -236,19 +238,25 @@ class Shard {
   // Refused connections told why, left for the peer to close until then.
   std::deque<std::pair<EndpointPtr, std::chrono::steady_clock::time_point>> closing_;
   LeaseTable leases_;
-  std::deque<PendingPush> blocked_pushes_;
-  std::deque<PendingPull> waiting_pulls_;
+  // Vectors, not deques: a deque frees and allocates a block as its
+  // elements pass through it; these keep their storage.
+  std::vector<PendingPush> blocked_pushes_;
+  std::vector<PendingPull> waiting_pulls_;
   bool wait_sweep_scheduled_ = false;
-  std::deque<uint32_t> pending_steps_;  // sync chunks whose step is complete, waiting for readers
+  std::vector<uint32_t> pending_steps_;  // sync chunks whose step is complete, waiting for readers
   // Kept across calls so that a push's or pull's reply and the step reports
   // reuse their vectors (core/borrowed.h): no allocation per call for them.
   wire::PushReply push_reply_;
   wire::PullReply pull_reply_;
-  // A push or pull handled at once hands its message back here, and the next
-  // one is decoded into it (server.cc): its vectors keep their capacity. At
-  // most one message of each (the wire's limits bound it).
-  wire::Push spare_push_;
-  wire::Pull spare_pull_;
+  // A push or pull hands its message back here once it is served, at once
+  // or after waiting, and the next one is decoded into one of these
+  // (server.cc): their vectors keep their capacity. A few of each (the
+  // wire's limits bound each one).
+  Spares<wire::Push> spare_pushes_;
+  Spares<wire::Pull> spare_pulls_;
+  // Who contributed to the step being applied, for its error (TryApplyStep);
+  // kept so that its bits need no allocation per step.
+  std::vector<bool> step_pushers_;
   std::vector<wire::StepsApplied> step_reports_;
   bool stopping_ = false;
   std::map<uint32_t, int> connected_ranks_;   // authenticated connections per worker rank

@@ -113,7 +113,7 @@ void Shard::OnPush(Peer& peer, uint64_t request_id, uint32_t flags, wire::Push m
     MarkWaitingWriters();
     return;
   }
-  spare_push_ = std::move(push.msg);
+  spare_pushes_.Give(std::move(push.msg));
   RetryWaiting();
 }
 
@@ -212,7 +212,7 @@ void Shard::ReplyWithWeights(const PendingPush& push, const std::vector<uint64_t
   // (the gradients came inline, and weights are as large).
   // Built in the spare pull message (server.cc), whose vector keeps its
   // capacity, and handed back when granted at once.
-  PendingPull pull{push.peer, push.request_id, std::move(spare_pull_), std::nullopt};
+  PendingPull pull{push.peer, push.request_id, spare_pulls_.Take(), std::nullopt};
   pull.msg.entries.clear();
   pull.msg.wait_ms = 0;
   pull.msg.inline_max = static_cast<uint32_t>(push.msg.payload.size());
@@ -221,7 +221,7 @@ void Shard::ReplyWithWeights(const PendingPush& push, const std::vector<uint64_t
     pull.msg.entries.push_back({push.msg.entries[i].key_id, versions[i], 0});
   }
   if (TryGrantPull(pull)) {
-    spare_pull_ = std::move(pull.msg);
+    spare_pulls_.Give(std::move(pull.msg));
   } else {
     waiting_pulls_.push_back(std::move(pull));
   }
@@ -273,12 +273,12 @@ bool Shard::TryApplyStep(Param& p) {
   if (p.readers > 0 || frozen_) return false;
   const auto& mode = p.entry.tensor.mode;
   // Who pushed the step, for its error: ApplySyncStep starts the next step.
-  const std::vector<bool> contributed = p.contributed;
+  step_pushers_ = p.contributed;
   Status st = apply::ApplySyncStep(ApplyTarget(), p, apply_step_failpoint_.Check());
   if (!st.ok()) {
     std::string pushers;
-    for (size_t rank = 0; rank < contributed.size(); ++rank) {
-      if (!contributed[rank]) continue;
+    for (size_t rank = 0; rank < step_pushers_.size(); ++rank) {
+      if (!step_pushers_[rank]) continue;
       if (!pushers.empty()) pushers += ", ";
       pushers += WorkerName(static_cast<uint32_t>(rank));
     }

@@ -26,7 +26,7 @@ void Shard::OnPull(Peer& peer, uint64_t request_id, wire::Pull msg) {
   }
   PendingPull pull{&peer, request_id, std::move(msg)};
   if (TryGrantPull(pull)) {
-    spare_pull_ = std::move(pull.msg);
+    spare_pulls_.Give(std::move(pull.msg));
     return;
   }
   Status st = StepReachable(pull);
@@ -69,6 +69,7 @@ void Shard::SweepWaitingPulls() {
     SendError(
         *it->peer, it->request_id,
         Status::DeadlineExceeded("waited " + std::to_string(it->msg.wait_ms) + " ms: " + what));
+    spare_pulls_.Give(std::move(it->msg));
     it = waiting_pulls_.erase(it);
   }
   ScheduleWaitSweep();
@@ -103,11 +104,11 @@ std::string Shard::WhatPullWaitsFor(const PendingPull& pull) const {
       std::string behind;
       for (uint32_t rank = 0; rank < p->pushed_steps.size(); ++rank) {
         if (p->pushed_steps[rank] >= e.min_step) continue;
-        behind += (behind.empty() ? "" : ", ") + WorkerName(rank) + " has pushed " +
-                  std::to_string(p->pushed_steps[rank]) + " steps";
+        if (!behind.empty()) behind += ", ";
+        behind += fmt::format("{} has pushed {} steps", WorkerName(rank), p->pushed_steps[rank]);
       }
-      return name + ": step " + std::to_string(e.min_step) +
-             " is not yet pushed by every worker (" + behind + ")";
+      return fmt::format("{}: step {} is not yet pushed by every worker ({})", name, e.min_step,
+                         behind);
     }
     if (p->version < e.min_version) {
       return name + " is at version " + std::to_string(p->version) + ", not yet " +
@@ -246,12 +247,14 @@ void Shard::RetryWaiting() {
     for (auto it = blocked_pushes_.begin(); it != blocked_pushes_.end();) {
       bool applied = TryApplyPush(*it);
       moved |= applied;
+      if (applied) spare_pushes_.Give(std::move(it->msg));
       it = applied ? blocked_pushes_.erase(it) : std::next(it);
     }
   }
   MarkWaitingWriters();
   for (auto it = waiting_pulls_.begin(); it != waiting_pulls_.end();) {
     if (TryGrantPull(*it)) {
+      spare_pulls_.Give(std::move(it->msg));
       it = waiting_pulls_.erase(it);
       continue;
     }
@@ -260,6 +263,7 @@ void Shard::RetryWaiting() {
     Status st = StepReachable(*it);
     if (!st.ok()) {
       SendError(*it->peer, it->request_id, st);
+      spare_pulls_.Give(std::move(it->msg));
       it = waiting_pulls_.erase(it);
       continue;
     }

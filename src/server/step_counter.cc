@@ -4,7 +4,7 @@
 
 namespace tessera::server {
 
-void StepCounter::MakeReady(uint64_t step, std::vector<wire::SyncStepWorker> workers) {
+void StepCounter::MakeReady(uint64_t step, wire::SyncStepWorkers workers) {
   wire::StepsApplied report;
   report.sync_step = step;
   report.sync_workers = std::move(workers);

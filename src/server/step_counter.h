@@ -10,6 +10,7 @@
 #include <map>
 #include <vector>
 
+#include "core/pool_allocator.h"
 #include "wire/messages.h"
 
 namespace tessera::server {
@@ -35,19 +36,26 @@ class StepCounter {
   std::vector<wire::StepsApplied> Recent() const { return {recent_.begin(), recent_.end()}; }
 
  private:
-  void MakeReady(uint64_t step, std::vector<wire::SyncStepWorker> workers);
+  void MakeReady(uint64_t step, wire::SyncStepWorkers workers);
+
+  // Every step passes through these: their nodes and blocks come from the
+  // pool (core/pool_allocator.h), so that counting a step allocates nothing.
+  template <typename T>
+  using PooledDeque = std::deque<T, PoolAllocator<T>>;
+  using OpenSteps = std::map<uint64_t, wire::SyncStepWorkers, std::less<>,
+                             PoolAllocator<std::pair<const uint64_t, wire::SyncStepWorkers>>>;
 
   uint64_t async_pending_ = 0;
   // Sync steps not yet reported -> the workers that finished them here.
   // Holds at most a step or two: a later step flushes the earlier ones.
-  std::map<uint64_t, std::vector<wire::SyncStepWorker>> open_;
+  OpenSteps open_;
   uint64_t reported_below_ = 0;  // sync steps below this were reported
   static constexpr size_t kMaxWaitingReports = 256;
-  std::deque<wire::StepsApplied> ready_;
+  PooledDeque<wire::StepsApplied> ready_;
   // Sync steps across shards stay within a step of each other (a worker
   // pulls step s everywhere before pushing s + 1): a few suffice.
   static constexpr size_t kRecentReports = 4;
-  std::deque<wire::StepsApplied> recent_;
+  PooledDeque<wire::StepsApplied> recent_;
 };
 
 }  // namespace tessera::server
