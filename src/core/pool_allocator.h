@@ -103,13 +103,17 @@ class PoolAllocator {
   template <typename U>
   PoolAllocator(const PoolAllocator<U>&) {}  // NOLINT(google-explicit-constructor): rebinding
 
+  // (T may itself be a pointer, as in a deque's map of blocks: the size of
+  // a pointer is then what is meant.)
+  static constexpr size_t kSize = sizeof(T);  // NOLINT(bugprone-sizeof-expression)
+
   T* allocate(size_t n) {
-    const size_t cls = pool_internal::FreeBlocks::ClassOf(n * sizeof(T));
-    if (cls == pool_internal::kClasses) return static_cast<T*>(::operator new(n * sizeof(T)));
+    const size_t cls = pool_internal::FreeBlocks::ClassOf(n * kSize);
+    if (cls == pool_internal::kClasses) return static_cast<T*>(::operator new(n* kSize));
     return static_cast<T*>(pool_internal::FreeBlocks::Instance().Take(cls));
   }
   void deallocate(T* p, size_t n) {
-    const size_t cls = pool_internal::FreeBlocks::ClassOf(n * sizeof(T));
+    const size_t cls = pool_internal::FreeBlocks::ClassOf(n * kSize);
     if (cls == pool_internal::kClasses) return ::operator delete(p);
     pool_internal::FreeBlocks::Instance().Give(cls, p);
   }
