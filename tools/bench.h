@@ -40,6 +40,7 @@ struct BenchOptions {
   // and pull into GPU buffers; --baseline then compares with cudaMemcpy.
   std::string memory = "host";
   std::string model = "resnet50";  // step: bench/models/<model>.txt, or a path
+  int staging_mib = 160;           // each worker's staging slot on each shard it starts
   bool baseline = false;           // run ucx_perftest beside
   bool check = false;              // verify every transferred byte
   bool pin = true;                 // shards on the first cores, the bench on the last

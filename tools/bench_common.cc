@@ -300,9 +300,10 @@ Result<std::unique_ptr<LocalCluster>> LocalCluster::Start(const BenchOptions& o,
   const int cpus = NumCpus();
   for (int i = 0; i < shards; ++i) {
     std::vector<std::string> argv = {
-        SelfExecutable(), "server", "--ps_hosts",  hosts(ps),     "--worker_hosts",
-        hosts(ws),        "--job",  "ps",          "--task",      std::to_string(i),
-        "--staging-mib",  "160",    "--transport", fabric.backend};
+        SelfExecutable(), "server",          "--ps_hosts",    hosts(ps),
+        "--worker_hosts", hosts(ws),         "--job",         "ps",
+        "--task",         std::to_string(i), "--staging-mib", std::to_string(o.staging_mib),
+        "--transport",    fabric.backend};
     if (o.busy_poll) argv.push_back("--busy-poll");
     if (o.memory == "cuda") argv.insert(argv.end(), {"--memory", "cuda", "--allow-host-staging"});
     // Shards on the first cores, the bench (workers) on the last one.

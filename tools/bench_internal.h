@@ -4,11 +4,13 @@
 
 #include <sys/types.h>
 
+#include <barrier>
 #include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -155,5 +157,26 @@ Result<FabricBandwidth> MeasureFabricBandwidth(const BenchOptions& o, const Fabr
                                                uint64_t bytes);
 
 std::string SizeName(uint64_t bytes);
+
+// A worker thread's arrival at the barrier where the timed calls start (and
+// the allocation counts with them): once, at its first timed call, or on
+// its way out of an early return, so that no other worker waits for it.
+template <typename Barrier>
+class ArriveOnce {
+ public:
+  explicit ArriveOnce(Barrier& barrier) : barrier_(barrier) {}
+  ArriveOnce(const ArriveOnce&) = delete;
+  ArriveOnce& operator=(const ArriveOnce&) = delete;
+  void Now() {
+    if (!std::exchange(arrived_, true)) barrier_.arrive_and_wait();
+  }
+  ~ArriveOnce() {
+    if (!arrived_) barrier_.arrive_and_drop();
+  }
+
+ private:
+  Barrier& barrier_;
+  bool arrived_ = false;
+};
 
 }  // namespace tessera::tools::bench

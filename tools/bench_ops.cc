@@ -155,18 +155,7 @@ Status RunOps(const BenchOptions& o, const Fabric& fabric, std::vector<Row>* row
       const bool on_gpu = o.memory == "cuda";
       const ClientCounters gpu_before = on_gpu ? GpuCounters(c) : ClientCounters{};
       auto run = [&](int w) {
-        // Arrives at the barrier once: at the first timed call, or on the
-        // way out of an early return (so that no other worker waits).
-        struct Arrival {
-          decltype(warmed_up)& barrier;
-          bool arrived = false;
-          void Now() {
-            if (!std::exchange(arrived, true)) barrier.arrive_and_wait();
-          }
-          ~Arrival() {
-            if (!arrived) barrier.arrive_and_drop();
-          }
-        } arrival{warmed_up};
+        ArriveOnce arrival(warmed_up);
         Client& client = c.worker(w);
         Sample& s = samples[static_cast<size_t>(w)];
         const auto& ts = set.tensors[static_cast<size_t>(w)];

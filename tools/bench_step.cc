@@ -2,6 +2,7 @@
 // pushes every gradient for step t and pulls every weight after step t,
 // against the bound of moving those bytes at the fabric's own bandwidth, a
 // put the receiver then reads (fabric-put-read).
+#include <barrier>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -83,12 +84,23 @@ Status RunStep(const BenchOptions& o, const Fabric& fabric, std::vector<Row>* ro
 
   std::vector<std::vector<double>> us(static_cast<size_t>(c.num_workers()));
   std::vector<Status> status(static_cast<size_t>(c.num_workers()));
+  // Allocations are counted from the first timed step, when every worker
+  // has done its warmup: the process's count (every worker's thread and the
+  // clients' own), and the shards' from their status, per worker and step.
+  uint64_t allocations_before = 0;
+  auto mark = [&]() noexcept {
+    c.MarkShardAllocations();  // asking the shards allocates here too: before the count starts
+    allocations_before = HeapAllocations();
+  };
+  std::barrier warmed_up(c.num_workers(), mark);
   auto run = [&](int w) {
+    ArriveOnce arrival(warmed_up);
     Client& client = c.worker(w);
     const auto& ts = tensors[static_cast<size_t>(w)];
     std::vector<std::vector<float>> grads, weights;
     std::vector<PushItem> push;
     std::vector<PullItem> pull;
+    us[static_cast<size_t>(w)].reserve(static_cast<size_t>(o.iters));
     for (size_t k = 0; k < ts.size(); ++k) {
       const uint64_t n = NumElements(specs[k].shape).value();
       grads.emplace_back(n, 1e-4f);
@@ -99,6 +111,7 @@ Status RunStep(const BenchOptions& o, const Fabric& fabric, std::vector<Row>* ro
       pull.push_back(PullItem::Of<float>(ts[k], weights[k]));
     }
     for (int step = 0; step < o.warmup + o.iters; ++step) {
+      if (step == o.warmup) arrival.Now();
       for (auto& p : pull) p.min_step = static_cast<uint64_t>(step) + 1;
       const auto t0 = std::chrono::steady_clock::now();
       Status st = client.Push(push, static_cast<uint64_t>(step));
@@ -117,6 +130,7 @@ Status RunStep(const BenchOptions& o, const Fabric& fabric, std::vector<Row>* ro
   std::vector<std::thread> threads;
   for (int w = 0; w < c.num_workers(); ++w) threads.emplace_back(run, w);
   for (auto& t : threads) t.join();
+  const uint64_t allocations = HeapAllocations() - allocations_before;
   std::vector<double> all;
   for (int w = 0; w < c.num_workers(); ++w) {
     if (!status[static_cast<size_t>(w)].ok()) return status[static_cast<size_t>(w)];
@@ -129,6 +143,11 @@ Status RunStep(const BenchOptions& o, const Fabric& fabric, std::vector<Row>* ro
           o.shards,
           c.num_workers(),
           Summarise(all, 2 * model_bytes)};
+  const uint64_t worker_steps = static_cast<uint64_t>(o.iters) * c.num_workers();
+  if (worker_steps > 0) {
+    row.allocs_per_op = static_cast<double>(allocations) / static_cast<double>(worker_steps);
+    if (auto shard = c.ShardAllocationsPerCall(worker_steps)) row.shard_allocs_per_op = *shard;
+  }
   row.baseline = "bound (2 x model / fabric-put-read)";
   row.baseline_gbps = fabric_bw->put_read_gbps;
   row.baseline_us = static_cast<double>(2 * model_bytes) / (fabric_bw->put_read_gbps * 1e3);

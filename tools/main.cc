@@ -255,6 +255,11 @@ int main(int argc, char** argv) try {
   bench_cmd->add_option("--memory", bench.memory, "host or cuda");
   bench_cmd->add_option("--model", bench.model,
                         "step: resnet50, bert-large, or a file of 'name d1,d2,...' lines");
+  bench_cmd
+      ->add_option("--staging-mib", bench.staging_mib,
+                   "each worker's staging slot on the shards the bench starts (MiB); a push "
+                   "larger than it goes in parts")
+      ->check(CLI::Range(1, 1 << 20));
   bench_cmd->add_flag("--baseline", bench.baseline,
                       "run ucx_perftest (ucp_put_bw, ucp_get, ucp_am_lat), perftest's "
                       "ib_write_bw, ib_read_bw, ib_send_lat on verbs, or plain loopback "
