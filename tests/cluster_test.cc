@@ -199,6 +199,43 @@ TEST_P(ClusterTest, ShardMissingAtStartIsNamed) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
 }
 
+// A task at `at` that takes connections and never answers them: what a
+// connection its server dropped unseen looks like from the other side.
+struct SilentListener {
+  SilentListener(const std::string& backend, const TaskAddress& at) {
+    auto ctx = transport::Context::Open({.backend = backend});
+    if (!ctx.ok()) {
+      status = ctx.status();
+      return;
+    }
+    context = std::move(*ctx);
+    auto l =
+        context->Listen(at.host, at.port, [this](const std::shared_ptr<transport::Endpoint>& ep) {
+          std::lock_guard<std::mutex> lock(mu);
+          taken.push_back(ep);
+        });
+    if (!l.ok()) {
+      status = l.status();
+      return;
+    }
+    listener = std::move(*l);
+  }
+  ~SilentListener() {
+    listener.reset();
+    std::lock_guard<std::mutex> lock(mu);
+    for (auto& ep : taken) ep->Close();
+  }
+  size_t Taken() {
+    std::lock_guard<std::mutex> lock(mu);
+    return taken.size();
+  }
+  Status status;
+  std::unique_ptr<transport::Context> context;
+  std::unique_ptr<transport::Listener> listener;
+  std::mutex mu;
+  std::vector<std::shared_ptr<transport::Endpoint>> taken;  // kept open, never answered
+};
+
 // A task at a shard's address that takes the connection but never answers
 // the handshake (what a connection the shard dropped unseen looks like)
 // does not hold the worker: after the hello deadline it connects again, and
@@ -208,16 +245,8 @@ TEST_P(ClusterTest, ShardMissingAtStartIsNamed) {
 TEST_P(ClusterTest, AShardThatNeverAnswersTheHandshakeIsConnectedToAgain) {
   StartCluster(2, 1, /*running=*/1);
   const TaskAddress silent_at = spec_.tasks("ps")[1];
-  auto silent = transport::Context::Open({.backend = transport_});
-  ASSERT_TRUE(silent.ok()) << silent.status().ToString();
-  std::mutex mu;
-  std::vector<std::shared_ptr<transport::Endpoint>> taken;  // kept open, never answered
-  auto listener = (*silent)->Listen(silent_at.host, silent_at.port,
-                                    [&](const std::shared_ptr<transport::Endpoint>& ep) {
-                                      std::lock_guard<std::mutex> lock(mu);
-                                      taken.push_back(ep);
-                                    });
-  ASSERT_TRUE(listener.ok()) << listener.status().ToString();
+  SilentListener silent(transport_, silent_at);
+  ASSERT_TRUE(silent.status.ok()) << silent.status.ToString();
   const double scale = TimeoutScale().value();
   setenv("TESSERA_HELLO_TIMEOUT_MS", "300", 1);
   auto opts = Options(0);
@@ -232,10 +261,7 @@ TEST_P(ClusterTest, AShardThatNeverAnswersTheHandshakeIsConnectedToAgain) {
       std::string::npos)
       << c.status().ToString();
   EXPECT_EQ(c.status().message().find("/job:ps/task:0"), std::string::npos) << "ps 0 was up";
-  std::lock_guard<std::mutex> lock(mu);
-  EXPECT_GE(taken.size(), 2u) << "the worker never connected again";
-  listener->reset();
-  for (auto& ep : taken) ep->Close();
+  EXPECT_GE(silent.Taken(), 2u) << "the worker never connected again";
 }
 
 // The same for a ps task joining the coordinator: a coordinator that takes
@@ -244,31 +270,17 @@ TEST_P(ClusterTest, AShardThatNeverAnswersTheHandshakeIsConnectedToAgain) {
 TEST_P(ClusterTest, ACoordinatorThatNeverAnswersTheHandshakeIsConnectedToAgain) {
   AddPsAndWorkers(2, 1);
   const TaskAddress silent_at = spec_.tasks("ps")[0];  // where the coordinator would be
-  auto silent = transport::Context::Open({.backend = transport_});
-  ASSERT_TRUE(silent.ok()) << silent.status().ToString();
-  std::mutex mu;
-  std::vector<std::shared_ptr<transport::Endpoint>> taken;  // kept open, never answered
-  auto listener = (*silent)->Listen(silent_at.host, silent_at.port,
-                                    [&](const std::shared_ptr<transport::Endpoint>& ep) {
-                                      std::lock_guard<std::mutex> lock(mu);
-                                      taken.push_back(ep);
-                                    });
-  ASSERT_TRUE(listener.ok()) << listener.status().ToString();
+  SilentListener silent(transport_, silent_at);
+  ASSERT_TRUE(silent.status.ok()) << silent.status.ToString();
   setenv("TESSERA_HELLO_TIMEOUT_MS", "300", 1);
   auto server = Server::Start(ServerOptionsFor(1));
   unsetenv("TESSERA_HELLO_TIMEOUT_MS");
   ASSERT_TRUE(server.ok()) << server.status().ToString();
   const bool again = testing::WaitUntil(
-      [&] {
-        std::lock_guard<std::mutex> lock(mu);
-        return taken.size() >= 2;
-      },
+      [&] { return silent.Taken() >= 2; },
       std::chrono::milliseconds(static_cast<int64_t>(20'000 * TimeoutScale().value())));
   (*server)->Stop();
   EXPECT_TRUE(again) << "the ps task never connected to the coordinator again";
-  listener->reset();
-  std::lock_guard<std::mutex> lock(mu);
-  for (auto& ep : taken) ep->Close();
 }
 
 TEST_P(ClusterTest, WrongSecretIsRefusedAndOthersKeepWorking) {
