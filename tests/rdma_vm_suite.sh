@@ -16,7 +16,7 @@ step() { echo "=== rdma-vm (+$(($(date +%s) - started)) s): $*"; }
 # CPU hog); unset: every step.
 only=${TESSERA_VM_ONLY:-}
 # TESSERA_VM_SANITIZED=1 (tools/dev.sh, the ASan/UBSan run): under a
-# sanitizer and emulation each process start alone takes 15-40 s, so the
+# sanitizer and emulation each process takes seconds just to start, so the
 # steps that add no instrumented code of Tessera's are left out there, and
 # the optimised build's run keeps them all:
 # - tessera doctor: its checks run under ASan in the doctor test outside;

@@ -150,6 +150,12 @@ stage() {  # stage NAME COMMAND...
   return $rc
 }
 
+# A stage under the ASan/UBSan build's options: leaks reported, and the
+# first undefined behaviour fatal, with its stack.
+asan_stage() {  # asan_stage NAME COMMAND...
+  ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 stage "$@"
+}
+
 # The sanitizer and second-UCX builds, built in the background while the
 # earlier stages test. Tests leave cores idle (they wait on peers, on
 # timeouts), and a build at the lowest CPU priority (nice 19) takes mostly
@@ -268,8 +274,7 @@ case "${1:-}" in
     stage "python package: pip install ." pip_package
     stage "build: ASan/UBSan" wait_build build-asan
     # The Soft-RoCE VM's ASan run waits for the end (below).
-    ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-      stage "tests: ASan/UBSan" run_suite build-asan --no-suite rdma-vm --no-rebuild
+    asan_stage "tests: ASan/UBSan" run_suite build-asan --no-suite rdma-vm --no-rebuild
     # Every decoder of bytes from a peer or a file, fuzzed from its seed
     # corpus (tests/fuzz) for a bounded time.
     stage "build: fuzzers" wait_build build-fuzz
@@ -296,10 +301,9 @@ case "${1:-}" in
     # instrumented code of Tessera's (tests/rdma_vm_suite.sh says which; the
     # tests stage runs them): with them, and beside the builds, it took
     # 1027 s, of which doctor 173 s and the UCX-on-rxe cluster 255 s.
-    ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-      TESSERA_VM_WORKER_ARGS="--tensors 40 --big-mib 2" TESSERA_VM_STEP_TIMEOUT=600 \
+    TESSERA_VM_WORKER_ARGS="--tensors 40 --big-mib 2" TESSERA_VM_STEP_TIMEOUT=600 \
       TESSERA_VM_SANITIZED=1 \
-      stage "tests: ASan/UBSan in the Soft-RoCE VM" run_suite build-asan --suite rdma-vm \
+      asan_stage "tests: ASan/UBSan in the Soft-RoCE VM" run_suite build-asan --suite rdma-vm \
       --no-rebuild
     echo "== all stages passed in $((SECONDS - ci_start)) s"
     ;;
