@@ -71,7 +71,9 @@ TESSERA_EXPORT const char* UpdateRuleName(UpdateRule rule);
 TESSERA_EXPORT Result<UpdateRule> ParseUpdateRule(std::string_view name);
 TESSERA_EXPORT bool IsValidUpdateRule(uint8_t raw);
 // True for the rules that keep optimizer state and need a floating dtype.
-TESSERA_EXPORT bool IsOptimizer(UpdateRule rule);
+constexpr bool IsOptimizer(UpdateRule rule) {
+  return rule != UpdateRule::kAssign && rule != UpdateRule::kAdd;
+}
 
 // Hyper-parameters of the optimizer rules (assign and add ignore them).
 // Defaults are PyTorch's, except the learning rate.

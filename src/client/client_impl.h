@@ -240,11 +240,14 @@ class Client::Impl {
     return {i.tensor, i.bytes, i.dtype, i.memory, i.chunks, i.gradient, i.weights};
   }
   // Splits a call's items into each shard's chunks (the items' ChunkParts
-  // only), after checking each item's buffer, size, dtype and `check(entry)`;
-  // `what` names the call in errors.
+  // only), after checking each item's buffer, size and dtype; a sync tensor
+  // is refused with `refuse_sync(entry)`'s error unless that is null. `what`
+  // names the call in errors. (A plain function, called for sync tensors
+  // only: nothing per item beyond the checks themselves.)
+  using RefuseSync = Status (*)(const TensorEntry&);
   template <typename Item>
   Result<ByShard> SplitByShard(const std::vector<Item>& items, const char* what,
-                               const std::function<Status(const TensorEntry&)>& check);
+                               RefuseSync refuse_sync);
   // Issues each shard's part on the loop thread, `issue(shard, ios, op)`,
   // which finishes `op` once (op->Finish) when that part is done; returns
   // the future that finishes when all did. A template, and the op itself
@@ -276,12 +279,10 @@ class Client::Impl {
   // stream's later work wait until `op` completed (src/gpu/stream_order.h).
   Status OrderOnStream(void* stream, const std::shared_ptr<Future::State>& op,
                        std::function<void()> start);
-  static Status CheckPart(const ChunkPart& p, const TensorEntry& e) {
-    if (p.parts == 0 || p.part >= p.parts) {
-      return Status::InvalidArgument("tensor '" + e.decl.name + "': chunk part " +
-                                     std::to_string(p.part) + " of " + std::to_string(p.parts));
-    }
-    return Status::Ok();
+  // What a call says of an item whose ChunkPart names no part.
+  static Status PartError(const ChunkPart& p, const TensorEntry& e) {
+    return Status::InvalidArgument("tensor '" + e.decl.name + "': chunk part " +
+                                   std::to_string(p.part) + " of " + std::to_string(p.parts));
   }
   // Whether `ptr` is GPU memory, checked against what the caller said.
   static Result<bool> OnGpu(const void* ptr, BufferMemory said);
@@ -350,6 +351,16 @@ class Client::Impl {
   // The same with tensors_mu_ held by the caller (one lock for a whole batch).
   Result<const TensorEntry*> LookupLocked(Tensor t, size_t bytes, std::optional<DType> dtype,
                                           bool check_bytes = true) const;
+  // LookupLocked's checks without their errors: the entry, or null when
+  // LookupLocked would fail (inline, for the items of a batch).
+  const TensorEntry* MatchLocked(Tensor t, size_t bytes, std::optional<DType> dtype,
+                                 bool check_bytes = true) const {
+    if (t.index >= tensors_.size()) return nullptr;
+    const TensorEntry* e = &tensors_[t.index];
+    if (dtype && *dtype != e->decl.dtype) return nullptr;
+    if (check_bytes && bytes != e->bytes) return nullptr;
+    return e;
+  }
   // What a read-only client says when asked to write: `what` ("push").
   Status ReadOnlyRefusal(const std::string& what) const {
     return Status::FailedPrecondition(task_.ToString() + " is a read-only client: it cannot " +

@@ -7,9 +7,8 @@
 namespace tessera {
 
 template <typename Item>
-Result<Client::Impl::ByShard> Client::Impl::SplitByShard(
-    const std::vector<Item>& items, const char* what,
-    const std::function<Status(const TensorEntry&)>& check) {
+Result<Client::Impl::ByShard> Client::Impl::SplitByShard(const std::vector<Item>& items,
+                                                         const char* what, RefuseSync refuse_sync) {
   ByShard by_shard(shards_.size());
   std::lock_guard<std::mutex> lock(tensors_mu_);
   for (const auto& item : items) {
@@ -19,31 +18,33 @@ Result<Client::Impl::ByShard> Client::Impl::SplitByShard(
     Result<bool> out_on_gpu = false;
     if (v.out != nullptr) out_on_gpu = OnGpu(v.out, v.memory);
     if (!out_on_gpu.ok()) return out_on_gpu.status().WithContext(what);
-    auto e = LookupLocked(v.tensor, v.bytes, v.dtype);
-    if (!e.ok()) {
-      return e.status().WithContext(std::string(what) + (*on_gpu ? " with GPU memory" : ""));
+    // The checks' cheap form first; the errors are built only when one fails.
+    const TensorEntry* e = MatchLocked(v.tensor, v.bytes, v.dtype);
+    if (e == nullptr) {
+      return LookupLocked(v.tensor, v.bytes, v.dtype)
+          .status()
+          .WithContext(std::string(what) + (*on_gpu ? " with GPU memory" : ""));
     }
-    TESSERA_RETURN_IF_ERROR(check(**e));
-    TESSERA_RETURN_IF_ERROR(CheckPart(v.chunks, **e));
+    if (refuse_sync != nullptr && e->decl.mode.kind == Consistency::kSync) return refuse_sync(*e);
+    if (v.chunks.parts == 0 || v.chunks.part >= v.chunks.parts) return PartError(v.chunks, *e);
     auto* data = const_cast<uint8_t*>(static_cast<const uint8_t*>(v.data));
     auto* out = static_cast<uint8_t*>(v.out);
-    for (size_t i = v.chunks.part; i < (*e)->chunks.size(); i += v.chunks.parts) {
-      const Chunk& c = (*e)->chunks[i];
+    for (size_t i = v.chunks.part; i < e->chunks.size(); i += v.chunks.parts) {
+      const Chunk& c = e->chunks[i];
       auto& list = by_shard[c.shard];
       if (list.empty()) list.reserve(items.size());
-      list.push_back({&c, data + c.byte_offset, v.min_version, v.min_step, *e, *on_gpu,
+      list.push_back({&c, data + c.byte_offset, v.min_version, v.min_step, e, *on_gpu,
                       out == nullptr ? nullptr : out + c.byte_offset, *out_on_gpu});
     }
   }
   return by_shard;
 }
 
-template Result<Client::Impl::ByShard> Client::Impl::SplitByShard(
-    const std::vector<PushItem>&, const char*, const std::function<Status(const TensorEntry&)>&);
-template Result<Client::Impl::ByShard> Client::Impl::SplitByShard(
-    const std::vector<PullItem>&, const char*, const std::function<Status(const TensorEntry&)>&);
-template Result<Client::Impl::ByShard> Client::Impl::SplitByShard(
-    const std::vector<PushPullItem>&, const char*,
-    const std::function<Status(const TensorEntry&)>&);
+template Result<Client::Impl::ByShard> Client::Impl::SplitByShard(const std::vector<PushItem>&,
+                                                                  const char*, RefuseSync);
+template Result<Client::Impl::ByShard> Client::Impl::SplitByShard(const std::vector<PullItem>&,
+                                                                  const char*, RefuseSync);
+template Result<Client::Impl::ByShard> Client::Impl::SplitByShard(const std::vector<PushPullItem>&,
+                                                                  const char*, RefuseSync);
 
 }  // namespace tessera

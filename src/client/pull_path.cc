@@ -176,7 +176,7 @@ void Client::Impl::AcceptPullReply(int shard, ChunkIos ios, const wire::PullRepl
 }
 
 Future Client::Impl::Pull(const std::vector<PullItem>& items, const CallOptions& call) {
-  auto by_shard = SplitByShard(items, "pull", [](const TensorEntry&) { return Status::Ok(); });
+  auto by_shard = SplitByShard(items, "pull", nullptr);
   if (!by_shard.ok()) return FailedFuture(by_shard.status());
   return FanOut(
       std::move(*by_shard),

@@ -54,20 +54,22 @@ Status Client::Impl::InlinePush(const ChunkIos& ios, PushStep tag, wire::Push* o
   wire::Push& msg = *out;
   msg.step = tag.step;
   msg.step_parts = tag.parts;
-  msg.entries.clear();
-  msg.payload.clear();
-  msg.entries.reserve(ios.size());
-  msg.payload.reserve(raw);
+  // Both lists sized once (the scratch message keeps their capacity), then
+  // filled in place: a batch of small tensors costs a copy each, no more.
+  msg.entries.resize(ios.size());
+  msg.payload.resize(raw);
   bool from_gpu = false;
-  for (const auto& io : ios) {
-    const size_t at = msg.payload.size();
-    msg.entries.push_back({io.chunk->key_id, at, io.chunk->bytes});
+  uint64_t at = 0;
+  for (size_t i = 0; i < ios.size(); ++i) {
+    const ChunkIo& io = ios[i];
+    msg.entries[i] = {io.chunk->key_id, at, io.chunk->bytes};
+    uint8_t* into = msg.payload.data() + at;
+    at += io.chunk->bytes;
     if (!io.on_gpu) {
-      msg.payload.insert(msg.payload.end(), io.local, io.local + io.chunk->bytes);
+      std::memcpy(into, io.local, io.chunk->bytes);
       continue;
     }
-    msg.payload.resize(at + io.chunk->bytes);
-    if (Status st = GpuCopyAsync(msg.payload.data() + at, io.local, io.chunk->bytes); !st.ok()) {
+    if (Status st = GpuCopyAsync(into, io.local, io.chunk->bytes); !st.ok()) {
       return st.WithContext("push from GPU memory");
     }
     gpu_inline_bytes_ += io.chunk->bytes;
@@ -394,16 +396,15 @@ Future Client::Impl::Push(const std::vector<PushItem>& items, uint32_t flags,
                           std::optional<uint64_t> tagged_step, const CallOptions& call) {
   if (options_.read_only) return FailedFuture(ReadOnlyRefusal("push"));
   const uint64_t step = tagged_step.value_or(0);
-  auto by_shard = SplitByShard(items, "push", [&](const TensorEntry& e) {
-    if (e.decl.mode.kind != Consistency::kSync || tagged_step || (flags & wire::kFlagInit)) {
-      return Status::Ok();
-    }
-    // Untagged, it would count as step 0, and the worker's real step-0 push
-    // would then be dropped as stale.
+  // Untagged, a sync push would count as step 0, and the worker's real
+  // step-0 push would then be dropped as stale.
+  RefuseSync refuse_untagged = [](const TensorEntry& e) {
     return Status::InvalidArgument(
         "push to tensor '" + e.decl.name + "', which is " + ConsistencyName(e.decl.mode.kind) +
         ", without a step: use Push(items, step) with the worker's step");
-  });
+  };
+  const bool sync_allowed = tagged_step || (flags & wire::kFlagInit);
+  auto by_shard = SplitByShard(items, "push", sync_allowed ? nullptr : refuse_untagged);
   if (!by_shard.ok()) return FailedFuture(by_shard.status());
   // The shards count the global step (never the chief's init): an async
   // push on the part to its lowest-numbered shard, a sync push on every part

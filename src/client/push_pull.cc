@@ -28,7 +28,6 @@ void Client::Impl::PushThenPullInline(int shard, const ChunkIos& gradients, Chun
 Future Client::Impl::PushPull(const std::vector<PushPullItem>& items, const CallOptions& call) {
   if (options_.read_only) return FailedFuture(ReadOnlyRefusal("push_pull"));
   auto by_shard = SplitByShard(items, "push_pull", [](const TensorEntry& e) {
-    if (e.decl.mode.kind != Consistency::kSync) return Status::Ok();
     // Its gradient counts towards a step, which push_pull does not carry:
     // the shard would drop it as stale. Refused rather than lost.
     return Status::InvalidArgument(

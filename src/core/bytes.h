@@ -72,6 +72,51 @@ constexpr uint64_t AlignUp(uint64_t n, uint64_t alignment) {
 // FNV-1a, 64 bit: a cheap integrity check (not a MAC) for self-describing blobs.
 uint64_t Fnv1a64(std::span<const uint8_t> bytes, uint64_t seed = 0xcbf29ce484222325ULL);
 
+// Fixed-size little-endian fields written into, or read from, bytes whose
+// bounds were checked once for the whole array (BasicByteWriter::Extend,
+// ByteReader::GetFields): a message's per-entry fields then cost a store or
+// a load each, not a resize or a bounds check each.
+class FieldCursor {
+ public:
+  explicit FieldCursor(uint8_t* at) : at_(at) {}
+  template <typename T>
+  void Put(T value) {
+    static_assert(std::is_integral_v<T>);
+    using U = std::make_unsigned_t<T>;
+    auto v = static_cast<U>(value);
+    if constexpr (std::endian::native == std::endian::little) {
+      std::memcpy(at_, &v, sizeof(U));
+    } else {
+      for (size_t i = 0; i < sizeof(U); ++i) at_[i] = static_cast<uint8_t>(v >> (8 * i));
+    }
+    at_ += sizeof(U);
+  }
+
+ private:
+  uint8_t* at_;
+};
+
+class FieldReader {
+ public:
+  explicit FieldReader(const uint8_t* at = nullptr) : at_(at) {}
+  template <typename T>
+  T Get() {
+    static_assert(std::is_integral_v<T>);
+    using U = std::make_unsigned_t<T>;
+    U v = 0;
+    if constexpr (std::endian::native == std::endian::little) {
+      std::memcpy(&v, at_, sizeof(U));
+    } else {
+      for (size_t i = 0; i < sizeof(U); ++i) v |= static_cast<U>(static_cast<U>(at_[i]) << (8 * i));
+    }
+    at_ += sizeof(U);
+    return static_cast<T>(v);
+  }
+
+ private:
+  const uint8_t* at_;
+};
+
 // Appends to a byte vector: a message's (MessageWriter) or any other
 // (ByteWriter: a key's description, a file's header).
 template <typename Bytes>
@@ -103,6 +148,13 @@ class BasicByteWriter {
     }
   }
   void PutBytes(std::span<const uint8_t> bytes) { AppendBytes(out_, bytes); }
+  // `n` more bytes at once, for fixed-size fields the caller writes through
+  // the cursor (exactly `n` bytes of them).
+  FieldCursor Extend(size_t n) {
+    const size_t at = out_->size();
+    out_->resize(at + n);
+    return FieldCursor(out_->data() + at);
+  }
   // u32 length, then the bytes.
   void PutString(std::string_view s) {
     Put<uint32_t>(static_cast<uint32_t>(s.size()));
@@ -147,6 +199,14 @@ class ByteReader {
   bool GetBytes(size_t n, std::span<const uint8_t>* out) {
     if (!Need(n)) return false;
     *out = in_.subspan(pos_, n);
+    pos_ += n;
+    return true;
+  }
+  // `n` bytes of fixed-size fields, read through `out` (at most `n` bytes
+  // of them).
+  bool GetFields(size_t n, FieldReader* out) {
+    if (!Need(n)) return false;
+    *out = FieldReader(in_.data() + pos_);
     pos_ += n;
     return true;
   }

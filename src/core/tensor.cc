@@ -96,10 +96,6 @@ const char* UpdateRuleName(UpdateRule rule) {
 
 bool IsValidUpdateRule(uint8_t raw) { return raw >= 1 && raw <= 7; }
 
-bool IsOptimizer(UpdateRule rule) {
-  return rule != UpdateRule::kAssign && rule != UpdateRule::kAdd;
-}
-
 Result<UpdateRule> ParseUpdateRule(std::string_view name) {
   for (uint8_t raw = 1; raw <= 7; ++raw) {
     auto rule = static_cast<UpdateRule>(raw);

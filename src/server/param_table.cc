@@ -125,8 +125,4 @@ Param* ParamTable::Find(const std::string& name, uint32_t chunk_index) {
   return it == by_name_.end() ? nullptr : params_[it->second].get();
 }
 
-Param* ParamTable::Find(uint32_t key_id) {
-  return key_id < params_.size() ? params_[key_id].get() : nullptr;
-}
-
 }  // namespace tessera::server

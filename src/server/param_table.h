@@ -22,16 +22,31 @@ namespace tessera::server {
 
 struct Param {
   uint32_t key_id = 0;
-  wire::CreateEntry entry;   // tensor declaration and which chunk this is
-  std::string display_name;  // "w" or "w (chunk 2 of 5)"
-  uint32_t arena_id = 0;
-  uint64_t arena_offset = 0;
+  wire::CreateEntry entry;  // tensor declaration and which chunk this is
   uint64_t bytes = 0;
   // Where the update kernels work on the value (the shard's memory), and
   // what workers read one-sided (the arena). The same bytes, except with host
   // staging: then `published` is a host copy refreshed after every change.
   uint8_t* data = nullptr;
   uint8_t* published = nullptr;
+  // What every push and pull of the chunk reads or sets, kept beside its
+  // size and bytes: a batch of small tensors touches as few cache lines of
+  // each as it can.
+  uint64_t version = 0;  // bumped by every applied update; 1 after init
+  bool initialized = false;
+  bool writer_waiting = false;  // an update waits for readers: new pulls wait too
+  // Sync, restored from a checkpoint: the step it resumes at is the
+  // coordinator's estimate, one step short of the furthest chunk's when the
+  // coordinator restarted too; the first push may move it forward.
+  bool resume_at_first_push = false;
+  uint32_t readers = 0;  // pull leases that may be reading the bytes now
+  // Sync: a step whose update failed. Its pushers were told OK when their
+  // gradients were counted, so every later push and pull of the chunk gets
+  // this error instead, until an initialising push sets a value afresh.
+  Status failure;
+  std::string display_name;  // "w" or "w (chunk 2 of 5)"
+  uint32_t arena_id = 0;
+  uint64_t arena_offset = 0;
 
   // Optimizer state, in the shard's memory, never remotely accessible (see
   // kernels::RuleState).
@@ -52,15 +67,6 @@ struct Param {
   std::vector<bool> contributed;  // by worker rank, this step
   // Bounded: steps each worker rank has pushed.
   std::vector<uint64_t> pushed_steps;
-  // Sync, restored from a checkpoint: the step it resumes at is the
-  // coordinator's estimate, one step short of the furthest chunk's when the
-  // coordinator restarted too; the first push may move it forward.
-  bool resume_at_first_push = false;
-  // Sync: a step whose update failed. Its pushers were told OK when their
-  // gradients were counted, so every later push and pull of the chunk gets
-  // this error instead, until an initialising push sets a value afresh.
-  Status failure;
-
   void ResetAggregation() {
     agg_count = 0;
     std::fill(contributed.begin(), contributed.end(), false);
@@ -78,11 +84,6 @@ struct Param {
     }
     return version > 0 ? version - 1 : 0;
   }
-
-  uint64_t version = 0;  // bumped by every applied update; 1 after init
-  bool initialized = false;
-  uint32_t readers = 0;         // pull leases that may be reading the bytes now
-  bool writer_waiting = false;  // an update waits for readers: new pulls wait too
 };
 
 class ParamTable {
@@ -103,7 +104,8 @@ class ParamTable {
   // Creates the chunk, or returns the existing one if it matches; a mismatch
   // is an error naming both declarations.
   Result<Param*> Create(const wire::CreateEntry& entry);
-  Param* Find(uint32_t key_id);
+  // Inline: every entry of every push and pull looks its key up.
+  Param* Find(uint32_t key_id) { return key_id < params_.size() ? params_[key_id].get() : nullptr; }
   Param* Find(const std::string& name, uint32_t chunk_index);
   template <typename Fn>
   void ForEach(Fn fn) {

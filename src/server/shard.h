@@ -201,8 +201,9 @@ class Shard {
   void ReplyWithWeights(const PendingPush& push, const std::vector<uint64_t>& versions);
   // The push's part that counts its worker's step (step_parts > 0) was
   // accepted: the step is counted here and reported to the coordinator
-  // (ReportSteps), batched.
-  void CountStep(const PendingPush& push);
+  // (ReportSteps), batched. `holds_sync`: some entry is a sync chunk, so the
+  // push counts a sync step.
+  void CountStep(const PendingPush& push, bool holds_sync);
   void ScheduleStepReport();
   void ReportSteps();
   static bool NeedsNoLease(const Param& p, uint32_t flags);
@@ -247,6 +248,7 @@ class Shard {
   // Kept across calls so that a push's or pull's reply and the step reports
   // reuse their vectors (core/borrowed.h): no allocation per call for them.
   wire::PushReply push_reply_;
+  std::vector<Param*> push_params_;  // TryApplyPush's chunks, by entry
   wire::PullReply pull_reply_;
   // A push or pull hands its message back here once it is served, at once
   // or after waiting, and the next one is decoded into one of these

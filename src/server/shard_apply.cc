@@ -126,8 +126,14 @@ bool Shard::NeedsNoLease(const Param& p, uint32_t flags) {
 bool Shard::TryApplyPush(PendingPush& push) {
   if (frozen_) return false;  // a checkpoint round is cutting the state
   const bool init = push.flags & wire::kFlagInit;
-  for (const auto& e : push.msg.entries) {
-    Param* p = table_->Find(e.key_id);
+  // Each entry's chunk, looked up once for the loops below (and nothing
+  // they call uses this scratch list).
+  std::vector<Param*>& params = push_params_;
+  params.resize(push.msg.entries.size());
+  bool holds_sync = false;
+  for (size_t i = 0; i < push.msg.entries.size(); ++i) {
+    Param* p = params[i] = table_->Find(push.msg.entries[i].key_id);
+    holds_sync |= p->entry.tensor.mode.kind == Consistency::kSync;
     if (p->resume_at_first_push) {
       // A sync chunk restored without knowing the cluster's exact step
       // resumes at the step its first push is for, when that is later.
@@ -160,8 +166,10 @@ bool Shard::TryApplyPush(PendingPush& push) {
   reply.outcomes.clear();
   reply.versions.reserve(push.msg.entries.size());
   reply.outcomes.reserve(push.msg.entries.size());
-  for (const auto& e : push.msg.entries) {
-    Param* p = table_->Find(e.key_id);
+  const bool count_staged = from_slot && !from_ipc && table_->staged();
+  for (size_t i = 0; i < push.msg.entries.size(); ++i) {
+    const auto& e = push.msg.entries[i];
+    Param* p = params[i];
     const auto& t = p->entry.tensor;
     auto outcome = wire::PushOutcome::kApplied;
     // The gradient where the kernels can read it (copied to the GPU when it
@@ -169,7 +177,7 @@ bool Shard::TryApplyPush(PendingPush& push) {
     auto reachable = memory_->Reachable(staging + e.staging_offset, e.byte_length);
     Status st = reachable.status();
     const void* grad = reachable.ok() ? *reachable : nullptr;
-    if (from_slot && !from_ipc && table_->staged()) host_staged_bytes_ += e.byte_length;
+    if (count_staged) host_staged_bytes_ += e.byte_length;
     if (!st.ok()) {
       // Reported below.
     } else if (init) {
@@ -203,7 +211,7 @@ bool Shard::TryApplyPush(PendingPush& push) {
   } else {
     Reply(*push.peer, push.request_id, reply);
   }
-  if (push.msg.step_parts > 0 && !init) CountStep(push);
+  if (push.msg.step_parts > 0 && !init) CountStep(push, holds_sync);
   return true;
 }
 
@@ -227,7 +235,11 @@ void Shard::ReplyWithWeights(const PendingPush& push, const std::vector<uint64_t
   }
 }
 
-void Shard::CountStep(const PendingPush& push) {
+void Shard::CountStep(const PendingPush& push, bool holds_sync) {
+  if (!holds_sync) {
+    step_counter_.CountAsync();
+    return ScheduleStepReport();
+  }
   const uint32_t rank = push.peer->hello.worker_rank;
   for (const auto& e : push.msg.entries) {
     const auto& mode = table_->Find(e.key_id)->entry.tensor.mode;
@@ -236,8 +248,6 @@ void Shard::CountStep(const PendingPush& push) {
       return ScheduleStepReport();
     }
   }
-  step_counter_.CountAsync();
-  ScheduleStepReport();
 }
 
 void Shard::ScheduleStepReport() {

@@ -187,6 +187,7 @@ struct PushEntry {
   uint64_t byte_length = 0;
   bool operator==(const PushEntry&) const = default;
 };
+constexpr size_t kPushEntryBytes = 4 + 8 + 8;  // on the wire
 // From the pool (core/pool_allocator.h): a large push sends a message per
 // MiB whose list of entries would otherwise come from the heap on every
 // call (and a list of 256 grown one by one, nine times).
@@ -208,7 +209,7 @@ struct Push {
   // each saying how many there are, so the coordinator counts the worker's
   // step once every one of them was accepted.
   uint32_t step_parts = 0;
-  size_t EncodedSizeHint() const { return 20 + entries.size() * 20 + payload.size(); }
+  size_t EncodedSizeHint() const { return 20 + entries.size() * kPushEntryBytes + payload.size(); }
   void EncodeBody(MessageWriter& w) const;
   static Result<Push> DecodeBody(ByteReader& r);
   static Status DecodeBodyInto(ByteReader& r, Push* m);
@@ -239,6 +240,7 @@ struct PullEntry {
   uint64_t min_step = 0;  // sync: applied steps; bounded: steps every worker pushed
   bool operator==(const PullEntry&) const = default;
 };
+constexpr size_t kPullEntryBytes = 4 + 8 + 8;  // on the wire
 
 struct Pull {
   static constexpr Opcode kOpcode = Opcode::kPull;
@@ -250,7 +252,7 @@ struct Pull {
   // then answers DeadlineExceeded saying what is missing (who has not pushed
   // the step). 0: no limit of its own.
   uint32_t wait_ms = 0;
-  size_t EncodedSizeHint() const { return 12 + entries.size() * 20; }
+  size_t EncodedSizeHint() const { return 12 + entries.size() * kPullEntryBytes; }
   void EncodeBody(MessageWriter& w) const;
   static Result<Pull> DecodeBody(ByteReader& r);
   static Status DecodeBodyInto(ByteReader& r, Pull* m);

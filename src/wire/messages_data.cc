@@ -12,10 +12,11 @@ void Push::EncodeBody(MessageWriter& w) const {
   w.Put(step);
   w.Put(step_parts);
   w.Put(static_cast<uint32_t>(entries.size()));
+  FieldCursor out = w.Extend(entries.size() * kPushEntryBytes);
   for (const auto& e : entries) {
-    w.Put(e.key_id);
-    w.Put(e.staging_offset);
-    w.Put(e.byte_length);
+    out.Put(e.key_id);
+    out.Put(e.staging_offset);
+    out.Put(e.byte_length);
   }
   w.PutBlob(payload);
 }
@@ -27,12 +28,15 @@ Result<Push> Push::DecodeBody(ByteReader& r) {
 Status Push::DecodeBodyInto(ByteReader& r, Push* m) {
   uint32_t count = 0;
   if (!r.Get(&m->step) || !r.Get(&m->step_parts)) return Truncated("step");
-  if (!GetCount(r, 20, &count)) return Truncated("entry count");
+  if (!GetCount(r, kPushEntryBytes, &count)) return Truncated("entry count");
   if (count == 0) return Status::InvalidArgument("push of no tensors");
+  FieldReader in;
+  if (!r.GetFields(size_t{count} * kPushEntryBytes, &in)) return Truncated("entry");
   m->entries.resize(count);
   for (auto& e : m->entries) {
-    if (!r.Get(&e.key_id) || !r.Get(&e.staging_offset) || !r.Get(&e.byte_length))
-      return Truncated("entry");
+    e.key_id = in.Get<uint32_t>();
+    e.staging_offset = in.Get<uint64_t>();
+    e.byte_length = in.Get<uint64_t>();
   }
   std::span<const uint8_t> payload;
   if (!r.GetBlob(&payload, kMaxInlineBytes)) return Truncated("payload");
@@ -43,15 +47,15 @@ Status Push::DecodeBodyInto(ByteReader& r, Push* m) {
 namespace {
 void PutVersions(MessageWriter& w, const std::vector<uint64_t>& v) {
   w.Put(static_cast<uint32_t>(v.size()));
-  for (uint64_t x : v) w.Put(x);
+  FieldCursor out = w.Extend(v.size() * 8);
+  for (uint64_t x : v) out.Put(x);
 }
 bool GetVersions(ByteReader& r, std::vector<uint64_t>* v) {
   uint32_t count = 0;
-  if (!GetCount(r, 8, &count)) return false;
+  FieldReader in;
+  if (!GetCount(r, 8, &count) || !r.GetFields(size_t{count} * 8, &in)) return false;
   v->resize(count);
-  for (auto& x : *v) {
-    if (!r.Get(&x)) return false;
-  }
+  for (auto& x : *v) x = in.Get<uint64_t>();
   return true;
 }
 }  // namespace
@@ -80,10 +84,11 @@ Status PushReply::DecodeBodyInto(ByteReader& r, PushReply* m) {
 
 void Pull::EncodeBody(MessageWriter& w) const {
   w.Put(static_cast<uint32_t>(entries.size()));
+  FieldCursor out = w.Extend(entries.size() * kPullEntryBytes);
   for (const auto& e : entries) {
-    w.Put(e.key_id);
-    w.Put(e.min_version);
-    w.Put(e.min_step);
+    out.Put(e.key_id);
+    out.Put(e.min_version);
+    out.Put(e.min_step);
   }
   w.Put(inline_max);
   w.Put(wait_ms);
@@ -95,13 +100,15 @@ Result<Pull> Pull::DecodeBody(ByteReader& r) {
 }
 Status Pull::DecodeBodyInto(ByteReader& r, Pull* m) {
   uint32_t count = 0;
-  if (!GetCount(r, 20, &count)) return Truncated("entry count");
+  if (!GetCount(r, kPullEntryBytes, &count)) return Truncated("entry count");
   if (count == 0) return Status::InvalidArgument("pull of no tensors");
+  FieldReader in;
+  if (!r.GetFields(size_t{count} * kPullEntryBytes, &in)) return Truncated("entry");
   m->entries.resize(count);
   for (auto& e : m->entries) {
-    if (!r.Get(&e.key_id) || !r.Get(&e.min_version) || !r.Get(&e.min_step)) {
-      return Truncated("entry");
-    }
+    e.key_id = in.Get<uint32_t>();
+    e.min_version = in.Get<uint64_t>();
+    e.min_step = in.Get<uint64_t>();
   }
   if (!r.Get(&m->inline_max)) return Truncated("inline_max");
   if (!r.Get(&m->wait_ms)) return Truncated("wait_ms");
