@@ -167,30 +167,40 @@ bool Shard::TryApplyPush(PendingPush& push) {
   reply.versions.reserve(push.msg.entries.size());
   reply.outcomes.reserve(push.msg.entries.size());
   const bool count_staged = from_slot && !from_ipc && table_->staged();
+  const bool host_memory = memory_->is_host();
+  const apply::Target target = ApplyTarget();  // once: it asks the memory its kind
   for (size_t i = 0; i < push.msg.entries.size(); ++i) {
     const auto& e = push.msg.entries[i];
     Param* p = params[i];
     const auto& t = p->entry.tensor;
     auto outcome = wire::PushOutcome::kApplied;
     // The gradient where the kernels can read it (copied to the GPU when it
-    // came inline or through a host staging slot).
-    auto reachable = memory_->Reachable(staging + e.staging_offset, e.byte_length);
-    Status st = reachable.status();
-    const void* grad = reachable.ok() ? *reachable : nullptr;
+    // came inline or through a host staging slot; host memory reads it where
+    // it is, with no call and no Status per entry).
+    const void* grad = staging + e.staging_offset;
+    Status st;
+    if (!host_memory) {
+      auto reachable = memory_->Reachable(grad, e.byte_length);
+      if (reachable.ok()) {
+        grad = *reachable;
+      } else {
+        st = reachable.status();
+      }
+    }
     if (count_staged) host_staged_bytes_ += e.byte_length;
     if (!st.ok()) {
       // Reported below.
     } else if (init) {
-      st = apply::Init(ApplyTarget(), *p, grad, push.msg.step);
+      st = apply::Init(target, *p, grad, push.msg.step);
     } else if (t.mode.kind == Consistency::kSync) {
-      const auto part = apply::AddToSyncStep(ApplyTarget(), *p, rank, push.msg.step, grad);
+      const auto part = apply::AddToSyncStep(target, *p, rank, push.msg.step, grad);
       st = part.status;
       outcome = part.outcome;
       if (outcome == wire::PushOutcome::kStale) stale_dropped_++;
       if (outcome == wire::PushOutcome::kDuplicate) duplicate_dropped_++;
       if (part.step_ready) pending_steps_.push_back(p->key_id);
     } else {
-      st = apply::Gradient(ApplyTarget(), *p, grad);
+      st = apply::Gradient(target, *p, grad);
       if (t.mode.kind == Consistency::kBounded) apply::NoteBoundedStep(*p, rank, push.msg.step);
     }
     if (!st.ok()) {
