@@ -439,11 +439,13 @@ TEST_P(ClusterTest, SmallTensorsTravelInline) {
 }
 
 // Small tensors above the inline limit go one-sided; where the fabric says a
-// put costs more than a copy (GatherPutsUpTo), the ones next to each other in
-// the staging slot are gathered into one put. Every byte must still land
-// where its own tensor's entry says, padding and all: sizes that are not a
-// multiple of the slot's 64-byte alignment, a large tensor that breaks the
-// run, and a second push that adds to the first.
+// put or get costs more than a copy (GatherUpTo), the ones next to each
+// other in the staging slot are gathered into one put, and the ones next to
+// each other in the shard's arena come back in one get. Every byte must
+// still land where its own tensor's entry says, padding and all: sizes that
+// are not a multiple of the 64-byte alignment, a large tensor that breaks
+// the run, a second push that adds to the first, and pulls that leave
+// tensors out of the run or ask for them backwards.
 TEST_P(ClusterTest, SmallTensorsAboveTheInlineLimitArriveWhole) {
   StartCluster(1, 1);
   Client& c = Connect(0);
@@ -469,19 +471,55 @@ TEST_P(ClusterTest, SmallTensorsAboveTheInlineLimitArriveWhole) {
   ASSERT_TRUE(c.Push(push).ok());
   auto after = c.counters();
   ASSERT_TRUE(c.Push(push).ok());
+  auto pushed = c.counters();
   ASSERT_TRUE(c.Pull(pull).ok());
+  auto pulled = c.counters();
   for (size_t i = 0; i < specs.size(); ++i) {
     for (size_t k = 0; k < grads[i].size(); ++k) {
       ASSERT_EQ(back[i][k], 2 * grads[i][k]) << "tensor " << i << ", element " << k;
     }
   }
+  // Every third tensor (the gaps between them are read and dropped), then
+  // all of them backwards (no run at all), into poisoned buffers.
+  std::vector<PullItem> thirds, backwards;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    std::fill(back[i].begin(), back[i].end(), -1.0f);
+    if (i % 3 == 0) thirds.push_back(pull[i]);
+  }
+  ASSERT_GE(thirds.size() * 4000, ClientOptions{}.inline_bytes) << "the pull must go one-sided";
+  ASSERT_TRUE(c.Pull(thirds).ok());
+  auto pulled_thirds = c.counters();
+  for (size_t i = 0; i < specs.size(); ++i) {
+    for (size_t k = 0; k < grads[i].size(); ++k) {
+      ASSERT_EQ(back[i][k], i % 3 == 0 ? 2 * grads[i][k] : -1.0f)
+          << "every third tensor: tensor " << i << ", element " << k;
+    }
+    std::fill(back[i].begin(), back[i].end(), -1.0f);
+  }
+  backwards.assign(pull.rbegin(), pull.rend());
+  ASSERT_TRUE(c.Pull(backwards).ok());
+  auto pulled_backwards = c.counters();
+  for (size_t i = 0; i < specs.size(); ++i) {
+    for (size_t k = 0; k < grads[i].size(); ++k) {
+      ASSERT_EQ(back[i][k], 2 * grads[i][k]) << "backwards: tensor " << i << ", element " << k;
+    }
+  }
+  const uint64_t all_gets = pulled.gets - pushed.gets;
+  const uint64_t thirds_gets = pulled_thirds.gets - pulled.gets;
+  const uint64_t backwards_gets = pulled_backwards.gets - pulled_thirds.gets;
   if (std::string(GetParam()) == "native") {
     // Tessera's sockets gather chunks up to 16 KiB: the first run, the
-    // large tensor alone, the second run.
+    // large tensor alone, the second run; for every third tensor the large
+    // one's gap breaks the run in two.
     EXPECT_EQ(after.puts - before.puts, 3u);
+    EXPECT_EQ(all_gets, 3u);
+    EXPECT_EQ(thirds_gets, 2u);
   } else {
     EXPECT_EQ(after.puts - before.puts, specs.size()) << "UCX puts each chunk where it is";
+    EXPECT_EQ(all_gets, specs.size()) << "UCX gets each chunk where it is";
+    EXPECT_EQ(thirds_gets, thirds.size());
   }
+  EXPECT_EQ(backwards_gets, specs.size()) << "chunks asked for backwards form no run";
 }
 
 // A push larger than the worker's staging slot on a shard (16 MiB here)

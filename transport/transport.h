@@ -138,11 +138,12 @@ class Endpoint {
   // before it on this endpoint has landed (one ordered stream, served in
   // order): such a message needs no Flush ahead of it.
   virtual bool PutsLandBeforeLaterMessages() const { return false; }
-  // Puts of at most this many bytes cost this fabric more each than copying
-  // their bytes does: a caller with many of them next to each other at the
-  // peer does better copying them side by side into one registered buffer
-  // and putting that once. 0: never (a put is no dearer than a copy).
-  virtual size_t GatherPutsUpTo() const { return 0; }
+  // Puts and gets of at most this many bytes cost this fabric more each
+  // than copying their bytes does: a caller with many of them next to each
+  // other at the peer does better moving them side by side through one
+  // registered buffer, with one put or get. 0: never (a put or get is no
+  // dearer than a copy).
+  virtual size_t GatherUpTo() const { return 0; }
 
   // Closes the connection after what was sent is delivered.
   virtual void Close() = 0;

@@ -82,6 +82,8 @@ void Client::Impl::AcceptPullReply(int shard, ChunkIos ios, const wire::PullRepl
     uint64_t op_id;
     uint64_t lease;
     PartDone done;
+    // The chunks: where a gathered get's bytes are copied out to.
+    ChunkIos ios;
     // GPU chunks read into host memory, copied up once every get is done.
     std::vector<uint8_t> bounce;
     std::vector<std::pair<uint8_t*, size_t>> bounce_to;  // (GPU destination, bytes)
@@ -94,6 +96,7 @@ void Client::Impl::AcceptPullReply(int shard, ChunkIos ios, const wire::PullRepl
                                                           s.next_op++,
                                                           reply.lease_id,
                                                           done,
+                                                          {},
                                                           {},
                                                           {}});
   // Runs once: when the gets are done, on a failure, or when the shard is
@@ -140,38 +143,84 @@ void Client::Impl::AcceptPullReply(int shard, ChunkIos ios, const wire::PullRepl
       }
     }
   }
-  auto step = [this, progress, finish_once](const Status& st2) {
-    if (!st2.ok() && progress->status.ok()) progress->status = st2;
-    if (--progress->outstanding > 0) return;
-    if (!progress->bounce.empty() && progress->status.ok()) {
-      const uint8_t* src = progress->bounce.data();
+  // Chunks [first, end) are read: from `gathered`, when they came in one
+  // get through the gather buffer, copied out to where each belongs (unless
+  // the pull already ended: the shard was lost, and the caller's memory may
+  // be gone) and the buffer given back. The last chunk read ends the pull.
+  // Each get's completion holds this, the Progress and its chunks (48 bytes
+  // at most: inside its Completion).
+  auto read = [this, finish_once](Progress& p, const Status& st2, uint32_t first, uint32_t end,
+                                  const uint8_t* gathered) {
+    if (gathered != nullptr) {
+      if (st2.ok() && !p.finished) {
+        const uint64_t base = p.ios[first].chunk->arena_offset;
+        for (uint32_t i = first; i < end; ++i) {
+          const Chunk* c = p.ios[i].chunk;
+          std::memcpy(p.ios[i].local, gathered + (c->arena_offset - base), c->bytes);
+        }
+      }
+      shards_[p.shard].gather.Give(gathered);
+    }
+    if (!st2.ok() && p.status.ok()) p.status = st2;
+    p.outstanding -= static_cast<int>(end - first);
+    if (p.outstanding > 0) return;
+    if (!p.bounce.empty() && p.status.ok()) {
+      const uint8_t* src = p.bounce.data();
       Status up;
-      for (const auto& [dst, n] : progress->bounce_to) {
+      for (const auto& [dst, n] : p.bounce_to) {
         if (up.ok()) up = GpuCopyAsync(dst, src, n);
         src += n;
       }
       if (up.ok()) up = GpuWait();
-      if (up.ok()) staged_bytes_ += progress->bounce.size();
-      progress->status = up.WithContext("staging into GPU memory through host memory");
+      if (up.ok()) staged_bytes_ += p.bounce.size();
+      p.status = up.WithContext("staging into GPU memory through host memory");
     }
     // The bytes are ours: let the shard update them again.
-    const int shard_index = progress->shard;
-    ShardConn& conn = shards_[shard_index];
+    ShardConn& conn = shards_[p.shard];
     if (conn.dead.ok() && conn.ep)
-      conn.ep->Send(kProtocolMsg, wire::Encode(wire::Release{progress->lease}, 0));
-    finish_once(*progress, progress->status.ok() ? progress->status
-                                                 : ShardError(shard_index, progress->status));
+      conn.ep->Send(kProtocolMsg, wire::Encode(wire::Release{p.lease}, 0));
+    finish_once(p, p.status.ok() ? p.status : ShardError(p.shard, p.status));
   };
-  for (size_t i = 0; i < ios.size(); ++i) {
-    const Chunk* chunk = ios[i].chunk;
+  progress->ios = std::move(ios);
+  const ChunkIos& chunks = progress->ios;
+  const uint64_t gather_up_to = s.ep->GatherUpTo();
+  for (size_t k = 0; k < chunks.size();) {
+    const auto first = static_cast<uint32_t>(k);
+    const Chunk* chunk = chunks[k].chunk;
     auto arena = s.arenas.find(chunk->arena_id);
     if (arena == s.arenas.end()) {
-      step(Status::Internal("no key for arena " + std::to_string(chunk->arena_id) + " of " +
-                            s.name()));
+      read(*progress,
+           Status::Internal("no key for arena " + std::to_string(chunk->arena_id) + " of " +
+                            s.name()),
+           first, first + 1, nullptr);
+      ++k;
       continue;
     }
-    s.ep->Get(into.empty() ? ios[i].local : into[i], chunk->bytes, *arena->second,
-              arena->second->base() + chunk->arena_offset, step);
+    const uint64_t at = arena->second->base() + chunk->arena_offset;
+    // A run of small host chunks that lie next to each other in one arena
+    // comes in one get through the gather buffer; the bytes between them
+    // (padding, tensors this pull left out) are read and dropped.
+    const auto run = client::GatherBuffer::RunFrom(
+        k, chunks.size(), gather_up_to, [&](size_t i) -> std::optional<client::PeerSpan> {
+          const Chunk* c = chunks[i].chunk;
+          if (chunks[i].on_gpu || c->arena_id != chunk->arena_id) return std::nullopt;
+          return client::PeerSpan{c->arena_offset, c->bytes};
+        });
+    uint8_t* gathered = run.end - k >= 2 ? s.gather.Take(*ctx_, run.span) : nullptr;
+    if (gathered == nullptr) {
+      s.ep->Get(into.empty() ? chunks[k].local : into[k], chunk->bytes, *arena->second, at,
+                [read, progress, first](const Status& st) {
+                  read(*progress, st, first, first + 1, nullptr);
+                });
+      ++k;
+      continue;
+    }
+    const auto end = static_cast<uint32_t>(run.end);
+    s.ep->Get(gathered, run.span, *arena->second, at,
+              [read, progress, first, end, gathered](const Status& st) {
+                read(*progress, st, first, end, gathered);
+              });
+    k = run.end;
   }
 }
 

@@ -356,32 +356,28 @@ void Client::Impl::PushThroughSlot(int shard, ChunkIos ios, uint32_t flags, Push
                 });
     };
     const auto& entries = g->msg.entries;
-    const uint64_t gather_up_to = s.ep->GatherPutsUpTo();
+    const uint64_t gather_up_to = s.ep->GatherUpTo();
     for (size_t k = 0; k < entries.size();) {
       // A run of small host chunks, side by side in the slot, travels as one
       // put from the gather buffer: the bytes between them are padding the
       // shard never reads.
-      size_t end = k;
-      uint64_t span = 0;
-      while (gather_up_to > 0 && end < entries.size() && !sent[g->first + end].on_gpu &&
-             entries[end].byte_length <= gather_up_to &&
-             entries[end].staging_offset + entries[end].byte_length - entries[k].staging_offset <=
-                 client::GatherBuffer::kMaxRunBytes) {
-        span = entries[end].staging_offset + entries[end].byte_length - entries[k].staging_offset;
-        ++end;
-      }
-      uint8_t* gathered = end - k >= 2 ? s.gather.Take(*ctx_, span) : nullptr;
+      const auto run = client::GatherBuffer::RunFrom(
+          k, entries.size(), gather_up_to, [&](size_t i) -> std::optional<client::PeerSpan> {
+            if (sent[g->first + i].on_gpu) return std::nullopt;
+            return client::PeerSpan{entries[i].staging_offset, entries[i].byte_length};
+          });
+      uint8_t* gathered = run.end - k >= 2 ? s.gather.Take(*ctx_, run.span) : nullptr;
       if (gathered == nullptr) {
         put(sent[g->first + k].local, entries[k].byte_length, entries[k].staging_offset, nullptr);
         ++k;
         continue;
       }
-      for (size_t i = k; i < end; ++i) {
+      for (size_t i = k; i < run.end; ++i) {
         std::memcpy(gathered + (entries[i].staging_offset - entries[k].staging_offset),
                     sent[g->first + i].local, entries[i].byte_length);
       }
-      put(gathered, span, entries[k].staging_offset, gathered);
-      k = end;
+      put(gathered, run.span, entries[k].staging_offset, gathered);
+      k = run.end;
     }
     if (ordered) {
       one_done(Status::Ok());

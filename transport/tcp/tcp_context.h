@@ -121,9 +121,10 @@ class TcpEndpoint final : public Endpoint, public std::enable_shared_from_this<T
   void Flush(Completion done) override;
   // One socket, whose frames the peer's progress thread serves in order.
   bool PutsLandBeforeLaterMessages() const override { return true; }
-  // Each put is a frame of its own, with its header, its completion and a
-  // turn of the peer's loop (docs/PERFORMANCE.md, "Gathered puts").
-  size_t GatherPutsUpTo() const override { return 16u << 10; }
+  // Each put or get is a frame of its own (a get two: asked, answered), with
+  // its header, its completion and a turn of the peer's loop
+  // (docs/PERFORMANCE.md, "Gathered puts" and "Gathered gets").
+  size_t GatherUpTo() const override { return 16u << 10; }
   void Close() override;
   void Abort() override;
   std::string peer() const override { return peer_; }

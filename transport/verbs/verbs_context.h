@@ -194,9 +194,9 @@ class VerbsEndpoint final : public Endpoint, public std::enable_shared_from_this
   void Get(void* local, size_t len, const RemoteRegion& remote, uint64_t remote_addr,
            Completion done) override;
   void Flush(Completion done) override;
-  // A put from memory no region covers registers it for that put alone
-  // (PostRma), which costs far more than copying a small chunk.
-  size_t GatherPutsUpTo() const override { return 16u << 10; }
+  // A put or get with memory no region covers registers it for that one
+  // operation (PostRma), which costs far more than copying a small chunk.
+  size_t GatherUpTo() const override { return 16u << 10; }
   void Close() override { CloseWith(/*force=*/false); }
   void Abort() override { CloseWith(/*force=*/true); }
   std::string peer() const override { return peer_; }
