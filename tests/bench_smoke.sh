@@ -99,6 +99,37 @@ grep -q "does not know the cluster secret" "$out/wrong.txt" ||
   { cat "$out/wrong.txt"; echo "status did not say why"; exit 1; }
 echo "status: a wrong secret is refused, naming why"
 
+# Shards and workers in network namespaces of their own, as bench/scaling.sh
+# runs its tcp-netns points (bench/netns_cluster.sh): every byte crosses the
+# veth pairs, the shard ends by itself once the worker has left (exit 0), and
+# nothing is left behind. Needs root for ip netns; says so where it cannot.
+if [ "$(id -u)" -eq 0 ] && ip netns add "tsmoke$$" 2>/dev/null; then
+  ip netns del "tsmoke$$"
+  (
+    tessera=$TESSERA_BIN
+    source "$here/../bench/netns_cluster.sh"
+    trap netns_down EXIT
+    netns_up 1
+    netns_bench 1 1 push pull --sizes 64K,1M --iters 5 --warmup 1 --check \
+      --json "$out/netns.json" >/dev/null
+    rx=$(ip -n "${netns_id}wk" -s -j link show eth0 |
+      python3 -c 'import json, sys; print(json.load(sys.stdin)[0]["stats64"]["rx"]["bytes"])')
+    python3 - "$out/netns.json" "$rx" <<'PY'
+import json, sys
+rows = json.load(open(sys.argv[1]))
+assert {r["scenario"] for r in rows} == {"push", "pull"}, rows
+pulled = sum(r["bytes"] * r["batch"] for r in rows if r["scenario"] == "pull") * 6
+rx = int(sys.argv[2])
+assert rx >= pulled, f"the workers' namespace received {rx} bytes, less than the {pulled} pulled"
+print(f"bench smoke: {len(rows)} rows across network namespaces, {rx} bytes over the veth")
+PY
+  )
+  leftover=$(ip netns list | grep -c "^ts$(($$ % 100000))" || true)
+  [ "$leftover" -eq 0 ] || { ip netns list; echo "network namespaces left behind"; exit 1; }
+else
+  echo "bench smoke: network namespaces not tried (needs root and ip netns)"
+fi
+
 # GPU buffers: measured where a GPU is (tools/device-check.sh); elsewhere the
 # bench refuses, saying why.
 if "$TESSERA_BIN" bench push --memory cuda --sizes 8 --iters 2 --warmup 0 \

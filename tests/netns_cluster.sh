@@ -7,43 +7,25 @@
 set -u -o pipefail
 tessera=$1
 worker=$2
+source "$(dirname "$0")/../tools/netns.sh"
 id=ts$$
 net=10.231.$(( $$ % 250 )).
-sw=${id}sw
 hosts=(ps0 ps1 w0 w1 w2)
 pids=()
 
 cleanup() {
-  # $! of `cmd | sed &` is sed's: every process left in a namespace goes by
-  # the namespace instead (timeout and the server it started included).
   for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
-  for h in "${hosts[@]}"; do
-    ip netns pids "${id}$h" 2>/dev/null | xargs -r kill -9 2>/dev/null
-    ip netns del "${id}$h" 2>/dev/null
-  done
-  ip netns del "$sw" 2>/dev/null
+  netns_all_down
 }
 trap cleanup EXIT
 
-if ! ip netns add "$sw" 2>/dev/null; then
+if ! netns_switch_up "$id" 2>/dev/null; then
   echo "cannot create network namespaces here (need root and CAP_SYS_ADMIN)"
   exit 77
 fi
-ip -n "$sw" link add br0 type bridge || exit 77
-ip -n "$sw" link set br0 up
-ip -n "$sw" link set lo up
 i=1
 for h in "${hosts[@]}"; do
-  ns=${id}$h
-  ip netns add "$ns"
-  ip link add "${id}$i" type veth peer name "${id}p$i" || exit 77
-  ip link set "${id}$i" netns "$ns"
-  ip link set "${id}p$i" netns "$sw"
-  ip -n "$sw" link set "${id}p$i" master br0 up
-  ip -n "$ns" link set "${id}$i" name eth0
-  ip -n "$ns" addr add "${net}$i/24" dev eth0
-  ip -n "$ns" link set eth0 up
-  ip -n "$ns" link set lo up
+  netns_host "$id" "$h" "${net}$i" || exit 77
   i=$((i + 1))
 done
 

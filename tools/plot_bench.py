@@ -4,7 +4,8 @@ push/pull and the fabric's put/get (Tessera's transport and ucx_perftest),
 one panel per transport, and round-trip times of small calls beside UCX's
 active-message round trip. With --scaling (bench/scaling.sh's merged
 results): aggregate push/pull bandwidth and the step's time against the
-number of workers (1 shard) and of shards (2 workers), beside memcpy.
+number of workers (1 shard) and of shards (2 workers), beside memcpy and,
+for tcp, one iperf3 stream.
 Usage: plot_bench.py [--scaling] RESULTS.json OUT.png"""
 import json
 import sys
@@ -13,7 +14,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
+from matplotlib.ticker import MaxNLocator, ScalarFormatter  # noqa: E402
 
 
 def main(src: str, out: str) -> None:
@@ -66,7 +67,7 @@ def scaling(src: str, out: str) -> None:
     rows = json.load(open(src))
     memcpy = [r["gbps"] for r in rows if r["scenario"] == "memcpy"]
     transports = sorted({r["transport"] for r in rows if r["scenario"] in ("push", "pull")})
-    fig, axes = plt.subplots(2, 2, figsize=(13, 9))
+    fig, axes = plt.subplots(2, 2, figsize=(16, 9))
     # (which axis varies, the other held, its label)
     for col, (vary, held, hold_at, label) in enumerate(
             (("workers", "shards", 1, "workers (1 shard)"),
@@ -80,12 +81,19 @@ def scaling(src: str, out: str) -> None:
                     ax.plot(*zip(*pts), marker="o", label=f"{name}, {tr}")
         if memcpy:
             ax.axhline(memcpy[0], color="grey", linestyle="--", label="memcpy, one thread")
+        for r in rows:  # the raw tcp stream under each tcp curve, same run
+            if r["scenario"].startswith("iperf3-"):
+                ax.axhline(r["gbps"], linestyle=":", color="black" if r["transport"] == "tcp"
+                           else "brown", alpha=0.6,
+                           label=f'iperf3 {r["scenario"][7:]}, {r["transport"]}')
         ax.set_xlabel(label)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel("aggregate GB/s (median call)")
+        ax.set_yscale("log")  # shm's pull and tcp's push lie 10x apart
         ax.set_title(f"bandwidth against {vary}")
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.yaxis.set_major_formatter(ScalarFormatter())
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
         ax = axes[1][col]
         for tr in transports:
             pts = sorted((r[vary], r["p50_us"] / 1e3, r["baseline_us"] / 1e3) for r in rows
