@@ -53,6 +53,13 @@ struct ContextOptions {
   // verbs: the one RDMA device to use ("mlx5_0"); empty: whichever device
   // rdma_cm routes each address through (env TESSERA_VERBS_DEVICE when unset).
   std::string device;
+  // tcp: the congestion control of Tessera's sockets ("reno", "cubic");
+  // empty: env TESSERA_TCP_CONGESTION, else the host's default
+  // (net.ipv4.tcp_congestion_control). Over veth pairs (pods on one node)
+  // bbr's paced sends arrive reordered and are sent again, and Tessera's
+  // bulk calls ran 2x slower than under reno or cubic (docs/PERFORMANCE.md).
+  // A name the kernel refuses fails the context, saying what it may choose.
+  std::string tcp_congestion;
   // The largest message a peer may send, before and after the layer above
   // marks its endpoint authenticated (Endpoint::MarkAuthenticated). A larger
   // one closes the connection before anything is allocated for it, so that a

@@ -10,7 +10,9 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
 
 #include "core/log.h"
 #include "transport/run_on_loop.h"
@@ -25,9 +27,35 @@ Status Errno(const std::string& what) {
   return Status::Unavailable(what + ": " + std::strerror(errno));
 }
 
-void SetNoDelay(int fd) {
-  int one = 1;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+// One line of a /proc/sys file, for the error that names what may be chosen.
+std::string ProcLine(const char* path) {
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);
+  return line.empty() ? "unknown" : line;
+}
+
+int SetCongestion(int fd, const std::string& name) {
+  if (name.empty()) return 0;
+  return setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, name.data(),
+                    static_cast<socklen_t>(name.size()));
+}
+
+// Tried once on a socket of its own, so that a name the kernel refuses
+// fails the context at once instead of every connection later.
+Status CheckCongestion(const std::string& name) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return Errno("socket");
+  const int rc = SetCongestion(fd, name);
+  const int err = errno;
+  close(fd);
+  if (rc == 0) return Status::Ok();
+  return Status::InvalidArgument(
+      "tcp congestion control '" + name + "' (TESSERA_TCP_CONGESTION or " +
+      "ContextOptions::tcp_congestion): the kernel refused it: " + std::strerror(err) +
+      "; available here: " + ProcLine("/proc/sys/net/ipv4/tcp_available_congestion_control") +
+      "; without CAP_NET_ADMIN only: " +
+      ProcLine("/proc/sys/net/ipv4/tcp_allowed_congestion_control"));
 }
 
 std::string PeerOf(int fd) {
@@ -68,7 +96,20 @@ Result<std::unique_ptr<Context>> TcpContext::Create(const ContextOptions& option
   return std::unique_ptr<Context>(std::move(ctx));
 }
 
+void TcpContext::TuneSocket(int fd) const {
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  // Checked in Init; a socket that still refuses keeps the host's default.
+  SetCongestion(fd, options_.tcp_congestion);
+}
+
 Status TcpContext::Init() {
+  if (options_.tcp_congestion.empty()) {
+    if (const char* cc = std::getenv("TESSERA_TCP_CONGESTION")) options_.tcp_congestion = cc;
+  }
+  if (!options_.tcp_congestion.empty()) {
+    TESSERA_RETURN_IF_ERROR(CheckCongestion(options_.tcp_congestion));
+  }
   epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
   if (epoll_fd_ < 0) return Errno("epoll_create1");
   EventLoop::Hooks hooks;
@@ -172,6 +213,7 @@ Result<std::unique_ptr<Listener>> TcpContext::Listen(const std::string& host, ui
   if (fd < 0) return Errno("socket");
   int one = 1;
   setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  TuneSocket(fd);
   if (bind(fd, reinterpret_cast<const sockaddr*>(&*addr), SockaddrLen(*addr)) != 0) {
     Status st = errno == EADDRINUSE
                     ? Status::Unavailable("listen on " + host + ":" + std::to_string(port) +
@@ -223,7 +265,7 @@ void TcpContext::OnListenerReadable(uint64_t token) {
       }
       return;
     }
-    SetNoDelay(fd);
+    TuneSocket(fd);
     auto ep = std::make_shared<TcpEndpoint>(this, fd, PeerOf(fd), options_);
     ep->token_ = Watch(fd, EPOLLIN);
     endpoints_[ep->token_] = ep;
@@ -242,7 +284,7 @@ void TcpContext::Connect(const std::string& host, uint16_t port, std::chrono::mi
     if (!addr.ok()) return done(addr.status());
     const int fd = socket(addr->ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0) return done(Errno("socket"));
-    SetNoDelay(fd);
+    TuneSocket(fd);
     if (connect(fd, reinterpret_cast<const sockaddr*>(&*addr), SockaddrLen(*addr)) != 0 &&
         errno != EINPROGRESS) {
       Status st = Errno("connection to " + where + " failed");
@@ -293,7 +335,10 @@ void TcpContext::Dispatch(const std::shared_ptr<TcpEndpoint>& ep, uint16_t msg_i
 
 std::string TcpContext::Describe() const {
   return std::string("tcp (Tessera's sockets, epoll; ") +
-         (options_.busy_poll ? "busy-poll" : "sleeping progress") + ")";
+         (options_.busy_poll ? "busy-poll" : "sleeping progress") +
+         (options_.tcp_congestion.empty() ? ""
+                                          : "; congestion control " + options_.tcp_congestion) +
+         ")";
 }
 
 }  // namespace tessera::transport::tcp

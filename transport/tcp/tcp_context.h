@@ -74,6 +74,8 @@ class TcpContext final : public Context {
   };
 
   explicit TcpContext(ContextOptions options) : options_(std::move(options)) {}
+  // TCP_NODELAY, and the congestion control asked for.
+  void TuneSocket(int fd) const;
   Status Init();
   Result<std::unique_ptr<Region>> MakeRegion(uint8_t* data, size_t size, RemoteAccess access,
                                              bool owned);
