@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 #include <utility>
@@ -61,6 +62,12 @@ std::string Errno(const char* what) { return std::string(what) + ": " + std::str
 void Tune(int fd) {
   const int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  // The congestion control Tessera's tcp sockets are given, so that the
+  // bound runs under the same one (a name the kernel refuses fails
+  // Tessera's own contexts, saying so; here it leaves the host's).
+  if (const char* cc = std::getenv("TESSERA_TCP_CONGESTION"); cc != nullptr && *cc != '\0') {
+    setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, cc, static_cast<socklen_t>(std::strlen(cc)));
+  }
   timeval tv{kIoTimeoutSeconds, 0};
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
