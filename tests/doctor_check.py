@@ -7,7 +7,7 @@ import resource
 import sys
 
 findings = {f["check"]: f for f in json.load(sys.stdin)}
-want = {"rdma-devices", "locked-memory", "ucx", "gpu-registration", "addresses"}
+want = {"rdma-devices", "locked-memory", "ucx", "tcp-congestion", "gpu-registration", "addresses"}
 assert set(findings) == want, f"checks: {sorted(findings)}"
 
 sys_devices = sorted(os.listdir("/sys/class/infiniband")) if os.path.isdir(
@@ -25,6 +25,11 @@ limit = findings["locked-memory"]["data"]["limit_bytes"]
 assert limit == (-1 if soft == resource.RLIM_INFINITY else soft), (limit, soft)
 
 assert findings["ucx"]["data"]["version"].startswith("1."), findings["ucx"]
+cc = findings["tcp-congestion"]
+host = open("/proc/sys/net/ipv4/tcp_congestion_control").read().strip()
+assert cc["data"]["host_default"] == host, (cc, host)
+if "TESSERA_TCP_CONGESTION" not in os.environ:
+    assert cc["data"]["tessera"] == host and cc["level"] == ("warn" if host == "bbr" else "ok"), cc
 ifaces = {i["name"] for i in findings["addresses"]["data"].get("interfaces", [])}
 assert "lo" in ifaces, ifaces
 print(f"doctor: {len(findings)} checks agree with this machine (RDMA devices: {sys_devices})")

@@ -5,6 +5,22 @@ set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 "$TESSERA_BIN" doctor --json | python3 "$here/doctor_check.py"
 out=$("$TESSERA_BIN" doctor || true)
-for check in rdma-devices locked-memory ucx gpu-registration addresses; do
+for check in rdma-devices locked-memory ucx tcp-congestion gpu-registration addresses; do
   echo "$out" | grep -q "$check:" || { echo "doctor's output lacks $check"; exit 1; }
+done
+# A congestion control the kernel refuses is a problem, named; one it takes is ok.
+json=$(mktemp)
+trap 'rm -f "$json"' EXIT
+for cc in no-such-cc reno; do
+  TESSERA_TCP_CONGESTION=$cc "$TESSERA_BIN" doctor --json > "$json" || true
+  python3 - "$json" "$cc" <<'PY'
+import json, sys
+cc = sys.argv[2]
+f = {f["check"]: f for f in json.load(open(sys.argv[1]))}["tcp-congestion"]
+if cc == "no-such-cc":
+    assert f["level"] == "problem" and f"'{cc}'" in f["detail"] and f["fix"], f
+else:
+    assert f["level"] == "ok" and f["data"]["tessera"] == cc and f["data"]["from_environment"], f
+print(f"doctor: TESSERA_TCP_CONGESTION={cc}: {f['level']}")
+PY
 done

@@ -181,8 +181,9 @@ Finding CheckAddresses(const DoctorOptions& o) {
 }
 
 int RunDoctor(const DoctorOptions& o) {
-  std::vector<Finding> findings = {transport::ProbeRdmaDevices(), CheckMemlock(o),
-                                   transport::ProbeUcx(), CheckGpu(), CheckAddresses(o)};
+  std::vector<Finding> findings = {
+      transport::ProbeRdmaDevices(),   CheckMemlock(o), transport::ProbeUcx(),
+      transport::ProbeTcpCongestion(), CheckGpu(),      CheckAddresses(o)};
   int problems = 0;
   for (const auto& f : findings) problems += f.level == "problem";
   if (o.json) {

@@ -1,5 +1,6 @@
 // What the fabrics on this host are and can do, as `tessera doctor` reports
-// it: the RDMA devices and their ports, and the UCX library that was loaded.
+// it: the RDMA devices and their ports, the UCX library that was loaded, and
+// the congestion control of Tessera's tcp sockets.
 // Tools ask here, never the backends' headers or libraries.
 #pragma once
 
@@ -22,6 +23,11 @@ ProbeFinding ProbeRdmaDevices();
 
 // Which UCX is loaded, whether it maps CUDA memory, and the transports it sees.
 ProbeFinding ProbeUcx();
+
+// The congestion control Tessera's tcp sockets get (TESSERA_TCP_CONGESTION,
+// else the host's default): "problem" where the kernel refuses the one asked
+// for, "warn" for the host's bbr, which is slow across veth pairs.
+ProbeFinding ProbeTcpCongestion();
 
 // "mlx5_0:1" for the RDMA device and port that carry network interface
 // `netdev` (from sysfs), or "" when none does.

@@ -12,11 +12,11 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 
 #include "core/log.h"
 #include "transport/run_on_loop.h"
 #include "transport/sockaddr.h"
+#include "transport/tcp/tcp_congestion.h"
 
 namespace tessera::transport::tcp {
 namespace {
@@ -25,37 +25,6 @@ constexpr int kBacklog = 1024;
 
 Status Errno(const std::string& what) {
   return Status::Unavailable(what + ": " + std::strerror(errno));
-}
-
-// One line of a /proc/sys file, for the error that names what may be chosen.
-std::string ProcLine(const char* path) {
-  std::ifstream in(path);
-  std::string line;
-  std::getline(in, line);
-  return line.empty() ? "unknown" : line;
-}
-
-int SetCongestion(int fd, const std::string& name) {
-  if (name.empty()) return 0;
-  return setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, name.data(),
-                    static_cast<socklen_t>(name.size()));
-}
-
-// Tried once on a socket of its own, so that a name the kernel refuses
-// fails the context at once instead of every connection later.
-Status CheckCongestion(const std::string& name) {
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return Errno("socket");
-  const int rc = SetCongestion(fd, name);
-  const int err = errno;
-  close(fd);
-  if (rc == 0) return Status::Ok();
-  return Status::InvalidArgument(
-      "tcp congestion control '" + name + "' (TESSERA_TCP_CONGESTION or " +
-      "ContextOptions::tcp_congestion): the kernel refused it: " + std::strerror(err) +
-      "; available here: " + ProcLine("/proc/sys/net/ipv4/tcp_available_congestion_control") +
-      "; without CAP_NET_ADMIN only: " +
-      ProcLine("/proc/sys/net/ipv4/tcp_allowed_congestion_control"));
 }
 
 std::string PeerOf(int fd) {
@@ -107,6 +76,8 @@ Status TcpContext::Init() {
   if (options_.tcp_congestion.empty()) {
     if (const char* cc = std::getenv("TESSERA_TCP_CONGESTION")) options_.tcp_congestion = cc;
   }
+  // Tried once here, so that a name the kernel refuses fails the context
+  // at once instead of leaving every connection on the host's default.
   if (!options_.tcp_congestion.empty()) {
     TESSERA_RETURN_IF_ERROR(CheckCongestion(options_.tcp_congestion));
   }
