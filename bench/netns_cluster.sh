@@ -62,12 +62,17 @@ netns_bench() {  # netns_bench SHARDS WORKERS BENCH_ARGS...
     pids+=($!)
   done
   local rc=0
+  # The step's bound (fabric-put-read) from the workers' namespace to shard
+  # 0's, across the bridge as the calls go.
   netns_in_workers "$tessera" bench --transport tcp --cluster "$spec" \
-    --secret-file "$netns_secret" --shards "$shards" --workers "$workers" "$@" || rc=$?
+    --secret-file "$netns_secret" --shards "$shards" --workers "$workers" \
+    --fabric-peer-netns "${netns_id}ps0" --fabric-peer-host "$(netns_shard_ip 0)" "$@" || rc=$?
   rm -f "$spec"
   # The shards end by themselves once every worker has said goodbye (exit
   # 0); one still there 30 s after the bench is stuck, and the point fails.
+  # A bench that failed may never have connected: its shards go at once.
   local deadline=$((SECONDS + 30)) pid src
+  ((rc == 0)) || deadline=$SECONDS
   for pid in "${pids[@]}"; do
     while kill -0 "$pid" 2>/dev/null && ((SECONDS < deadline)); do sleep 0.2; done
     if kill -0 "$pid" 2>/dev/null; then

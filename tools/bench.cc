@@ -122,6 +122,13 @@ int RunBench(const BenchOptions& in) {
       return 2;
     }
   }
+  if (!o.fabric_peer_netns.empty() && o.fabric_peer_host.empty()) {
+    fprintf(stderr,
+            "bench: --fabric-peer-netns needs --fabric-peer-host, the address the peer has in "
+            "namespace %s\n",
+            o.fabric_peer_netns.c_str());
+    return 2;
+  }
   if (!o.cluster_file.empty()) {
     if (has_scenario(o, "fabric")) {
       fprintf(stderr,

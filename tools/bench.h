@@ -56,6 +56,11 @@ struct BenchOptions {
   // its worker tasks 0..workers-1.
   std::string cluster_file;
   std::string secret_file;  // else TESSERA_SECRET / TESSERA_SECRET_FILE
+  // The fabric peer (the fabric scenario, the step's bound) in this named
+  // network namespace (`ip netns exec`), listening on fabric_peer_host:
+  // with --cluster across namespaces, the bound then crosses them too.
+  std::string fabric_peer_netns;
+  std::string fabric_peer_host;  // empty: --host
   std::string json_path;
   std::string plot_path;
 };

@@ -103,10 +103,15 @@ class FabricPeer {
   static Result<std::unique_ptr<FabricPeer>> Start(const BenchOptions& o, const Fabric& fabric,
                                                    uint64_t max_bytes) {
     std::unique_ptr<FabricPeer> f(new FabricPeer());
-    const uint16_t port = FreePort(fabric.host);
-    std::vector<std::string> argv = {
-        SelfExecutable(),          "bench-peer", "--port",    std::to_string(port), "--bytes",
-        std::to_string(max_bytes), "--host",     fabric.host, "--transport",        fabric.backend};
+    const std::string host = o.fabric_peer_host.empty() ? fabric.host : o.fabric_peer_host;
+    // In another namespace the address is not ours to bind: a port free on
+    // loopback here is taken as free in the peer's fresh namespace.
+    const uint16_t port = FreePort(o.fabric_peer_netns.empty() ? host : "127.0.0.1");
+    std::vector<std::string> argv;
+    if (!o.fabric_peer_netns.empty()) argv = {"ip", "netns", "exec", o.fabric_peer_netns};
+    argv.insert(argv.end(),
+                {SelfExecutable(), "bench-peer", "--port", std::to_string(port), "--bytes",
+                 std::to_string(max_bytes), "--host", host, "--transport", fabric.backend});
     if (o.busy_poll) argv.push_back("--busy-poll");
     f->pid_ =
         SpawnProcess(argv, {"UCX_TLS=" + fabric.ucx_tls, "TESSERA_LOG_LEVEL=warn"}, o.pin ? 0 : -1);
@@ -133,7 +138,7 @@ class FabricPeer {
     while (!f->ep_) {
       std::promise<Result<std::shared_ptr<transport::Endpoint>>> p;
       f->ctx_->Connect(
-          fabric.host, port, std::chrono::milliseconds(1000),
+          host, port, std::chrono::milliseconds(1000),
           [&p](Result<std::shared_ptr<transport::Endpoint>> ep) { p.set_value(std::move(ep)); });
       auto ep = p.get_future().get();
       if (ep.ok()) {

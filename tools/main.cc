@@ -277,6 +277,11 @@ int main(int argc, char** argv) try {
                         "measure this running cluster (JSON spec) instead of starting shards");
   bench_cmd->add_option("--secret-file", bench.secret_file,
                         "the cluster's secret (else TESSERA_SECRET / TESSERA_SECRET_FILE)");
+  bench_cmd->add_option("--fabric-peer-netns", bench.fabric_peer_netns,
+                        "run the fabric peer (the fabric scenario, the step's bound) in this "
+                        "network namespace; needs --fabric-peer-host");
+  bench_cmd->add_option("--fabric-peer-host", bench.fabric_peer_host,
+                        "address the fabric peer listens on (default: --host)");
   bench_cmd->add_option("--json", bench.json_path, "write the results as JSON");
   bench_cmd->add_option("--plot", bench.plot_path, "draw the results into this PNG (matplotlib)");
   tools::BenchPeerOptions peer;
