@@ -10,7 +10,8 @@
 #   netns_bench SHARDS WORKERS BENCH_ARGS...
 #                              starts the shards, runs the bench against them,
 #                              waits for the shards to end (they stop once
-#                              every worker has said goodbye)
+#                              every worker has said goodbye, so one call runs
+#                              either the calls or the step, not both)
 #   netns_down
 #   netns_in_shard I CMD...    runs CMD in shard I's namespace (address: netns_shard_ip I)
 #   netns_in_workers CMD...    runs CMD in the workers' namespace

@@ -101,8 +101,9 @@ echo "status: a wrong secret is refused, naming why"
 
 # Shards and workers in network namespaces of their own, as bench/scaling.sh
 # runs its tcp-netns points (bench/netns_cluster.sh): every byte crosses the
-# veth pairs, the shard ends by itself once the worker has left (exit 0), and
-# nothing is left behind. Needs root for ip netns; says so where it cannot.
+# veth pairs, the step's fabric peer runs in the shard's namespace, the shard
+# ends by itself once the worker has left (exit 0), and nothing is left
+# behind. Needs root for ip netns; says so where it cannot.
 if [ "$(id -u)" -eq 0 ] && ip netns add "tsmoke$$" 2>/dev/null; then
   ip netns del "tsmoke$$"
   (
@@ -112,12 +113,17 @@ if [ "$(id -u)" -eq 0 ] && ip netns add "tsmoke$$" 2>/dev/null; then
     netns_up 1
     netns_bench 1 1 push pull --sizes 64K,1M --iters 5 --warmup 1 --check \
       --json "$out/netns.json" >/dev/null
+    netns_bench 1 1 step --iters 3 --warmup 1 --model "$here/bench_smoke_model.txt" \
+      --json "$out/netns-step.json" >/dev/null
     rx=$(ip -n "${netns_id}wk" -s -j link show eth0 |
       python3 -c 'import json, sys; print(json.load(sys.stdin)[0]["stats64"]["rx"]["bytes"])')
-    python3 - "$out/netns.json" "$rx" <<'PY'
+    python3 - "$out/netns.json" "$rx" "$out/netns-step.json" <<'PY'
 import json, sys
 rows = json.load(open(sys.argv[1]))
 assert {r["scenario"] for r in rows} == {"push", "pull"}, rows
+# The step's bound came from a fabric peer listening in the shard's namespace.
+step = json.load(open(sys.argv[3]))
+assert [r["scenario"] for r in step] == ["step"] and step[0]["baseline_us"] > 0, step
 pulled = sum(r["bytes"] * r["batch"] for r in rows if r["scenario"] == "pull") * 6
 rx = int(sys.argv[2])
 assert rx >= pulled, f"the workers' namespace received {rx} bytes, less than the {pulled} pulled"
