@@ -4,10 +4,11 @@
 # shards x 2 workers, over shm, Tessera's tcp on loopback, and Tessera's tcp
 # with every shard and the workers in network namespaces of their own
 # ("tcp-netns": veth pairs on a bridge, bench/netns_cluster.sh; needs root),
-# each point a separate `tessera bench` run with shards of its own. Beside them, single-thread memcpy's
-# bandwidth from kernels_bench at the same size, measured in the same run:
-# a push over shm costs at least two copies of every byte (into the shard's
-# staging, then applied into the parameter), a pull one.
+# each point a separate `tessera bench` run with shards of its own. Beside
+# them, in the same run: single-thread memcpy's bandwidth from kernels_bench
+# at the same size (a push over shm costs at least two copies of every byte,
+# into the shard's staging, then applied into the parameter; a pull one),
+# and for tcp one iperf3 stream each way.
 #   bench/scaling.sh OUT_PREFIX      (writes OUT_PREFIX.json and OUT_PREFIX.png)
 # Each point is run ROUNDS times (rounds outermost, so a noisy spell of the
 # machine hits every point) and the median of the rounds' figures is kept.
@@ -16,7 +17,7 @@
 # ITERS (20), MODEL (resnet50), TRANSPORTS ("shm tcp tcp-netns"), MAX (4).
 set -euo pipefail
 if [ $# -ne 1 ]; then
-  sed -n '2,15p' "$0" >&2
+  sed -n '2,17p' "$0" >&2
   exit 2
 fi
 prefix=$1
@@ -65,10 +66,10 @@ iperf_point() {  # round transport
   local last=$(($(nproc) - 1))
   for dir in push pull; do
     "${in_shard[@]}" taskset -c 0 iperf3 --server --one-off --port "$port" >/dev/null &
-    local server=$! tries=0
+    local server=$! deadline=$((SECONDS + 30))
     # iperf3's client does not retry: wait for the listener first.
     until "${in_shard[@]}" ss -ltnH "sport = :$port" | grep -q .; do
-      ((++tries < 100)) || { echo "scaling: iperf3 server did not listen" >&2; return 1; }
+      ((SECONDS < deadline)) || { echo "scaling: iperf3 server did not listen" >&2; return 1; }
       sleep 0.05
     done
     "${in_workers[@]}" taskset -c "$last" iperf3 --client "$host" --port "$port" --time 3 \
@@ -135,7 +136,8 @@ import json, sys
 rows = json.load(open(sys.argv[1]))
 memcpy = [r["gbps"] for r in rows if r["scenario"] == "memcpy"]
 print(f"memcpy 64 MiB, one thread: {memcpy[0]:.1f} GB/s" if memcpy else "memcpy: not measured")
-print("tcp congestion control:", open("/proc/sys/net/ipv4/tcp_congestion_control").read().strip())
+print("tcp congestion control:",
+      next((r["tcp_congestion_control"] for r in rows if "tcp_congestion_control" in r), "-"))
 for r in rows:
     if r["scenario"].startswith("iperf3-"):
         print(f'{r["scenario"]}, {r["transport"]}, one stream: {r["gbps"]:.2f} GB/s')

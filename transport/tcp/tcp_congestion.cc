@@ -28,6 +28,12 @@ std::string ProcLine(const char* path) {
 
 std::string HostCongestion() { return ProcLine("/proc/sys/net/ipv4/tcp_congestion_control"); }
 
+std::string ChosenCongestion(const std::string& option) {
+  if (!option.empty()) return option;
+  const char* env = std::getenv("TESSERA_TCP_CONGESTION");
+  return env != nullptr ? env : "";
+}
+
 int SetCongestion(int fd, const std::string& name) {
   if (name.empty()) return 0;
   return setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, name.data(),
@@ -54,8 +60,7 @@ Status CheckCongestion(const std::string& name) {
 ProbeFinding ProbeTcpCongestion() {
   ProbeFinding f{"tcp-congestion", "ok", "", ""};
   const std::string host = tcp::HostCongestion();
-  const char* env = std::getenv("TESSERA_TCP_CONGESTION");
-  const std::string chosen = env != nullptr ? env : "";
+  const std::string chosen = tcp::ChosenCongestion("");
   f.data = {{"host_default", host},
             {"tessera", chosen.empty() ? host : chosen},
             {"from_environment", !chosen.empty()}};

@@ -12,6 +12,10 @@ namespace tessera::transport::tcp {
 // The host's default (net.ipv4.tcp_congestion_control).
 std::string HostCongestion();
 
+// What Tessera's sockets are to get: `option` (ContextOptions::
+// tcp_congestion), else TESSERA_TCP_CONGESTION; empty for the host's.
+std::string ChosenCongestion(const std::string& option);
+
 // Sets `name` on the socket; nothing for an empty name. 0 or -1 (errno).
 int SetCongestion(int fd, const std::string& name);
 

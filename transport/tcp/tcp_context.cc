@@ -10,7 +10,6 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstdlib>
 #include <cstring>
 
 #include "core/log.h"
@@ -73,9 +72,7 @@ void TcpContext::TuneSocket(int fd) const {
 }
 
 Status TcpContext::Init() {
-  if (options_.tcp_congestion.empty()) {
-    if (const char* cc = std::getenv("TESSERA_TCP_CONGESTION")) options_.tcp_congestion = cc;
-  }
+  options_.tcp_congestion = ChosenCongestion(options_.tcp_congestion);
   // Tried once here, so that a name the kernel refuses fails the context
   // at once instead of leaving every connection on the host's default.
   if (!options_.tcp_congestion.empty()) {
