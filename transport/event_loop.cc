@@ -32,6 +32,12 @@ class DrivingScope {
 
 int64_t NowNs() { return SteadyNowNs(); }
 
+template <typename Timer>
+int64_t TimerDueNs(const Timer& t) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(t.deadline.time_since_epoch())
+      .count();
+}
+
 }  // namespace
 
 Result<std::unique_ptr<EventLoop>> EventLoop::Create(std::string name, bool busy_poll, Hooks hooks,
@@ -180,6 +186,11 @@ int EventLoop::MillisToNextTimer() const {
   return ms < 0 ? 0 : static_cast<int>(ms);
 }
 
+bool EventLoop::SleeperMustLookAgain() const {
+  if (!hooks_.fd_shows_all_work) return true;
+  return !timers_.empty() && TimerDueNs(timers_.top()) < sleep_until_ns_;
+}
+
 bool EventLoop::Turn() {
   bool worked = RunTasks();
   // One clock read per turn, as before timers were preceded by a drain.
@@ -206,19 +217,20 @@ bool EventLoop::Drive() {
     DrivingScope scope(this);
     worked = Turn();
   }
-  lock.unlock();
-  if (worked) {
-    // The progress thread armed the fabric's fd before this thread took
-    // work from under it; wake it so that it looks again (follow-up work
-    // of what was just sent need not raise an event).
-    if (sleeping_.load()) Wake();
-  }
+  // The progress thread armed the fabric's fd before this thread took work
+  // from under it: it must look again once this thread stops driving (on
+  // an armed fabric, follow-up work of what was just sent need not raise an
+  // event), unless the fd shows all work and no timer fell due sooner.
+  // Until then this thread drives; waking it now, on every Drive that
+  // worked, cost a system call and, on a shared core, a context switch.
+  if (worked && sleeping_.load() && SleeperMustLookAgain()) wake_at_hand_back_.store(true);
   return worked;
 }
 
 void EventLoop::StopDriving() {
   last_foreign_drive_ns_.store(0);  // sequentially consistent: see Nap
-  if (napping_.load()) Wake();
+  const bool look_again = wake_at_hand_back_.exchange(false);
+  if (napping_.load() || look_again) Wake();
 }
 
 void EventLoop::Run() {
@@ -292,6 +304,7 @@ void EventLoop::Run() {
     if (hooks_.max_sleep_ms >= 0 && (timeout_ms < 0 || timeout_ms > hooks_.max_sleep_ms)) {
       timeout_ms = hooks_.max_sleep_ms;
     }
+    sleep_until_ns_ = timers_.empty() ? INT64_MAX : TimerDueNs(timers_.top());
     lock.unlock();
     int n = epoll_wait(epoll_fd_, events, kMaxEvents, timeout_ms);
     sleeping_ = false;

@@ -37,6 +37,13 @@ class EventLoop {
     // Wake at least this often even without an event (-1: never), for a
     // fabric whose wake-ups are known to be missed now and then.
     int max_sleep_ms = -1;
+    // True when everything the fabric still has to do keeps event_fd
+    // readable (level-triggered, as epoll over sockets), however often
+    // another thread drove it meanwhile. A thread that worked in Drive then
+    // wakes a sleeping progress thread only for a timer it made due sooner;
+    // otherwise (an armed fabric whose arming the driver may have used up)
+    // after any work.
+    bool fd_shows_all_work = false;
   };
 
   // `spin` keeps polling that long after the last work before sleeping: a
@@ -66,6 +73,8 @@ class EventLoop {
   bool Drive();
   // The calling thread stops calling Drive() (to sleep): the progress
   // thread, which leaves the work to a driving thread, takes it back now.
+  // A thread that drove must call it when it stops: the progress thread
+  // may be asleep on a fabric fd that the driver's work left unarmed.
   void StopDriving();
 
  private:
@@ -88,6 +97,9 @@ class EventLoop {
   // Runs the timers due at `now`.
   void RunTimers(std::chrono::steady_clock::time_point now);
   int MillisToNextTimer() const;
+  // Whether the progress thread, asleep now, must be woken after another
+  // thread's Drive did work (the caller holds drive_mu_).
+  bool SleeperMustLookAgain() const;
   void Wake();
   // True while another thread drives the loop (called Drive() lately and
   // has not handed it back).
@@ -124,6 +136,12 @@ class EventLoop {
   // When a thread other than the progress thread last called Drive().
   std::atomic<int64_t> last_foreign_drive_ns_{0};
   std::atomic<bool> napping_{false};
+  // A driver worked while the progress thread slept on the fabric's fd:
+  // StopDriving wakes it to look again (see Drive).
+  std::atomic<bool> wake_at_hand_back_{false};
+  // While sleeping_: when the first timer it sleeps for is due (steady
+  // clock, ns; INT64_MAX for none). Written and read under drive_mu_.
+  int64_t sleep_until_ns_ = 0;
 
   // Whoever holds drive_mu_.
   std::vector<Task> running_tasks_;  // the batch being run

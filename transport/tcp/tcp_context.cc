@@ -86,6 +86,9 @@ Status TcpContext::Init() {
   // loop never sleeps through it.
   hooks.arm = [] { return true; };
   hooks.event_fd = epoll_fd_;
+  // A send the kernel could not take whole leaves EPOLLOUT watched, and a
+  // short read left nothing unread: all work shows on the fd.
+  hooks.fd_shows_all_work = true;
   auto loop = EventLoop::Create(options_.name, options_.busy_poll, std::move(hooks),
                                 options_.spin_before_sleep);
   if (!loop.ok()) return loop.status();

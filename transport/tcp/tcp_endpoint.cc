@@ -289,6 +289,7 @@ void TcpEndpoint::ReadSome() {
         if (payload_left_ == 0) {
           if (Status st = OnPayloadDone(); !st.ok()) return Refuse(st);
         }
+        if (static_cast<size_t>(r) < want) return;  // drained: see below
         continue;
       }
     } else {
@@ -298,15 +299,22 @@ void TcpEndpoint::ReadSome() {
         rend_ -= rpos_;
         rpos_ = 0;
       }
-      r = recv(fd_, rbuf_.get() + rend_, kReadBuffer - rend_, 0);
+      const size_t room = kReadBuffer - rend_;
+      r = recv(fd_, rbuf_.get() + rend_, room, 0);
       if (r > 0) {
         NoteTraffic();
         rend_ += static_cast<size_t>(r);
+        // A read shorter than asked emptied the socket's queue: the next
+        // recv would only say EAGAIN, one system call per message in vain.
+        // The fd is watched level-triggered, so bytes that arrive later
+        // raise the next event.
+        const bool drained = static_cast<size_t>(r) < room;
         if (closing_) {
           rpos_ = rend_ = 0;  // closing: what the peer still sends is not read
-          continue;
+        } else if (!Parse()) {
+          return;
         }
-        if (!Parse()) return;
+        if (drained) return;
         continue;
       }
     }
