@@ -217,6 +217,8 @@ bool EventLoop::Drive() {
     DrivingScope scope(this);
     worked = Turn();
   }
+  // A turn may take long (a large get is a copy): this thread drove until now.
+  if (worked) last_foreign_drive_ns_.store(NowNs(), std::memory_order_relaxed);
   // The progress thread armed the fabric's fd before this thread took work
   // from under it: it must look again once this thread stops driving (on
   // an armed fabric, follow-up work of what was just sent need not raise an
@@ -225,6 +227,35 @@ bool EventLoop::Drive() {
   // worked, cost a system call and, on a shared core, a context switch.
   if (worked && sleeping_.load() && SleeperMustLookAgain()) wake_at_hand_back_.store(true);
   return worked;
+}
+
+void EventLoop::PauseDriving() {
+  // The progress thread must still look again where this thread's work may
+  // have used up what it sleeps on (see Drive).
+  if (wake_at_hand_back_.exchange(false)) Wake();
+}
+
+bool EventLoop::RunHere(Task& fn) {
+  if (!running_.load(std::memory_order_relaxed) || tls_driving == this) return false;
+  last_foreign_drive_ns_.store(NowNs(), std::memory_order_relaxed);
+  std::unique_lock<std::mutex> lock(drive_mu_, std::try_to_lock);
+  if (!lock.owns_lock()) return false;
+  {
+    DrivingScope scope(this);
+    RunTasks();  // posted earlier: they run first, as they would on the loop
+    fn();
+  }
+  // fn may have taken long (a large put is a copy): the time this thread
+  // last drove is now.
+  last_foreign_drive_ns_.store(NowNs(), std::memory_order_relaxed);
+  lock.unlock();
+  // Asleep on the fabric's fd, the progress thread would be woken by the
+  // answer and take the core from this thread just when it picks the answer
+  // up (on a fabric whose fd stays readable until read, only to find
+  // nothing and sleep again, in the kernel, on every call). Woken now, it
+  // naps instead, off the fabric, for as long as this thread keeps driving.
+  if (sleeping_.load()) Wake();
+  return true;
 }
 
 void EventLoop::StopDriving() {

@@ -71,11 +71,18 @@ class EventLoop {
   // calling thread, unless another thread is driving the loop; never blocks.
   // Returns true when it did some work.
   bool Drive();
+  // Runs the tasks posted so far, then `fn`, on the calling thread, unless
+  // another thread drives the loop (then false, `fn` untouched).
+  bool RunHere(Task& fn);
   // The calling thread stops calling Drive() (to sleep): the progress
   // thread, which leaves the work to a driving thread, takes it back now.
   // A thread that drove must call it when it stops: the progress thread
   // may be asleep on a fabric fd that the driver's work left unarmed.
   void StopDriving();
+  // The calling thread stops calling Drive() for a moment (between two
+  // blocking calls): a napping progress thread is left to nap, and takes
+  // the loop back when its nap ends and nobody drove meanwhile.
+  void PauseDriving();
 
  private:
   EventLoop(std::string name, bool busy_poll, Hooks hooks, std::chrono::microseconds spin);

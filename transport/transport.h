@@ -260,10 +260,20 @@ class Context {
   // Returns true when it did some work. A thread waiting for a reply calls
   // it to pick the reply up itself, as MPI libraries do.
   virtual bool Drive() = 0;
+  // Runs `fn` now on the calling thread, as the progress thread would (after
+  // the tasks posted before it), unless another thread drives the loop;
+  // then returns false and leaves `fn` to be posted. For a caller that
+  // drives right after (a blocking call): the progress thread is not woken.
+  virtual bool RunHere(Task& fn) = 0;
   // Says that the calling thread stops calling Drive() for now (to sleep):
   // the progress thread, which meanwhile left the work to it, takes it back
   // at once instead of within a millisecond.
   virtual void StopDriving() = 0;
+  // Says that the calling thread has what it drove for and is likely to
+  // drive again soon (a blocking caller between two calls): the progress
+  // thread, which keeps out of its way meanwhile, is not woken for it but
+  // takes the work back by itself within a millisecond if it does not.
+  virtual void PauseDriving() = 0;
 
   virtual Counters counters() const = 0;
   // What the backend is and what it uses, for logs and `tessera status`.

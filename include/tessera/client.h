@@ -401,17 +401,10 @@ class TESSERA_EXPORT Client {
   // A push tagged with the worker's step (sync and bounded tensors; steps
   // count from 0).
   Future PushAsync(const std::vector<PushItem>& items, uint64_t step);
-  Status Push(const std::vector<PushItem>& items, uint64_t step) {
-    return PushAsync(items, step).Wait();
-  }
+  Status Push(const std::vector<PushItem>& items, uint64_t step);
   // The same, also saying which chunks were dropped (see DroppedChunk).
   Status Push(const std::vector<PushItem>& items, uint64_t step,
-              std::vector<DroppedChunk>* dropped) {
-    Future f = PushAsync(items, step);
-    Status st = f.Wait();
-    if (dropped != nullptr) *dropped = f.dropped();
-    return st;
-  }
+              std::vector<DroppedChunk>* dropped);
   Future PullAsync(const std::vector<PullItem>& items);
   // The asynchronous calls ordered as `call` says (a CUDA stream).
   Future PushAsync(const std::vector<PushItem>& items, const CallOptions& call);
@@ -424,9 +417,11 @@ class TESSERA_EXPORT Client {
   // (ClientOptions::inline_bytes) it is one round trip: the shard answers the
   // push with the weights. Larger parts are a push, then a pull.
   Future PushPullAsync(const std::vector<PushPullItem>& items);
-  Status Push(const std::vector<PushItem>& items) { return PushAsync(items).Wait(); }
-  Status Pull(const std::vector<PullItem>& items) { return PullAsync(items).Wait(); }
-  Status PushPull(const std::vector<PushPullItem>& items) { return PushPullAsync(items).Wait(); }
+  // The blocking calls: the calling thread issues the call and picks up
+  // its answer itself, waking no other thread on the way.
+  Status Push(const std::vector<PushItem>& items);
+  Status Pull(const std::vector<PullItem>& items);
+  Status PushPull(const std::vector<PushPullItem>& items);
 
   // Chief only: new hyper-parameters for a tensor's optimizer from its next
   // update on (a learning-rate schedule).

@@ -26,10 +26,17 @@ Status Future::WaitFor(std::chrono::milliseconds limit) const {
       break;
     }
   }
-  // Hand progress back to the client's progress thread now, whether the
-  // answer came or this thread is about to sleep: nothing then waits for
-  // the progress thread to notice that nobody drives any more.
-  if (state_->driver) state_->driver->StopDriving();
+  // The answer came: this thread is likely back with its next call soon,
+  // and the progress thread, napping meanwhile, takes over by itself if it
+  // is not (PauseDriving). About to sleep instead: hand progress back now,
+  // since the answer is the progress thread's to deliver.
+  if (state_->driver) {
+    if (state_->ready.load(std::memory_order_acquire)) {
+      state_->driver->PauseDriving();
+    } else {
+      state_->driver->StopDriving();
+    }
+  }
   std::unique_lock<std::mutex> lock(state_->mu);
   if (!state_->cv.wait_for(lock, limit, [&] { return state_->ready.load(); })) {
     return Status::DeadlineExceeded("operation did not complete within " +

@@ -34,6 +34,11 @@ class ProgressDriver {
     if (!closed_.load()) ctx_->StopDriving();
     users_.fetch_sub(1);
   }
+  void PauseDriving() {
+    users_.fetch_add(1);
+    if (!closed_.load()) ctx_->PauseDriving();
+    users_.fetch_sub(1);
+  }
   // Called before the context goes: later Drive calls do nothing, and the
   // ones already inside it have left when this returns.
   void Close() {

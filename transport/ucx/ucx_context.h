@@ -39,7 +39,9 @@ class UcxContext final : public Context {
   }
   bool InProgressThread() const override { return loop_->InLoopThread(); }
   bool Drive() override { return loop_->Drive(); }
+  bool RunHere(Task& fn) override { return loop_->RunHere(fn); }
   void StopDriving() override { loop_->StopDriving(); }
+  void PauseDriving() override { loop_->PauseDriving(); }
   Counters counters() const override;
   std::string Describe() const override;
 

@@ -1,0 +1,135 @@
+// The transport contract for threads that drive a context themselves (a
+// caller waiting for its reply) and hand it back: run for every backend the
+// suite in transport_test.cc instantiates.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+#include <vector>
+
+#include "tests/test_util.h"
+#include "tests/transport_fixture.h"
+
+namespace tessera::transport {
+namespace {
+
+using tessera::testing::WaitUntil;
+
+// Threads that call Drive() take the progress thread's place one at a time:
+// handlers run on them too, never two at once, and each sees itself as the
+// progress thread.
+TEST_P(TransportTest, DrivingThreadsRunHandlersOneAtATime) {
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> drivers;
+  for (int i = 0; i < 2; ++i) {
+    drivers.emplace_back([&] {
+      tls_is_driver = true;
+      while (!stop.load()) {
+        if (!client_ctx_->Drive()) std::this_thread::yield();
+      }
+    });
+  }
+  // The progress thread may win every race for a while on a loaded machine:
+  // keep sending until a driver has run a handler (or time is up).
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  int sent = 0;
+  while ((sent < 2000 || ran_on_drivers_.load() == 0) &&
+         std::chrono::steady_clock::now() < deadline) {
+    for (int i = 0; i < 100; ++i, ++sent) ep_->Send(kSerialMsg, {1, 2, 3});
+    while (serial_replies_.load() < sent && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(1ms);
+    }
+  }
+  stop = true;
+  for (auto& t : drivers) t.join();
+  EXPECT_EQ(serial_replies_.load(), sent);
+  EXPECT_EQ(overlaps_.load(), 0);
+  EXPECT_EQ(outside_progress_.load(), 0);
+  EXPECT_GT(ran_on_drivers_.load(), 0) << "no handler ran on a driving thread";
+}
+
+// RunHere runs a task on the calling thread, after the tasks posted before
+// it, as the progress thread would have; while another thread drives, it
+// refuses and leaves the task whole, to be posted.
+TEST_P(TransportTest, RunHereRunsOnTheCallerAfterEarlierTasks) {
+  std::mutex order_mu;
+  std::vector<int> order;
+  auto note = [&](int what) {
+    std::lock_guard<std::mutex> lock(order_mu);
+    order.push_back(what);
+  };
+  // Each round the progress thread may have run the earlier task already,
+  // or hold the loop: rounds until RunHere ran 20 tasks here.
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  int ran_here = 0;
+  while (ran_here < 20 && std::chrono::steady_clock::now() < deadline) {
+    {
+      std::lock_guard<std::mutex> lock(order_mu);
+      order.clear();
+    }
+    client_ctx_->Post([&] { note(1); });
+    const auto caller = std::this_thread::get_id();
+    bool on_caller = false, in_progress = false;
+    Task task([&] {
+      on_caller = std::this_thread::get_id() == caller;
+      in_progress = client_ctx_->InProgressThread();
+      note(2);
+    });
+    if (!client_ctx_->RunHere(task)) {
+      client_ctx_->Post(std::move(task));
+      ASSERT_TRUE(WaitUntil(
+          [&] {
+            std::lock_guard<std::mutex> lock(order_mu);
+            return order.size() == 2;
+          },
+          20s));
+      continue;
+    }
+    ++ran_here;
+    client_ctx_->PauseDriving();
+    EXPECT_TRUE(on_caller);
+    EXPECT_TRUE(in_progress) << "a task run here must see itself on the progress thread";
+    std::lock_guard<std::mutex> lock(order_mu);
+    EXPECT_EQ(order, (std::vector<int>{1, 2})) << "the task ran before one posted earlier";
+  }
+  ASSERT_EQ(ran_here, 20) << "RunHere seldom found the loop free in 20 s";
+
+  // Held by a task on the progress thread, the loop is not free: RunHere
+  // refuses, and the task it was given still runs once posted.
+  std::atomic<bool> holding{false}, release{false}, ran{false};
+  client_ctx_->Post([&] {
+    holding = true;
+    while (!release.load()) std::this_thread::yield();
+  });
+  ASSERT_TRUE(WaitUntil([&] { return holding.load(); }, 20s));
+  Task refused([&] { ran = true; });
+  EXPECT_FALSE(client_ctx_->RunHere(refused));
+  EXPECT_FALSE(ran.load());
+  client_ctx_->Post(std::move(refused));
+  release = true;
+  EXPECT_TRUE(WaitUntil([&] { return ran.load(); }, 20s));
+}
+
+// A thread that drove, set a timer and sent a request, then paused (its
+// call answered, its next one not begun) and never came back: the timer
+// fires and the answer is handled all the same, by the progress thread,
+// which took the loop back by itself. Nobody hangs on a caller who left.
+TEST_P(TransportTest, WorkAfterACallerPausedIsDoneByTheProgressThread) {
+  std::atomic<bool> fired{false};
+  std::thread caller([&] {
+    Task start([&] {
+      client_ctx_->PostAfter(1ms, [&] { fired = true; });
+      ep_->Send(kEchoMsg, {4, 5, 6});
+    });
+    if (!client_ctx_->RunHere(start)) client_ctx_->Post(std::move(start));
+    for (int i = 0; i < 100; ++i) client_ctx_->Drive();
+    client_ctx_->PauseDriving();
+  });
+  caller.join();
+  EXPECT_TRUE(WaitUntil([&] { return fired.load(); }, 20s)) << "the timer never fired";
+  EXPECT_EQ(NextReply(), (std::vector<uint8_t>{4, 5, 6}));
+}
+
+}  // namespace
+}  // namespace tessera::transport
