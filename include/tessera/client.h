@@ -232,6 +232,15 @@ struct TESSERA_EXPORT CallOptions {
   // same. Needs a build with CUDA, a GPU, and a driver with stream memory
   // operations; where they are missing the call fails saying which.
   void* cuda_stream = nullptr;
+  // The caller waits on the returned Future at once, as the blocking calls
+  // (Push, Pull, PushPull) do. The call is then issued on the calling thread
+  // when no other thread drives the client, rather than by the progress
+  // thread, which posting it to would wake: a system call and, where the
+  // two share a core, a context switch, on every call. Leave it false for a
+  // call that overlaps other work: issuing a large call is a copy (shared
+  // memory) or a send, and would then hold up the caller. Not with a CUDA
+  // stream (the stream issues the call).
+  bool caller_waits = false;
 };
 
 // A chunk of a push that its shard dropped, as TensorFlow's
@@ -401,10 +410,17 @@ class TESSERA_EXPORT Client {
   // A push tagged with the worker's step (sync and bounded tensors; steps
   // count from 0).
   Future PushAsync(const std::vector<PushItem>& items, uint64_t step);
-  Status Push(const std::vector<PushItem>& items, uint64_t step);
+  Status Push(const std::vector<PushItem>& items, uint64_t step) {
+    return PushAsync(items, step, kWaitAtOnce).Wait();
+  }
   // The same, also saying which chunks were dropped (see DroppedChunk).
   Status Push(const std::vector<PushItem>& items, uint64_t step,
-              std::vector<DroppedChunk>* dropped);
+              std::vector<DroppedChunk>* dropped) {
+    Future f = PushAsync(items, step, kWaitAtOnce);
+    Status st = f.Wait();
+    if (dropped != nullptr) *dropped = f.dropped();
+    return st;
+  }
   Future PullAsync(const std::vector<PullItem>& items);
   // The asynchronous calls ordered as `call` says (a CUDA stream).
   Future PushAsync(const std::vector<PushItem>& items, const CallOptions& call);
@@ -417,11 +433,13 @@ class TESSERA_EXPORT Client {
   // (ClientOptions::inline_bytes) it is one round trip: the shard answers the
   // push with the weights. Larger parts are a push, then a pull.
   Future PushPullAsync(const std::vector<PushPullItem>& items);
-  // The blocking calls: the calling thread issues the call and picks up
-  // its answer itself, waking no other thread on the way.
-  Status Push(const std::vector<PushItem>& items);
-  Status Pull(const std::vector<PullItem>& items);
-  Status PushPull(const std::vector<PushPullItem>& items);
+  // The blocking calls: the calling thread issues the call and picks up its
+  // answer itself, waking no other thread on the way (CallOptions::caller_waits).
+  Status Push(const std::vector<PushItem>& items) { return PushAsync(items, kWaitAtOnce).Wait(); }
+  Status Pull(const std::vector<PullItem>& items) { return PullAsync(items, kWaitAtOnce).Wait(); }
+  Status PushPull(const std::vector<PushPullItem>& items) {
+    return PushPullAsync(items, kWaitAtOnce).Wait();
+  }
 
   // Chief only: new hyper-parameters for a tensor's optimizer from its next
   // update on (a learning-rate schedule).
@@ -446,6 +464,7 @@ class TESSERA_EXPORT Client {
   class Impl;
 
  private:
+  static constexpr CallOptions kWaitAtOnce{.caller_waits = true};
   explicit Client(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };

@@ -402,25 +402,33 @@ int tessera_client_restored_step(const tessera_client_t* client, uint64_t* step)
   return 1;
 }
 
+// The blocking calls wait at once: the calling thread issues the call
+// itself (CallOptions::caller_waits).
 void tessera_client_push(tessera_client_t* client, const tessera_push_item_t* items, size_t count,
                          uint64_t step, char** errptr) {
-  tessera_future_t* f = tessera_client_push_async(client, items, count, step);
-  tessera_future_wait(f, errptr);
-  tessera_future_destroy(f);
+  GuardedVoid(errptr, [&] {
+    auto batch = PushItems(items, count);
+    const tessera::CallOptions call{.caller_waits = true};
+    tessera::Future f = step == TESSERA_NO_STEP ? client->client->PushAsync(batch, call)
+                                                : client->client->PushAsync(batch, step, call);
+    SaveError(errptr, f.Wait());
+  });
 }
 
 void tessera_client_pull(tessera_client_t* client, const tessera_pull_item_t* items, size_t count,
                          char** errptr) {
-  tessera_future_t* f = tessera_client_pull_async(client, items, count);
-  tessera_future_wait(f, errptr);
-  tessera_future_destroy(f);
+  GuardedVoid(errptr, [&] {
+    const tessera::CallOptions call{.caller_waits = true};
+    SaveError(errptr, client->client->PullAsync(PullItems(items, count), call).Wait());
+  });
 }
 
 void tessera_client_push_pull(tessera_client_t* client, const tessera_push_pull_item_t* items,
                               size_t count, char** errptr) {
-  tessera_future_t* f = tessera_client_push_pull_async(client, items, count);
-  tessera_future_wait(f, errptr);
-  tessera_future_destroy(f);
+  GuardedVoid(errptr, [&] {
+    const tessera::CallOptions call{.caller_waits = true};
+    SaveError(errptr, client->client->PushPullAsync(PushPullItems(items, count), call).Wait());
+  });
 }
 
 tessera_future_t* tessera_client_push_async(tessera_client_t* client,

@@ -97,36 +97,17 @@ Future Client::PushPullAsync(const std::vector<PushPullItem>& items) {
   return impl_->PushPull(items, {});
 }
 Future Client::PushAsync(const std::vector<PushItem>& items, const CallOptions& call) {
-  return impl_->Push(items, 0, std::nullopt, {call});
+  return impl_->Push(items, 0, std::nullopt, call);
 }
 Future Client::PushAsync(const std::vector<PushItem>& items, uint64_t step,
                          const CallOptions& call) {
-  return impl_->Push(items, 0, step, {call});
+  return impl_->Push(items, 0, step, call);
 }
 Future Client::PullAsync(const std::vector<PullItem>& items, const CallOptions& call) {
-  return impl_->Pull(items, {call});
+  return impl_->Pull(items, call);
 }
 Future Client::PushPullAsync(const std::vector<PushPullItem>& items, const CallOptions& call) {
-  return impl_->PushPull(items, {call});
-}
-Status Client::Push(const std::vector<PushItem>& items) {
-  return impl_->Push(items, 0, std::nullopt, {.caller_waits = true}).Wait();
-}
-Status Client::Push(const std::vector<PushItem>& items, uint64_t step) {
-  return impl_->Push(items, 0, step, {.caller_waits = true}).Wait();
-}
-Status Client::Push(const std::vector<PushItem>& items, uint64_t step,
-                    std::vector<DroppedChunk>* dropped) {
-  Future f = impl_->Push(items, 0, step, {.caller_waits = true});
-  Status st = f.Wait();
-  if (dropped != nullptr) *dropped = f.dropped();
-  return st;
-}
-Status Client::Pull(const std::vector<PullItem>& items) {
-  return impl_->Pull(items, {.caller_waits = true}).Wait();
-}
-Status Client::PushPull(const std::vector<PushPullItem>& items) {
-  return impl_->PushPull(items, {.caller_waits = true}).Wait();
+  return impl_->PushPull(items, call);
 }
 int Client::num_shards() const { return impl_->options_.cluster.num_tasks("ps"); }
 

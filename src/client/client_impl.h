@@ -69,17 +69,10 @@ class Client::Impl {
   }
   // `step`: the worker's step; none for a push without one, which sync
   // tensors refuse.
-  // How a call is issued: as the caller said, and whether the calling thread
-  // waits on it at once (a blocking call), so that it issues the call itself
-  // rather than waking the progress thread to do it (see FanOut).
-  struct IssueOptions {
-    CallOptions call;
-    bool caller_waits = false;
-  };
   Future Push(const std::vector<PushItem>& items, uint32_t flags, std::optional<uint64_t> step,
-              const IssueOptions& how);
-  Future Pull(const std::vector<PullItem>& items, const IssueOptions& how);
-  Future PushPull(const std::vector<PushPullItem>& items, const IssueOptions& how);
+              const CallOptions& call);
+  Future Pull(const std::vector<PullItem>& items, const CallOptions& call);
+  Future PushPull(const std::vector<PushPullItem>& items, const CallOptions& call);
 
   struct Chunk {
     int shard;
@@ -262,7 +255,7 @@ class Client::Impl {
   // Ordered on a CUDA stream (`call`), the parts are issued once the stream
   // reaches the call (OrderOnStream).
   template <typename Issue>
-  Future FanOut(ByShard by_shard, Issue issue, const IssueOptions& how) {
+  Future FanOut(ByShard by_shard, Issue issue, const CallOptions& call) {
     auto op = NewOp();
     op->Add(1);                                  // held until every part is issued
     op->start = Future::State::Start::kPending;  // cancellable until it is issued
@@ -275,16 +268,16 @@ class Client::Impl {
       }
       op->Finish(Status::Ok());
     };
-    if (how.call.cuda_stream == nullptr) {
+    if (call.cuda_stream == nullptr) {
       // A blocking call issues itself when no other thread drives the loop:
       // posting would wake the progress thread (a system call and, on a
       // shared core, a context switch) only for the caller to drive anyway.
-      if (!how.caller_waits) {
+      if (!call.caller_waits) {
         ctx_->Post(std::move(start));
       } else if (transport::Task task(std::move(start)); !ctx_->RunHere(task)) {
         ctx_->Post(std::move(task));
       }
-    } else if (Status st = OrderOnStream(how.call.cuda_stream, op, std::move(start)); !st.ok()) {
+    } else if (Status st = OrderOnStream(call.cuda_stream, op, std::move(start)); !st.ok()) {
       if (op->TryStart()) op->Finish(st);
     }
     return Future(op);

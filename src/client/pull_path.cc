@@ -224,7 +224,7 @@ void Client::Impl::AcceptPullReply(int shard, ChunkIos ios, const wire::PullRepl
   }
 }
 
-Future Client::Impl::Pull(const std::vector<PullItem>& items, const IssueOptions& how) {
+Future Client::Impl::Pull(const std::vector<PullItem>& items, const CallOptions& call) {
   auto by_shard = SplitByShard(items, "pull", nullptr);
   if (!by_shard.ok()) return FailedFuture(by_shard.status());
   return FanOut(
@@ -232,7 +232,7 @@ Future Client::Impl::Pull(const std::vector<PullItem>& items, const IssueOptions
       [this](int shard, ChunkIos ios, const std::shared_ptr<Future::State>& op) {
         PullFromShard(shard, std::move(ios), [op](const Status& st) { op->Finish(st); });
       },
-      how);
+      call);
 }
 
 }  // namespace tessera

@@ -389,7 +389,7 @@ void Client::Impl::PushThroughSlot(int shard, ChunkIos ios, uint32_t flags, Push
 }
 
 Future Client::Impl::Push(const std::vector<PushItem>& items, uint32_t flags,
-                          std::optional<uint64_t> tagged_step, const IssueOptions& how) {
+                          std::optional<uint64_t> tagged_step, const CallOptions& call) {
   if (options_.read_only) return FailedFuture(ReadOnlyRefusal("push"));
   const uint64_t step = tagged_step.value_or(0);
   // Untagged, a sync push would count as step 0, and the worker's real
@@ -425,7 +425,7 @@ Future Client::Impl::Push(const std::vector<PushItem>& items, uint32_t flags,
         PushToShard(shard, std::move(ios), flags, PushStep{step, parts}, op,
                     [op](const Status& st, std::span<const uint64_t>) { op->Finish(st); });
       },
-      how);
+      call);
 }
 
 }  // namespace tessera

@@ -25,7 +25,7 @@ void Client::Impl::PushThenPullInline(int shard, const ChunkIos& gradients, Chun
           });
 }
 
-Future Client::Impl::PushPull(const std::vector<PushPullItem>& items, const IssueOptions& how) {
+Future Client::Impl::PushPull(const std::vector<PushPullItem>& items, const CallOptions& call) {
   if (options_.read_only) return FailedFuture(ReadOnlyRefusal("push_pull"));
   auto by_shard = SplitByShard(items, "push_pull", [](const TensorEntry& e) {
     // Its gradient counts towards a step, which push_pull does not carry:
@@ -60,7 +60,7 @@ Future Client::Impl::PushPull(const std::vector<PushPullItem>& items, const Issu
                       PullFromShard(shard, std::move(pull), done);
                     });
       },
-      how);
+      call);
 }
 
 }  // namespace tessera

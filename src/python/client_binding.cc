@@ -268,16 +268,19 @@ class PyClient {
 
   void Push(nb::handle items, std::optional<uint64_t> step) {
     Blocking(PushItems(items), [step](Client& c, const std::vector<PushItem>& push) {
-      return step ? c.PushAsync(push, *step) : c.PushAsync(push);
+      return step ? c.PushAsync(push, *step, kWaitAtOnce) : c.PushAsync(push, kWaitAtOnce);
     });
   }
   void Pull(nb::handle items, uint64_t min_version, uint64_t min_step) {
     Blocking(PullItems(items, min_version, min_step),
-             [](Client& c, const std::vector<PullItem>& pull) { return c.PullAsync(pull); });
+             [](Client& c, const std::vector<PullItem>& pull) {
+               return c.PullAsync(pull, kWaitAtOnce);
+             });
   }
   void PushPull(nb::handle items) {
-    Blocking(PushPullItems(items),
-             [](Client& c, const std::vector<PushPullItem>& pp) { return c.PushPullAsync(pp); });
+    Blocking(PushPullItems(items), [](Client& c, const std::vector<PushPullItem>& pp) {
+      return c.PushPullAsync(pp, kWaitAtOnce);
+    });
   }
 
   // For benchmarks/python_overhead.py: the same blocking call `n` times from
@@ -372,8 +375,10 @@ class PyClient {
   }
 
   // Starts and waits in one release of the GIL, as Client::Push does: this
-  // thread drives the client's progress from the first moment, instead of
-  // handing the reply to the progress thread while it takes the GIL back.
+  // thread issues the call and drives the client's progress from the first
+  // moment, instead of handing the reply to the progress thread while it
+  // takes the GIL back.
+  static constexpr CallOptions kWaitAtOnce{.caller_waits = true};
   template <typename Item, typename Start>
   void Blocking(Call<Item> call, Start&& start) {
     Client& c = client();
