@@ -2,6 +2,7 @@
 // caller waiting for its reply) and hand it back: run for every backend the
 // suite in transport_test.cc instantiates.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 
 #include <atomic>
 #include <chrono>
@@ -15,6 +16,14 @@ namespace tessera::transport {
 namespace {
 
 using tessera::testing::WaitUntil;
+
+// How often the scheduler took the core from this thread (it never sleeps
+// of its own accord in the cases that ask).
+long InvoluntarySwitches() {
+  rusage usage{};
+  getrusage(RUSAGE_THREAD, &usage);
+  return usage.ru_nivcsw;
+}
 
 // Threads that call Drive() take the progress thread's place one at a time:
 // handlers run on them too, never two at once, and each sees itself as the
@@ -129,6 +138,39 @@ TEST_P(TransportTest, WorkAfterACallerPausedIsDoneByTheProgressThread) {
   caller.join();
   EXPECT_TRUE(WaitUntil([&] { return fired.load(); }, 20s)) << "the timer never fired";
   EXPECT_EQ(NextReply(), (std::vector<uint8_t>{4, 5, 6}));
+}
+
+// Round trips made as a blocking call makes them (issued here, the answer
+// picked up by driving, the loop handed back with PauseDriving) wake the
+// progress thread seldom, not once or twice per call as posting each request
+// and handing back with StopDriving did. It is woken when it took the loop
+// back because this thread was away: descheduled, which a loaded machine
+// does to it at any time. So each time this thread was switched out against
+// its will allows two more wake-ups (it took over, and is woken off the
+// fabric again): the case still fails on a machine quiet enough to tell, as
+// this one mostly is, and a busy one cannot fail it falsely.
+TEST_P(TransportTest, BlockingRoundTripsSeldomWakeTheProgressThread) {
+  constexpr uint64_t kCalls = 500;
+  std::atomic<int> answered{0};
+  client_ctx_->SetHandler(kEchoMsg + 100, [&](const std::shared_ptr<Endpoint>&,
+                                              std::span<const uint8_t>) { answered++; });
+  const uint64_t before = client_ctx_->counters().progress_wakeups;
+  const long switched_before = InvoluntarySwitches();
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  for (int i = 0; i < static_cast<int>(kCalls); ++i) {
+    Task send([&] { ep_->Send(kEchoMsg, {1}); });
+    if (!client_ctx_->RunHere(send)) client_ctx_->Post(std::move(send));
+    while (answered.load() <= i && std::chrono::steady_clock::now() < deadline) {
+      client_ctx_->Drive();
+    }
+    client_ctx_->PauseDriving();
+    ASSERT_EQ(answered.load(), i + 1) << "no answer to call " << i << " within 60 s";
+  }
+  const uint64_t wakeups = client_ctx_->counters().progress_wakeups - before;
+  const auto switched = static_cast<uint64_t>(InvoluntarySwitches() - switched_before);
+  EXPECT_LE(wakeups, kCalls / 20 + 2 * switched)
+      << wakeups << " wake-ups of the progress thread for " << kCalls << " calls, this thread "
+      << "switched out " << switched << " times against its will";
 }
 
 }  // namespace

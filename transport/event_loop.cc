@@ -100,7 +100,9 @@ void EventLoop::Post(Task fn) {
   }
   // A napping progress thread is woken too: otherwise the task would wait
   // for the nap's end whenever no other thread drives the loop any more.
-  if (sleeping_.load() || napping_.load()) Wake();
+  // Whoever wakes it clears the flag: until the woken thread runs (late, on
+  // a loaded machine) later posts need not write to the eventfd again.
+  if (sleeping_.exchange(false) | napping_.exchange(false)) Wake();
 }
 
 void EventLoop::PostAfter(std::chrono::milliseconds delay, std::function<void()> fn) {
@@ -152,6 +154,7 @@ void EventLoop::Nap(bool lock_held) {
 }
 
 void EventLoop::Wake() {
+  wakeups_.fetch_add(1, std::memory_order_relaxed);
   uint64_t one = 1;
   ssize_t n = write(wake_fd_, &one, sizeof(one));
   (void)n;  // EAGAIN means the counter is already non-zero: the loop will wake.
@@ -254,14 +257,14 @@ bool EventLoop::RunHere(Task& fn) {
   // up (on a fabric whose fd stays readable until read, only to find
   // nothing and sleep again, in the kernel, on every call). Woken now, it
   // naps instead, off the fabric, for as long as this thread keeps driving.
-  if (sleeping_.load()) Wake();
+  if (sleeping_.exchange(false)) Wake();  // cleared: see Post
   return true;
 }
 
 void EventLoop::StopDriving() {
   last_foreign_drive_ns_.store(0);  // sequentially consistent: see Nap
   const bool look_again = wake_at_hand_back_.exchange(false);
-  if (napping_.load() || look_again) Wake();
+  if (napping_.exchange(false) || look_again) Wake();
 }
 
 void EventLoop::Run() {

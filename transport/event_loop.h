@@ -66,6 +66,8 @@ class EventLoop {
   // True on the thread that holds the drive lock now (the progress thread,
   // or a thread inside Drive).
   bool InLoopThread() const;
+  // How often another thread woke the progress thread so far.
+  uint64_t wakeups() const { return wakeups_.load(std::memory_order_relaxed); }
 
   // Runs posted tasks, due timers and the fabric's progress once on the
   // calling thread, unless another thread is driving the loop; never blocks.
@@ -146,6 +148,7 @@ class EventLoop {
   // A driver worked while the progress thread slept on the fabric's fd:
   // StopDriving wakes it to look again (see Drive).
   std::atomic<bool> wake_at_hand_back_{false};
+  std::atomic<uint64_t> wakeups_{0};
   // While sleeping_: when the first timer it sleeps for is due (steady
   // clock, ns; INT64_MAX for none). Written and read under drive_mu_.
   int64_t sleep_until_ns_ = 0;

@@ -78,6 +78,9 @@ struct Counters {
   uint64_t put_bytes = 0;
   uint64_t gets = 0;
   uint64_t get_bytes = 0;
+  // Times another thread woke the progress thread (a posted task, a hand
+  // back): each is a system call and, on a shared core, a context switch.
+  uint64_t progress_wakeups = 0;
 };
 
 // Local memory that peers may read or write one-sided once they hold its key.

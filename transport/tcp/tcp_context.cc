@@ -304,6 +304,12 @@ void TcpContext::Dispatch(const std::shared_ptr<TcpEndpoint>& ep, uint16_t msg_i
   handlers_.Dispatch(ep, msg_id, bytes);
 }
 
+Counters TcpContext::counters() const {
+  Counters c = counters_.Snapshot();
+  c.progress_wakeups = loop_->wakeups();
+  return c;
+}
+
 std::string TcpContext::Describe() const {
   return std::string("tcp (Tessera's sockets, epoll; ") +
          (options_.busy_poll ? "busy-poll" : "sleeping progress") +

@@ -60,7 +60,7 @@ class TcpContext final : public Context {
   bool RunHere(Task& fn) override { return loop_->RunHere(fn); }
   void StopDriving() override { loop_->StopDriving(); }
   void PauseDriving() override { loop_->PauseDriving(); }
-  Counters counters() const override { return counters_.Snapshot(); }
+  Counters counters() const override;
   std::string Describe() const override;
 
  private:

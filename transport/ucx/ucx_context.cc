@@ -526,7 +526,11 @@ void UcxContext::Dispatch(const std::shared_ptr<UcxEndpoint>& ep, uint16_t msg_i
   handlers_.Dispatch(ep, msg_id, bytes);
 }
 
-Counters UcxContext::counters() const { return counters_.Snapshot(); }
+Counters UcxContext::counters() const {
+  Counters c = counters_.Snapshot();
+  c.progress_wakeups = loop_->wakeups();
+  return c;
+}
 
 std::string UcxContext::Describe() const {
   const char* tls = std::getenv("UCX_TLS");

@@ -356,7 +356,11 @@ void VerbsContext::Dispatch(const std::shared_ptr<VerbsEndpoint>& ep, uint16_t m
   handlers_.Dispatch(ep, msg_id, bytes);
 }
 
-Counters VerbsContext::counters() const { return counters_.Snapshot(); }
+Counters VerbsContext::counters() const {
+  Counters c = counters_.Snapshot();
+  c.progress_wakeups = loop_->wakeups();
+  return c;
+}
 
 std::string VerbsContext::Describe() const {
   std::string names;
