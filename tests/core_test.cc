@@ -2,6 +2,7 @@
 // allocator, and the update kernels against plain references.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -17,6 +18,7 @@
 #include "core/log.h"
 #include "core/log_throttle.h"
 #include "core/placement.h"
+#include "core/ports.h"
 #include "core/secret.h"
 #include "kernels/cpu/halves_cpu.h"
 #include "kernels/update.h"
@@ -139,6 +141,18 @@ TEST(ClusterSpec, CoordinatorIsPsZeroUnlessItHasItsOwnJob) {
   EXPECT_TRUE(spec->separate_coordinator());
   EXPECT_EQ(spec->coordinator().ToString(), "/job:coordinator/task:0");
   EXPECT_EQ(spec->address(spec->coordinator()).value().ToString(), "d:4");
+}
+
+// A cluster's ports are picked before any task listens: each pick alone
+// could repeat an earlier one (it happened: two ps tasks given one port).
+TEST(Ports, PickedTogetherTheyDifferAndAreFree) {
+  const std::vector<uint16_t> ports = PickListenPorts("127.0.0.1", 400);
+  ASSERT_EQ(ports.size(), 400u);
+  std::vector<uint16_t> sorted = ports;
+  std::sort(sorted.begin(), sorted.end());
+  EXPECT_EQ(std::adjacent_find(sorted.begin(), sorted.end()), sorted.end()) << "a port twice";
+  for (uint16_t p : ports) EXPECT_GE(p, 10000) << "below the range picked from";
+  EXPECT_TRUE(PickListenPorts("not-an-address", 3) == std::vector<uint16_t>(3, 0));
 }
 
 TEST(Placement, RoundRobinGreedyPinned) {

@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "core/log.h"
+#include "core/ports.h"
 #include "core/secret.h"
 #include "tools/bench_internal.h"
 #include "tools/launch.h"
@@ -286,8 +287,10 @@ Result<std::unique_ptr<LocalCluster>> LocalCluster::Start(const BenchOptions& o,
   if (!o.cluster_file.empty()) return Attach(o, fabric, workers);
   std::unique_ptr<LocalCluster> c(new LocalCluster());
   std::vector<TaskAddress> ps, ws;
-  for (int i = 0; i < shards; ++i) ps.push_back({fabric.host, FreePort(fabric.host)});
-  for (int i = 0; i < workers; ++i) ws.push_back({fabric.host, FreePort(fabric.host)});
+  const std::vector<uint16_t> ports =
+      PickListenPorts(fabric.host, static_cast<size_t>(shards + workers));
+  for (int i = 0; i < shards; ++i) ps.push_back({fabric.host, ports[i]});
+  for (int i = 0; i < workers; ++i) ws.push_back({fabric.host, ports[shards + i]});
   ClusterSpec spec;
   TESSERA_RETURN_IF_ERROR(spec.AddJob("ps", ps));
   TESSERA_RETURN_IF_ERROR(spec.AddJob("worker", ws));

@@ -149,14 +149,14 @@ int Launch(const LaunchOptions& options) {
   }
   ClusterSpec spec;
   std::vector<TaskAddress> ps, workers;
-  for (int i = 0; i < options.num_ps; ++i) ps.push_back({options.host, FreePort(options.host)});
-  for (int i = 0; i < options.num_workers; ++i)
-    workers.push_back({options.host, FreePort(options.host)});
+  const std::vector<uint16_t> ports =
+      PickListenPorts(options.host, static_cast<size_t>(options.num_ps + options.num_workers + 1));
+  size_t next = 0;
+  for (int i = 0; i < options.num_ps; ++i) ps.push_back({options.host, ports[next++]});
+  for (int i = 0; i < options.num_workers; ++i) workers.push_back({options.host, ports[next++]});
   (void)spec.AddJob("ps", ps);
   (void)spec.AddJob("worker", workers);
-  if (options.separate_coordinator) {
-    (void)spec.AddJob("coordinator", {{options.host, FreePort(options.host)}});
-  }
+  if (options.separate_coordinator) (void)spec.AddJob("coordinator", {{options.host, ports[next]}});
 
   std::string secret;
   if (auto given = LoadSecret(); given.ok()) {

@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
 #include <random>
 
@@ -53,6 +54,21 @@ uint16_t PickListenPort(const std::string& host) {
   }
   close(fd);
   return port;
+}
+
+std::vector<uint16_t> PickListenPorts(const std::string& host, size_t n) {
+  std::vector<uint16_t> ports;
+  ports.reserve(n);
+  // Bounded: a host with almost no free port gets 0s, whose binds then fail
+  // loudly, rather than a loop that never ends.
+  for (size_t attempt = 0; ports.size() < n && attempt < 100 * n + 100; ++attempt) {
+    const uint16_t port = PickListenPort(host);
+    if (port == 0 || std::find(ports.begin(), ports.end(), port) == ports.end()) {
+      ports.push_back(port);
+    }
+  }
+  ports.resize(n, 0);
+  return ports;
 }
 
 }  // namespace tessera

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace tessera {
 
@@ -13,5 +14,8 @@ namespace tessera {
 // the server's bind. 0 when none was found (the caller's bind then fails
 // loudly).
 uint16_t PickListenPort(const std::string& host);
+// `n` such ports, all different: the tasks of one cluster, picked before any
+// of them listens (one pick at a time could hand two of them the same port).
+std::vector<uint16_t> PickListenPorts(const std::string& host, size_t n);
 
 }  // namespace tessera
