@@ -92,8 +92,9 @@ class ClusterFixture {
   // coordinator).
   void AddPsAndWorkers(int num_ps, int num_workers) {
     std::vector<TaskAddress> ps, workers;
-    for (int i = 0; i < num_ps; ++i) ps.push_back({host_, testing::UnusedPort()});
-    for (int i = 0; i < num_workers; ++i) workers.push_back({host_, testing::UnusedPort()});
+    const auto ports = testing::UnusedPorts(static_cast<size_t>(num_ps + num_workers));
+    for (int i = 0; i < num_ps; ++i) ps.push_back({host_, ports[i]});
+    for (int i = 0; i < num_workers; ++i) workers.push_back({host_, ports[num_ps + i]});
     ASSERT_TRUE(spec_.AddJob("ps", ps).ok());
     ASSERT_TRUE(spec_.AddJob("worker", workers).ok());
   }
@@ -226,9 +227,9 @@ class ClusterTest : public ::testing::TestWithParam<const char*>, public Cluster
 
   // Two `tessera server` processes and one worker task in the spec.
   std::unique_ptr<ShardProcesses> TwoShardProcesses() {
-    EXPECT_TRUE(
-        spec_.AddJob("ps", {{"127.0.0.1", UnusedPort()}, {"127.0.0.1", UnusedPort()}}).ok());
-    EXPECT_TRUE(spec_.AddJob("worker", {{"127.0.0.1", UnusedPort()}}).ok());
+    const auto ports = UnusedPorts(3);
+    EXPECT_TRUE(spec_.AddJob("ps", {{"127.0.0.1", ports[0]}, {"127.0.0.1", ports[1]}}).ok());
+    EXPECT_TRUE(spec_.AddJob("worker", {{"127.0.0.1", ports[2]}}).ok());
     return std::make_unique<ShardProcesses>(spec_, secret_, 2);
   }
 

@@ -19,6 +19,7 @@
 namespace tessera::testing {
 
 uint16_t UnusedPort() { return PickListenPort("127.0.0.1"); }
+std::vector<uint16_t> UnusedPorts(size_t n) { return PickListenPorts("127.0.0.1", n); }
 
 bool WaitUntil(const std::function<bool()>& done, std::chrono::milliseconds limit) {
   const auto deadline = std::chrono::steady_clock::now() + limit;

@@ -55,6 +55,8 @@ class Waiter {
 
 // A TCP port on 127.0.0.1 that nothing listens on right now.
 uint16_t UnusedPort();
+// `n` of them, all different: the tasks of one cluster spec.
+std::vector<uint16_t> UnusedPorts(size_t n);
 
 // Polls `done` until it holds or `limit` passes; whether it held. For tests
 // that wait for a condition instead of sleeping "long enough".

@@ -102,7 +102,9 @@ void EventLoop::Post(Task fn) {
   // for the nap's end whenever no other thread drives the loop any more.
   // Whoever wakes it clears the flag: until the woken thread runs (late, on
   // a loaded machine) later posts need not write to the eventfd again.
-  if (sleeping_.exchange(false) | napping_.exchange(false)) Wake();
+  const bool was_sleeping = sleeping_.exchange(false);
+  const bool was_napping = napping_.exchange(false);
+  if (was_sleeping || was_napping) Wake();
 }
 
 void EventLoop::PostAfter(std::chrono::milliseconds delay, std::function<void()> fn) {
