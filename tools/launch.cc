@@ -150,7 +150,8 @@ int Launch(const LaunchOptions& options) {
   ClusterSpec spec;
   std::vector<TaskAddress> ps, workers;
   const std::vector<uint16_t> ports =
-      PickListenPorts(options.host, static_cast<size_t>(options.num_ps + options.num_workers + 1));
+      PickListenPorts(options.host, static_cast<size_t>(options.num_ps + options.num_workers +
+                                                        (options.separate_coordinator ? 1 : 0)));
   size_t next = 0;
   for (int i = 0; i < options.num_ps; ++i) ps.push_back({options.host, ports[next++]});
   for (int i = 0; i < options.num_workers; ++i) workers.push_back({options.host, ports[next++]});
