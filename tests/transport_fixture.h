@@ -52,6 +52,25 @@ struct TransportCase {
 // the Soft-RoCE VM (tests/rdma-vm/run); elsewhere the verbs cases skip.
 inline const char* RdmaAddress() { return std::getenv("RDMA_VM_ADDR"); }
 
+// Every backend the contract runs on, for each suite that instantiates it
+// (the verbs cases skip outside the Soft-RoCE VM).
+inline auto BackendCases() {
+  return ::testing::Values(
+      TransportCase{"native_tcp", "tcp", "", false, "tcp (Tessera's sockets)", 64u << 20, false,
+                    true, true},
+      TransportCase{"tcp", "ucx", "tcp", false, "tcp/", 64u << 20, false, false, false},
+      TransportCase{"shm", "ucx", "posix,sysv,cma,tcp", false, "sysv/memory", 64u << 20, false,
+                    false, false},
+      TransportCase{"self", "ucx", "self,tcp", true, "self/", 64u << 20, false, false, false},
+      TransportCase{"verbs", "verbs", "", false, "verbs RC", 8u << 20, true, true, true},
+      TransportCase{"ucx_rc_verbs", "ucx", "rc_verbs", false, "rc_verbs/", 8u << 20, true, true,
+                    false});
+}
+
+inline std::string BackendCaseName(const ::testing::TestParamInfo<TransportCase>& info) {
+  return info.param.name;
+}
+
 class TransportTest : public ::testing::TestWithParam<TransportCase> {
  protected:
   void SetUp() override {

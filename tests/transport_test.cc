@@ -580,19 +580,7 @@ TEST(VerbsSelection, DeviceByName) {
   (**ep)->Close();
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Backends, TransportTest,
-    ::testing::Values(
-        TransportCase{"native_tcp", "tcp", "", false, "tcp (Tessera's sockets)", 64u << 20, false,
-                      true, true},
-        TransportCase{"tcp", "ucx", "tcp", false, "tcp/", 64u << 20, false, false, false},
-        TransportCase{"shm", "ucx", "posix,sysv,cma,tcp", false, "sysv/memory", 64u << 20, false,
-                      false, false},
-        TransportCase{"self", "ucx", "self,tcp", true, "self/", 64u << 20, false, false, false},
-        TransportCase{"verbs", "verbs", "", false, "verbs RC", 8u << 20, true, true, true},
-        TransportCase{"ucx_rc_verbs", "ucx", "rc_verbs", false, "rc_verbs/", 8u << 20, true, true,
-                      false}),
-    [](const auto& test_info) { return std::string(test_info.param.name); });
+INSTANTIATE_TEST_SUITE_P(Backends, TransportTest, BackendCases(), BackendCaseName);
 
 // UCX tcp protects no memory: UCX may listen or connect off loopback only
 // when its tcp transport is off, or when the user says the network is trusted.

@@ -113,6 +113,15 @@ class RemoteRegion {
 // trivially copyable state in place and would allocate for each.
 using Completion = InlineFunction<void(Status), 48>;
 
+// One piece of a batch of one-sided operations (Endpoint::PutMany,
+// GetMany): `len` bytes at `local` (read by a put, written by a get) and at
+// `remote_addr` in the peer's region.
+struct RmaPiece {
+  void* local;
+  size_t len;
+  uint64_t remote_addr;
+};
+
 class Endpoint {
  public:
   virtual ~Endpoint() = default;
@@ -142,6 +151,17 @@ class Endpoint {
   // One-sided read of len bytes at remote_addr into local.
   virtual void Get(void* local, size_t len, const RemoteRegion& remote, uint64_t remote_addr,
                    Completion done) = 0;
+  // Every piece put into (or got from) `remote`, as one Put (Get) each
+  // would, and `done` once, when all are complete (with the first failure,
+  // if any). A fabric that copies into the peer's memory itself (UCX over
+  // shared memory) copies the pieces back to back: a request, a counter or
+  // any atomic between two copies waits for the first copy's stores to
+  // drain, which made 256 puts of 4 KiB cost twice one put of 1 MiB.
+  // `pieces` is read before the call returns.
+  virtual void PutMany(std::span<const RmaPiece> pieces, const RemoteRegion& remote,
+                       Completion done);
+  virtual void GetMany(std::span<const RmaPiece> pieces, const RemoteRegion& remote,
+                       Completion done);
   // Completes once every put/get issued before it is complete at the peer.
   virtual void Flush(Completion done) = 0;
   // True when the peer handles a message only after every put issued
@@ -175,10 +195,11 @@ class Endpoint {
   }
 
   // When the peer last showed a sign of life (steady_clock): a message or a
-  // fragment of one from it arrived, or a one-sided operation or flush on
-  // this endpoint completed. Heartbeats judge a peer by this, so that a
-  // peer busy moving bulk data is never taken for a dead one. Counts from
-  // the endpoint's creation.
+  // fragment of one from it arrived, or the peer completed a one-sided
+  // operation or flush on this endpoint (one that completed here at once,
+  // a copy into its mapped memory, says nothing of the peer). Heartbeats
+  // judge a peer by this, so that a peer busy moving bulk data is never
+  // taken for a dead one. Counts from the endpoint's creation.
   std::chrono::steady_clock::time_point last_traffic() const {
     return std::chrono::steady_clock::time_point(
         std::chrono::steady_clock::duration(last_traffic_.load(std::memory_order_relaxed)));

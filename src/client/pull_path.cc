@@ -184,10 +184,28 @@ void Client::Impl::AcceptPullReply(int shard, ChunkIos ios, const wire::PullRepl
   progress->ios = std::move(ios);
   const ChunkIos& chunks = progress->ios;
   const uint64_t gather_up_to = s.ep->GatherUpTo();
+  // Chunks [batch_first, batch_first + batch.size()) are read as they are,
+  // from one arena, in one batch (Endpoint::GetMany: a fabric that copies
+  // them itself copies them back to back). Issued when the next chunk
+  // cannot join it, and at the end.
+  std::vector<transport::RmaPiece, PoolAllocator<transport::RmaPiece>> batch;
+  batch.reserve(chunks.size());
+  uint32_t batch_first = 0;
+  const transport::RemoteRegion* batch_arena = nullptr;
+  auto issue_batch = [&] {
+    if (batch.empty()) return;
+    const auto end = static_cast<uint32_t>(batch_first + batch.size());
+    s.ep->GetMany(batch, *batch_arena,
+                  [read, progress, first = batch_first, end](const Status& st) {
+                    read(*progress, st, first, end, nullptr);
+                  });
+    batch.clear();
+  };
   for (size_t k = 0; k < chunks.size();) {
     const auto first = static_cast<uint32_t>(k);
     const Chunk* chunk = chunks[k].chunk;
     auto arena = s.arenas.find(chunk->arena_id);
+    if (arena == s.arenas.end() || arena->second.get() != batch_arena) issue_batch();
     if (arena == s.arenas.end()) {
       read(*progress,
            Status::Internal("no key for arena " + std::to_string(chunk->arena_id) + " of " +
@@ -208,13 +226,15 @@ void Client::Impl::AcceptPullReply(int shard, ChunkIos ios, const wire::PullRepl
         });
     uint8_t* gathered = run.end - k >= 2 ? s.gather.Take(*ctx_, run.span) : nullptr;
     if (gathered == nullptr) {
-      s.ep->Get(into.empty() ? chunks[k].local : into[k], chunk->bytes, *arena->second, at,
-                [read, progress, first](const Status& st) {
-                  read(*progress, st, first, first + 1, nullptr);
-                });
+      if (batch.empty()) {
+        batch_first = first;
+        batch_arena = arena->second.get();
+      }
+      batch.push_back({into.empty() ? chunks[k].local : into[k], chunk->bytes, at});
       ++k;
       continue;
     }
+    issue_batch();
     const auto end = static_cast<uint32_t>(run.end);
     s.ep->Get(gathered, run.span, *arena->second, at,
               [read, progress, first, end, gathered](const Status& st) {
@@ -222,6 +242,7 @@ void Client::Impl::AcceptPullReply(int shard, ChunkIos ios, const wire::PullRepl
               });
     k = run.end;
   }
+  issue_batch();
 }
 
 Future Client::Impl::Pull(const std::vector<PullItem>& items, const CallOptions& call) {

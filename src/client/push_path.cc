@@ -341,21 +341,25 @@ void Client::Impl::PushThroughSlot(int shard, ChunkIos ios, uint32_t flags, Push
       if (!st.ok() && progress->status.ok()) progress->status = st;
       if (--g->outstanding == 0) g->send(g);
     };
-    // `gathered`: the gather buffer's space the put reads, given back once
-    // the put completed. The completion holds what it needs and no more (48
-    // bytes: kept inside its Completion, no allocation per put); `counted`
-    // is the group when its push-done waits for this put.
-    auto put = [&](const void* local, uint64_t len, uint64_t at, const uint8_t* gathered) {
+    // The completion of one put, or of the group's puts not gathered (one
+    // PutMany). `gathered`: the gather buffer's space the put reads, given
+    // back once it completed. It holds what it needs and no more (48 bytes:
+    // kept inside its Completion, no allocation per put); `counted` is the
+    // group when its push-done waits for this put.
+    auto put_done = [&](const uint8_t* gathered) -> transport::Completion {
       if (!ordered) g->outstanding++;
       std::shared_ptr<Group> counted = ordered ? nullptr : g;
-      s.ep->Put(local, len, *s.staging, base + at,
-                [this, progress, counted = std::move(counted), gathered](const Status& st) {
-                  if (gathered != nullptr) shards_[progress->shard].gather.Give(gathered);
-                  if (!st.ok() && progress->status.ok()) progress->status = st;
-                  if (counted && --counted->outstanding == 0) counted->send(counted);
-                });
+      return [this, progress, counted = std::move(counted), gathered](const Status& st) {
+        if (gathered != nullptr) shards_[progress->shard].gather.Give(gathered);
+        if (!st.ok() && progress->status.ok()) progress->status = st;
+        if (counted && --counted->outstanding == 0) counted->send(counted);
+      };
     };
+    // Chunks that go as they are: one batch, so that a fabric that copies
+    // them itself copies them back to back (Endpoint::PutMany).
+    std::vector<transport::RmaPiece, PoolAllocator<transport::RmaPiece>> pieces;
     const auto& entries = g->msg.entries;
+    pieces.reserve(entries.size());
     const uint64_t gather_up_to = s.ep->GatherUpTo();
     for (size_t k = 0; k < entries.size();) {
       // A run of small host chunks, side by side in the slot, travels as one
@@ -368,7 +372,8 @@ void Client::Impl::PushThroughSlot(int shard, ChunkIos ios, uint32_t flags, Push
           });
       uint8_t* gathered = run.end - k >= 2 ? s.gather.Take(*ctx_, run.span) : nullptr;
       if (gathered == nullptr) {
-        put(sent[g->first + k].local, entries[k].byte_length, entries[k].staging_offset, nullptr);
+        pieces.push_back(
+            {sent[g->first + k].local, entries[k].byte_length, base + entries[k].staging_offset});
         ++k;
         continue;
       }
@@ -376,9 +381,11 @@ void Client::Impl::PushThroughSlot(int shard, ChunkIos ios, uint32_t flags, Push
         std::memcpy(gathered + (entries[i].staging_offset - entries[k].staging_offset),
                     sent[g->first + i].local, entries[i].byte_length);
       }
-      put(gathered, run.span, entries[k].staging_offset, gathered);
+      s.ep->Put(gathered, run.span, *s.staging, base + entries[k].staging_offset,
+                put_done(gathered));
       k = run.end;
     }
+    if (!pieces.empty()) s.ep->PutMany(pieces, *s.staging, put_done(nullptr));
     if (ordered) {
       one_done(Status::Ok());
     } else {

@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 
 #include "core/log.h"
 #include "core/pool_allocator.h"
@@ -24,11 +25,14 @@ struct SendRequest : Pooled {
 };
 struct RmaRequest : Pooled {
   Completion done;
-  // Its completion is a sign of the peer's life (Endpoint::last_traffic).
+  // Set only while the operation is pending: its completion then came from
+  // the peer, a sign of its life (Endpoint::last_traffic). One that
+  // completed at once (a copy into the peer's mapped memory, data buffered
+  // here) says nothing about the peer, and taking the reference and reading
+  // the clock for it cost more than a 4 KiB put over shared memory.
   std::shared_ptr<UcxEndpoint> ep;
 };
 
-void NoteSuccess(SendRequest*, const Status&) {}
 void NoteSuccess(RmaRequest* req, const Status& st) {
   if (st.ok() && req->ep) req->ep->NoteTraffic();
 }
@@ -49,18 +53,14 @@ void CompleteRma(void* request, ucs_status_t status, void* user_data) {
   ucp_request_free(request);
 }
 
-// Handles a UCX non-blocking call's return: completed now, failed, or pending.
+// Handles a UCX non-blocking call's return: completed now, failed, or
+// pending. True when pending: the callback owns req then.
 template <typename Req>
-void FinishImmediate(ucs_status_ptr_t sp, Req* req, const char* what) {
-  if (sp == nullptr) {
-    NoteSuccess(req, Status::Ok());
-    if (req->done) req->done(Status::Ok());
-    delete req;
-  } else if (UCS_PTR_IS_ERR(sp)) {
-    if (req->done) req->done(FromUcs(UCS_PTR_STATUS(sp), what));
-    delete req;
-  }
-  // Otherwise the callback owns req.
+bool FinishImmediate(ucs_status_ptr_t sp, Req* req, const char* what) {
+  if (sp != nullptr && !UCS_PTR_IS_ERR(sp)) return true;
+  if (req->done) req->done(sp == nullptr ? Status::Ok() : FromUcs(UCS_PTR_STATUS(sp), what));
+  delete req;
+  return false;
 }
 
 }  // namespace
@@ -112,7 +112,17 @@ Result<std::unique_ptr<RemoteRegion>> UcxEndpoint::Attach(std::span<const uint8_
     ucp_rkey_h rkey = nullptr;
     ucs_status_t st = ucp_ep_rkey_unpack(ep_, desc->key.data(), &rkey);
     if (st != UCS_OK) return FromUcs(st, "remote key from " + peer_ + " refused");
-    return std::unique_ptr<RemoteRegion>(new UcxRemoteRegion(this, rkey, desc->base, desc->size));
+    // Mapped here (UCX over shared memory): puts and gets into it are copies
+    // this process can make itself. Only where UCX reaches host memory alone,
+    // so that the local side of every put and get is host memory too (GPU
+    // buffers are staged through host memory then, never handed to it).
+    void* mapped = nullptr;
+    if ((ctx_->memory_types_ & ~UCS_BIT(UCS_MEMORY_TYPE_HOST)) != 0 ||
+        ucp_rkey_ptr(rkey, desc->base, &mapped) != UCS_OK) {
+      mapped = nullptr;
+    }
+    return std::unique_ptr<RemoteRegion>(
+        new UcxRemoteRegion(this, rkey, desc->base, desc->size, static_cast<uint8_t*>(mapped)));
   });
 }
 
@@ -135,37 +145,89 @@ void UcxEndpoint::Rma(Op op, void* local, size_t len, const RemoteRegion& remote
 }
 
 namespace {
-Status CheckRma(const UcxEndpoint* ep, const RemoteRegion& remote, uint64_t addr, size_t len,
-                const std::string& peer) {
+const UcxRemoteRegion* AttachedTo(const UcxEndpoint* ep, const RemoteRegion& remote) {
   const auto* r = dynamic_cast<const UcxRemoteRegion*>(&remote);
-  if (r == nullptr || r->owner() != ep) {
-    return Status::InvalidArgument("remote region was not attached to the endpoint of " + peer);
-  }
-  if (!remote.Contains(addr, len)) {
-    return Status::OutOfRange("one-sided access of " + std::to_string(len) + " bytes at 0x" +
-                              fmt::format("{:x}", addr) + " lies outside the region of " + peer);
-  }
-  return Status::Ok();
+  return r != nullptr && r->owner() == ep ? r : nullptr;
+}
+
+Status NotAttached(const std::string& peer) {
+  return Status::InvalidArgument("remote region was not attached to the endpoint of " + peer);
+}
+
+Status Outside(uint64_t addr, size_t len, const std::string& peer) {
+  return Status::OutOfRange("one-sided access of " + std::to_string(len) + " bytes at 0x" +
+                            fmt::format("{:x}", addr) + " lies outside the region of " + peer);
 }
 }  // namespace
+
+bool UcxEndpoint::CopyMapped(Op op, std::span<const RmaPiece> pieces, const RemoteRegion& remote,
+                             Completion& done) {
+  const UcxRemoteRegion* r = AttachedTo(this, remote);
+  if (r == nullptr || r->mapped() == nullptr || ep_ == nullptr) return false;
+  uint64_t bytes = 0;
+  for (const RmaPiece& piece : pieces) {
+    if (!remote.Contains(piece.remote_addr, piece.len)) {
+      done(Outside(piece.remote_addr, piece.len, peer_));
+      return true;
+    }
+    bytes += piece.len;
+  }
+  // Nothing between two copies: see Endpoint::PutMany.
+  for (const RmaPiece& piece : pieces) {
+    uint8_t* there = r->MappedAt(piece.remote_addr);
+    if (op == Op::kPut) {
+      std::memcpy(there, piece.local, piece.len);
+    } else {
+      std::memcpy(piece.local, there, piece.len);
+    }
+  }
+  auto& counters = ctx_->counters_;
+  (op == Op::kPut ? counters.puts : counters.gets) += pieces.size();
+  (op == Op::kPut ? counters.put_bytes : counters.get_bytes) += bytes;
+  done(Status::Ok());
+  return true;
+}
 
 void UcxEndpoint::RmaNow(Op op, void* local, size_t len, const RemoteRegion& remote,
                          uint64_t remote_addr, Completion done) {
   if (ep_ == nullptr) return done(DeadStatus());
-  Status st = CheckRma(this, remote, remote_addr, len, peer_);
-  if (!st.ok()) return done(st);
+  const RmaPiece piece{local, len, remote_addr};
+  if (CopyMapped(op, {&piece, 1}, remote, done)) return;
+  const UcxRemoteRegion* r = AttachedTo(this, remote);
+  if (r == nullptr) return done(NotAttached(peer_));
+  if (!remote.Contains(remote_addr, len)) return done(Outside(remote_addr, len, peer_));
   auto& counters = ctx_->counters_;
   (op == Op::kPut ? counters.puts : counters.gets)++;
   (op == Op::kPut ? counters.put_bytes : counters.get_bytes) += len;
-  auto* req = new RmaRequest{{}, std::move(done), shared_from_this()};
+  auto* req = new RmaRequest{{}, std::move(done), nullptr};
   ucp_request_param_t param{};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   param.cb.send = &CompleteRma;
   param.user_data = req;
-  ucp_rkey_h rkey = static_cast<const UcxRemoteRegion&>(remote).rkey();
-  ucs_status_ptr_t sp = op == Op::kPut ? ucp_put_nbx(ep_, local, len, remote_addr, rkey, &param)
-                                       : ucp_get_nbx(ep_, local, len, remote_addr, rkey, &param);
-  FinishImmediate(sp, req, op == Op::kPut ? "put" : "get");
+  ucs_status_ptr_t sp = op == Op::kPut
+                            ? ucp_put_nbx(ep_, local, len, remote_addr, r->rkey(), &param)
+                            : ucp_get_nbx(ep_, local, len, remote_addr, r->rkey(), &param);
+  // The callback runs from this thread's next worker progress, not before.
+  if (FinishImmediate(sp, req, op == Op::kPut ? "put" : "get")) req->ep = shared_from_this();
+}
+
+void UcxEndpoint::PutMany(std::span<const RmaPiece> pieces, const RemoteRegion& remote,
+                          Completion done) {
+  RmaMany(Op::kPut, pieces, remote, std::move(done));
+}
+
+void UcxEndpoint::GetMany(std::span<const RmaPiece> pieces, const RemoteRegion& remote,
+                          Completion done) {
+  RmaMany(Op::kGet, pieces, remote, std::move(done));
+}
+
+void UcxEndpoint::RmaMany(Op op, std::span<const RmaPiece> pieces, const RemoteRegion& remote,
+                          Completion done) {
+  // Off the progress thread the pieces are issued one by one, each posted
+  // there (the span is not ours to keep).
+  if (ctx_->InProgressThread() && CopyMapped(op, pieces, remote, done)) return;
+  if (op == Op::kPut) return Endpoint::PutMany(pieces, remote, std::move(done));
+  Endpoint::GetMany(pieces, remote, std::move(done));
 }
 
 void UcxEndpoint::Flush(Completion done) {
@@ -175,13 +237,13 @@ void UcxEndpoint::Flush(Completion done) {
 
 void UcxEndpoint::FlushNow(Completion done) {
   if (ep_ == nullptr) return done(DeadStatus());
-  auto* req = new RmaRequest{{}, std::move(done), shared_from_this()};
+  auto* req = new RmaRequest{{}, std::move(done), nullptr};
   ucp_request_param_t param{};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   param.cb.send = &CompleteRma;
   param.user_data = req;
   ucs_status_ptr_t sp = ucp_ep_flush_nbx(ep_, &param);
-  FinishImmediate(sp, req, "flush");
+  if (FinishImmediate(sp, req, "flush")) req->ep = shared_from_this();
 }
 
 std::string UcxEndpoint::DescribeLanes() {

@@ -34,6 +34,10 @@ class UcxEndpoint final : public Endpoint, public std::enable_shared_from_this<U
            Completion done) override;
   void Get(void* local, size_t len, const RemoteRegion& remote, uint64_t remote_addr,
            Completion done) override;
+  void PutMany(std::span<const RmaPiece> pieces, const RemoteRegion& remote,
+               Completion done) override;
+  void GetMany(std::span<const RmaPiece> pieces, const RemoteRegion& remote,
+               Completion done) override;
   void Flush(Completion done) override;
   void Close() override { CloseWith(/*force=*/false); }
   void Abort() override { CloseWith(/*force=*/true); }
@@ -50,6 +54,14 @@ class UcxEndpoint final : public Endpoint, public std::enable_shared_from_this<U
            Completion done);
   void RmaNow(Op op, void* local, size_t len, const RemoteRegion& remote, uint64_t remote_addr,
               Completion done);
+  // Copies the pieces itself, back to back, where the peer's region is
+  // mapped here and this thread may touch the endpoint (the progress
+  // thread); true when it did (or refused them, through `done`), false when
+  // the caller must issue them through UCX.
+  bool CopyMapped(Op op, std::span<const RmaPiece> pieces, const RemoteRegion& remote,
+                  Completion& done);
+  void RmaMany(Op op, std::span<const RmaPiece> pieces, const RemoteRegion& remote,
+               Completion done);
   void FlushNow(Completion done);
   Status DeadStatus() const;
   void CloseWith(bool force);

@@ -51,19 +51,27 @@ class UcxRegion final : public Region {
 
 class UcxRemoteRegion final : public RemoteRegion {
  public:
-  UcxRemoteRegion(const UcxEndpoint* owner, ucp_rkey_h rkey, uint64_t base, uint64_t size)
-      : owner_(owner), rkey_(rkey), base_(base), size_(size) {}
+  // `mapped`: the region's first byte in this process, where UCX maps the
+  // peer's memory (shared memory) and the endpoint may copy itself; null
+  // where it does not.
+  UcxRemoteRegion(const UcxEndpoint* owner, ucp_rkey_h rkey, uint64_t base, uint64_t size,
+                  uint8_t* mapped)
+      : owner_(owner), rkey_(rkey), base_(base), size_(size), mapped_(mapped) {}
   ~UcxRemoteRegion() override { ucp_rkey_destroy(rkey_); }
   uint64_t base() const override { return base_; }
   uint64_t size() const override { return size_; }
   ucp_rkey_h rkey() const { return rkey_; }
   const UcxEndpoint* owner() const { return owner_; }
+  // Where remote address `addr` of the region lies here, if mapped().
+  uint8_t* mapped() const { return mapped_; }
+  uint8_t* MappedAt(uint64_t addr) const { return mapped_ + (addr - base_); }
 
  private:
   const UcxEndpoint* owner_;
   ucp_rkey_h rkey_;
   uint64_t base_;
   uint64_t size_;
+  uint8_t* mapped_;  // the rkey keeps the mapping: valid until its destroy
 };
 
 }  // namespace tessera::transport::ucx
