@@ -2,7 +2,7 @@
 # A/B of two builds of `tessera` in the same minutes: the same `tessera bench`
 # arguments run with OLD, then NEW, N rounds alternating (so that a noisy
 # spell of the machine hits both), then each point's median p50 per build and
-# their ratio, with every round's figure.
+# their ratio, with every round's figure, and the median p99 per build.
 #   bench/ab.sh OLD_TESSERA NEW_TESSERA [bench arguments...]     (N=3 rounds)
 # e.g. build the previous main into /tmp/old (git worktree add /tmp/old-src
 # main~1; meson setup /tmp/old /tmp/old-src; ninja -C /tmp/old tools/tessera),
@@ -32,10 +32,12 @@ points = {}
 for v in ("old", "new"):
     for r in range(1, rounds + 1):
         for row in json.load(open(f"{out}/{v}.{r}.json")):
-            key = (row["scenario"], row["transport"], row["bytes"], row["batch"])
+            # --load: the quiet and the loaded figure of a point apart.
+            key = (row["scenario"], row["transport"] + (" + hog" if row.get("load") == "hog" else ""),
+                   row["bytes"], row["batch"])
             points.setdefault(key, {}).setdefault(v, []).append(row)
-print("| scenario | transport | bytes | batch | old p50 µs | new p50 µs | new/old | old rounds | new rounds | allocs/op old → new |")
-print("|---|---|---:|---:|---:|---:|---:|---|---|---|")
+print("| scenario | transport | bytes | batch | old p50 µs | new p50 µs | new/old | old rounds | new rounds | p99 µs old → new | allocs/op old → new |")
+print("|---|---|---:|---:|---:|---:|---:|---|---|---|---|")
 for (scenario, transport, size, batch), by in points.items():
     o = [x["p50_us"] for x in by.get("old", [])]
     n = [x["p50_us"] for x in by.get("new", [])]
@@ -43,7 +45,9 @@ for (scenario, transport, size, batch), by in points.items():
         continue
     mo, mn = statistics.median(o), statistics.median(n)
     allocs = lambda rows: statistics.median(x.get("allocs_per_op", -1) for x in rows)
+    p99 = lambda rows: statistics.median(x["p99_us"] for x in rows)
     print(f"| {scenario} | {transport} | {size} | {batch} | {mo:.1f} | {mn:.1f} | {mn / mo:.2f} | "
           f"{', '.join(f'{x:.1f}' for x in o)} | {', '.join(f'{x:.1f}' for x in n)} | "
+          f"{p99(by['old']):.1f} → {p99(by['new']):.1f} | "
           f"{allocs(by['old']):.1f} → {allocs(by['new']):.1f} |")
 PY

@@ -43,12 +43,21 @@ void PrintTable(const std::vector<Row>& rows) {
     std::string allocs = r.allocs_per_op < 0 ? "-" : fmt::format("{:.1f}", r.allocs_per_op);
     if (r.shard_allocs_per_op >= 0) allocs += fmt::format("/{:.1f}", r.shard_allocs_per_op);
     std::string ratio = r.ratio > 0 ? fmt::format("{:.2f}", r.ratio) : "-";
+    // The tails side by side, where the baseline has one.
+    std::string tails;
+    if (r.baseline_p99_us > 0 && r.baseline_us > 0 && r.tessera.p50_us > 0) {
+      tails = fmt::format("p99/p50 {:.1f}, base {:.1f} (base p99 {:.1f} us) ",
+                          r.tessera.p99_us / r.tessera.p50_us, r.baseline_p99_us / r.baseline_us,
+                          r.baseline_p99_us);
+    }
     printf(
-        "%-15s %-10s %9s %5d %3d %3d | %10.1f %10.1f %9.3f %7s | %-31s %10.1f %9.3f | %7s %s%s\n",
+        "%-15s %-10s %9s %5d %3d %3d | %10.1f %10.1f %9.3f %7s | %-31s %10.1f %9.3f | %7s "
+        "%s%s%s\n",
         r.scenario.c_str(), r.transport.c_str(), bench::SizeName(r.bytes).c_str(), r.batch,
         r.shards, r.workers, r.tessera.p50_us, r.tessera.p99_us, r.tessera.gbps, allocs.c_str(),
         r.baseline.c_str(), r.baseline_us, r.baseline_gbps, ratio.c_str(),
-        r.ratio > 0 ? (r.ratio_of == "time" ? "(time) " : "(GB/s) ") : "", r.note.c_str());
+        r.ratio > 0 ? (r.ratio_of == "time" ? "(time) " : "(GB/s) ") : "", tails.c_str(),
+        r.note.c_str());
   }
 }
 

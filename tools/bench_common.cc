@@ -38,6 +38,7 @@ nlohmann::json Row::ToJson() const {
       {"p50_us", tessera.p50_us}, {"p99_us", tessera.p99_us},   {"gbps", tessera.gbps},
       {"baseline", baseline},     {"baseline_us", baseline_us}, {"baseline_gbps", baseline_gbps},
       {"ratio", ratio},           {"ratio_of", ratio_of},       {"note", note}};
+  if (baseline_p99_us > 0) j["baseline_p99_us"] = baseline_p99_us;
   if (allocs_per_op >= 0) j["allocs_per_op"] = allocs_per_op;
   if (shard_allocs_per_op >= 0) j["shard_allocs_per_op"] = shard_allocs_per_op;
   if (!load.empty()) {
@@ -78,6 +79,7 @@ Status PairWithQuiet(const std::vector<Row>& quiet, const std::vector<Row>& load
 void CompareBandwidth(Row* row, const std::string& test, const Perftest& p) {
   row->baseline = test;
   row->baseline_us = p.us;
+  row->baseline_p99_us = p.p99_us;
   row->baseline_gbps = p.gbps;
   row->ratio = p.ok && p.gbps > 0 ? row->tessera.gbps / p.gbps : 0;
   row->ratio_of = "GB/s";
@@ -89,6 +91,7 @@ void CompareRoundTrip(Row* row, const std::string& test, const Perftest& lat) {
   const double round_trip = lat.round_trip ? lat.us : 2 * lat.us;
   row->baseline = lat.round_trip ? test : "2 x " + test;
   row->baseline_us = round_trip;
+  row->baseline_p99_us = lat.round_trip ? lat.p99_us : 0;
   row->ratio = lat.ok && round_trip > 0 ? row->tessera.p50_us / round_trip : 0;
   row->ratio_of = "time";
   row->note = lat.error;

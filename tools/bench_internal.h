@@ -39,6 +39,9 @@ struct Row {
   double shard_allocs_per_op = -1;
   std::string baseline;  // "ucp_put_bw", "2 x ucp_am_lat", "bound", ...
   double baseline_us = 0, baseline_gbps = 0;
+  // The baseline's own p99, where it has one (Perftest::p99_us): Tessera's
+  // tail beside the fabric's in the same run.
+  double baseline_p99_us = 0;
   // Tessera over the baseline: bandwidths for large sizes, round-trip times
   // for small ones (see `ratio_of`).
   double ratio = 0;
@@ -73,6 +76,9 @@ struct Perftest {
   double gbps = 0;  // bandwidth tests
   // `us` is a whole round trip (the socket baseline), not one way.
   bool round_trip = false;
+  // The 99th percentile of `us`, where the baseline times each operation
+  // itself (the socket baseline); 0 where it reports only a mean.
+  double p99_us = 0;
   std::string error;
 };
 // Sets a row's baseline from a perftest run: a bandwidth test (ratio of

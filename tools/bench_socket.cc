@@ -207,6 +207,7 @@ Perftest RunSocketBaseline(SocketOp op, uint64_t size, int iters, int warmup, bo
   const Stats s = Summarise(std::move(us), op == SocketOp::kEcho ? 2 * size : size);
   out.ok = true;
   out.us = s.p50_us;
+  out.p99_us = s.p99_us;
   out.gbps = s.gbps;
   return out;
 }
