@@ -173,5 +173,80 @@ TEST_P(TransportTest, BlockingRoundTripsSeldomWakeTheProgressThread) {
       << "switched out " << switched << " times against its will";
 }
 
+// What the progress thread's naps came to while this thread made round
+// trips back to back for `length`, driving the loop itself: each ended with
+// PauseDriving, as a blocking call ends, or (`pause` false) none did, as
+// while one long call goes on.
+struct NapsBesideADriver {
+  uint64_t nap_ends;
+  int64_t elapsed_ms;
+  int64_t switched;  // this thread, against its will
+  int calls;
+};
+
+NapsBesideADriver RoundTripsBesideTheProgressThread(Context* ctx, Endpoint* ep,
+                                                    std::chrono::milliseconds length, bool pause) {
+  std::atomic<int> answered{0};
+  ctx->SetHandler(kEchoMsg + 100,
+                  [&](const std::shared_ptr<Endpoint>&, std::span<const uint8_t>) { answered++; });
+  const uint64_t before = ctx->counters().progress_nap_ends;
+  const long switched_before = InvoluntarySwitches();
+  const auto start = std::chrono::steady_clock::now();
+  const auto deadline = start + 60s;
+  int calls = 0;
+  while (std::chrono::steady_clock::now() - start < length) {
+    Task send([ep] { ep->Send(kEchoMsg, {1}); });
+    if (!ctx->RunHere(send)) ctx->Post(std::move(send));
+    while (answered.load() <= calls && std::chrono::steady_clock::now() < deadline) ctx->Drive();
+    if (pause) ctx->PauseDriving();
+    if (answered.load() != calls + 1) break;  // no answer within 60 s: the case fails below
+    ++calls;
+  }
+  ctx->StopDriving();
+  NapsBesideADriver out;
+  out.nap_ends = ctx->counters().progress_nap_ends - before;
+  out.elapsed_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                       std::chrono::steady_clock::now() - start)
+                       .count();
+  out.switched = InvoluntarySwitches() - switched_before;
+  out.calls = calls;
+  return out;
+}
+
+// While one thread keeps making short calls (at least 16 per millisecond),
+// the progress thread's naps last 4 ms instead of 1: each nap that runs to
+// its end is a wake-up that, on a busy core, delays the driver's call in
+// progress (every millisecond, that was the p99 of back-to-back tcp calls),
+// and a short call's answer waits for its caller anyway. Over 200 ms of
+// round trips that is about 51 nap ends (measured 48-53, also with 57
+// involuntary switches; 177-187 with naps that stay at 1 ms). The bound
+// allows 20 more, and one more per time this thread was switched out
+// against its will (the progress thread may then take the loop back, and
+// its next nap is short).
+TEST_P(TransportTest, ANapLengthensWhileOneThreadMakesShortCalls) {
+  const auto r = RoundTripsBesideTheProgressThread(client_ctx_, ep_.get(), 200ms, true);
+  ASSERT_GT(r.calls, 0) << "no answer to the first call within 60 s";
+  EXPECT_LE(static_cast<int64_t>(r.nap_ends), r.elapsed_ms / 4 + 20 + r.switched)
+      << r.nap_ends << " naps of the progress thread ran to their end in " << r.elapsed_ms
+      << " ms of " << r.calls << " calls; this thread was switched out " << r.switched
+      << " times against its will";
+}
+
+// The same round trips as one long call, never paused (a large tcp
+// transfer takes many turns): the naps stay at 1 ms, so that the transfer
+// goes on soon when the caller is preempted in the middle. Over 100 ms that
+// is about 100 nap ends (measured 85-93, also with 41-65 involuntary
+// switches); naps that lengthen regardless of the calls make 24. Each time
+// this thread was switched out against its will, the progress thread may
+// have taken the loop back and napped once less meanwhile.
+TEST_P(TransportTest, ANapStaysShortWhileOneCallGoesOn) {
+  const auto r = RoundTripsBesideTheProgressThread(client_ctx_, ep_.get(), 100ms, false);
+  ASSERT_GT(r.calls, 0) << "no answer to the first round trip within 60 s";
+  EXPECT_GE(static_cast<int64_t>(r.nap_ends), r.elapsed_ms / 2 - r.switched)
+      << "only " << r.nap_ends << " naps of the progress thread ran to their end in "
+      << r.elapsed_ms << " ms of one call; this thread was switched out " << r.switched
+      << " times against its will";
+}
+
 }  // namespace
 }  // namespace tessera::transport

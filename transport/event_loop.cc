@@ -123,7 +123,7 @@ bool EventLoop::DriverActive() const {
   return NowNs() - last_foreign_drive_ns_.load() < kDriverActiveNs;
 }
 
-void EventLoop::Nap(bool lock_held) {
+EventLoop::NapEnd EventLoop::Nap(bool lock_held, long nap_ns) {
   // Announce the nap first, then look again: StopDriving and Post store
   // their change first, then look for a napper. With sequentially consistent
   // atomics on both sides one of the two sees the other, so no hand-back and
@@ -142,17 +142,22 @@ void EventLoop::Nap(bool lock_held) {
   }
   if (!stay) {
     napping_.store(false);
-    return;
+    return NapEnd::kNotNeeded;
   }
   pollfd pfd{wake_fd_, POLLIN, 0};
-  const timespec nap{0, kNapNs};
+  const timespec nap{nap_ns / 1'000'000'000, nap_ns % 1'000'000'000};
   const int n = ppoll(&pfd, 1, &nap, nullptr);
   napping_.store(false);
+  if (n == 0) {
+    nap_ends_.fetch_add(1, std::memory_order_relaxed);
+    return NapEnd::kTimedOut;
+  }
   if (n > 0) {
     uint64_t value;
     ssize_t r = read(wake_fd_, &value, sizeof(value));
     (void)r;
   }
+  return NapEnd::kWoken;  // or interrupted by a signal: as if woken
 }
 
 void EventLoop::Wake() {
@@ -235,6 +240,7 @@ bool EventLoop::Drive() {
 }
 
 void EventLoop::PauseDriving() {
+  pauses_.fetch_add(1, std::memory_order_relaxed);
   // The progress thread must still look again where this thread's work may
   // have used up what it sleeps on (see Drive).
   if (wake_at_hand_back_.exchange(false)) Wake();
@@ -277,24 +283,33 @@ void EventLoop::Run() {
   // hands the loop back there is nothing to poll for), and when it last
   // polled in vain while spinning.
   int64_t own_work_ns = 0, idle_poll_ns = 0;
+  // The next nap's length (see kLongNapNs).
+  long nap_ns = kNapNs;
+  const auto nap = [&](bool lock_held) {
+    const uint64_t pauses_before = pauses_.load(std::memory_order_relaxed);
+    const bool timed_out = Nap(lock_held, nap_ns) == NapEnd::kTimedOut;
+    const uint64_t calls = pauses_.load(std::memory_order_relaxed) - pauses_before;
+    const bool short_calls = calls * 1'000'000 >= kShortCallsPerMs * static_cast<uint64_t>(nap_ns);
+    nap_ns = timed_out && short_calls ? kLongNapNs : kNapNs;
+    own_work_ns = idle_poll_ns = 0;
+  };
   while (running_) {
     if (!busy_poll_ && !has_tasks_.load(std::memory_order_acquire) && DriverActive()) {
       // Another thread is driving (waiting for a reply): leave the work to
       // it rather than take turns with it, which on a shared core costs a
       // context switch per turn. It hands the loop back (StopDriving); a
       // posted task wakes this thread at once.
-      Nap(/*lock_held=*/false);
-      own_work_ns = idle_poll_ns = 0;
+      nap(/*lock_held=*/false);
       continue;
     }
     std::unique_lock<std::mutex> lock(drive_mu_, std::try_to_lock);
     if (!lock.owns_lock()) {
       // Another thread is inside Drive right now. Waiting for it with
       // sched_yield would hand the core to any CPU hog for a whole slice.
-      Nap(/*lock_held=*/true);
-      own_work_ns = idle_poll_ns = 0;
+      nap(/*lock_held=*/true);
       continue;
     }
+    nap_ns = kNapNs;  // the loop is this thread's again
     bool worked;
     {
       DrivingScope scope(this);

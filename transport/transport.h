@@ -81,6 +81,10 @@ struct Counters {
   // Times another thread woke the progress thread (a posted task, a hand
   // back): each is a system call and, on a shared core, a context switch.
   uint64_t progress_wakeups = 0;
+  // Times the progress thread's nap, while another thread drove the loop,
+  // ran to its end: a wake-up of its own, which on a busy core takes it
+  // from the driver (EventLoop::kLongNapNs).
+  uint64_t progress_nap_ends = 0;
 };
 
 // Local memory that peers may read or write one-sided once they hold its key.

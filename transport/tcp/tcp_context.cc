@@ -307,6 +307,7 @@ void TcpContext::Dispatch(const std::shared_ptr<TcpEndpoint>& ep, uint16_t msg_i
 Counters TcpContext::counters() const {
   Counters c = counters_.Snapshot();
   c.progress_wakeups = loop_->wakeups();
+  c.progress_nap_ends = loop_->nap_ends();
   return c;
 }
 

@@ -529,6 +529,7 @@ void UcxContext::Dispatch(const std::shared_ptr<UcxEndpoint>& ep, uint16_t msg_i
 Counters UcxContext::counters() const {
   Counters c = counters_.Snapshot();
   c.progress_wakeups = loop_->wakeups();
+  c.progress_nap_ends = loop_->nap_ends();
   return c;
 }
 

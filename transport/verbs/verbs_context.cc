@@ -359,6 +359,7 @@ void VerbsContext::Dispatch(const std::shared_ptr<VerbsEndpoint>& ep, uint16_t m
 Counters VerbsContext::counters() const {
   Counters c = counters_.Snapshot();
   c.progress_wakeups = loop_->wakeups();
+  c.progress_nap_ends = loop_->nap_ends();
   return c;
 }
 
