@@ -8,6 +8,7 @@
 #include <cstring>
 #include <future>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "tests/transport_fixture.h"
@@ -77,7 +78,7 @@ class BatchTest : public TransportTest {
       return Status::DeadlineExceeded("the batch did not complete in 30 s");
     }
     Status st = result.get();
-    EXPECT_TRUE(Wait([&](Completion c) { ep_->Flush(c); }).ok());
+    EXPECT_TRUE(Wait([&](Completion c) { ep_->Flush(std::move(c)); }).ok());
     EXPECT_EQ(calls->load(), 1) << "a batch completes once";
     return st;
   }
@@ -93,7 +94,8 @@ class BatchTest : public TransportTest {
     std::memset(region, 0x11, put.remote_bytes);
     const Counters before = client_ctx_->counters();
 
-    Status st = Batch(from, [&](Completion c) { ep_->PutMany(put.pieces, *remote_, c); });
+    Status st =
+        Batch(from, [&](Completion c) { ep_->PutMany(put.pieces, *remote_, std::move(c)); });
     ASSERT_TRUE(st.ok()) << st.ToString();
     const auto covered = Covered(put, put.remote_offsets, put.remote_bytes);
     for (size_t i = 0; i < put.pieces.size(); ++i) {
@@ -110,7 +112,8 @@ class BatchTest : public TransportTest {
     // Back, into other places with other gaps.
     std::vector<uint8_t> back(put.local_bytes + 4096, 0xee);
     Layout get = MakeLayout(back.data(), remote_->base(), 97, 5);
-    Status got = Batch(from, [&](Completion c) { ep_->GetMany(get.pieces, *remote_, c); });
+    Status got =
+        Batch(from, [&](Completion c) { ep_->GetMany(get.pieces, *remote_, std::move(c)); });
     ASSERT_TRUE(got.ok()) << got.ToString();
     const auto written = Covered(get, get.local_offsets, back.size());
     for (size_t i = 0; i < get.pieces.size(); ++i) {
@@ -141,9 +144,9 @@ class BatchTest : public TransportTest {
         {buf.data(), 16, base + kRegionSize - 8},  // 8 bytes past the end
         {buf.data(), 8, base + 200},
     };
-    Status put = Batch(from, [&](Completion c) { ep_->PutMany(pieces, *remote_, c); });
+    Status put = Batch(from, [&](Completion c) { ep_->PutMany(pieces, *remote_, std::move(c)); });
     EXPECT_EQ(put.code(), StatusCode::kOutOfRange) << put.ToString();
-    Status get = Batch(from, [&](Completion c) { ep_->GetMany(pieces, *remote_, c); });
+    Status get = Batch(from, [&](Completion c) { ep_->GetMany(pieces, *remote_, std::move(c)); });
     EXPECT_EQ(get.code(), StatusCode::kOutOfRange) << get.ToString();
   }
 };
@@ -163,8 +166,8 @@ TEST_P(BatchTest, ABatchWithAPieceOutsideTheRegionIsRefusedOnce) {
 
 TEST_P(BatchTest, AnEmptyBatchCompletesAtOnce) {
   for (From from : {From::kUserThread, From::kProgressThread}) {
-    EXPECT_TRUE(Batch(from, [&](Completion c) { ep_->PutMany({}, *remote_, c); }).ok());
-    EXPECT_TRUE(Batch(from, [&](Completion c) { ep_->GetMany({}, *remote_, c); }).ok());
+    EXPECT_TRUE(Batch(from, [&](Completion c) { ep_->PutMany({}, *remote_, std::move(c)); }).ok());
+    EXPECT_TRUE(Batch(from, [&](Completion c) { ep_->GetMany({}, *remote_, std::move(c)); }).ok());
   }
 }
 

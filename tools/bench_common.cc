@@ -291,7 +291,7 @@ Result<std::unique_ptr<LocalCluster>> LocalCluster::Start(const BenchOptions& o,
   std::unique_ptr<LocalCluster> c(new LocalCluster());
   std::vector<TaskAddress> ps, ws;
   const std::vector<uint16_t> ports =
-      PickListenPorts(fabric.host, static_cast<size_t>(shards + workers));
+      PickListenPorts(fabric.host, static_cast<size_t>(shards) + static_cast<size_t>(workers));
   for (int i = 0; i < shards; ++i) ps.push_back({fabric.host, ports[i]});
   for (int i = 0; i < workers; ++i) ws.push_back({fabric.host, ports[shards + i]});
   ClusterSpec spec;
