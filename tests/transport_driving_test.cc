@@ -179,6 +179,7 @@ TEST_P(TransportTest, BlockingRoundTripsSeldomWakeTheProgressThread) {
 // while one long call goes on.
 struct NapsBesideADriver {
   uint64_t nap_ends;
+  uint64_t long_naps;
   int64_t elapsed_ms;
   int64_t switched;  // this thread, against its will
   int calls;
@@ -189,7 +190,7 @@ NapsBesideADriver RoundTripsBesideTheProgressThread(Context* ctx, Endpoint* ep,
   std::atomic<int> answered{0};
   ctx->SetHandler(kEchoMsg + 100,
                   [&](const std::shared_ptr<Endpoint>&, std::span<const uint8_t>) { answered++; });
-  const uint64_t before = ctx->counters().progress_nap_ends;
+  const Counters before = ctx->counters();
   const long switched_before = InvoluntarySwitches();
   const auto start = std::chrono::steady_clock::now();
   const auto deadline = start + 60s;
@@ -204,7 +205,9 @@ NapsBesideADriver RoundTripsBesideTheProgressThread(Context* ctx, Endpoint* ep,
   }
   ctx->StopDriving();
   NapsBesideADriver out;
-  out.nap_ends = ctx->counters().progress_nap_ends - before;
+  const Counters after = ctx->counters();
+  out.nap_ends = after.progress_nap_ends - before.progress_nap_ends;
+  out.long_naps = after.progress_long_naps - before.progress_long_naps;
   out.elapsed_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                        std::chrono::steady_clock::now() - start)
                        .count();
@@ -226,6 +229,12 @@ NapsBesideADriver RoundTripsBesideTheProgressThread(Context* ctx, Endpoint* ep,
 TEST_P(TransportTest, ANapLengthensWhileOneThreadMakesShortCalls) {
   const auto r = RoundTripsBesideTheProgressThread(client_ctx_, ep_.get(), 200ms, true);
   ASSERT_GT(r.calls, 0) << "no answer to the first call within 60 s";
+  if (r.calls < 32 * r.elapsed_ms) {
+    // Emulated verbs in the Soft-RoCE VM: about 10 round trips a ms.
+    GTEST_SKIP() << "round trips took " << 1000 * r.elapsed_ms / r.calls
+                 << " µs each on average here: naps lengthen only while 16 or more calls end "
+                    "per millisecond, and this case needs twice that to tell";
+  }
   EXPECT_LE(static_cast<int64_t>(r.nap_ends), r.elapsed_ms / 4 + 20 + r.switched)
       << r.nap_ends << " naps of the progress thread ran to their end in " << r.elapsed_ms
       << " ms of " << r.calls << " calls; this thread was switched out " << r.switched
@@ -233,19 +242,18 @@ TEST_P(TransportTest, ANapLengthensWhileOneThreadMakesShortCalls) {
 }
 
 // The same round trips as one long call, never paused (a large tcp
-// transfer takes many turns): the naps stay at 1 ms, so that the transfer
-// goes on soon when the caller is preempted in the middle. Over 100 ms that
-// is about 100 nap ends (measured 85-93, also with 41-65 involuntary
-// switches); naps that lengthen regardless of the calls make 24. Each time
-// this thread was switched out against its will, the progress thread may
-// have taken the loop back and napped once less meanwhile.
+// transfer takes many turns): no nap is long, so that the transfer goes on
+// soon when the caller is preempted in the middle. Naps that lengthen
+// regardless of the calls fail it (tried). How many naps there are depends
+// on the machine (under the Soft-RoCE VM's emulation the progress thread
+// mostly took the loop back instead: 4 nap ends in 85 ms), so the case
+// counts only long ones.
 TEST_P(TransportTest, ANapStaysShortWhileOneCallGoesOn) {
   const auto r = RoundTripsBesideTheProgressThread(client_ctx_, ep_.get(), 100ms, false);
   ASSERT_GT(r.calls, 0) << "no answer to the first round trip within 60 s";
-  EXPECT_GE(static_cast<int64_t>(r.nap_ends), r.elapsed_ms / 2 - r.switched)
-      << "only " << r.nap_ends << " naps of the progress thread ran to their end in "
-      << r.elapsed_ms << " ms of one call; this thread was switched out " << r.switched
-      << " times against its will";
+  EXPECT_EQ(r.long_naps, 0u) << r.long_naps << " of the progress thread's naps were long, in "
+                             << r.elapsed_ms << " ms of one call (" << r.nap_ends
+                             << " naps ran to their end)";
 }
 
 }  // namespace

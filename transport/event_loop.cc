@@ -144,6 +144,7 @@ EventLoop::NapEnd EventLoop::Nap(bool lock_held, long nap_ns) {
     napping_.store(false);
     return NapEnd::kNotNeeded;
   }
+  if (nap_ns > kNapNs) long_naps_.fetch_add(1, std::memory_order_relaxed);
   pollfd pfd{wake_fd_, POLLIN, 0};
   const timespec nap{nap_ns / 1'000'000'000, nap_ns % 1'000'000'000};
   const int n = ppoll(&pfd, 1, &nap, nullptr);

@@ -71,6 +71,8 @@ class EventLoop {
   // How often the progress thread's nap ran to its end (nobody woke it) so
   // far: each is a wake-up of its own, on a core that may be busy.
   uint64_t nap_ends() const { return nap_ends_.load(std::memory_order_relaxed); }
+  // How many of its naps were to last kLongNapNs.
+  uint64_t long_naps() const { return long_naps_.load(std::memory_order_relaxed); }
 
   // Runs posted tasks, due timers and the fabric's progress once on the
   // calling thread, unless another thread is driving the loop; never blocks.
@@ -169,6 +171,7 @@ class EventLoop {
   std::atomic<uint64_t> pauses_{0};
   std::atomic<uint64_t> wakeups_{0};
   std::atomic<uint64_t> nap_ends_{0};
+  std::atomic<uint64_t> long_naps_{0};
   // While sleeping_: when the first timer it sleeps for is due (steady
   // clock, ns; INT64_MAX for none). Written and read under drive_mu_.
   int64_t sleep_until_ns_ = 0;

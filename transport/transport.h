@@ -85,6 +85,9 @@ struct Counters {
   // ran to its end: a wake-up of its own, which on a busy core takes it
   // from the driver (EventLoop::kLongNapNs).
   uint64_t progress_nap_ends = 0;
+  // Of the progress thread's naps, those that were to last
+  // EventLoop::kLongNapNs (its driver was making short calls).
+  uint64_t progress_long_naps = 0;
 };
 
 // Local memory that peers may read or write one-sided once they hold its key.

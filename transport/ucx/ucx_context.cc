@@ -530,6 +530,7 @@ Counters UcxContext::counters() const {
   Counters c = counters_.Snapshot();
   c.progress_wakeups = loop_->wakeups();
   c.progress_nap_ends = loop_->nap_ends();
+  c.progress_long_naps = loop_->long_naps();
   return c;
 }
 
