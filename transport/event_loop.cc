@@ -241,7 +241,9 @@ bool EventLoop::Drive() {
 }
 
 void EventLoop::PauseDriving() {
-  pauses_.fetch_add(1, std::memory_order_relaxed);
+  // A plain increment, not a locked one: two callers pausing at once may
+  // count one, which only the nap's length (a heuristic) reads.
+  pauses_.store(pauses_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   // The progress thread must still look again where this thread's work may
   // have used up what it sleeps on (see Drive).
   if (wake_at_hand_back_.exchange(false)) Wake();
