@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "tests/transport_fixture.h"
+#include "transport/region_desc.h"
 
 namespace tessera::transport {
 namespace {
@@ -169,6 +170,32 @@ TEST_P(BatchTest, AnEmptyBatchCompletesAtOnce) {
     EXPECT_TRUE(Batch(from, [&](Completion c) { ep_->PutMany({}, *remote_, std::move(c)); }).ok());
     EXPECT_TRUE(Batch(from, [&](Completion c) { ep_->GetMany({}, *remote_, std::move(c)); }).ok());
   }
+}
+
+// A peer's region description that claims more bytes than the memory
+// behind its key: where this process maps the peer's memory and copies
+// into it itself (UCX over shared memory), attaching it is refused, since
+// a copy within the claimed size would run past the mapping. Elsewhere
+// the claim maps nothing here: the target checks bounds (Tessera's tcp,
+// verbs), or nothing does (UCX's tcp, docs/security.md).
+TEST_P(BatchTest, ARegionLargerThanItsMappingIsNotCopiedInto) {
+  auto desc = DecodeRegionDesc(server_region_->Describe());
+  ASSERT_TRUE(desc.ok()) << desc.status().ToString();
+  const std::vector<uint8_t> key(desc->key.begin(), desc->key.end());
+  const auto inflated = EncodeRegionDesc(desc->backend, desc->base, desc->size + (1ull << 40), key);
+  auto attached = ep_->Attach(inflated);
+  if (std::string(GetParam().name) != "shm") {
+    if (attached.ok()) {
+      GTEST_SKIP() << "this transport does not map the peer's memory here: the claim is the "
+                      "target's to check, or nobody's (docs/security.md)";
+    }
+    return;
+  }
+  ASSERT_FALSE(attached.ok()) << "a region 1 TiB larger than its mapping was attached";
+  EXPECT_NE(attached.status().message().find("more than UCX mapped"), std::string::npos)
+      << attached.status().ToString();
+  // The true description still attaches, and copies into it.
+  EXPECT_TRUE(ep_->Attach(server_region_->Describe()).ok());
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, BatchTest, BackendCases(), BackendCaseName);

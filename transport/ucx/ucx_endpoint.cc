@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "core/log.h"
+#include "core/mapped_range.h"
 #include "core/pool_allocator.h"
 #include "transport/closed.h"
 #include "transport/region_desc.h"
@@ -121,6 +122,19 @@ Result<std::unique_ptr<RemoteRegion>> UcxEndpoint::Attach(std::span<const uint8_
         ucp_rkey_ptr(rkey, desc->base, &mapped) != UCS_OK) {
       mapped = nullptr;
     }
+    // The size is the peer's word, and UCX checks no bounds on memory it
+    // maps: a region larger than what UCX mapped would have this process
+    // (or UCX's own copy) read and write past the mapping. Checked once,
+    // here; the copies then check each piece against the size.
+    const RangeMapping mapping =
+        mapped == nullptr ? RangeMapping::kReadWrite : MappingOf(mapped, desc->size);
+    if (mapping == RangeMapping::kNotWhole) {
+      ucp_rkey_destroy(rkey);
+      return Status::InvalidArgument("remote key from " + peer_ + " describes " +
+                                     std::to_string(desc->size) +
+                                     " bytes, more than UCX mapped of that memory here");
+    }
+    if (mapping == RangeMapping::kReadOnly) mapped = nullptr;  // UCX's own puts and gets then
     return std::unique_ptr<RemoteRegion>(
         new UcxRemoteRegion(this, rkey, desc->base, desc->size, static_cast<uint8_t*>(mapped)));
   });
@@ -160,21 +174,18 @@ Status Outside(uint64_t addr, size_t len, const std::string& peer) {
 }
 }  // namespace
 
-bool UcxEndpoint::CopyMapped(Op op, std::span<const RmaPiece> pieces, const RemoteRegion& remote,
-                             Completion& done) {
-  const UcxRemoteRegion* r = AttachedTo(this, remote);
-  if (r == nullptr || r->mapped() == nullptr || ep_ == nullptr) return false;
+void UcxEndpoint::CopyMapped(Op op, std::span<const RmaPiece> pieces, const UcxRemoteRegion& r,
+                             const Completion& done) {
   uint64_t bytes = 0;
   for (const RmaPiece& piece : pieces) {
-    if (!remote.Contains(piece.remote_addr, piece.len)) {
-      done(Outside(piece.remote_addr, piece.len, peer_));
-      return true;
+    if (!r.Contains(piece.remote_addr, piece.len)) {
+      return done(Outside(piece.remote_addr, piece.len, peer_));
     }
     bytes += piece.len;
   }
   // Nothing between two copies: see Endpoint::PutMany.
   for (const RmaPiece& piece : pieces) {
-    uint8_t* there = r->MappedAt(piece.remote_addr);
+    uint8_t* there = r.MappedAt(piece.remote_addr);
     if (op == Op::kPut) {
       std::memcpy(there, piece.local, piece.len);
     } else {
@@ -185,16 +196,17 @@ bool UcxEndpoint::CopyMapped(Op op, std::span<const RmaPiece> pieces, const Remo
   (op == Op::kPut ? counters.puts : counters.gets) += pieces.size();
   (op == Op::kPut ? counters.put_bytes : counters.get_bytes) += bytes;
   done(Status::Ok());
-  return true;
 }
 
 void UcxEndpoint::RmaNow(Op op, void* local, size_t len, const RemoteRegion& remote,
                          uint64_t remote_addr, Completion done) {
   if (ep_ == nullptr) return done(DeadStatus());
-  const RmaPiece piece{local, len, remote_addr};
-  if (CopyMapped(op, {&piece, 1}, remote, done)) return;
   const UcxRemoteRegion* r = AttachedTo(this, remote);
   if (r == nullptr) return done(NotAttached(peer_));
+  if (r->mapped() != nullptr) {
+    const RmaPiece piece{local, len, remote_addr};
+    return CopyMapped(op, {&piece, 1}, *r, done);
+  }
   if (!remote.Contains(remote_addr, len)) return done(Outside(remote_addr, len, peer_));
   auto& counters = ctx_->counters_;
   (op == Op::kPut ? counters.puts : counters.gets)++;
@@ -225,7 +237,10 @@ void UcxEndpoint::RmaMany(Op op, std::span<const RmaPiece> pieces, const RemoteR
                           Completion done) {
   // Off the progress thread the pieces are issued one by one, each posted
   // there (the span is not ours to keep).
-  if (ctx_->InProgressThread() && CopyMapped(op, pieces, remote, done)) return;
+  if (ctx_->InProgressThread() && ep_ != nullptr) {
+    const UcxRemoteRegion* r = AttachedTo(this, remote);
+    if (r != nullptr && r->mapped() != nullptr) return CopyMapped(op, pieces, *r, done);
+  }
   if (op == Op::kPut) return Endpoint::PutMany(pieces, remote, std::move(done));
   Endpoint::GetMany(pieces, remote, std::move(done));
 }

@@ -20,6 +20,7 @@ inline constexpr uint16_t kConnectMsg = 0xff01;
 inline constexpr uint16_t kConnectAckMsg = 0xff02;
 
 class UcxContext;
+class UcxRemoteRegion;
 class UcxListener;
 
 class UcxEndpoint final : public Endpoint, public std::enable_shared_from_this<UcxEndpoint> {
@@ -54,12 +55,11 @@ class UcxEndpoint final : public Endpoint, public std::enable_shared_from_this<U
            Completion done);
   void RmaNow(Op op, void* local, size_t len, const RemoteRegion& remote, uint64_t remote_addr,
               Completion done);
-  // Copies the pieces itself, back to back, where the peer's region is
-  // mapped here and this thread may touch the endpoint (the progress
-  // thread); true when it did (or refused them, through `done`), false when
-  // the caller must issue them through UCX.
-  bool CopyMapped(Op op, std::span<const RmaPiece> pieces, const RemoteRegion& remote,
-                  Completion& done);
+  // Copies the pieces itself, back to back, into or out of `r`, which is
+  // mapped here (r.mapped()), after checking each against its bounds; on
+  // the progress thread.
+  void CopyMapped(Op op, std::span<const RmaPiece> pieces, const UcxRemoteRegion& r,
+                  const Completion& done);
   void RmaMany(Op op, std::span<const RmaPiece> pieces, const RemoteRegion& remote,
                Completion done);
   void FlushNow(Completion done);
