@@ -179,7 +179,9 @@ TEST_P(BatchTest, AnEmptyBatchCompletesAtOnce) {
 // the claim maps nothing here: the target checks bounds (Tessera's tcp,
 // verbs), or nothing does (UCX's tcp, docs/security.md).
 TEST_P(BatchTest, ARegionLargerThanItsMappingIsNotCopiedInto) {
-  auto desc = DecodeRegionDesc(server_region_->Describe());
+  // The decoded key is a view into the description: keep it alive.
+  const std::vector<uint8_t> described = server_region_->Describe();
+  auto desc = DecodeRegionDesc(described);
   ASSERT_TRUE(desc.ok()) << desc.status().ToString();
   const std::vector<uint8_t> key(desc->key.begin(), desc->key.end());
   const auto inflated = EncodeRegionDesc(desc->backend, desc->base, desc->size + (1ull << 40), key);
