@@ -10,31 +10,41 @@ template <typename Item>
 Result<Client::Impl::ByShard> Client::Impl::SplitByShard(const std::vector<Item>& items,
                                                          const char* what, RefuseSync refuse_sync) {
   ByShard by_shard(shards_.size());
+  // Asked once a call: without a usable GPU only a buffer said to be GPU
+  // memory needs a look (to refuse it), not every item's.
+  const bool ask_cuda = gpu::PointersMayBeDevice();
   std::lock_guard<std::mutex> lock(tensors_mu_);
   for (const auto& item : items) {
     const ItemView v = ViewOf(item);
-    auto on_gpu = OnGpu(v.data, v.memory);
-    if (!on_gpu.ok()) return on_gpu.status().WithContext(what);
-    Result<bool> out_on_gpu = false;
-    if (v.out != nullptr) out_on_gpu = OnGpu(v.out, v.memory);
-    if (!out_on_gpu.ok()) return out_on_gpu.status().WithContext(what);
+    bool on_gpu = false, out_on_gpu = false;
+    if (v.memory == BufferMemory::kCuda || (ask_cuda && v.memory != BufferMemory::kHost)) {
+      auto r = OnGpu(v.data, v.memory);
+      if (!r.ok()) return r.status().WithContext(what);
+      on_gpu = *r;
+      if (v.out != nullptr) {
+        r = OnGpu(v.out, v.memory);
+        if (!r.ok()) return r.status().WithContext(what);
+        out_on_gpu = *r;
+      }
+    }
     // The checks' cheap form first; the errors are built only when one fails.
-    const TensorEntry* e = MatchLocked(v.tensor, v.bytes, v.dtype);
-    if (e == nullptr) {
+    const TensorHot* h = MatchLocked(v.tensor, v.bytes, v.dtype);
+    if (h == nullptr) {
       return LookupLocked(v.tensor, v.bytes, v.dtype)
           .status()
-          .WithContext(std::string(what) + (*on_gpu ? " with GPU memory" : ""));
+          .WithContext(std::string(what) + (on_gpu ? " with GPU memory" : ""));
     }
-    if (refuse_sync != nullptr && e->decl.mode.kind == Consistency::kSync) return refuse_sync(*e);
+    const TensorEntry* e = h->entry;
+    if (refuse_sync != nullptr && h->kind == Consistency::kSync) return refuse_sync(*e);
     if (v.chunks.parts == 0 || v.chunks.part >= v.chunks.parts) return PartError(v.chunks, *e);
     auto* data = const_cast<uint8_t*>(static_cast<const uint8_t*>(v.data));
     auto* out = static_cast<uint8_t*>(v.out);
-    for (size_t i = v.chunks.part; i < e->chunks.size(); i += v.chunks.parts) {
-      const Chunk& c = e->chunks[i];
+    for (size_t i = v.chunks.part; i < h->chunk_count; i += v.chunks.parts) {
+      const Chunk& c = h->chunks[i];
       auto& list = by_shard[c.shard];
       if (list.empty()) list.reserve(items.size());
-      list.push_back({&c, data + c.byte_offset, v.min_version, v.min_step, e, *on_gpu,
-                      out == nullptr ? nullptr : out + c.byte_offset, *out_on_gpu});
+      list.push_back({&c, data + c.byte_offset, v.min_version, v.min_step, e, on_gpu,
+                      out == nullptr ? nullptr : out + c.byte_offset, out_on_gpu});
     }
   }
   return by_shard;

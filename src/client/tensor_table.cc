@@ -190,7 +190,10 @@ Result<std::vector<Tensor>> Client::Impl::DeclareNow(const std::vector<TensorSpe
     }
     uint32_t index = static_cast<uint32_t>(tensors_.size());
     by_name_[e.decl.name] = index;
-    tensors_.push_back(std::move(e));
+    const TensorEntry& placed_entry = tensors_.emplace_back(std::move(e));
+    hot_.push_back({&placed_entry, placed_entry.chunks.data(), placed_entry.bytes,
+                    static_cast<uint32_t>(placed_entry.chunks.size()), placed_entry.decl.dtype,
+                    placed_entry.decl.mode.kind});
     out.push_back({index});
   }
   return out;

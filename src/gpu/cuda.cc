@@ -99,11 +99,15 @@ Result<std::string> DescribeDevice(int device) {
          ", driver " + version(driver);
 }
 
-PointerInfo QueryPointer(const void* ptr) {
+bool PointersMayBeDevice() {
   // Without a usable GPU every pointer is host memory; asking CUDA each
   // time would retry its initialisation on every call.
   static const bool usable = Available().ok();
-  if (!usable) return {};
+  return usable;
+}
+
+PointerInfo QueryPointer(const void* ptr) {
+  if (!PointersMayBeDevice()) return {};
   cudaPointerAttributes attr{};
   if (ptr == nullptr || cudaPointerGetAttributes(&attr, ptr) != cudaSuccess) {
     cudaGetLastError();  // no driver, or memory CUDA never saw: host memory

@@ -42,6 +42,10 @@ struct PointerInfo {
 // Host memory CUDA does not know, and every pointer in a build without CUDA,
 // is host memory.
 PointerInfo QueryPointer(const void* ptr);
+// Whether QueryPointer can ever say "device" in this process (a build with
+// CUDA and a usable GPU), asked once: a batch's checks skip the per-buffer
+// query when it cannot.
+bool PointersMayBeDevice();
 
 // Device memory from cudaMalloc on `device`, freed on destruction.
 class DeviceBuffer {

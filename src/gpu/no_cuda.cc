@@ -26,6 +26,7 @@ Result<int> CurrentDevice() { return NotBuilt(); }
 Status SetDevice(int) { return NotBuilt(); }
 Result<std::string> DescribeDevice(int) { return NotBuilt(); }
 PointerInfo QueryPointer(const void*) { return {}; }
+bool PointersMayBeDevice() { return false; }
 
 Result<DeviceBuffer> DeviceBuffer::Allocate(size_t, int) { return NotBuilt(); }
 Result<DeviceBuffer> DeviceBuffer::AllocateOnCurrentDevice(size_t) { return NotBuilt(); }
