@@ -15,6 +15,10 @@ namespace tessera::kernels {
 // dst = rule(dst, src) over n elements of dtype, for assign and add. dst and
 // src do not overlap.
 Status ApplyUpdateCpu(UpdateRule rule, DType dtype, void* dst, const void* src, size_t n);
+// The same for a rule already known to be assign or add (the declaration
+// checked it): no Status, for a shard's batch of small host chunks, where
+// building and passing one back per chunk cost as much as the update.
+void ApplyPlainRuleCpu(UpdateRule rule, DType dtype, void* dst, const void* src, size_t n);
 
 // Sync-step aggregation. The running sum is kept in f32 for f16/bf16
 // gradients (so that adding many replicas does not round each time), else in

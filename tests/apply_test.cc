@@ -48,7 +48,8 @@ class ApplyTest : public ::testing::Test {
     std::memcpy(v.data(), p.data, 32);
     return v;
   }
-  apply::Target target() { return {memory_.get(), false, nullptr}; }
+  // As the shard builds it: host memory, not staged.
+  apply::Target target() { return {memory_.get(), false, nullptr, memory_->is_host()}; }
 
   std::unique_ptr<transport::Context> ctx_;
   std::unique_ptr<ParamMemory> memory_;
@@ -84,6 +85,36 @@ TEST_F(ApplyTest, AsyncAppliesEachPushAndCountsVersions) {
   EXPECT_EQ(Values(p), std::vector<double>(4, 4.0));
   EXPECT_EQ(p.version, 3u);
   EXPECT_EQ(p.StepReached(), 2u);
+}
+
+// The shard's path for a batch of small host chunks: a plain rule applied
+// with no Status, as Gradient applies it, and only where Gradient could not
+// have failed or had more to do (an optimizer, a staged copy to follow).
+TEST_F(ApplyTest, APlainGradientIsTheGradient) {
+  Param& add = Create("a", UpdateRule::kAdd, ConsistencyMode::Async());
+  Param& add_twin = Create("a2", UpdateRule::kAdd, ConsistencyMode::Async());
+  Param& assign = Create("s", UpdateRule::kAssign, ConsistencyMode::Bounded(1, kWorkers));
+  Param& momentum = Create("m", UpdateRule::kMomentum, ConsistencyMode::Async());
+  for (Param* p : {&add, &add_twin, &assign, &momentum}) {
+    ASSERT_TRUE(apply::Init(target(), *p, twos_.data(), 0).ok());
+  }
+  ASSERT_TRUE(apply::TakesPlainGradient(target(), add));
+  ASSERT_TRUE(apply::TakesPlainGradient(target(), assign));
+  EXPECT_FALSE(apply::TakesPlainGradient(target(), momentum)) << "an optimizer has state";
+  apply::Target staged = target();
+  staged.staged = true;
+  EXPECT_FALSE(apply::TakesPlainGradient(staged, add)) << "a staged copy must follow";
+
+  const std::vector<double> grad = {1.0, -2.0, 0.5, 3.0};
+  apply::PlainGradient(add, grad.data());
+  ASSERT_TRUE(apply::Gradient(target(), add_twin, grad.data()).ok());
+  EXPECT_EQ(Values(add), Values(add_twin));
+  EXPECT_EQ(Values(add), (std::vector<double>{3.0, 0.0, 2.5, 5.0}));
+  EXPECT_EQ(add.version, add_twin.version);
+  EXPECT_EQ(add.version, 2u);
+  apply::PlainGradient(assign, grad.data());
+  EXPECT_EQ(Values(assign), grad);
+  EXPECT_EQ(assign.version, 2u);
 }
 
 TEST_F(ApplyTest, InitStartsTheOptimizerAfresh) {

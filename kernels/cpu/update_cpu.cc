@@ -18,11 +18,18 @@ void AddLoop(T* __restrict dst, const T* __restrict src, size_t n) {
 }  // namespace
 
 Status ApplyUpdateCpu(UpdateRule rule, DType dtype, void* dst, const void* src, size_t n) {
+  if (rule != UpdateRule::kAssign && rule != UpdateRule::kAdd) {
+    return Status::InvalidArgument("unknown update rule");
+  }
+  ApplyPlainRuleCpu(rule, dtype, dst, src, n);
+  return Status::Ok();
+}
+
+void ApplyPlainRuleCpu(UpdateRule rule, DType dtype, void* dst, const void* src, size_t n) {
   if (rule == UpdateRule::kAssign) {
     std::memcpy(dst, src, n * DTypeSize(dtype));
-    return Status::Ok();
+    return;
   }
-  if (rule != UpdateRule::kAdd) return Status::InvalidArgument("unknown update rule");
   switch (dtype) {
     case DType::kF32:
       AddLoop(static_cast<float*>(dst), static_cast<const float*>(src), n);
@@ -43,7 +50,6 @@ Status ApplyUpdateCpu(UpdateRule rule, DType dtype, void* dst, const void* src, 
       AddHalves(dtype, static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(src), n);
       break;
   }
-  return Status::Ok();
 }
 
 size_t AccumulatorElementSize(DType dtype) {

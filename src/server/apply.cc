@@ -25,22 +25,25 @@ Status Init(const Target& t, Param& p, const void* value, uint64_t cluster_step)
   // began starts at the global step, where the workers' next steps are.
   p.step = std::max(p.step, cluster_step);
   for (auto& pushed : p.pushed_steps) pushed = std::max(pushed, cluster_step);
-  p.failure = Status::Ok();
+  p.SetFailure(Status::Ok());
   p.version++;
   p.initialized = true;
   return st;
 }
 
 Status Gradient(const Target& t, Param& p, const void* grad) {
-  const auto& tensor = p.entry.tensor;
-  Status st =
-      IsOptimizer(tensor.rule)
-          ? t.memory->ApplyOptimizer(tensor.rule, p.hyper, tensor.dtype, p.data, grad,
-                                     p.entry.elem_count, p.rule_state(), ++p.updates)
-          : t.memory->ApplyUpdate(tensor.rule, tensor.dtype, p.data, grad, p.entry.elem_count);
+  Status st = IsOptimizer(p.rule)
+                  ? t.memory->ApplyOptimizer(p.rule, p.hyper, p.dtype, p.data, grad, p.elem_count,
+                                             p.rule_state(), ++p.updates)
+                  : t.memory->ApplyUpdate(p.rule, p.dtype, p.data, grad, p.elem_count);
   if (st.ok()) st = Publish(t, p);
   if (st.ok()) p.version++;
   return st;
+}
+
+void PlainGradient(Param& p, const void* grad) {
+  kernels::ApplyPlainRuleCpu(p.rule, p.dtype, p.data, grad, p.elem_count);
+  p.version++;
 }
 
 void NoteBoundedStep(Param& p, uint32_t rank, uint64_t step) {

@@ -20,6 +20,7 @@ struct Target {
   ParamMemory* memory = nullptr;
   bool staged = false;
   std::atomic<uint64_t>* staged_bytes = nullptr;
+  bool host = false;  // memory->is_host(), asked once
 };
 
 // The host copy workers read follows the value (staging only).
@@ -34,6 +35,13 @@ Status Init(const Target& t, Param& p, const void* value, uint64_t cluster_step)
 // A gradient through the tensor's update rule (async and bounded pushes, and
 // a sync step's aggregate). Version + 1 when it applied.
 Status Gradient(const Target& t, Param& p, const void* grad);
+// Gradient where it cannot fail: host memory that is not staged, and a rule
+// that is no optimizer (assign, add). No virtual call and no Status: in a
+// batch of small chunks these cost as much as the update itself.
+inline bool TakesPlainGradient(const Target& t, const Param& p) {
+  return t.host && !t.staged && !IsOptimizer(p.rule);
+}
+void PlainGradient(Param& p, const void* grad);
 
 // Bounded: worker `rank` has pushed its step `step`.
 void NoteBoundedStep(Param& p, uint32_t rank, uint64_t step);

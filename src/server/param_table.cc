@@ -82,7 +82,7 @@ Result<Param*> ParamTable::Create(const wire::CreateEntry& entry) {
   if (!place.ok()) return place.status().WithContext("tensor '" + t.name + "'");
   auto p = std::make_unique<Param>();
   p->key_id = static_cast<uint32_t>(params_.size());
-  p->entry = entry;
+  p->SetEntry(entry);
   p->display_name = entry.num_chunks == 1
                         ? t.name
                         : t.name + " (chunk " + std::to_string(entry.chunk_index) + " of " +

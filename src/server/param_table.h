@@ -20,30 +20,51 @@
 
 namespace tessera::server {
 
-struct Param {
+// A chunk the shard holds. Its first cache line holds all that a push or
+// pull of a host chunk reads or sets (a batch of small tensors is mostly
+// these loads, one chunk after another); the declaration and the rest follow.
+struct alignas(64) Param {
   uint32_t key_id = 0;
-  wire::CreateEntry entry;  // tensor declaration and which chunk this is
+  uint32_t readers = 0;  // pull leases that may be reading the bytes now
   uint64_t bytes = 0;
   // Where the update kernels work on the value (the shard's memory), and
   // what workers read one-sided (the arena). The same bytes, except with host
   // staging: then `published` is a host copy refreshed after every change.
   uint8_t* data = nullptr;
   uint8_t* published = nullptr;
-  // What every push and pull of the chunk reads or sets, kept beside its
-  // size and bytes: a batch of small tensors touches as few cache lines of
-  // each as it can.
   uint64_t version = 0;  // bumped by every applied update; 1 after init
+  // Sync: the step being aggregated (= steps applied).
+  uint64_t step = 0;
+  // entry.elem_count and entry.tensor's dtype, rule and mode kind, set with
+  // `entry` (SetEntry) and never changed after.
+  uint64_t elem_count = 0;
+  DType dtype = DType::kF32;
+  UpdateRule rule = UpdateRule::kAssign;
+  Consistency kind = Consistency::kAsync;
   bool initialized = false;
   bool writer_waiting = false;  // an update waits for readers: new pulls wait too
   // Sync, restored from a checkpoint: the step it resumes at is the
   // coordinator's estimate, one step short of the furthest chunk's when the
   // coordinator restarted too; the first push may move it forward.
   bool resume_at_first_push = false;
-  uint32_t readers = 0;  // pull leases that may be reading the bytes now
+  bool failed = false;  // !failure().ok(), kept here for the hot line
+
+  wire::CreateEntry entry;  // tensor declaration and which chunk this is
+  void SetEntry(const wire::CreateEntry& e) {
+    entry = e;
+    elem_count = e.elem_count;
+    dtype = e.tensor.dtype;
+    rule = e.tensor.rule;
+    kind = e.tensor.mode.kind;
+  }
   // Sync: a step whose update failed. Its pushers were told OK when their
   // gradients were counted, so every later push and pull of the chunk gets
   // this error instead, until an initialising push sets a value afresh.
-  Status failure;
+  const Status& failure() const { return failure_; }
+  void SetFailure(Status st) {
+    failed = !st.ok();
+    failure_ = std::move(st);
+  }
   std::string display_name;  // "w" or "w (chunk 2 of 5)"
   uint32_t arena_id = 0;
   uint64_t arena_offset = 0;
@@ -59,9 +80,8 @@ struct Param {
             master.empty() ? nullptr : reinterpret_cast<float*>(master.data())};
   }
 
-  // Sync: the step being aggregated (= steps applied) and its running sum
-  // (f32 for f16/bf16 parameters, else the parameter's dtype).
-  uint64_t step = 0;
+  // Sync: the running sum of `step` (f32 for f16/bf16 parameters, else the
+  // parameter's dtype).
   StateBuffer agg;
   uint32_t agg_count = 0;
   std::vector<bool> contributed;  // by worker rank, this step
@@ -73,7 +93,7 @@ struct Param {
   }
   // Sync: steps applied; bounded: steps every worker pushed; async: updates.
   uint64_t StepReached() const {
-    switch (entry.tensor.mode.kind) {
+    switch (kind) {
       case Consistency::kSync:
         return step;
       case Consistency::kBounded:
@@ -84,6 +104,9 @@ struct Param {
     }
     return version > 0 ? version - 1 : 0;
   }
+
+ private:
+  Status failure_;
 };
 
 class ParamTable {

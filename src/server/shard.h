@@ -208,7 +208,9 @@ class Shard {
   void ReportSteps();
   static bool NeedsNoLease(const Param& p, uint32_t flags);
   // Where apply:: changes values: this shard's memory, staged or not.
-  apply::Target ApplyTarget() { return {memory_.get(), table_->staged(), &host_staged_bytes_}; }
+  apply::Target ApplyTarget() {
+    return {memory_.get(), table_->staged(), &host_staged_bytes_, memory_->is_host()};
+  }
   bool TryApplyStep(Param& p);
   void MarkWaitingWriters();
   bool TryGrantPull(PendingPull& pull);

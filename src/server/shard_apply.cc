@@ -95,7 +95,7 @@ Status Shard::ValidatePush(const Peer& peer, uint32_t flags, const wire::Push& m
       return Status::FailedPrecondition("tensor '" + p->display_name +
                                         "' is not initialised yet (the chief initialises it)");
     }
-    if (then_pull && p->entry.tensor.mode.kind == Consistency::kSync) {
+    if (then_pull && p->kind == Consistency::kSync) {
       return Status::InvalidArgument("push_pull of tensor '" + p->display_name +
                                      "', which is sync: its weights change when the step "
                                      "applies; push, then pull after the step");
@@ -120,7 +120,7 @@ void Shard::OnPush(Peer& peer, uint64_t request_id, uint32_t flags, wire::Push m
 bool Shard::NeedsNoLease(const Param& p, uint32_t flags) {
   // A sync push only adds to the step's sum; the parameter changes when the
   // step applies (ApplyAggregated), which waits for readers itself.
-  return !(flags & wire::kFlagInit) && p.entry.tensor.mode.kind == Consistency::kSync;
+  return !(flags & wire::kFlagInit) && p.kind == Consistency::kSync;
 }
 
 bool Shard::TryApplyPush(PendingPush& push) {
@@ -133,7 +133,7 @@ bool Shard::TryApplyPush(PendingPush& push) {
   bool holds_sync = false;
   for (size_t i = 0; i < push.msg.entries.size(); ++i) {
     Param* p = params[i] = table_->Find(push.msg.entries[i].key_id);
-    holds_sync |= p->entry.tensor.mode.kind == Consistency::kSync;
+    holds_sync |= p->kind == Consistency::kSync;
     if (p->resume_at_first_push) {
       // A sync chunk restored without knowing the cluster's exact step
       // resumes at the step its first push is for, when that is later.
@@ -144,8 +144,8 @@ bool Shard::TryApplyPush(PendingPush& push) {
       }
       p->resume_at_first_push = false;
     }
-    if (!init && !p->failure.ok()) {
-      SendError(*push.peer, push.request_id, p->failure);
+    if (!init && p->failed) {
+      SendError(*push.peer, push.request_id, p->failure());
       return true;
     }
     if (NeedsNoLease(*p, push.flags)) {
@@ -172,7 +172,6 @@ bool Shard::TryApplyPush(PendingPush& push) {
   for (size_t i = 0; i < push.msg.entries.size(); ++i) {
     const auto& e = push.msg.entries[i];
     Param* p = params[i];
-    const auto& t = p->entry.tensor;
     auto outcome = wire::PushOutcome::kApplied;
     // The gradient where the kernels can read it (copied to the GPU when it
     // came inline or through a host staging slot; host memory reads it where
@@ -192,7 +191,7 @@ bool Shard::TryApplyPush(PendingPush& push) {
       // Reported below.
     } else if (init) {
       st = apply::Init(target, *p, grad, push.msg.step);
-    } else if (t.mode.kind == Consistency::kSync) {
+    } else if (p->kind == Consistency::kSync) {
       const auto part = apply::AddToSyncStep(target, *p, rank, push.msg.step, grad);
       st = part.status;
       outcome = part.outcome;
@@ -200,8 +199,12 @@ bool Shard::TryApplyPush(PendingPush& push) {
       if (outcome == wire::PushOutcome::kDuplicate) duplicate_dropped_++;
       if (part.step_ready) pending_steps_.push_back(p->key_id);
     } else {
-      st = apply::Gradient(target, *p, grad);
-      if (t.mode.kind == Consistency::kBounded) apply::NoteBoundedStep(*p, rank, push.msg.step);
+      if (apply::TakesPlainGradient(target, *p)) {
+        apply::PlainGradient(*p, grad);
+      } else {
+        st = apply::Gradient(target, *p, grad);
+      }
+      if (p->kind == Consistency::kBounded) apply::NoteBoundedStep(*p, rank, push.msg.step);
     }
     if (!st.ok()) {
       SendError(*push.peer, push.request_id, st.WithContext("tensor '" + p->display_name + "'"));
@@ -210,8 +213,8 @@ bool Shard::TryApplyPush(PendingPush& push) {
     p->writer_waiting = false;
     reply.versions.push_back(p->version);
     reply.outcomes.push_back(static_cast<uint8_t>(outcome));
-    if (options_.log_updates && p->entry.elem_count <= 8 &&
-        outcome == wire::PushOutcome::kApplied && t.mode.kind != Consistency::kSync) {
+    if (options_.log_updates && p->elem_count <= 8 && outcome == wire::PushOutcome::kApplied &&
+        p->kind != Consistency::kSync) {
       LogUpdate(*p, push.peer->hello.task);
     }
   }
@@ -302,11 +305,12 @@ bool Shard::TryApplyStep(Param& p) {
       if (!pushers.empty()) pushers += ", ";
       pushers += WorkerName(static_cast<uint32_t>(rank));
     }
-    p.failure = Status(st.code(), "tensor '" + p.display_name + "': sync step " +
-                                      std::to_string(p.step - 1) + " (pushed by " + pushers +
-                                      ") could not be applied, so its value is not that step's: " +
-                                      st.message() + "; restart from the last checkpoint to go on");
-    TLOG_ERROR("{}", p.failure.message());
+    p.SetFailure(Status(
+        st.code(), "tensor '" + p.display_name + "': sync step " + std::to_string(p.step - 1) +
+                       " (pushed by " + pushers +
+                       ") could not be applied, so its value is not that step's: " + st.message() +
+                       "; restart from the last checkpoint to go on"));
+    TLOG_ERROR("{}", p.failure().message());
   }
   steps_applied_++;
   if (snapshot_ && p.step == snapshot_->step && snapshot_->behind.erase(p.key_id) > 0) {

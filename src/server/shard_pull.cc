@@ -152,8 +152,8 @@ bool Shard::TryGrantPull(PendingPull& pull) {
   for (const auto& e : pull.msg.entries) {
     const Param* p = table_->Find(e.key_id);
     total += p->bytes;
-    if (!p->failure.ok()) {
-      SendError(*pull.peer, pull.request_id, p->failure);
+    if (p->failed) {
+      SendError(*pull.peer, pull.request_id, p->failure());
       return true;
     }
     if (!p->initialized || p->version < e.min_version || p->StepReached() < e.min_step ||
