@@ -281,8 +281,17 @@ void TcpContext::Connect(const std::string& host, uint16_t port, std::chrono::mi
 }
 
 bool TcpContext::Progress() {
+  // The connection that alone was readable last time is read first; epoll
+  // is asked on every turn all the same, so that no other connection waits
+  // behind it.
+  bool read = false;
+  if (auto recent = recent_reader_.lock()) read = recent->ReadNow();
   epoll_event events[64];
   const int n = epoll_wait(epoll_fd_, events, 64, 0);
+  if (n == 1 && (events[0].events & EPOLLIN)) {
+    auto it = endpoints_.find(events[0].data.u64);
+    recent_reader_ = it == endpoints_.end() ? nullptr : it->second;
+  }
   for (int i = 0; i < n; ++i) {
     const uint64_t token = events[i].data.u64;
     if (listeners_.count(token) != 0) {
@@ -294,7 +303,7 @@ bool TcpContext::Progress() {
     std::shared_ptr<TcpEndpoint> ep = it->second;
     ep->OnEvents(events[i].events);
   }
-  return n > 0;
+  return read || n > 0;
 }
 
 void TcpContext::Dispatch(const std::shared_ptr<TcpEndpoint>& ep, uint16_t msg_id,

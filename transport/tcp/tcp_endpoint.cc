@@ -264,6 +264,15 @@ void TcpEndpoint::OnEvents(uint32_t events) {
   UpdateInterest();
 }
 
+bool TcpEndpoint::ReadNow() {
+  if (dead_ || connecting_) return false;
+  auto self = shared_from_this();  // callbacks below may drop the context's reference
+  const uint64_t before = reads_;
+  ReadSome();
+  UpdateInterest();
+  return reads_ != before;
+}
+
 void TcpEndpoint::OnConnected() {
   connecting_ = false;
   OutFrame preamble;
@@ -284,6 +293,7 @@ void TcpEndpoint::ReadSome() {
       r = recv(fd_, payload_dst_, want, 0);
       if (r > 0) {
         NoteTraffic();
+        reads_++;
         payload_dst_ += r;
         payload_left_ -= static_cast<uint64_t>(r);
         if (payload_left_ == 0) {
@@ -303,6 +313,7 @@ void TcpEndpoint::ReadSome() {
       r = recv(fd_, rbuf_.get() + rend_, room, 0);
       if (r > 0) {
         NoteTraffic();
+        reads_++;
         rend_ += static_cast<size_t>(r);
         // A read shorter than asked emptied the socket's queue: the next
         // recv would only say EAGAIN, one system call per message in vain.
