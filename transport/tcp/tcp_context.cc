@@ -289,7 +289,8 @@ bool TcpContext::Progress() {
   epoll_event events[64];
   const int n = epoll_wait(epoll_fd_, events, 64, 0);
   if (n == 1 && (events[0].events & EPOLLIN)) {
-    auto it = endpoints_.find(events[0].data.u64);
+    const uint64_t token = events[0].data.u64;  // a copy: epoll_event is packed
+    auto it = endpoints_.find(token);
     recent_reader_ = it == endpoints_.end() ? nullptr : it->second;
   }
   for (int i = 0; i < n; ++i) {
