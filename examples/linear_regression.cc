@@ -68,16 +68,13 @@ int main(int argc, char** argv) {
     x[i] = xs(rng);
     y[i] = 2 * x[i] + noise(rng);
   }
-  // A resumed cluster starts at the restored global step, with the restored
-  // weights; every worker reads both before its first step.
-  auto start = c.GlobalStep();
-  if (!start.ok()) {
-    fprintf(stderr, "%s\n", start.status().ToString().c_str());
-    return 1;
-  }
+  // Every worker starts at the step the chief initialised the tensors at
+  // (a resumed cluster: the restored global step) and with the shards'
+  // weights; Initialize and WaitForInit said which step that is.
+  const uint64_t start = c.start_step().value_or(0);
   float wv = 0, bv = 0;
-  st = c.Pull({PullItem::AfterStep<float>(*w, {&wv, 1}, *start),
-               PullItem::AfterStep<float>(*b, {&bv, 1}, *start)});
+  st = c.Pull({PullItem::AfterStep<float>(*w, {&wv, 1}, start),
+               PullItem::AfterStep<float>(*b, {&bv, 1}, start)});
   if (!st.ok()) {
     fprintf(stderr, "%s\n", st.ToString().c_str());
     return 1;
@@ -88,11 +85,11 @@ int main(int argc, char** argv) {
              static_cast<unsigned long long>(*restored), static_cast<double>(wv),
              static_cast<double>(bv));
     } else {
-      printf("starting at global step %llu\n", static_cast<unsigned long long>(*start));
+      printf("starting at global step %llu\n", static_cast<unsigned long long>(start));
     }
     fflush(stdout);
   }
-  for (int step = static_cast<int>(*start); step < steps; ++step) {
+  for (int step = static_cast<int>(start); step < steps; ++step) {
     if (ms_per_step > 0) std::this_thread::sleep_for(std::chrono::milliseconds(ms_per_step));
     // Mean squared error and its gradient at the current weights.
     float loss = 0, gw = 0, gb = 0;

@@ -384,6 +384,8 @@ int main(int argc, char** argv) {
   test_spec_errors(c);
 
   CHECK(tessera_client_read_only(c) == 0);
+  uint64_t start = 99;
+  CHECK(tessera_client_start_step(c, &start) == 0 && start == 99); /* not initialised yet */
   if (tessera_client_is_chief(c)) {
     wait_for_signal();
     tessera_future_t* init = tessera_client_initialize_async(c);
@@ -396,6 +398,7 @@ int main(int argc, char** argv) {
   }
   uint64_t restored = 0;
   CHECK(tessera_client_restored_step(c, &restored) == 0);
+  CHECK(tessera_client_start_step(c, &start) == 1 && start == 0); /* a fresh cluster */
 
   static float grad[SYNC_ELEMS], weights[SYNC_ELEMS];
   /* Step 0, blocking: 10 + 1 + 2. */

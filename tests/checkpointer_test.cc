@@ -34,7 +34,7 @@ class CheckpointerTest : public ::testing::Test {
     t.rule = UpdateRule::kAdd;
     d.tensors.push_back(t);
     ASSERT_TRUE(coord_.Declare(d, "/job:worker/task:0", true).ok());
-    coord_.MarkInitialized();
+    coord_.MarkInitialized(0);
 
     Checkpointer::Host host;
     host.send_to_shard = [this](int k, MessageBytes frame) {

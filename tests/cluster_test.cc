@@ -817,6 +817,58 @@ TEST_P(ClusterTest, SyncStepsMatchReferenceExactly) {
   EXPECT_EQ(EventualGlobalStep(*workers[2], steps), static_cast<uint64_t>(steps));
 }
 
+// Sync tensors declared after training began start at the step the chief's
+// Initialize read, and every worker learns that number (start_step): a
+// global step read later may be further on, as the shards report steps
+// after the fact, and a worker that started there would wait for steps no
+// one pushes. First the chief alone, straight after its steps (the reports
+// may lag); then both workers, the second waiting for the chief's init.
+TEST_P(ClusterTest, TensorsDeclaredLaterStartWhereTheChiefInitialisedThem) {
+  StartCluster(2, 2);
+  Client& chief = Connect(0);
+  Client& other = Connect(1);
+  auto sync = [](std::string name, uint32_t replicas) {
+    TensorSpec spec = F32(std::move(name), 4);
+    spec.mode = ConsistencyMode::Sync(replicas, replicas, /*average=*/false);
+    return spec;
+  };
+  std::vector<float> one(4, 1.0f), got(4);
+  auto step = [&](Client& c, Tensor t, uint64_t s) {
+    Status st = c.Push({PushItem::Of<float>(t, one)}, s);
+    if (st.ok()) st = c.Pull({PullItem::AfterStep<float>(t, got, s + 1)});
+    return st;
+  };
+  EXPECT_FALSE(chief.start_step().has_value()) << "before Initialize";
+  auto a = chief.Declare(sync("a", 1)).value();
+  ASSERT_TRUE(chief.Initialize().ok());
+  ASSERT_EQ(chief.start_step(), 0u);
+  for (uint64_t s = 0; s < 3; ++s) ASSERT_TRUE(step(chief, a, s).ok()) << s;
+  auto b = chief.Declare(sync("b", 1)).value();
+  ASSERT_TRUE(chief.Initialize().ok());
+  const uint64_t b_start = chief.start_step().value();
+  EXPECT_LE(b_start, 3u);
+  ASSERT_TRUE(step(chief, b, b_start).ok()) << "b starts at " << b_start;
+  EXPECT_EQ(got, one);
+
+  // Both workers: once the global step is known exactly, a tensor declared
+  // by both starts at it on both, the second having waited for the chief.
+  const uint64_t now = EventualGlobalStep(chief, b_start + 1);
+  ASSERT_GE(now, 3u);
+  TensorSpec shared = sync("c", 2);
+  ASSERT_TRUE(other.Declare(shared).ok());
+  Future waited = other.WaitForInitAsync(30s);
+  auto c_chief = chief.Declare(shared).value();
+  ASSERT_TRUE(chief.Initialize().ok());
+  ASSERT_TRUE(waited.Wait().ok()) << waited.Wait().ToString();
+  EXPECT_EQ(chief.start_step(), now);
+  EXPECT_EQ(other.start_step(), now);
+  auto c_other = other.Find("c").value();
+  std::thread second([&] { EXPECT_TRUE(step(other, c_other, now).ok()); });
+  ASSERT_TRUE(step(chief, c_chief, now).ok());
+  second.join();
+  EXPECT_EQ(got, std::vector<float>(4, 2.0f)) << "both workers' step";
+}
+
 TEST_P(ClusterTest, GlobalStepCountsAsyncPushes) {
   StartCluster(1, 2);
   Client& a = Connect(0);

@@ -121,7 +121,7 @@ TEST(CoordService, WorkerRequestsWaitUntilEveryPsTaskJoined) {
   EXPECT_EQ(declared->tensors.at(0).size(), 4u);
   auto step = h.Next<wire::StepReply>(kWorker1);
   ASSERT_TRUE(step.ok()) << step.status().ToString();
-  EXPECT_EQ(step->global_step, 0u);
+  EXPECT_EQ(step->step, 0u);
 }
 
 TEST(CoordService, WaitingRequestsAreBounded) {
@@ -202,7 +202,9 @@ TEST(CoordService, ARestartedCoordinatorRebuildsFromTheJoins) {
   EXPECT_EQ(declared->initialized, (std::vector<uint8_t>{1, 1}));
   EXPECT_EQ(declared->hyper.at(1).learning_rate, 0.125f);
   h.FromWorker(kWorker1, 1, wire::WaitInit{}, 3);
-  EXPECT_TRUE(h.Next<wire::Ack>(kWorker1).ok()) << "the init barrier stayed closed";
+  auto start = h.Next<wire::StepReply>(kWorker1);
+  ASSERT_TRUE(start.ok()) << "the init barrier stayed closed: " << start.status().ToString();
+  EXPECT_EQ(start->step, 3u) << "a rebuilt cluster starts where its sync tensors are";
   EXPECT_EQ(h.service->global_step(), 3u);
 
   // A new tensor goes beside them; a chunk claimed by the wrong task is refused.
@@ -227,7 +229,33 @@ TEST(CoordService, UninitialisedChunksKeepTheBarrierClosed) {
   EXPECT_TRUE(h.sent[kWorker1].empty());
   h.FromWorker(kWorker0, 0, wire::InitDone{}, 2);
   EXPECT_TRUE(h.Next<wire::Ack>(kWorker0).ok());
-  EXPECT_TRUE(h.Next<wire::Ack>(kWorker1).ok());
+  EXPECT_TRUE(h.Next<wire::StepReply>(kWorker1).ok());
+}
+
+// The chief read global step 1 and started fresh sync tensors there; ps
+// task 1's reports of earlier steps 1 and 2 arrive after it read it. A worker
+// that waited starts at 1, where the tensors are, not at the global step
+// (3) by then. A worker that asks later (a restarted one) gets the global
+// step, where training went on.
+TEST(CoordService, AWaitingWorkerStartsWhereTheChiefInitialised) {
+  ServiceHarness h;
+  h.service->JoinLocal({}, [](const wire::JoinReply&) {});
+  ASSERT_TRUE(h.FromPs1(wire::Join{}).ok());
+  const wire::StepsApplied step0{0, 0, {{0, 1}, {1, 1}}};
+  h.service->OnLocalSteps(step0);
+  ASSERT_EQ(h.service->global_step(), 1u);
+  h.FromWorker(kWorker1, 1, wire::WaitInit{}, 1);
+  for (uint64_t s : {1u, 2u}) h.service->OnLocalSteps({0, s, {{0, 1}, {1, 1}}});
+  ASSERT_EQ(h.service->global_step(), 3u);
+  h.FromWorker(kWorker0, 0, wire::InitDone{1}, 2);
+  EXPECT_TRUE(h.Next<wire::Ack>(kWorker0).ok());
+  auto waited = h.Next<wire::StepReply>(kWorker1);
+  ASSERT_TRUE(waited.ok()) << waited.status().ToString();
+  EXPECT_EQ(waited->step, 1u) << "the chief's number, not the global step it did not see";
+  h.FromWorker(kWorker1, 1, wire::WaitInit{}, 3);
+  auto late = h.Next<wire::StepReply>(kWorker1);
+  ASSERT_TRUE(late.ok()) << late.status().ToString();
+  EXPECT_EQ(late->step, 3u);
 }
 
 }  // namespace

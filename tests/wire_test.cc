@@ -82,7 +82,7 @@ std::vector<Sample> Samples() {
       Make("update_hyper", UpdateHyper{"w", Hyperparams{.learning_rate = 0.5f}}),
       Make("steps_applied", StepsApplied{2, 3, {{0, 2}, {2, 1}}}),
       Make("step_reply", StepReply{9}),
-      Make("init_done", InitDone{}),
+      Make("init_done", InitDone{12}),
       Make("error", Error{StatusCode::kNotFound, "no such tensor"}),
       Make("join", Join{create.entries, {1, 0}, 12, true}),
       Make("join_end", Join{}),

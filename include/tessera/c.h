@@ -197,6 +197,10 @@ TESSERA_EXPORT tessera_future_t* tessera_client_wait_for_init_async(tessera_clie
                                                                     int64_t timeout_ms);
 /* 1 and *step when the cluster resumed from a checkpoint, else 0. */
 TESSERA_EXPORT int tessera_client_restored_step(const tessera_client_t* client, uint64_t* step);
+/* 1 and *step once initialize or wait_for_init returned, else 0: the step to
+ * tag this worker's first push of its sync and bounded tensors with (see
+ * Client::start_step). */
+TESSERA_EXPORT int tessera_client_start_step(const tessera_client_t* client, uint64_t* step);
 
 /* step: TESSERA_NO_STEP, or the worker's step (sync and bounded tensors). */
 TESSERA_EXPORT void tessera_client_push(tessera_client_t* client, const tessera_push_item_t* items,

@@ -325,6 +325,14 @@ class Client:
         """The global step of the checkpoint the cluster resumed from, if any."""
         return self._c.restored_step
 
+    @property
+    def start_step(self) -> int | None:
+        """The step to tag this worker's first push of its sync and bounded
+        tensors with, once initialize() or wait_for_init() returned: the step
+        the chief started them at, the same on every worker (global_step()
+        read later may have moved on). None before."""
+        return self._c.start_step
+
     # pushes and pulls
     def push_async(self, items: Items, array: Any = None, *, step: int | None = None,
                    stream: Any = None) -> Future:

@@ -102,9 +102,10 @@ class DistributedOptimizer:
         else:
             client.wait_for_init()
         self.restored_step = client.restored_step
-        # A resumed cluster starts at the restored global step; every worker
-        # starts from the shards' weights.
-        self.step_count = client.global_step() if mode != "async" else 0
+        # Every worker starts at the step the chief initialised the tensors
+        # at (a resumed cluster: the restored global step), and from the
+        # shards' weights.
+        self.step_count = client.start_step if mode != "async" else 0
         client.pull(self._weights(), min_step=self.step_count)
         self._pending: dict[int, tessera.Future] = {}
         self._zeros: dict[int, torch.Tensor] = {}

@@ -402,6 +402,13 @@ int tessera_client_restored_step(const tessera_client_t* client, uint64_t* step)
   return 1;
 }
 
+int tessera_client_start_step(const tessera_client_t* client, uint64_t* step) {
+  auto start = client->client->start_step();
+  if (!start) return 0;
+  if (step != nullptr) *step = *start;
+  return 1;
+}
+
 // The blocking calls wait at once: the calling thread issues the call
 // itself (CallOptions::caller_waits).
 void tessera_client_push(tessera_client_t* client, const tessera_push_item_t* items, size_t count,

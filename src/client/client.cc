@@ -76,6 +76,10 @@ std::optional<uint64_t> Client::restored_step() const {
   std::lock_guard<std::mutex> lock(impl_->tensors_mu_);
   return impl_->restored_step_;
 }
+std::optional<uint64_t> Client::start_step() const {
+  std::lock_guard<std::mutex> lock(impl_->tensors_mu_);
+  return impl_->start_step_;
+}
 Result<Client::CheckpointInfo> Client::SaveCheckpoint(std::chrono::milliseconds timeout) {
   return impl_->SaveCheckpoint(timeout);
 }

@@ -113,6 +113,8 @@ class Client::Impl {
   std::atomic<int> ipc_shards_{0};
   // From the coordinator's declare replies.
   std::optional<uint64_t> restored_step_;  // under tensors_mu_
+  // From the chief's Initialize, or the coordinator's answer to WaitForInit.
+  std::optional<uint64_t> start_step_;  // under tensors_mu_
 
   mutable std::mutex tensors_mu_;
   std::deque<TensorEntry>

@@ -21,13 +21,13 @@ Status Client::Impl::InitializeNow() {
     generated.reserve(tensors_.size());
     for (uint32_t i = 0; i < tensors_.size(); ++i) {
       auto& e = tensors_[i];
+      any_stepped = any_stepped || e.decl.mode.kind != Consistency::kAsync;
       if (e.restored || e.initialized) {
         // Restored from a checkpoint, or initialised before (a restarted
         // chief, or an earlier Initialize): the values have moved on; keep them.
         (e.restored ? restored : kept)++;
         continue;
       }
-      any_stepped = any_stepped || e.decl.mode.kind != Consistency::kAsync;
       if (e.initial.empty()) {
         auto value = InitialValue(e.initializer, e.decl.name, e.decl.dtype, e.decl.shape);
         if (!value.ok()) return value.status();
@@ -47,7 +47,10 @@ Status Client::Impl::InitializeNow() {
               task_.ToString(), kept);
   }
   // Sync and bounded tensors start at the cluster's global step: declared
-  // after training began, they join the steps the workers are at.
+  // after training began, they join the steps the workers are at. The step
+  // is read once, here: it is the number every worker starts at (the
+  // coordinator hands it to each WaitForInit), where a second read could
+  // differ (the shards report steps after the fact).
   uint64_t cluster_step = 0;
   if (any_stepped) {
     auto global = GlobalStep();
@@ -58,10 +61,12 @@ Status Client::Impl::InitializeNow() {
     TESSERA_RETURN_IF_ERROR(
         Push(items, wire::kFlagInit, cluster_step, {}).Wait().WithContext("initialising"));
   }
-  auto ack = CallCoordinator<wire::InitDone, wire::Ack>(wire::InitDone{}, options_.op_timeout);
+  auto ack =
+      CallCoordinator<wire::InitDone, wire::Ack>(wire::InitDone{cluster_step}, options_.op_timeout);
   if (!ack.ok()) return ack.status();
   std::lock_guard<std::mutex> lock(tensors_mu_);
   for (auto& e : tensors_) e.initialized = true;
+  start_step_ = cluster_step;
   return Status::Ok();
 }
 
@@ -101,12 +106,16 @@ Result<uint64_t> Client::Impl::GlobalStep() {
   auto reply =
       CallCoordinator<wire::GetStep, wire::StepReply>(wire::GetStep{}, options_.op_timeout);
   if (!reply.ok()) return reply.status();
-  return reply->global_step;
+  return reply->step;
 }
 
 Status Client::Impl::WaitForInitNow(std::chrono::milliseconds timeout) {
-  auto ack = CallCoordinator<wire::WaitInit, wire::Ack>(wire::WaitInit{}, timeout);
-  if (ack.ok()) return Status::Ok();
+  auto ack = CallCoordinator<wire::WaitInit, wire::StepReply>(wire::WaitInit{}, timeout);
+  if (ack.ok()) {
+    std::lock_guard<std::mutex> lock(tensors_mu_);
+    start_step_ = ack->step;
+    return Status::Ok();
+  }
   if (ack.status().code() == StatusCode::kDeadlineExceeded) {
     return Status::DeadlineExceeded("the chief (" + options_.cluster.chief().ToString() +
                                     ") has not initialised the parameters within " +

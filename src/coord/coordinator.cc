@@ -225,11 +225,20 @@ void Coordinator::AdoptionDone() {
   initialized_ = true;
 }
 
-void Coordinator::MarkInitialized() {
+void Coordinator::MarkInitialized(uint64_t start_step) {
   initialized_ = true;
+  start_step_ = start_step;
   for (auto& [name, placed] : tensors_) {
     if (placed.chief_declared) placed.initialized = true;
   }
+}
+
+bool Coordinator::EveryTensorInitialized() const {
+  // A walk over the tensors: asked only by a wait-init once the cluster was
+  // initialised (a restarted worker, tensors declared later), never per step.
+  if (!initialized_) return false;
+  return std::all_of(tensors_.begin(), tensors_.end(),
+                     [](const auto& named) { return named.second.initialized; });
 }
 
 void Coordinator::RestoreFrom(const ckpt::Checkpoint* checkpoint) {

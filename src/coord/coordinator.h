@@ -3,6 +3,7 @@
 // the chief has initialised the parameters.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <functional>
 #include <map>
@@ -97,9 +98,19 @@ class Coordinator {
   // them from now on, and checkpoints save them.
   Status UpdateHyper(const wire::UpdateHyper& msg);
 
-  // The chief's init-done: what it declared so far is initialised.
-  void MarkInitialized();
+  // The chief's init-done: what it declared so far is initialised, its
+  // sync and bounded tensors at `start_step`.
+  void MarkInitialized(uint64_t start_step);
   bool initialized() const { return initialized_; }
+  // Whether every tensor declared so far holds its value: a wait-init is
+  // answered at once only then, so that a worker that declared tensors the
+  // chief has yet to initialise (declared after training began) learns the
+  // step the chief starts them at.
+  bool EveryTensorInitialized() const;
+  // The step a worker that asks once the cluster is initialised starts at:
+  // the chief's latest start step, or the global step where training went
+  // past it (a restarted worker rejoins the steps the others are at).
+  uint64_t StartStepForLateWorker() const { return std::max(start_step_, global_step_); }
   int num_shards() const { return num_shards_; }
   const std::map<std::string, Placed>& tensors() const { return tensors_; }
   size_t num_tensors() const { return tensors_.size(); }
@@ -122,6 +133,7 @@ class Coordinator {
   std::map<std::string, Placed> tensors_;
   const ckpt::Checkpoint* restored_ = nullptr;
   bool initialized_ = false;
+  uint64_t start_step_ = 0;  // from the chief's latest init-done
   uint64_t global_step_ = 0;
   uint32_t replicas_to_aggregate_ = 0;  // from the first sync tensor
   // Sync steps not yet counted: step -> worker -> the ps tasks that counted

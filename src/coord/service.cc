@@ -194,10 +194,15 @@ void Service::Serve(const WorkerRef& from, const wire::Header& h, std::span<cons
     }
     case wire::Opcode::kSaveCheckpoint:
       return OnSaveCheckpoint(from, h.request_id);
-    case wire::Opcode::kInitDone:
-      return OnInitDone(from, h.request_id);
+    case wire::Opcode::kInitDone: {
+      auto m = wire::DecodeBody<wire::InitDone>(h, frame);
+      if (!m.ok()) return bad(m.status());
+      return OnInitDone(from, h.request_id, *m);
+    }
     case wire::Opcode::kWaitInit:
-      if (coord_.initialized()) return Reply(from.peer, h.request_id, wire::Ack{});
+      if (coord_.EveryTensorInitialized()) {
+        return Reply(from.peer, h.request_id, wire::StepReply{coord_.StartStepForLateWorker()});
+      }
       init_waiters_.emplace_back(from.peer, h.request_id);
       return;
     default:
@@ -207,15 +212,20 @@ void Service::Serve(const WorkerRef& from, const wire::Header& h, std::span<cons
   }
 }
 
-void Service::OnInitDone(const WorkerRef& from, uint64_t request_id) {
+void Service::OnInitDone(const WorkerRef& from, uint64_t request_id, const wire::InitDone& done) {
   if (from.rank != 0) {
     return SendError(from.peer, request_id,
                      Status::PermissionDenied(from.task + " is not the chief"));
   }
-  TLOG_INFO("chief {} initialised the parameters", from.task);
-  coord_.MarkInitialized();
+  TLOG_INFO("chief {} initialised the parameters (sync tensors start at step {})", from.task,
+            done.start_step);
+  coord_.MarkInitialized(done.start_step);
   Reply(from.peer, request_id, wire::Ack{});
-  for (auto& [waiter, req] : init_waiters_) Reply(waiter, req, wire::Ack{});
+  // Those who waited get the chief's number itself: the global step may
+  // have moved on since the chief read it (the shards' reports of earlier
+  // steps arrive after the fact), and every worker must start where the
+  // fresh tensors are.
+  for (auto& [waiter, req] : init_waiters_) Reply(waiter, req, wire::StepReply{done.start_step});
   init_waiters_.clear();
 }
 

@@ -125,7 +125,7 @@ class Service {
   void CheckReady();
   void Serve(const WorkerRef& from, const wire::Header& h, std::span<const uint8_t> frame);
   void OnSaveCheckpoint(const WorkerRef& from, uint64_t request_id);
-  void OnInitDone(const WorkerRef& from, uint64_t request_id);
+  void OnInitDone(const WorkerRef& from, uint64_t request_id, const wire::InitDone& done);
   Status Join(int shard, const wire::Join& join);
   wire::JoinReply JoinAnswer() const;
   Status OnStepsApplied(int shard, const wire::StepsApplied& report);

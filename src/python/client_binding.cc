@@ -480,6 +480,7 @@ void BindClient(nb::module_& m) {
              ThrowIfError(WithoutGil([&] { return client.Initialize(); }));
            })
       .def_prop_ro("restored_step", [](PyClient& c) { return c.client().restored_step(); })
+      .def_prop_ro("start_step", [](PyClient& c) { return c.client().start_step(); })
       .def(
           "wait_for_init",
           [](PyClient& c, double timeout) {

@@ -25,8 +25,9 @@ constexpr uint32_t kMagic = 0x41525354;  // "TSRA" read as little-endian
 // hyper-parameters set at run time reach the coordinator (update-hyper) and
 // come back in declare replies. 6: a join carries the ps task's chunk table,
 // from which a restarted coordinator rebuilds its placement. 7: read-only
-// clients (the reader role, authenticated with the reader key).
-constexpr uint16_t kVersion = 7;
+// clients (the reader role, authenticated with the reader key). 8: init-done
+// carries the step its tensors start at, and wait-init is answered with it.
+constexpr uint16_t kVersion = 8;
 constexpr size_t kHeaderSize = 24;
 // No control message is larger: tensor data never travels in messages.
 constexpr uint32_t kMaxBodyLength = 16u << 20;

@@ -280,13 +280,19 @@ struct Release {
   bool operator==(const Release&) const = default;
 };
 
+// The chief's: every tensor it declared so far holds its value. Its sync and
+// bounded tensors that were initialised now start at `start_step`, the one
+// number every worker's first push of them must be tagged with: the
+// coordinator answers each wait-init with it (a step-reply).
 struct InitDone {
   static constexpr Opcode kOpcode = Opcode::kInitDone;
-  void EncodeBody(MessageWriter&) const {}
-  static Result<InitDone> DecodeBody(ByteReader&) { return InitDone{}; }
+  uint64_t start_step = 0;
+  void EncodeBody(MessageWriter& w) const;
+  static Result<InitDone> DecodeBody(ByteReader& r);
   bool operator==(const InitDone&) const = default;
 };
 
+// Answered with a step-reply once the chief is done: the step to start at.
 struct WaitInit {
   static constexpr Opcode kOpcode = Opcode::kWaitInit;
   void EncodeBody(MessageWriter&) const {}
@@ -361,9 +367,11 @@ struct GetStep {
   bool operator==(const GetStep&) const = default;
 };
 
+// The answer to get-step (the global step) and to wait-init (the step the
+// chief's latest init started its tensors at; see InitDone).
 struct StepReply {
   static constexpr Opcode kOpcode = Opcode::kStepReply;
-  uint64_t global_step = 0;
+  uint64_t step = 0;
   void EncodeBody(MessageWriter& w) const;
   static Result<StepReply> DecodeBody(ByteReader& r);
   bool operator==(const StepReply&) const = default;

@@ -29,10 +29,17 @@ Result<StepsApplied> StepsApplied::DecodeBody(ByteReader& r) {
   return m;
 }
 
-void StepReply::EncodeBody(MessageWriter& w) const { w.Put(global_step); }
+void StepReply::EncodeBody(MessageWriter& w) const { w.Put(step); }
 Result<StepReply> StepReply::DecodeBody(ByteReader& r) {
   StepReply m;
-  if (!r.Get(&m.global_step)) return Truncated("global_step");
+  if (!r.Get(&m.step)) return Truncated("step");
+  return m;
+}
+
+void InitDone::EncodeBody(MessageWriter& w) const { w.Put(start_step); }
+Result<InitDone> InitDone::DecodeBody(ByteReader& r) {
+  InitDone m;
+  if (!r.Get(&m.start_step)) return Truncated("start_step");
   return m;
 }
 

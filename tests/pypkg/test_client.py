@@ -146,9 +146,9 @@ def test_a_dropped_future_holds_its_arrays_until_complete(client, name):
 def test_sync_duplicates_are_reported_dropped(client, name):
     t = client.declare(name, (8,), "f32", "add", mode=tessera.sync())
     client.initialize()
-    # A sync tensor starts at the cluster's global step (this suite's earlier
-    # tests moved it on).
-    step = client.global_step()
+    # A sync tensor starts at the step the chief initialised it at: the
+    # cluster's global step then (this suite's earlier tests moved it on).
+    step = client.start_step
     grad = np.ones(8, np.float32)
     client.push(t, grad, step=step)
     again = client.push_async(t, grad, step=step)
@@ -163,7 +163,7 @@ def test_another_thread_runs_during_a_blocking_pull(client, name):
     # during the wait, that thread could never run and the pull would time out.
     t = client.declare(name, (4,), "f32", "add", mode=tessera.sync())
     client.initialize()
-    step = client.global_step()
+    step = client.start_step
     sent = client.counters().messages_sent
     errors = []
 
@@ -187,7 +187,7 @@ def test_another_thread_runs_during_a_blocking_pull(client, name):
 def test_global_step_and_checkpoint(client, name):
     t = client.declare(name, (4,), "f32", "add", mode=tessera.sync())
     client.initialize()
-    start = client.global_step()
+    start = client.start_step
     for step in range(start, start + 3):
         client.push(t, np.ones(4, np.float32), step=step)
     out = np.zeros(4, np.float32)

@@ -99,7 +99,8 @@ def test_optimizer_on_the_shards_matches_torch_optim(client, name, rule, local_o
     local = copy.deepcopy(remote)
     opt = tessera.torch.DistributedOptimizer(client, remote, rule, prefix=name + "/",
                                              overlap=overlap, **options)
-    start = opt.step_count  # the cluster's global step: earlier tests moved it on
+    start = opt.step_count  # where the chief initialised it: earlier tests moved it on
+    assert start == client.start_step
     local_opt = local_optimizer(local.parameters(), **options)
     loss_fn = torch.nn.CrossEntropyLoss()
     for x, y in batches(4):
