@@ -83,6 +83,7 @@ std::vector<Sample> Samples() {
       Make("steps_applied", StepsApplied{2, 3, {{0, 2}, {2, 1}}}),
       Make("step_reply", StepReply{9}),
       Make("init_done", InitDone{12}),
+      Make("sync_step", SyncStep{}),
       Make("error", Error{StatusCode::kNotFound, "no such tensor"}),
       Make("join", Join{create.entries, {1, 0}, 12, true}),
       Make("join_end", Join{}),

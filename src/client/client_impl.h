@@ -60,6 +60,8 @@ class Client::Impl {
   }
   Status SetHyperparams(Tensor t, const Hyperparams& hyper);
   Result<uint64_t> GlobalStep();
+  // Where the tensors the chief initialises now start (InitializeNow).
+  Result<uint64_t> StepToStartAt();
   Result<Client::CheckpointInfo> SaveCheckpoint(std::chrono::milliseconds timeout) {
     if (options_.read_only) return ReadOnlyRefusal("ask for a checkpoint");
     auto saved = CallCoordinator<wire::SaveCheckpoint, wire::CheckpointSaved>(

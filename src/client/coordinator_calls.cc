@@ -1,6 +1,8 @@
 // The client's calls to the coordinator: the chief's init barrier, the
 // global step, hyper-parameters.
 
+#include <algorithm>
+
 #include "client/client_impl.h"
 
 namespace tessera {
@@ -46,16 +48,15 @@ Status Client::Impl::InitializeNow() {
     TLOG_INFO("{}: {} tensor(s) were initialised before; not initialising them again",
               task_.ToString(), kept);
   }
-  // Sync and bounded tensors start at the cluster's global step: declared
-  // after training began, they join the steps the workers are at. The step
-  // is read once, here: it is the number every worker starts at (the
-  // coordinator hands it to each WaitForInit), where a second read could
-  // differ (the shards report steps after the fact).
+  // Sync and bounded tensors start at the cluster's step: declared after
+  // training began, they join the steps the workers are at. It is decided
+  // once, here, and is the number every worker starts at (the coordinator
+  // hands it to each WaitForInit).
   uint64_t cluster_step = 0;
   if (any_stepped) {
-    auto global = GlobalStep();
-    if (!global.ok()) return global.status().WithContext("initialising");
-    cluster_step = *global;
+    auto step = StepToStartAt();
+    if (!step.ok()) return step.status().WithContext("initialising");
+    cluster_step = *step;
   }
   if (!items.empty()) {
     TESSERA_RETURN_IF_ERROR(
@@ -100,6 +101,25 @@ Status Client::Impl::SetHyperparams(Tensor t, const Hyperparams& hyper) {
     if (!ack.ok()) return ack.status();
   }
   return Status::Ok();
+}
+
+Result<uint64_t> Client::Impl::StepToStartAt() {
+  // The global step, and at least the furthest step any ps task's sync
+  // tensors reached: the shards report steps after they answered the
+  // workers, so the global step may not count the last ones yet. Started
+  // below them, fresh tensors would be behind the workers, and a worker that
+  // reads the global step later (one that waits for init after the chief
+  // was done) would start past the tensors.
+  auto global = GlobalStep();
+  if (!global.ok()) return global.status();
+  uint64_t step = *global;
+  for (size_t s = 0; s < shards_.size(); ++s) {
+    auto reached = Call<wire::SyncStep, wire::StepReply>(static_cast<int>(s), wire::SyncStep{},
+                                                         options_.op_timeout);
+    if (!reached.ok()) return reached.status();
+    step = std::max(step, reached->step);
+  }
+  return step;
 }
 
 Result<uint64_t> Client::Impl::GlobalStep() {

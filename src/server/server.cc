@@ -143,6 +143,9 @@ void Shard::OnWorkerMessage(Peer& peer, const wire::Header& h, std::span<const u
           [&](wire::SetHyper m) { OnSetHyper(peer, h.request_id, m); });
     case wire::Opcode::kRelease:
       return decoded.operator()<wire::Release>([&](wire::Release m) { OnRelease(peer, m); });
+    case wire::Opcode::kSyncStep:
+      return decoded.operator()<wire::SyncStep>(
+          [&](wire::SyncStep) { Reply(peer, h.request_id, wire::StepReply{SyncStepReached()}); });
     default:
       // The shards count steps: a worker has no step to report.
       if (h.opcode == wire::Opcode::kStepsApplied) step_messages_from_workers_++;

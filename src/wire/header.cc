@@ -78,6 +78,8 @@ const char* OpcodeName(Opcode op) {
       return "bye";
     case Opcode::kUpdateHyper:
       return "update-hyper";
+    case Opcode::kSyncStep:
+      return "sync-step";
   }
   return "unknown";
 }

@@ -26,7 +26,8 @@ constexpr uint32_t kMagic = 0x41525354;  // "TSRA" read as little-endian
 // come back in declare replies. 6: a join carries the ps task's chunk table,
 // from which a restarted coordinator rebuilds its placement. 7: read-only
 // clients (the reader role, authenticated with the reader key). 8: init-done
-// carries the step its tensors start at, and wait-init is answered with it.
+// carries the step its tensors start at, and wait-init is answered with it;
+// sync-step asks a ps task how far its sync tensors got.
 constexpr uint16_t kVersion = 8;
 constexpr size_t kHeaderSize = 24;
 // No control message is larger: tensor data never travels in messages.
@@ -68,8 +69,9 @@ enum class Opcode : uint16_t {
   kStatusReply = 33,
   kBye = 34,
   kUpdateHyper = 35,
+  kSyncStep = 36,
 };
-constexpr uint16_t kMaxOpcode = 35;
+constexpr uint16_t kMaxOpcode = 36;
 const char* OpcodeName(Opcode op);
 
 // Header flags.

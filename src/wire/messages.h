@@ -367,8 +367,20 @@ struct GetStep {
   bool operator==(const GetStep&) const = default;
 };
 
-// The answer to get-step (the global step) and to wait-init (the step the
-// chief's latest init started its tensors at; see InitDone).
+// From the chief to each ps task before it initialises: how far the task's
+// sync tensors got (answered with a step-reply). The global step may not
+// have heard of the last steps yet; tensors the chief starts now must start
+// at least there, where the workers are.
+struct SyncStep {
+  static constexpr Opcode kOpcode = Opcode::kSyncStep;
+  void EncodeBody(MessageWriter&) const {}
+  static Result<SyncStep> DecodeBody(ByteReader&) { return SyncStep{}; }
+  bool operator==(const SyncStep&) const = default;
+};
+
+// The answer to get-step (the global step), to sync-step (a ps task's
+// furthest sync step) and to wait-init (the step the chief's latest init
+// started its tensors at; see InitDone).
 struct StepReply {
   static constexpr Opcode kOpcode = Opcode::kStepReply;
   uint64_t step = 0;

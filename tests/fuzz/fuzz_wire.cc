@@ -87,6 +87,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     case Opcode::kSetHyper:
       DecodeAs<SetHyper>(*h, frame);
       break;
+    case Opcode::kSyncStep:
+      DecodeAs<SyncStep>(*h, frame);
+      break;
     case Opcode::kUpdateHyper:
       DecodeAs<UpdateHyper>(*h, frame);
       break;

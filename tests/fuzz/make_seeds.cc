@@ -70,6 +70,7 @@ void WireSeeds(const fs::path& dir) {
   put(Encode(PullReply{7, {4}, {}}, 12));
   put(Encode(Release{7}, 13));
   put(Encode(InitDone{5}, 14));
+  put(Encode(SyncStep{}, 36));
   put(Encode(WaitInit{}, 15));
   put(Encode(Ack{}, 16));
   put(Encode(Error{StatusCode::kInvalidArgument, "bad tensor"}, 17));
