@@ -404,12 +404,13 @@ class TESSERA_EXPORT Client {
   // The global step of the checkpoint the cluster resumed from, if it did.
   std::optional<uint64_t> restored_step() const;
   // The step to tag this worker's first push of its sync and bounded tensors
-  // with, known once Initialize or WaitForInit returned: the global step the
-  // chief's Initialize started them at, the same number on every worker
-  // that waited for it (read the global step instead and it may have moved:
-  // the shards report steps after the fact). A worker that asks after the
-  // chief was done (a restarted one) gets the global step where training
-  // went past that.
+  // with, known once Initialize or WaitForInit returned: the step the
+  // chief's Initialize started them at (where the workers are: the global
+  // step, or the furthest step a ps task's sync tensors reached where the
+  // global step has not counted it yet), the same number on every worker.
+  // Read GlobalStep() instead and it may differ: the shards report steps
+  // after the fact. A worker that asks after the chief was done (a
+  // restarted one) gets the global step where training went past that.
   std::optional<uint64_t> start_step() const;
   Status WaitForInit(std::chrono::milliseconds timeout = std::chrono::milliseconds{60'000});
   Future WaitForInitAsync(std::chrono::milliseconds timeout = std::chrono::milliseconds{60'000});
