@@ -63,7 +63,7 @@ Status Shard::ReaderMay(const Peer& peer, wire::Opcode op) {
 
 void Shard::OnShardPeerMessage(Peer& peer, const wire::Header& h, std::span<const uint8_t> frame) {
   if (h.opcode == wire::Opcode::kAck) {
-    if (h.request_id == kByeRequestId) OnByeAnswered();
+    if (h.request_id == kByeRequestId) OnByeAnswered(peer.ep.get());
     return;
   }
   const auto id = reinterpret_cast<coord::PeerId>(peer.ep.get());

@@ -99,7 +99,8 @@ class Shard {
   // its ps tasks, and waits briefly for their acks, so that none of them
   // logs a lost peer (or tries to rejoin loudly).
   void SayBye();
-  void OnByeAnswered();
+  // `from` acked the bye, or its connection ended (it cannot ack any more).
+  void OnByeAnswered(const transport::Endpoint* from);
   // The request id of such a bye: its ack is told from any other by it.
   static constexpr uint64_t kByeRequestId = ~uint64_t{0};
   // Refuses the peer: forgets it and, when `tell`, sends it `why` first.
@@ -281,8 +282,9 @@ class Shard {
   StepCounter step_counter_;
   bool step_report_posted_ = false;
   bool coordinator_said_bye_ = false;  // the link's end is a stop, not a loss
-  // SayBye's acks still awaited, and who waits for them.
-  size_t bye_acks_awaited_ = 0;
+  // The connections whose ack of SayBye's bye is still awaited, and who
+  // waits for them.
+  std::vector<const transport::Endpoint*> bye_acks_awaited_;
   std::shared_ptr<std::promise<void>> bye_answered_;
   std::deque<std::tuple<EndpointPtr, uint64_t, wire::Create>> deferred_creates_;
   std::chrono::steady_clock::time_point next_join_report_;

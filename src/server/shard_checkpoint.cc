@@ -197,7 +197,7 @@ void Shard::OnLinkFrame(std::span<const uint8_t> frame) {
       CheckPresence();  // this task's end may have waited for the coordinator's
       return;
     case wire::Opcode::kAck:
-      if (h->request_id == kByeRequestId) OnByeAnswered();
+      if (h->request_id == kByeRequestId) OnByeAnswered(coord_link_.get());
       return;
     case wire::Opcode::kError: {
       auto err = wire::DecodeBody<wire::Error>(*h, frame);

@@ -65,30 +65,34 @@ void Shard::SayBye() {
   constexpr auto kByeWait = std::chrono::seconds(2);
   auto answered = std::make_shared<std::promise<void>>();
   ctx_->Post([this, answered] {
-    bye_acks_awaited_ = 0;
+    bye_acks_awaited_.clear();
     bye_answered_ = answered;
     const auto bye = wire::Encode(wire::Bye{}, kByeRequestId);
     if (coord_link_ && joined_) {
       coord_link_->Send(kProtocolMsg, bye);
-      bye_acks_awaited_++;
+      bye_acks_awaited_.push_back(coord_link_.get());
     }
     for (auto& [raw, peer] : peers_) {
       if (!peer->is_shard) continue;
       peer->ep->Send(kProtocolMsg, bye);
-      bye_acks_awaited_++;
+      bye_acks_awaited_.push_back(raw);
     }
-    if (bye_acks_awaited_ == 0) OnByeAnswered();
+    if (bye_acks_awaited_.empty()) OnByeAnswered(nullptr);
   });
+  // The bound is for a peer that hangs: one that stopped (its connection
+  // ended, maybe with the bye unread) counts as answered at once.
   answered->get_future().wait_for(kByeWait);
 }
 
-void Shard::OnByeAnswered() {
-  if (bye_acks_awaited_ > 0 && --bye_acks_awaited_ > 0) return;
-  if (bye_answered_) bye_answered_->set_value();
+void Shard::OnByeAnswered(const transport::Endpoint* from) {
+  std::erase(bye_acks_awaited_, from);
+  if (!bye_acks_awaited_.empty() || !bye_answered_) return;
+  bye_answered_->set_value();
   bye_answered_.reset();
 }
 
 void Shard::OnDisconnect(const EndpointPtr& ep, const Status& why) {
+  if (bye_answered_) OnByeAnswered(ep.get());
   if (coord_link_ && ep.get() == coord_link_.get()) return OnLinkLost(why);
   std::erase_if(closing_, [&](const auto& c) { return c.first == ep; });
   auto it = peers_.find(ep.get());
