@@ -832,10 +832,12 @@ TEST_P(ClusterTest, TensorsDeclaredLaterStartWhereTheChiefInitialisedThem) {
     spec.mode = ConsistencyMode::Sync(replicas, replicas, /*average=*/false);
     return spec;
   };
-  std::vector<float> one(4, 1.0f), got(4);
+  // Each worker pulls into its own buffer: both step at once below.
+  std::vector<float> one(4, 1.0f), got(4), got_other(4);
   auto step = [&](Client& c, Tensor t, uint64_t s) {
+    std::vector<float>& into = &c == &chief ? got : got_other;
     Status st = c.Push({PushItem::Of<float>(t, one)}, s);
-    if (st.ok()) st = c.Pull({PullItem::AfterStep<float>(t, got, s + 1)});
+    if (st.ok()) st = c.Pull({PullItem::AfterStep<float>(t, into, s + 1)});
     return st;
   };
   EXPECT_FALSE(chief.start_step().has_value()) << "before Initialize";
@@ -863,6 +865,7 @@ TEST_P(ClusterTest, TensorsDeclaredLaterStartWhereTheChiefInitialisedThem) {
   ASSERT_TRUE(step(chief, c_chief, now).ok());
   second.join();
   EXPECT_EQ(got, std::vector<float>(4, 2.0f)) << "both workers' step";
+  EXPECT_EQ(got_other, got);
 
   // The second worker declares only once the chief initialised: it starts
   // where the chief started d, straight after the step above.
