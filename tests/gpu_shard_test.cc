@@ -187,7 +187,10 @@ class GpuShardRules : public ::testing::TestWithParam<RuleCase> {};
 // host shard and a GPU shard: the pulled bytes are the same.
 TEST_P(GpuShardRules, MatchTheHostShardBitForBit) {
   SKIP_WITHOUT_GPU();
-  const auto [rule, dtype] = GetParam();
+  // Named copies, not a structured binding: clang before 16 cannot capture
+  // a binding in a lambda.
+  const UpdateRule rule = GetParam().rule;
+  const DType dtype = GetParam().dtype;
   auto run = [&](const std::string& memory) {
     OneShard shard(memory, 1);
     EXPECT_TRUE(shard.status().ok()) << shard.status().ToString();

@@ -57,7 +57,7 @@ class TcpAttackTest : public ::testing::Test {
     readable_ = std::move(*readable);
     std::memset(writable_->data(), 0x11, writable_->size());
     std::memset(readable_->data(), 0x22, readable_->size());
-    server_->SetHandler(7, [this](const std::shared_ptr<Endpoint>& from, std::span<const uint8_t>) {
+    server_->SetHandler(7, [](const std::shared_ptr<Endpoint>& from, std::span<const uint8_t>) {
       from->Send(8, {1, 2, 3});
     });
     auto listener = server_->Listen("127.0.0.1", 0, [this](const std::shared_ptr<Endpoint>& ep) {

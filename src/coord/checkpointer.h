@@ -85,6 +85,10 @@ class Checkpointer {
 
  private:
   struct Round {
+    // User-provided: clang decides whether a nested class with member
+    // initialisers is default-constructible while the enclosing class is
+    // still being defined (std::optional<Round> below asks) and answers no.
+    Round() {}  // NOLINT(modernize-use-equals-default)
     uint64_t id = 0;
     Reason reason = Reason::kRequest;
     std::vector<Done> waiters;
