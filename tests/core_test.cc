@@ -365,6 +365,13 @@ TEST(Kernels, EveryHalfAddPathGivesTheScalarBits) {
       for (size_t i = 0; i < want.size(); ++i) {
         if (IsHalfNan(dt, want[i])) {
           ASSERT_TRUE(IsHalfNan(dt, got[i])) << DTypeName(dt) << " element " << i;
+          // An f16 sum that is NaN is the quiet NaN of its sign, as the
+          // scalar path rounds it (the paths may differ in the sign only;
+          // the last elements, past n, are not sums).
+          if (dt == DType::kF16 && i < n) {
+            ASSERT_EQ(got[i] & 0x7fff, 0x7e00)
+                << "f16 path " << static_cast<int>(path) << " element " << i;
+          }
           continue;
         }
         ASSERT_EQ(got[i], want[i])

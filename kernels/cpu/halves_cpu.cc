@@ -123,6 +123,8 @@ __attribute__((target("avx2,f16c"))) void AddHalfF16c(uint16_t* dst, const uint1
 // `_mm512_undefined_*` value that -Wmaybe-uninitialized rejects; their
 // zero-masked forms with every lane selected are the same instruction.
 constexpr __mmask16 kAllLanes = 0xffff;
+// vfpclassps' classes that make a NaN: quiet (0x01) or signalling (0x80).
+constexpr int kQuietOrSignalingNan = 0x81;
 
 __attribute__((target("avx512f"))) inline __m512i TopHalves(__m512i x) {
   return _mm512_maskz_srli_epi32(kAllLanes, x, 16);
@@ -136,7 +138,6 @@ __attribute__((target("avx512f"))) inline __m512i TopHalves(__m512i x) {
 // where a compare on the narrowed halves took five.
 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,f16c"))) void AddHalfAvx512(
     uint16_t* dst, const uint16_t* src, size_t n) {
-  constexpr int kQuietOrSignalingNan = 0x81;
   constexpr int kSignOrQuietNan = 0xea;  // ternary logic: a & b | c
   const __m256i sign = _mm256_set1_epi16(-32768);
   const __m256i quiet_nan = _mm256_set1_epi16(0x7e00);
@@ -198,7 +199,6 @@ __attribute__((target("avx512f,avx512bw,avx512dq"))) inline __m512i RoundToBFloa
   const __m512i odd = _mm512_and_si512(TopHalves(x), _mm512_set1_epi32(1));
   const __m512i rounded = _mm512_add_epi32(x, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff)));
   const __m512i quiet_nan = _mm512_or_si512(x, _mm512_set1_epi32(0x400000));
-  constexpr int kQuietOrSignalingNan = 0x81;
   return _mm512_mask_blend_epi32(_mm512_fpclass_ps_mask(f, kQuietOrSignalingNan), rounded,
                                  quiet_nan);
 }
