@@ -506,6 +506,26 @@ int main(int argc, char** argv) {
   CHECK(tessera_future_ready(orphan) == 1);
   FAILS("destroyed", tessera_future_wait(orphan, &err));
   tessera_future_destroy(orphan);
+
+  /* The destroyed client's handles name nothing on the next client, even
+   * where the next one holds another tensor at the same index (sgd at 0,
+   * where sync_add was). */
+  tessera_client_t* next;
+  OK(next = tessera_client_connect(o, &err));
+  s = tessera_tensor_spec_create("sgd", TESSERA_F32, sgd_shape, 1, TESSERA_RULE_SGD);
+  OK(tessera_tensor_spec_set_hyperparam(s, "learning_rate", 0.5, &err));
+  tessera_tensor_spec_set_initializer(s, TESSERA_INIT_CONSTANT, 1.0, 0.0, 0);
+  tessera_tensor_t sgd_again;
+  OK(sgd_again = tessera_client_declare(next, s, &err));
+  tessera_tensor_spec_destroy(s);
+  CHECK(sgd_again != sync_add && sgd_again != sgd);
+  tessera_pull_item_t stale = {sync_add, sgd_weights, sizeof sgd_weights, 1, 0};
+  FAILS("another client", tessera_client_pull(next, &stale, 1, &err));
+  FAILS("another client", CHECK(tessera_client_tensor_info(next, sgd, &err) == NULL));
+  tessera_pull_item_t fresh = {sgd_again, sgd_weights, sizeof sgd_weights, 1, 0};
+  OK(tessera_client_pull(next, &fresh, 1, &err));
+  CHECK(all_equal(sgd_weights, SGD_ELEMS, -0.25f));
+  tessera_client_destroy(next);
   tessera_options_destroy(o);
   printf("c_api_test: worker %d passed\n", g_rank);
   return 0;

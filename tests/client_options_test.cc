@@ -179,6 +179,12 @@ TEST_F(FromEnvTest, BadTransportAndLogLevelAreNamed) {
   auto level = ClientOptions::FromEnv();
   ASSERT_FALSE(level.ok());
   EXPECT_NE(level.status().message().find("TESSERA_LOG_LEVEL"), std::string::npos);
+  // A level's name in any case is that level (WARN was refused before).
+  for (const char* spelled : {"WARN", "Warning", "ERROR", "Off"}) {
+    setenv("TESSERA_LOG_LEVEL", spelled, 1);
+    EXPECT_TRUE(ClientOptions::FromEnv().ok()) << spelled;
+  }
+  unsetenv("TESSERA_LOG_LEVEL");
 }
 
 }  // namespace

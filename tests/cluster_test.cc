@@ -172,6 +172,31 @@ TEST_P(ClusterTest, BadPushesAreRefusedAndNothingElseBreaks) {
   EXPECT_EQ(got, ones);
 }
 
+// A Tensor kept from a closed client names no tensor of the next client,
+// which holds another tensor at the same index: refused, not pulled.
+TEST_P(ClusterTest, AClosedClientsHandleIsRefusedByTheNextClient) {
+  StartCluster(1, 1);
+  auto first = Client::Connect(Options(0)).value();
+  Tensor a = first->Declare(F32("a", 4)).value();
+  ASSERT_TRUE(first->Initialize().ok());
+  first.reset();
+  Client& next = Connect(0);
+  Tensor b = next.Declare(F32("b", 4)).value();
+  ASSERT_EQ(b.index, a.index);  // the same number: only the client tells them apart
+  ASSERT_TRUE(next.Initialize().ok());
+  std::vector<float> got(4);
+  Status st = next.Pull({PullItem::Of<float>(a, got)});
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(st.message().find("belongs to another client"), std::string::npos) << st;
+  st = next.Push({PushItem::Of<float>(a, std::span<const float>(got))});
+  EXPECT_NE(st.message().find("belongs to another client"), std::string::npos) << st;
+  EXPECT_NE(next.info(a).status().message().find("another client"), std::string::npos);
+  st = next.Pull({PullItem::Of<float>(Tensor{}, got)});
+  EXPECT_NE(st.message().find("not declared by any client"), std::string::npos) << st;
+  EXPECT_TRUE(next.Pull({PullItem::Of<float>(b, got)}).ok());
+  EXPECT_EQ(next.Find("b").value().client, next.id());
+}
+
 TEST_P(ClusterTest, PushBeforeInitIsRefused) {
   StartCluster(1, 1);
   Client& c = Connect(0);
@@ -293,6 +318,9 @@ TEST_P(ClusterTest, WrongSecretIsRefusedAndOthersKeepWorking) {
   EXPECT_NE(bad.status().message().find("/job:ps/task:0"), std::string::npos)
       << bad.status().ToString();
   EXPECT_NE(bad.status().message().find("secret"), std::string::npos);
+  // The list of refusals starts with the first (a stray "; " led it).
+  EXPECT_EQ(bad.status().message().rfind("cannot join the cluster: /job:ps/task:0 (", 0), 0u)
+      << bad.status().ToString();
 
   Client& good = Connect(0);
   auto w = good.Declare(F32("w", 1));

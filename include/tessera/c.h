@@ -44,7 +44,10 @@ typedef struct tessera_tensor_spec_t tessera_tensor_spec_t;
 typedef struct tessera_tensor_info_t tessera_tensor_info_t;
 typedef struct tessera_future_t tessera_future_t;
 
-/* A declared tensor, valid for the life of its client. */
+/* A declared tensor, valid for the life of the client that declared or
+ * found it. Opaque: it carries its client's generation beside the tensor's
+ * index, so another client (a later one in a closed one's place among them)
+ * refuses it, naming it, instead of taking it for a tensor of its own. */
 typedef uint32_t tessera_tensor_t;
 #define TESSERA_INVALID_TENSOR UINT32_MAX
 /* A push without a step (async tensors). */

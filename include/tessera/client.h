@@ -96,9 +96,13 @@ struct TESSERA_EXPORT TensorSpec {
   Initializer initializer = {};
 };
 
-// A declared tensor: cheap to copy, valid for the life of its Client.
+// A declared tensor: cheap to copy, valid for the life of the Client that
+// declared (or found) it. It names that client (Client::id()), so any other
+// client, a later one in its place included, refuses it by name instead of
+// taking it for one of its own tensors.
 struct TESSERA_EXPORT Tensor {
-  uint32_t index = UINT32_MAX;
+  uint32_t index = UINT32_MAX;  // among its client's tensors
+  uint32_t client = 0;          // its client's id; 0 for no client's
 };
 
 struct TESSERA_EXPORT TensorInfo {
@@ -395,6 +399,9 @@ class TESSERA_EXPORT Client {
   // Whether this client is read-only (ClientOptions::read_only): it may
   // declare (look up) tensors, wait for init, read the global step and pull.
   bool read_only() const;
+  // This client's id, unique among the clients this process opened (it
+  // starts again only after 2^32 - 1 of them): its Tensors carry it.
+  uint32_t id() const;
   // Chief only: writes every declared tensor's initial value, then lets the
   // other workers' WaitForInit return. Tensors the cluster restored from a
   // checkpoint keep their restored values; a cluster initialised already (a

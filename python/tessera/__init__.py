@@ -214,6 +214,9 @@ Items = Union[Tensor, Mapping[Tensor, Any], Iterable[tuple]]
 
 
 def _pairs(items: Items, array: Any, what: str) -> Any:
+    if isinstance(items, str):
+        raise _invalid(f"{what}: '{items}' is a name; pass its Tensor "
+                       f"(client.declare(...) or client.find('{items}'))")
     if isinstance(items, Tensor):
         if array is None:
             raise _invalid(f"{what} of tensor '{items.name}' needs an array")

@@ -16,6 +16,14 @@ cluster resumes from a checkpoint); every worker then starts from the
 weights on the shards. Gradients are pushed from per-parameter hooks as
 backward produces them, so communication overlaps the rest of backward, as
 BytePS does (overlap=False pushes them all in step() instead).
+
+With overlap, a gradient has left before the trainer can change it: clipping
+(torch.nn.utils.clip_grad_norm_), a GradScaler's unscale_, or any other edit
+of .grad between backward and step() would not reach the shards. step()
+therefore checks that each pushed .grad is the tensor that was pushed,
+unchanged (its version counter), and raises tessera.Error naming the
+parameter otherwise; overlap=False pushes .grad as step() finds it, so such
+edits take effect.
 """
 
 from __future__ import annotations
@@ -108,11 +116,21 @@ class DistributedOptimizer:
         self.step_count = client.start_step if mode != "async" else 0
         client.pull(self._weights(), min_step=self.step_count)
         self._pending: dict[int, tessera.Future] = {}
+        # What each push from backward sent: the .grad tensor and its version
+        # then, which an in-place edit moves on.
+        self._pushed: dict[int, tuple[torch.Tensor, int]] = {}
         self._zeros: dict[int, torch.Tensor] = {}
         self._hooks = []
+        self._grad_accumulators = []
         if overlap:
             for i, (_, p) in enumerate(self._params):
-                self._hooks.append(p.register_hook(self._hook(i)))
+                # The hook of the parameter's gradient accumulator runs once
+                # .grad holds the new gradient (Horovod's way): the tensor
+                # pushed is .grad itself, so step() can tell if it changed.
+                with torch.enable_grad():  # also when made under torch.no_grad()
+                    accumulator = p.expand_as(p).grad_fn.next_functions[0][0]
+                self._grad_accumulators.append(accumulator)  # keeps the node alive
+                self._hooks.append(accumulator.register_hook(self._hook(i)))
 
     # -- the ordinary torch.optim surface ---------------------------------
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -137,7 +155,9 @@ class DistributedOptimizer:
         if missing:
             futures.append(self.client.push_async(missing, step=tag))
         self._pending = {}
+        pushed, self._pushed = self._pushed, {}
         tessera.wait_all(futures)
+        self._check_unchanged(pushed)
         self.step_count += 1
         if self.mode == "sync":
             self.client.pull(self._weights(), min_step=self.step_count)
@@ -158,6 +178,7 @@ class DistributedOptimizer:
         for h in self._hooks:
             h.remove()
         self._hooks = []
+        self._grad_accumulators = []
 
     # -- internals ----------------------------------------------------------
     def _weights(self) -> dict[tessera.Tensor, torch.Tensor]:
@@ -175,22 +196,36 @@ class DistributedOptimizer:
         # optimizer (and its client) alive through their hooks.
         self_ref = weakref.ref(self)
 
-        def push_now(grad: torch.Tensor) -> None:
+        def push_now(*_: Any) -> None:
             opt = self_ref()
             if opt is not None:
-                opt._push_from_backward(i, grad)
+                opt._push_from_backward(i)
         return push_now
 
-    def _push_from_backward(self, i: int, grad: torch.Tensor) -> None:
+    def _push_from_backward(self, i: int) -> None:
         if i in self._pending:
             # This step's push of the parameter left with the first backward;
             # a second one's gradient would be lost.
             raise tessera._invalid(
                 f"a second backward before step() for '{self._params[i][0]}': "
                 "gradient accumulation needs overlap=False")
+        grad = self._params[i][1].grad
         tag = None if self.mode == "async" else self.step_count
+        self._pushed[i] = (grad, grad._version)
         self._pending[i] = self.client.push_async(
             self.tensors[i], grad.detach().contiguous(), step=tag)
+
+    def _check_unchanged(self, pushed: dict[int, tuple[torch.Tensor, int]]) -> None:
+        changed = [self._params[i][0] for i, (grad, version) in sorted(pushed.items())
+                   if self._params[i][1].grad is not grad or grad._version != version]
+        if changed:
+            others = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
+            raise tessera._invalid(
+                f"the .grad of '{changed[0]}'{others} changed after backward pushed it "
+                "(clipping, a GradScaler's unscale_, or another edit or replacement of "
+                ".grad): with overlap=True each gradient leaves as backward makes it, so "
+                "the change did not reach the shards; pass overlap=False to "
+                "DistributedOptimizer to change gradients before step()")
 
     def __iter__(self) -> Iterable[tuple[str, tessera.Tensor]]:
         return iter(zip((n for n, _ in self._params), self.tensors))

@@ -118,20 +118,53 @@ tessera::Status SetHyper(tessera::Hyperparams& h, const char* name, double value
   return h.Validate().WithContext(n);
 }
 
-std::vector<tessera::PushItem> PushItems(const tessera_push_item_t* items, size_t count) {
+// A C handle (tessera_tensor_t) is the tensor's index in its low 18 bits
+// and its client's generation in the 14 above (c-api.md): another client's
+// handle, one kept from a closed client among them, is refused instead of
+// naming this client's tensor of that index. Generations run 1..16382, so
+// that no handle is 0 or TESSERA_INVALID_TENSOR; a client with the same
+// generation is 16382 clients away in the same process.
+constexpr int kHandleIndexBits = 18;
+constexpr uint32_t kHandleIndexMask = (1u << kHandleIndexBits) - 1;
+constexpr uint32_t kGenerations = (1u << (32 - kHandleIndexBits)) - 2;
+
+uint32_t GenerationOf(const tessera::Client& client) { return client.id() % kGenerations + 1; }
+
+tessera::Result<tessera_tensor_t> ToHandle(const tessera::Client& client, tessera::Tensor t) {
+  if (t.index > kHandleIndexMask) {
+    return Status::ResourceExhausted("a C client holds at most " +
+                                     std::to_string(kHandleIndexMask + 1) +
+                                     " tensors (a handle has 18 bits of index)");
+  }
+  return (GenerationOf(client) << kHandleIndexBits) | t.index;
+}
+
+// The C++ handle; one of another client's generation carries no client of
+// this one's, which Client refuses by name.
+tessera::Tensor FromHandle(const tessera::Client& client, tessera_tensor_t handle) {
+  const uint32_t index = handle & kHandleIndexMask;
+  if (handle >> kHandleIndexBits != GenerationOf(client)) {
+    return {index, client.id() == 1 ? 2u : 1u};  // some other client
+  }
+  return {index, client.id()};
+}
+
+std::vector<tessera::PushItem> PushItems(const tessera::Client& client,
+                                         const tessera_push_item_t* items, size_t count) {
   std::vector<tessera::PushItem> out;
   out.reserve(count);
   for (size_t i = 0; i < count; ++i) {
-    out.push_back({tessera::Tensor{items[i].tensor}, items[i].data, items[i].bytes});
+    out.push_back({FromHandle(client, items[i].tensor), items[i].data, items[i].bytes});
   }
   return out;
 }
 
-std::vector<tessera::PullItem> PullItems(const tessera_pull_item_t* items, size_t count) {
+std::vector<tessera::PullItem> PullItems(const tessera::Client& client,
+                                         const tessera_pull_item_t* items, size_t count) {
   std::vector<tessera::PullItem> out;
   out.reserve(count);
   for (size_t i = 0; i < count; ++i) {
-    tessera::PullItem item{tessera::Tensor{items[i].tensor}, items[i].data, items[i].bytes};
+    tessera::PullItem item{FromHandle(client, items[i].tensor), items[i].data, items[i].bytes};
     item.min_version = items[i].min_version == 0 ? 1 : items[i].min_version;
     item.min_step = items[i].min_step;
     out.push_back(item);
@@ -139,13 +172,14 @@ std::vector<tessera::PullItem> PullItems(const tessera_pull_item_t* items, size_
   return out;
 }
 
-std::vector<tessera::PushPullItem> PushPullItems(const tessera_push_pull_item_t* items,
+std::vector<tessera::PushPullItem> PushPullItems(const tessera::Client& client,
+                                                 const tessera_push_pull_item_t* items,
                                                  size_t count) {
   std::vector<tessera::PushPullItem> out;
   out.reserve(count);
   for (size_t i = 0; i < count; ++i) {
     out.push_back(
-        {tessera::Tensor{items[i].tensor}, items[i].gradient, items[i].weights, items[i].bytes});
+        {FromHandle(client, items[i].tensor), items[i].gradient, items[i].weights, items[i].bytes});
   }
   return out;
 }
@@ -341,7 +375,9 @@ tessera_tensor_t tessera_client_declare(tessera_client_t* client, const tessera_
       return TESSERA_INVALID_TENSOR;
     }
     auto t = client->client->Declare(spec->spec);
-    return SaveError(errptr, t.status()) ? TESSERA_INVALID_TENSOR : t->index;
+    if (SaveError(errptr, t.status())) return TESSERA_INVALID_TENSOR;
+    auto handle = ToHandle(*client->client, *t);
+    return SaveError(errptr, handle.status()) ? TESSERA_INVALID_TENSOR : *handle;
   });
 }
 
@@ -353,7 +389,9 @@ tessera_tensor_t tessera_client_find(const tessera_client_t* client, const char*
       return TESSERA_INVALID_TENSOR;
     }
     auto t = client->client->Find(name);
-    return SaveError(errptr, t.status()) ? TESSERA_INVALID_TENSOR : t->index;
+    if (SaveError(errptr, t.status())) return TESSERA_INVALID_TENSOR;
+    auto handle = ToHandle(*client->client, *t);
+    return SaveError(errptr, handle.status()) ? TESSERA_INVALID_TENSOR : *handle;
   });
 }
 
@@ -376,8 +414,10 @@ tessera_future_t* tessera_client_declare_async(tessera_client_t* client,
     tessera::Future f =
         client->client->DeclareAsync(spec ? spec->spec : tessera::TensorSpec{}, out.get());
     if (tensor != nullptr) {
-      f.Then([out, tensor](const Status& st) {
-        if (st.ok()) *tensor = out->index;
+      f.Then([out, tensor, c = client->client.get()](const Status& st) {
+        // Past the handle's index bits (no cluster's default limit reaches
+        // them) it is the invalid handle, which every call refuses.
+        if (st.ok()) *tensor = ToHandle(*c, *out).value_or(TESSERA_INVALID_TENSOR);
       });
     }
     return new tessera_future_t{std::move(f)};
@@ -414,7 +454,7 @@ int tessera_client_start_step(const tessera_client_t* client, uint64_t* step) {
 void tessera_client_push(tessera_client_t* client, const tessera_push_item_t* items, size_t count,
                          uint64_t step, char** errptr) {
   GuardedVoid(errptr, [&] {
-    auto batch = PushItems(items, count);
+    auto batch = PushItems(*client->client, items, count);
     const tessera::CallOptions call{.caller_waits = true};
     tessera::Future f = step == TESSERA_NO_STEP ? client->client->PushAsync(batch, call)
                                                 : client->client->PushAsync(batch, step, call);
@@ -426,7 +466,8 @@ void tessera_client_pull(tessera_client_t* client, const tessera_pull_item_t* it
                          char** errptr) {
   GuardedVoid(errptr, [&] {
     const tessera::CallOptions call{.caller_waits = true};
-    SaveError(errptr, client->client->PullAsync(PullItems(items, count), call).Wait());
+    SaveError(errptr,
+              client->client->PullAsync(PullItems(*client->client, items, count), call).Wait());
   });
 }
 
@@ -434,7 +475,9 @@ void tessera_client_push_pull(tessera_client_t* client, const tessera_push_pull_
                               size_t count, char** errptr) {
   GuardedVoid(errptr, [&] {
     const tessera::CallOptions call{.caller_waits = true};
-    SaveError(errptr, client->client->PushPullAsync(PushPullItems(items, count), call).Wait());
+    SaveError(
+        errptr,
+        client->client->PushPullAsync(PushPullItems(*client->client, items, count), call).Wait());
   });
 }
 
@@ -460,7 +503,7 @@ tessera_future_t* tessera_client_push_async_on_stream(tessera_client_t* client,
                                                       size_t count, uint64_t step,
                                                       void* cuda_stream) {
   return OrAbort([&] {
-    auto batch = PushItems(items, count);
+    auto batch = PushItems(*client->client, items, count);
     const tessera::CallOptions call{cuda_stream};
     return new tessera_future_t{step == TESSERA_NO_STEP
                                     ? client->client->PushAsync(batch, call)
@@ -472,8 +515,8 @@ tessera_future_t* tessera_client_pull_async_on_stream(tessera_client_t* client,
                                                       const tessera_pull_item_t* items,
                                                       size_t count, void* cuda_stream) {
   return OrAbort([&] {
-    return new tessera_future_t{
-        client->client->PullAsync(PullItems(items, count), tessera::CallOptions{cuda_stream})};
+    return new tessera_future_t{client->client->PullAsync(PullItems(*client->client, items, count),
+                                                          tessera::CallOptions{cuda_stream})};
   });
 }
 
@@ -481,19 +524,19 @@ tessera_future_t* tessera_client_push_pull_async_on_stream(tessera_client_t* cli
                                                            const tessera_push_pull_item_t* items,
                                                            size_t count, void* cuda_stream) {
   return OrAbort([&] {
-    return new tessera_future_t{client->client->PushPullAsync(PushPullItems(items, count),
-                                                              tessera::CallOptions{cuda_stream})};
+    return new tessera_future_t{client->client->PushPullAsync(
+        PushPullItems(*client->client, items, count), tessera::CallOptions{cuda_stream})};
   });
 }
 
 void tessera_client_set_hyperparam(tessera_client_t* client, tessera_tensor_t tensor,
                                    const char* name, double value, char** errptr) {
   GuardedVoid(errptr, [&] {
-    auto info = client->client->info(tessera::Tensor{tensor});
+    auto info = client->client->info(FromHandle(*client->client, tensor));
     if (SaveError(errptr, info.status())) return;
     tessera::Hyperparams h = info->hyper;
     if (SaveError(errptr, SetHyper(h, name, value))) return;
-    SaveError(errptr, client->client->SetHyperparams(tessera::Tensor{tensor}, h));
+    SaveError(errptr, client->client->SetHyperparams(FromHandle(*client->client, tensor), h));
   });
 }
 
@@ -536,7 +579,7 @@ void tessera_client_counters(const tessera_client_t* client, tessera_counters_t*
 tessera_tensor_info_t* tessera_client_tensor_info(const tessera_client_t* client,
                                                   tessera_tensor_t tensor, char** errptr) {
   return Guarded<tessera_tensor_info_t*>(errptr, nullptr, [&]() -> tessera_tensor_info_t* {
-    auto info = client->client->info(tessera::Tensor{tensor});
+    auto info = client->client->info(FromHandle(*client->client, tensor));
     if (SaveError(errptr, info.status())) return nullptr;
     return new tessera_tensor_info_t{std::move(*info)};
   });

@@ -46,14 +46,13 @@ Result<Tensor> Client::Find(const std::string& name) const {
   if (it == impl_->by_name_.end()) {
     return Status::NotFound("tensor '" + name + "' was not declared by this client");
   }
-  return Tensor{it->second};
+  return Tensor{it->second, impl_->id_};
 }
 
 Result<TensorInfo> Client::info(Tensor t) const {
   std::lock_guard<std::mutex> lock(impl_->tensors_mu_);
-  if (t.index >= impl_->tensors_.size()) {
-    return Status::InvalidArgument("tensor handle " + std::to_string(t.index) +
-                                   " was not declared by this client");
+  if (t.client != impl_->id_ || t.index >= impl_->tensors_.size()) {
+    return impl_->ForeignHandle(t);
   }
   const auto& e = impl_->tensors_[t.index];
   TensorInfo info{e.decl.name, e.decl.dtype, e.decl.shape, e.decl.rule, e.bytes,
@@ -67,6 +66,7 @@ Result<TensorInfo> Client::info(Tensor t) const {
 
 bool Client::is_chief() const { return impl_->worker_rank_ == 0; }
 bool Client::read_only() const { return impl_->options_.read_only; }
+uint32_t Client::id() const { return impl_->id_; }
 Status Client::Initialize() { return impl_->Initialize(); }
 Future Client::InitializeAsync() { return impl_->InitializeAsync(); }
 Future Client::WaitForInitAsync(std::chrono::milliseconds timeout) {

@@ -43,6 +43,13 @@ class Client::Impl {
   explicit Impl(ClientOptions options) : options_(std::move(options)) {}
   ~Impl();
 
+  // This client's id (Client::id()), which its Tensors carry.
+  const uint32_t id_ = NextId();
+  static uint32_t NextId();
+  // Why `t` is no handle of this client's: another client's (a closed one,
+  // whose index would name another tensor here), none's, or never issued.
+  Status ForeignHandle(Tensor t) const;
+
   Status Start();
   // The control calls, on the control queue (control_queue.h): blocking
   // forms wait for theirs, so that both are ordered alike.
@@ -379,7 +386,7 @@ class Client::Impl {
   // LookupLocked's checks without their errors: the entry, or null when
   // LookupLocked would fail (inline, for the items of a batch).
   const TensorHot* MatchLocked(Tensor t, size_t bytes, std::optional<DType> dtype) const {
-    if (t.index >= hot_.size()) return nullptr;
+    if (t.client != id_ || t.index >= hot_.size()) return nullptr;
     const TensorHot* h = &hot_[t.index];
     if ((dtype && *dtype != h->dtype) || bytes != h->bytes) return nullptr;
     return h;

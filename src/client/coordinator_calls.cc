@@ -34,9 +34,9 @@ Status Client::Impl::InitializeNow() {
         auto value = InitialValue(e.initializer, e.decl.name, e.decl.dtype, e.decl.shape);
         if (!value.ok()) return value.status();
         generated.push_back(std::move(*value));
-        items.push_back({{i}, generated.back().data(), e.bytes});
+        items.push_back({{i, id_}, generated.back().data(), e.bytes});
       } else {
-        items.push_back({{i}, e.initial.data(), e.bytes});
+        items.push_back({{i, id_}, e.initial.data(), e.bytes});
       }
     }
   }

@@ -250,9 +250,8 @@ Status Client::Impl::Start() {
     for (int i = 0; i < n; ++i) {
       if (start_state_[i] == 1) continue;
       all_ready = false;
-      std::string line = shards_[i].name() + ": " + start_error_[i];
-      (start_state_[i] < 0 ? failed : missing) +=
-          (missing.empty() && start_state_[i] >= 0 ? "" : "; ") + line;
+      std::string& list = start_state_[i] < 0 ? failed : missing;
+      list += (list.empty() ? "" : "; ") + shards_[i].name() + ": " + start_error_[i];
     }
     if (all_ready) break;
     if (!failed.empty()) return Status(start_code_, "cannot join the cluster: " + failed);

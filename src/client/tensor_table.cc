@@ -8,6 +8,30 @@
 
 namespace tessera {
 
+uint32_t Client::Impl::NextId() {
+  static std::atomic<uint32_t> last{0};
+  uint32_t id = 0;
+  while (id == 0) id = last.fetch_add(1, std::memory_order_relaxed) + 1;  // 0 is no client's
+  return id;
+}
+
+Status Client::Impl::ForeignHandle(Tensor t) const {
+  const std::string handle = "tensor handle " + std::to_string(t.index);
+  if (t.client == 0) {
+    return Status::InvalidArgument(handle +
+                                   " was not declared by any client (a Tensor{} "
+                                   "never set by Declare or Find)");
+  }
+  if (t.client != id_) {
+    return Status::InvalidArgument(
+        handle +
+        " belongs to another client, not to this one: a Tensor is valid only on the client "
+        "that declared or found it (a closed client's handles are valid nowhere), so declare "
+        "or Find it again on this one");
+  }
+  return Status::InvalidArgument(handle + " was not declared by this client");
+}
+
 Result<const Client::Impl::TensorEntry*> Client::Impl::Lookup(Tensor t, size_t bytes,
                                                               std::optional<DType> dtype,
                                                               bool check_bytes) const {
@@ -18,10 +42,7 @@ Result<const Client::Impl::TensorEntry*> Client::Impl::Lookup(Tensor t, size_t b
 Result<const Client::Impl::TensorEntry*> Client::Impl::LookupLocked(Tensor t, size_t bytes,
                                                                     std::optional<DType> dtype,
                                                                     bool check_bytes) const {
-  if (t.index >= tensors_.size()) {
-    return Status::InvalidArgument("tensor handle " + std::to_string(t.index) +
-                                   " was not declared by this client");
-  }
+  if (t.client != id_ || t.index >= tensors_.size()) return ForeignHandle(t);
   const TensorEntry* e = &tensors_[t.index];
   if (dtype && *dtype != e->decl.dtype) {
     return Status::InvalidArgument("tensor '" + e->decl.name + "' is " +
@@ -185,7 +206,7 @@ Result<std::vector<Tensor>> Client::Impl::DeclareNow(const std::vector<TensorSpe
   for (auto& e : entries) {
     auto it = by_name_.find(e.decl.name);
     if (it != by_name_.end()) {
-      out.push_back({it->second});
+      out.push_back({it->second, id_});
       continue;
     }
     uint32_t index = static_cast<uint32_t>(tensors_.size());
@@ -194,7 +215,7 @@ Result<std::vector<Tensor>> Client::Impl::DeclareNow(const std::vector<TensorSpe
     hot_.push_back({&placed_entry, placed_entry.chunks.data(), placed_entry.bytes,
                     static_cast<uint32_t>(placed_entry.chunks.size()), placed_entry.decl.dtype,
                     placed_entry.decl.mode.kind});
-    out.push_back({index});
+    out.push_back({index, id_});
   }
   return out;
 }

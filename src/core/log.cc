@@ -2,6 +2,7 @@
 
 #include <spdlog/sinks/stdout_color_sinks.h>
 
+#include <cctype>
 #include <cstdlib>
 #include <mutex>
 
@@ -18,6 +19,9 @@ Result<spdlog::level::level_enum> LogLevelFromEnv() {
   const char* text = std::getenv("TESSERA_LOG_LEVEL");
   if (text == nullptr || *text == '\0') return spdlog::level::info;
   const std::string level = text;
+  // Any case: WARN is as plain a spelling as warn.
+  std::string lower = level;
+  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   for (const auto& [name, value] :
        {std::pair<const char*, spdlog::level::level_enum>{"trace", spdlog::level::trace},
         {"debug", spdlog::level::debug},
@@ -26,7 +30,7 @@ Result<spdlog::level::level_enum> LogLevelFromEnv() {
         {"warning", spdlog::level::warn},
         {"error", spdlog::level::err},
         {"off", spdlog::level::off}}) {
-    if (level == name) return value;
+    if (lower == name) return value;
   }
   return Status::InvalidArgument("TESSERA_LOG_LEVEL='" + level +
                                  "' is not one of trace, debug, info, warn, error, off");

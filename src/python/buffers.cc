@@ -59,7 +59,39 @@ bool IsCContiguous(const nb::ndarray<nb::ro>& a) {
   return true;
 }
 
+std::string ArrayShape(const nb::ndarray<nb::ro>& a) {
+  std::string out = "(";
+  for (size_t i = 0; i < a.ndim(); ++i) {
+    out += (i ? ", " : "") + std::to_string(a.shape(i));
+  }
+  return out + (a.ndim() == 1 ? ",)" : ")");
+}
+
+std::string TensorShape(const Shape& shape) {
+  std::string out = "[";
+  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
+  return out + "]";
+}
+
 }  // namespace
+
+void CheckShape(const Buffer& buffer, const Shape& shape, const char* role,
+                const std::string& tensor) {
+  const auto& a = buffer.array;
+  int64_t elements = 1;
+  for (int64_t d : shape) elements *= d;
+  bool same = a.ndim() == shape.size();
+  for (size_t i = 0; same && i < shape.size(); ++i) {
+    same = static_cast<int64_t>(a.shape(i)) == shape[i];
+  }
+  const bool flat = a.ndim() == 1 && static_cast<int64_t>(a.shape(0)) == elements;
+  if (same || flat) return;
+  Fail(std::string(role) + " of tensor '" + tensor + "': an array of shape " + ArrayShape(a) +
+       ", but the tensor's shape is " + TensorShape(shape) +
+       "; pass an array of that shape, or a "
+       "flat one of " +
+       std::to_string(elements) + " elements");
+}
 
 Buffer BufferFrom(nb::handle obj, Access access, const char* role, const std::string& tensor) {
   const auto what = [&] { return std::string(role) + " of tensor '" + tensor + "'"; };

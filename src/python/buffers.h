@@ -33,4 +33,12 @@ enum class Access { kRead, kWrite };
 // built only when there is one.
 Buffer BufferFrom(nanobind::handle obj, Access access, const char* role, const std::string& tensor);
 
+// Refuses, naming both shapes, an array whose shape is not the tensor's:
+// an array of the same byte count in another shape (2x4 for [8], or 4x2
+// for [2,4]) would otherwise be read or written silently in the tensor's
+// order. A flat (1-D) array of the tensor's element count is allowed, as
+// docs/python.md says.
+void CheckShape(const Buffer& buffer, const Shape& shape, const char* role,
+                const std::string& tensor);
+
 }  // namespace tessera::python

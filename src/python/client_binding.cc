@@ -10,6 +10,7 @@
 #include <nanobind/stl/vector.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <functional>
@@ -33,12 +34,62 @@ std::chrono::milliseconds Millis(double seconds) {
   return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000.0));
 }
 
-// Arrays a call may still use after the wait for it gave up: leaked, not
-// freed, so that the fabric can never write into memory handed back.
-void KeepForever(std::vector<Buffer> held) {
-  if (held.empty()) return;
-  if (new (std::nothrow) std::vector<Buffer>(std::move(held)) == nullptr) {
-    std::abort();  // freeing the arrays instead could corrupt the caller's memory
+// The arrays of calls that nobody waits for any more (a Future dropped
+// before it completed, a blocking call that Ctrl-C or its timeout ended),
+// with their calls: held until the call completes, when the fabric can no
+// longer read or write them, or until the client is destroyed, which ends
+// its calls. Used with the GIL held, which also guards it.
+class Orphans {
+ public:
+  void Adopt(Future future, std::vector<Buffer> held) {
+    Reap();
+    if (!held.empty()) calls_.push_back({std::move(future), std::move(held)});
+  }
+  // Lets go of the arrays of the calls that completed.
+  void Reap() {
+    std::erase_if(calls_, [](const Orphan& o) { return o.future.ready(); });
+  }
+  // The client is destroyed: none of its calls touches memory any more.
+  void Release() { calls_.clear(); }
+
+ private:
+  struct Orphan {
+    Future future;
+    std::vector<Buffer> held;
+  };
+  std::vector<Orphan> calls_;
+};
+
+// How long a wait goes without the GIL before it takes it to run Python's
+// signal handlers: Ctrl-C (KeyboardInterrupt) is answered within this,
+// whatever the call waits for. Short calls complete within the first slice.
+constexpr std::chrono::milliseconds kSignalSlice{20};
+
+// Waits for `future` as Future::WaitFor(limit) does, without the GIL, in
+// slices, running Python's signal handlers between them (with the GIL):
+// a handler's exception (KeyboardInterrupt) is thrown as nb::python_error,
+// and the call goes on. Returns the call's status, or DeadlineExceeded
+// once `limit` has passed since `since`.
+Status WaitAnsweringSignals(const Future& future, std::chrono::milliseconds limit,
+                            std::chrono::steady_clock::time_point since) {
+  using std::chrono::milliseconds;
+  const auto deadline = since + limit;
+  for (;;) {
+    const auto left =
+        std::chrono::duration_cast<milliseconds>(deadline - std::chrono::steady_clock::now());
+    Status st;
+    {
+      nb::gil_scoped_release release;
+      st = future.WaitFor(std::clamp(left, milliseconds(0), kSignalSlice));
+    }
+    if (st.code() != StatusCode::kDeadlineExceeded) return st;  // the call's own status
+    // Its slice ran out, or the call itself ended so, or both at once.
+    if (future.ready()) return future.WaitFor(milliseconds(0));
+    if (left <= kSignalSlice) {
+      return Status::DeadlineExceeded("operation did not complete within " +
+                                      std::to_string(limit.count()) + " ms");
+    }
+    if (PyErr_CheckSignals() != 0) throw nb::python_error();
   }
 }
 
@@ -47,11 +98,12 @@ void KeepForever(std::vector<Buffer> held) {
 struct PyTensor {
   Tensor tensor;
   std::string name;
+  Shape shape;  // what its arrays must have (CheckShape)
 };
 
 // A call in flight. Holds the caller's arrays until it is complete; dropped
-// before then, it waits (without the GIL) rather than let the arrays go
-// while the fabric still reads or writes them.
+// before then, it hands them to its client's Orphans, which hold them for
+// as long as the fabric may still read or write them.
 class PyFuture {
  public:
   // What result() returns once the call succeeded (with the GIL held);
@@ -59,33 +111,24 @@ class PyFuture {
   using ResultFn = std::function<nb::object()>;
 
   PyFuture(Future future, std::vector<Buffer> held, std::chrono::milliseconds op_timeout,
-           ResultFn result = {})
+           std::shared_ptr<Orphans> orphans, ResultFn result = {})
       : future_(std::move(future)),
         held_(std::move(held)),
         op_timeout_(op_timeout),
+        orphans_(std::move(orphans)),
         result_(std::move(result)) {}
   PyFuture(const PyFuture&) = delete;
   PyFuture& operator=(const PyFuture&) = delete;
 
   ~PyFuture() {
-    // Only a call that holds arrays is waited for; a control call holds none.
-    if (future_.ready() || held_.empty()) return;
-    bool done;
-    {
-      nb::gil_scoped_release release;
-      done = future_.WaitFor(op_timeout_).ok() || future_.ready();
-    }
-    if (!done) KeepForever(std::move(held_));
+    if (!future_.ready() && !held_.empty()) orphans_->Adopt(future_, std::move(held_));
   }
 
+  // Ctrl-C raises KeyboardInterrupt within kSignalSlice; the call goes on,
+  // and this Future keeps its arrays until it completes.
   void Wait(std::optional<double> timeout_s) {
-    Status st;
-    {
-      const auto limit = timeout_s ? Millis(*timeout_s) : op_timeout_;
-      nb::gil_scoped_release release;
-      st = future_.WaitFor(limit);
-    }
-    ThrowIfError(st);
+    ThrowIfError(WaitAnsweringSignals(future_, timeout_s ? Millis(*timeout_s) : op_timeout_,
+                                      std::chrono::steady_clock::now()));
   }
 
   // Waits as Wait does, then returns what the call produced: the Tensors of
@@ -126,6 +169,7 @@ class PyFuture {
   Future future_;
   std::vector<Buffer> held_;
   std::chrono::milliseconds op_timeout_;
+  std::shared_ptr<Orphans> orphans_;
   ResultFn result_;
 };
 
@@ -200,19 +244,39 @@ class PyClient {
     return *client_;
   }
 
-  // Destroys the C++ client: its calls still pending fail with Aborted.
+  // Destroys the C++ client: its calls still pending fail with Aborted,
+  // and the arrays of those nobody waits for are let go.
   void Close() {
     std::unique_ptr<Client> gone = std::move(client_);
-    nb::gil_scoped_release release;
-    gone.reset();
+    {
+      nb::gil_scoped_release release;
+      gone.reset();
+    }
+    orphans_->Release();
   }
 
+  // Blocking: Ctrl-C raises KeyboardInterrupt and cancels the declare if
+  // it has not started; one under way goes on, into a vector its future
+  // keeps.
   std::vector<PyTensor> DeclareMany(const std::vector<TensorSpec>& specs) {
-    auto declared = WithoutGil([&] { return client().DeclareMany(specs); });
-    auto tensors = ValueOrThrow(std::move(declared));
+    auto tensors = std::make_shared<std::vector<Tensor>>();
+    Client& c = client();
+    Future f = WithoutGil([&] { return c.DeclareManyAsync(specs, tensors.get()); });
+    f.Then([tensors](const Status&) {});
+    WaitControl(f);
     std::vector<PyTensor> out;
-    for (size_t i = 0; i < tensors.size(); ++i) out.push_back({tensors[i], specs[i].name});
+    for (size_t i = 0; i < tensors->size(); ++i) {
+      out.push_back({(*tensors)[i], specs[i].name, specs[i].shape});
+    }
     return out;
+  }
+
+  void Initialize() {
+    WaitControl(WithoutGil([&] { return client().InitializeAsync(); }));
+  }
+  void WaitForInit(double timeout) {
+    const auto limit = Millis(timeout);
+    WaitControl(WithoutGil([&] { return client().WaitForInitAsync(limit); }));
   }
 
   // Its result() is the declared Tensors.
@@ -220,30 +284,34 @@ class PyClient {
     auto tensors = std::make_shared<std::vector<Tensor>>();
     Client& c = client();
     Future f = WithoutGil([&] { return c.DeclareManyAsync(specs, tensors.get()); });
-    std::vector<std::string> names;
-    for (const auto& s : specs) names.push_back(s.name);
-    return std::make_unique<PyFuture>(std::move(f), std::vector<Buffer>{}, kControlWait,
-                                      [tensors, names = std::move(names)]() -> nb::object {
-                                        nb::list out;
-                                        for (size_t i = 0; i < tensors->size(); ++i) {
-                                          out.append(nb::cast(PyTensor{(*tensors)[i], names[i]}));
-                                        }
-                                        return out;
-                                      });
+    std::vector<std::pair<std::string, Shape>> named;
+    for (const auto& s : specs) named.emplace_back(s.name, s.shape);
+    return std::make_unique<PyFuture>(
+        std::move(f), std::vector<Buffer>{}, kControlWait, orphans_,
+        [tensors, named = std::move(named)]() -> nb::object {
+          nb::list out;
+          for (size_t i = 0; i < tensors->size(); ++i) {
+            out.append(nb::cast(PyTensor{(*tensors)[i], named[i].first, named[i].second}));
+          }
+          return out;
+        });
   }
   std::unique_ptr<PyFuture> InitializeAsync() {
     Client& c = client();
     return std::make_unique<PyFuture>(WithoutGil([&] { return c.InitializeAsync(); }),
-                                      std::vector<Buffer>{}, kControlWait);
+                                      std::vector<Buffer>{}, kControlWait, orphans_);
   }
   std::unique_ptr<PyFuture> WaitForInitAsync(double timeout) {
     Client& c = client();
     const auto limit = Millis(timeout);
     return std::make_unique<PyFuture>(WithoutGil([&] { return c.WaitForInitAsync(limit); }),
-                                      std::vector<Buffer>{}, kControlWait);
+                                      std::vector<Buffer>{}, kControlWait, orphans_);
   }
 
-  PyTensor Find(const std::string& name) { return {ValueOrThrow(client().Find(name)), name}; }
+  PyTensor Find(const std::string& name) {
+    const Tensor t = ValueOrThrow(client().Find(name));
+    return {t, name, ValueOrThrow(client().info(t)).shape};
+  }
 
   std::unique_ptr<PyFuture> PushAsync(nb::handle items, std::optional<uint64_t> step,
                                       nb::handle stream) {
@@ -334,6 +402,7 @@ class PyClient {
     Call<PushItem> call;
     ForEachItem(items, 1, "push", [&](const PyTensor& t, const nb::tuple& item) {
       Buffer b = BufferFrom(item[1], Access::kRead, "the gradient", t.name);
+      CheckShape(b, t.shape, "the gradient", t.name);
       call.items.push_back({t.tensor, b.data, b.bytes, b.dtype, b.memory});
       call.held.push_back(std::move(b));
     });
@@ -344,6 +413,7 @@ class PyClient {
     Call<PullItem> call;
     ForEachItem(items, 1, "pull", [&](const PyTensor& t, const nb::tuple& item) {
       Buffer b = BufferFrom(item[1], Access::kWrite, "the output", t.name);
+      CheckShape(b, t.shape, "the output", t.name);
       call.items.push_back({t.tensor, b.data, b.bytes, min_version, b.dtype, min_step, b.memory});
       call.held.push_back(std::move(b));
     });
@@ -355,6 +425,8 @@ class PyClient {
     ForEachItem(items, 2, "push_pull", [&](const PyTensor& t, const nb::tuple& item) {
       Buffer g = BufferFrom(item[1], Access::kRead, "the gradient", t.name);
       Buffer w = BufferFrom(item[2], Access::kWrite, "the weights", t.name);
+      CheckShape(g, t.shape, "the gradient", t.name);
+      CheckShape(w, t.shape, "the weights", t.name);
       if (g.bytes != w.bytes || g.dtype != w.dtype || g.memory != w.memory) {
         ThrowIfError(Status::InvalidArgument(
             "push_pull of tensor '" + t.name +
@@ -371,7 +443,7 @@ class PyClient {
   std::unique_ptr<PyFuture> Started(Call<Item> call, Start&& start) {
     Client& c = client();
     Future f = WithoutGil([&] { return start(c, call.items); });
-    return std::make_unique<PyFuture>(std::move(f), std::move(call.held), op_timeout_);
+    return std::make_unique<PyFuture>(std::move(f), std::move(call.held), op_timeout_, orphans_);
   }
 
   // Starts and waits in one release of the GIL, as Client::Push does: this
@@ -379,15 +451,45 @@ class PyClient {
   // moment, instead of handing the reply to the progress thread while it
   // takes the GIL back.
   static constexpr CallOptions kWaitAtOnce{.caller_waits = true};
+  // Ctrl-C raises KeyboardInterrupt within kSignalSlice: a call not yet
+  // started is cancelled, one under way goes on and its arrays go to the
+  // Orphans until it completes (as after a timeout), so that no one-sided
+  // get lands in memory handed back.
   template <typename Item, typename Start>
   void Blocking(Call<Item> call, Start&& start) {
     Client& c = client();
+    orphans_->Reap();
+    const auto since = std::chrono::steady_clock::now();
     Future f;
     Status st = WithoutGil([&] {
       f = start(c, call.items);
-      return f.Wait();
+      // The first slice without taking the GIL back: a small call is done.
+      return f.WaitFor(kSignalSlice);
     });
-    if (!f.ready()) KeepForever(std::move(call.held));
+    try {
+      // Still going (or done just as the slice ran out).
+      if (st.code() == StatusCode::kDeadlineExceeded) {
+        st = WaitAnsweringSignals(f, op_timeout_, since);
+      }
+    } catch (nb::python_error&) {
+      if (!f.Cancel()) orphans_->Adopt(f, std::move(call.held));
+      throw;
+    }
+    if (!f.ready()) orphans_->Adopt(f, std::move(call.held));
+    ThrowIfError(st);
+  }
+
+  // A control call's wait: its steps have their own timeouts (ControlQueue),
+  // so this bounds only the wait's arithmetic. Ctrl-C cancels it if it has
+  // not started; one under way goes on, on the client's control thread.
+  static void WaitControl(const Future& f) {
+    Status st;
+    try {
+      st = WaitAnsweringSignals(f, kControlWait, std::chrono::steady_clock::now());
+    } catch (nb::python_error&) {
+      f.Cancel();
+      throw;
+    }
     ThrowIfError(st);
   }
 
@@ -395,6 +497,9 @@ class PyClient {
   // timeout (see ControlQueue), so this only bounds the wait's arithmetic.
   static constexpr std::chrono::milliseconds kControlWait = std::chrono::hours(24 * 365);
 
+  // Declared before client_, so destroyed after it: the arrays outlive the
+  // calls that may use them.
+  std::shared_ptr<Orphans> orphans_ = std::make_shared<Orphans>();
   std::unique_ptr<Client> client_;
   std::chrono::milliseconds op_timeout_;
   int num_workers_;
@@ -404,16 +509,27 @@ class PyClient {
 }  // namespace
 
 void BindClient(nb::module_& m) {
-  nb::class_<PyTensor>(m, "Tensor", "A declared tensor: a handle valid for the life of its Client.")
+  nb::class_<PyTensor>(m, "Tensor",
+                       "A declared tensor: a handle valid on the Client that declared or found "
+                       "it, for that client's life; any other client refuses it.")
       .def_prop_ro("name", [](const PyTensor& t) { return t.name; })
       .def_prop_ro("index", [](const PyTensor& t) { return t.tensor.index; })
+      .def_prop_ro("shape",
+                   [](const PyTensor& t) {
+                     nb::object dims = nb::cast(t.shape);
+                     return nb::steal<nb::tuple>(PySequence_Tuple(dims.ptr()));
+                   })
       .def("__eq__",
            [](const PyTensor& a, nb::handle b) {
              PyTensor* other = nullptr;
              return nb::try_cast(b, other, false) && other != nullptr &&
-                    other->tensor.index == a.tensor.index;
+                    other->tensor.index == a.tensor.index &&
+                    other->tensor.client == a.tensor.client;
            })
-      .def("__hash__", [](const PyTensor& t) { return t.tensor.index; })
+      .def("__hash__",
+           [](const PyTensor& t) {
+             return (static_cast<uint64_t>(t.tensor.client) << 32) | t.tensor.index;
+           })
       .def("__repr__", [](const PyTensor& t) {
         return "Tensor('" + t.name + "', index=" + std::to_string(t.tensor.index) + ")";
       });
@@ -447,13 +563,16 @@ void BindClient(nb::module_& m) {
       "wait_all",
       [](const std::vector<PyFuture*>& futures) {
         // Every future waited for, the first error raised: a failed call
-        // never leaves the others' arrays still in use.
+        // never leaves the others' arrays still in use. Ctrl-C (any
+        // exception but a call's tessera.Error) ends the wait at once; the
+        // futures keep their arrays.
         std::optional<nb::python_error> first;
         for (PyFuture* f : futures) {
           if (f == nullptr) continue;
           try {
             f->Wait(std::nullopt);
           } catch (nb::python_error& e) {
+            if (!IsTesseraError(e)) throw;
             if (!first) first.emplace(std::move(e));
           }
         }
@@ -474,20 +593,10 @@ void BindClient(nb::module_& m) {
       .def("info",
            [](PyClient& c, const PyTensor& t) { return ValueOrThrow(c.client().info(t.tensor)); })
       .def_prop_ro("is_chief", [](PyClient& c) { return c.client().is_chief(); })
-      .def("initialize",
-           [](PyClient& c) {
-             Client& client = c.client();
-             ThrowIfError(WithoutGil([&] { return client.Initialize(); }));
-           })
+      .def("initialize", &PyClient::Initialize)
       .def_prop_ro("restored_step", [](PyClient& c) { return c.client().restored_step(); })
       .def_prop_ro("start_step", [](PyClient& c) { return c.client().start_step(); })
-      .def(
-          "wait_for_init",
-          [](PyClient& c, double timeout) {
-            Client& client = c.client();
-            ThrowIfError(WithoutGil([&] { return client.WaitForInit(Millis(timeout)); }));
-          },
-          "timeout"_a = 60.0)
+      .def("wait_for_init", &PyClient::WaitForInit, "timeout"_a = 60.0)
       .def("push", &PyClient::Push, "items"_a, "step"_a = nb::none())
       .def("push_async", &PyClient::PushAsync, "items"_a, "step"_a = nb::none(),
            "stream"_a = nb::none())

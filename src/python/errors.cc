@@ -32,4 +32,6 @@ void ThrowIfError(const Status& st) {
   throw nb::python_error();
 }
 
+bool IsTesseraError(const nanobind::python_error& e) { return e.matches(g_error_type); }
+
 }  // namespace tessera::python

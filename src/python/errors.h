@@ -14,6 +14,10 @@ void RegisterErrors(nanobind::module_& m);
 // Raises tessera.Error for a failed Status. Call with the GIL held.
 void ThrowIfError(const Status& st);
 
+// Whether a raised exception is tessera.Error (a call's failure), rather
+// than one of Python's own (KeyboardInterrupt from a signal handler).
+bool IsTesseraError(const nanobind::python_error& e);
+
 template <typename T>
 T ValueOrThrow(Result<T>&& r) {
   if (!r.ok()) ThrowIfError(r.status());

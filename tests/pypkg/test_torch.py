@@ -144,6 +144,58 @@ def test_second_backward_with_overlap_is_an_error(client, name):
     opt.remove_hooks()
 
 
+def test_clipping_after_backward_with_overlap_is_refused(client, name):
+    # The gradients left during backward: clip_grad_norm_ after it changes
+    # nothing the shards see, so step() says so instead of moving the
+    # weights by the unclipped gradient in silence.
+    model = make_model()
+    opt = tessera.torch.DistributedOptimizer(client, model, "sgd", prefix=name + "/", lr=0.1)
+    x, y = batches(1)[0]
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-6)
+    with pytest.raises(tessera.Error, match=r"the .grad of '.*/0.weight' \(and 3 more\) "
+                       r"changed after backward pushed it.*overlap=False"):
+        opt.step()
+    assert not opt._pending  # every push was waited for before the error
+    opt.remove_hooks()
+
+
+def test_a_replaced_grad_with_overlap_is_refused(client, name):
+    model = make_model()
+    opt = tessera.torch.DistributedOptimizer(client, model, "sgd", prefix=name + "/", lr=0.1)
+    x, y = batches(1)[0]
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    last = list(model.parameters())[-1]
+    last.grad = last.grad * 0.5  # a new tensor, not an in-place edit
+    with pytest.raises(tessera.Error, match=r"the .grad of '.*/2.bias' changed"):
+        opt.step()
+    opt.remove_hooks()
+
+
+def test_clipping_without_overlap_matches_torch_optim(client, name):
+    remote = make_model()
+    local = copy.deepcopy(remote)
+    opt = tessera.torch.DistributedOptimizer(client, remote, "sgd", prefix=name + "/",
+                                             overlap=False, lr=0.5)
+    local_opt = torch.optim.SGD(local.parameters(), lr=0.5)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    moved = 0.0
+    for x, y in batches(3):
+        for model, o in ((remote, opt), (local, local_opt)):
+            o.zero_grad()
+            loss_fn(model(x), y).backward()
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-3)
+            assert norm > 1e-2  # the clip bites: unclipped steps would be 10x larger
+            before = [p.detach().clone() for p in model.parameters()]
+            o.step()
+            if o is opt:
+                moved = max(moved, max((p.detach() - b).abs().max().item()
+                                       for p, b in zip(model.parameters(), before)))
+    for (n, a), b in zip(remote.named_parameters(), local.parameters()):
+        assert torch.allclose(a, b, atol=1e-6, rtol=1e-5), n
+    assert moved <= 0.5 * 1e-3 * 1.0001  # lr times the clipped norm bounds each step
+
+
 def test_unknown_optimizer_and_mode():
     with pytest.raises(tessera.Error, match="optimizer 'rmsprop'"):
         tessera.torch._hyper("rmsprop", {})

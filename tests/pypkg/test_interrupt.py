@@ -1,0 +1,117 @@
+"""Ctrl-C during any blocking wait raises KeyboardInterrupt at once (the
+binding waits in 20 ms slices and runs Python's signal handlers between
+them), and the interrupted call's arrays stay held until the fabric can no
+longer write them."""
+
+import gc
+import json
+import os
+import signal
+import threading
+import time
+import weakref
+
+import numpy as np
+import pytest
+import torch
+
+import tessera
+
+
+def ps_task_pid(index):
+    """The process of ps task `index`: a sibling of this one, started by the
+    same `tessera launch` (run.sh), which gave it its TF_CONFIG."""
+    launch = os.getppid()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                parent = int(f.read().rsplit(")", 1)[1].split()[1])
+            if parent != launch:
+                continue
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                environ = f.read().split(b"\0")
+        except OSError:
+            continue  # gone meanwhile, or not ours to read
+        for variable in environ:
+            if variable.startswith(b"TF_CONFIG="):
+                task = json.loads(variable[len(b"TF_CONFIG="):])["task"]
+                if task == {"type": "ps", "index": index}:
+                    return int(entry)
+    raise AssertionError(f"no ps task {index} among the processes tessera launch started")
+
+
+def interrupt_once_sent(client, sent):
+    """SIGINT to this process once the client sent a message after `sent`
+    (the call left); returns a list that gets the time it was sent."""
+    fired = []
+
+    def interrupt():
+        while client.counters().messages_sent == sent:
+            time.sleep(0.001)
+        fired.append(time.monotonic())
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt, daemon=True).start()
+    return fired
+
+
+@pytest.mark.parametrize("wait", ["pull", "future", "wait_all"])
+def test_ctrl_c_during_a_wait_on_a_stopped_ps_task(client, name, wait):
+    t = client.declare(name, (4,), "f32", "assign", pin_shard=1,
+                       initializer=tessera.constant(1.0))
+    client.initialize()
+    out = torch.zeros(4)  # torch tensors can be watched with a weak reference
+    held = weakref.ref(out)
+    stopped = ps_task_pid(1)
+    os.kill(stopped, signal.SIGSTOP)
+    try:
+        fired = interrupt_once_sent(client, client.counters().messages_sent)
+        with pytest.raises(KeyboardInterrupt):
+            if wait == "pull":
+                client.pull(t, out)
+            elif wait == "future":
+                future = client.pull_async(t, out)
+                future.wait()
+            else:
+                tessera.wait_all([client.pull_async(t, out)])
+        took = time.monotonic() - fired[0]
+        # Answered within a slice or two, not at the call's deadline (60 s).
+        print(f"KeyboardInterrupt {took * 1e3:.1f} ms after SIGINT ({wait})")
+        assert took < 6  # a tenth of the suite's op_timeout (conftest.py)
+        # The pull is under way, on a stopped task: its array is held, by the
+        # client or by the future, whatever the caller lets go of.
+        del out
+        if wait == "future":
+            assert not future.ready
+            del future
+        gc.collect()
+        assert held() is not None
+    finally:
+        os.kill(stopped, signal.SIGCONT)
+    # The task goes on, answers the pull, and the array is let go at a later
+    # call once the pull completed.
+    deadline = time.monotonic() + 30
+    while held() is not None and time.monotonic() < deadline:
+        client.pull(t, np.zeros(4, np.float32))
+        gc.collect()
+    assert held() is None
+
+
+def test_ctrl_c_during_a_control_call_on_a_stopped_coordinator(client, name):
+    client.declare(name, (4,), "f32", "add")
+    client.initialize()
+    stopped = ps_task_pid(0)  # the coordinator runs in ps task 0
+    os.kill(stopped, signal.SIGSTOP)
+    try:
+        fired = interrupt_once_sent(client, client.counters().messages_sent)
+        with pytest.raises(KeyboardInterrupt):
+            client.wait_for_init(timeout=30)
+        took = time.monotonic() - fired[0]
+        print(f"KeyboardInterrupt {took * 1e3:.1f} ms after SIGINT (wait_for_init)")
+        assert took < 6  # a tenth of the suite's op_timeout (conftest.py)
+    finally:
+        os.kill(stopped, signal.SIGCONT)
+    # The interrupted wait went on, behind it the control calls go on too.
+    client.wait_for_init(timeout=30)
