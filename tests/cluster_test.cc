@@ -1116,6 +1116,8 @@ TEST_P(ClusterTest, SyncDropsStaleBackupAndDuplicatePushes) {
 // A sync step that lost the worker it needed fails its waiting pulls with an
 // error naming that worker, instead of hanging until a timeout.
 TEST_P(ClusterTest, SyncStepFailsNamingTheMissingWorker) {
+  // Not back within its rejoin grace: gone.
+  configure_server_ = [](ServerOptions& o) { o.worker_rejoin_grace = 200ms; };
   auto [c0, c1, c2, t0, t1] = ThreeSyncWorkers(/*replicas_to_aggregate=*/3);
   std::vector<float> one(4, 1.0f), got(4);
   ASSERT_TRUE(c0.Push({PushItem::Of<float>(t0, one)}, 0).ok());
@@ -1128,6 +1130,28 @@ TEST_P(ClusterTest, SyncStepFailsNamingTheMissingWorker) {
   // A new pull for that step fails at once.
   st = c1.Pull({PullItem::AfterStep<float>(t1, got, 1)});
   EXPECT_NE(st.message().find("/job:worker/task:2"), std::string::npos) << st.ToString();
+}
+
+// Workers restarted one after the other: a pull that needs a worker that
+// left waits for it to come back within the rejoin grace, rather than fail
+// at once naming it (the restarted workers blamed each other so).
+TEST_P(ClusterTest, ASyncStepWaitsForAWorkerThatComesBack) {
+  auto [c0, c1, c2, t0, t1] = ThreeSyncWorkers(/*replicas_to_aggregate=*/3);
+  std::vector<float> one(4, 1.0f), got(4);
+  c2.reset();  // worker 2 restarts: gone before it pushed step 0
+  ASSERT_TRUE(testing::WaitUntil([&] { return servers_[0]->stats().worker_departures == 1; }, 10s));
+  ASSERT_TRUE(c0.Push({PushItem::Of<float>(t0, one)}, 0).ok());
+  ASSERT_TRUE(c1.Push({PushItem::Of<float>(t1, one)}, 0).ok());
+  auto waiting = c0.PullAsync({PullItem::AfterStep<float>(t0, got, 1)});
+  Client& back = Connect(2);
+  TensorSpec spec{"w", DType::kF32, {4}, UpdateRule::kAdd, {}, -1};
+  spec.mode = ConsistencyMode::Sync(3, 3, /*average=*/false);  // as ThreeSyncWorkers
+  Tensor t2 = back.Declare(spec).value();
+  ASSERT_TRUE(back.WaitForInit().ok());
+  EXPECT_FALSE(waiting.ready());
+  ASSERT_TRUE(back.Push({PushItem::Of<float>(t2, one)}, 0).ok());
+  ASSERT_TRUE(waiting.Wait().ok()) << waiting.Wait().ToString();
+  EXPECT_EQ(got, std::vector<float>(4, 3.0f));
 }
 
 // With replicas_to_aggregate still reachable, the step completes without the

@@ -175,6 +175,13 @@ int main(int argc, char** argv) try {
   server->add_option("--workers-grace-s", workers_grace_s,
                      "with --stop-when-workers-leave: how long to wait for workers that never "
                      "connected once none is left");
+  double rejoin_s = static_cast<double>(server_opts.worker_rejoin_grace.count()) / 1000;
+  server
+      ->add_option("--worker-rejoin-s", rejoin_s,
+                   "how long a sync step waits for a worker that disconnected to come back "
+                   "(restarted) before failing the pulls that need it, naming it")
+      ->check(CLI::Range(0.0, 86400.0))
+      ->capture_default_str();
   server->add_flag("!--no-restore", server_opts.restore,
                    "coordinator: start afresh even if a checkpoint exists");
 
@@ -353,6 +360,8 @@ int main(int argc, char** argv) try {
     server_opts.staging_bytes_per_worker = staging_mib << 20;
     server_opts.spin_before_sleep = std::chrono::microseconds(spin_us);
     server_opts.workers_grace = std::chrono::seconds(workers_grace_s);
+    server_opts.worker_rejoin_grace =
+        std::chrono::milliseconds(static_cast<int64_t>(rejoin_s * 1000));
     server_opts.checkpoint_every =
         std::chrono::milliseconds(static_cast<int64_t>(checkpoint_secs * 1000));
     return RunServer(server_flags, server_opts, coordinator_wait_s);

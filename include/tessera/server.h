@@ -78,6 +78,12 @@ struct TESSERA_EXPORT ServerOptions {
   // this long after the last one left.
   bool stop_when_workers_leave = false;
   std::chrono::milliseconds workers_grace{60'000};
+
+  // A sync step whose waiting pulls need a worker that disconnected waits
+  // this long for it to come back (a restarted worker resumes at the same
+  // step) before failing them, naming it. Without it, workers restarted one
+  // after the other failed at once, each blaming the one not yet back.
+  std::chrono::milliseconds worker_rejoin_grace{10'000};
 };
 
 struct TESSERA_EXPORT ServerStats {
@@ -97,6 +103,8 @@ struct TESSERA_EXPORT ServerStats {
   uint64_t host_staged_bytes = 0;
   // Workers on this node given CUDA IPC handles (GPU memory only).
   uint64_t cuda_ipc_workers = 0;
+  // Times a worker rank lost its last connection (left, died, restarted).
+  uint64_t worker_departures = 0;
   // Coordinator: the step reports each ps task sent it (the shards count the
   // global step: at most one report per ps task per sync step), and step
   // messages workers sent it (none: they are refused).

@@ -218,6 +218,9 @@ class Shard {
   // An error if a pull waits for a sync step that can no longer complete
   // because the workers it needs disconnected.
   Status StepReachable(const PendingPull& pull) const;
+  // The waiting pulls are judged again once a worker that just left is no
+  // longer awaited (worker_rejoin_grace).
+  void RecheckAfterRejoinGrace();
   void RetryWaiting();
   // A lease ended: its chunks have one reader fewer.
   void EndLease(const LeaseTable::Lease& lease);
@@ -264,9 +267,15 @@ class Shard {
   std::vector<bool> step_pushers_;
   std::vector<wire::StepsApplied> step_reports_;
   bool stopping_ = false;
-  std::map<uint32_t, int> connected_ranks_;   // authenticated connections per worker rank
-  std::map<uint32_t, std::string> departed_;  // ranks with none left: rank -> task name
-  std::optional<WorkerPresence> presence_;    // stop_when_workers_leave only
+  std::map<uint32_t, int> connected_ranks_;  // authenticated connections per worker rank
+  // Ranks with no connection left: who, and since when (a rank is awaited
+  // for worker_rejoin_grace after it left, StepReachable).
+  struct Departed {
+    std::string task;
+    std::chrono::steady_clock::time_point since;
+  };
+  std::map<uint32_t, Departed> departed_;
+  std::optional<WorkerPresence> presence_;  // stop_when_workers_leave only
   bool presence_check_scheduled_ = false;
   // The verdict, for WaitUntilWorkersLeave (any thread).
   std::mutex verdict_mu_;
@@ -315,7 +324,7 @@ class Shard {
   std::atomic<uint64_t> pushes_applied_{0}, pulls_served_{0}, refused_{0}, tensors_{0},
       leases_revoked_{0}, steps_applied_{0}, stale_dropped_{0}, duplicate_dropped_{0},
       chunks_restored_{0}, host_staged_bytes_{0}, cuda_ipc_workers_{0},
-      step_messages_from_workers_{0};
+      step_messages_from_workers_{0}, worker_departures_{0};
 };
 
 }  // namespace tessera::server

@@ -119,29 +119,39 @@ std::string Shard::WhatPullWaitsFor(const PendingPull& pull) const {
   return "nothing (it was about to be answered)";
 }
 
+void Shard::RecheckAfterRejoinGrace() {
+  if (stopping_) return;
+  ctx_->PostAfter(options_.worker_rejoin_grace + std::chrono::milliseconds(1), [this] {
+    if (!stopping_) RetryWaiting();
+  });
+}
+
 Status Shard::StepReachable(const PendingPull& pull) const {
+  const auto now = std::chrono::steady_clock::now();
   for (const auto& e : pull.msg.entries) {
     const Param* p = table_->Find(e.key_id);
     const auto& mode = p->entry.tensor.mode;
     if (mode.kind != Consistency::kSync || p->StepReached() >= e.min_step) continue;
     if (p->agg_count >= mode.replicas_to_aggregate) continue;  // complete, waiting for readers
-    // Workers that may still push this step: not yet counted, not gone.
+    // Workers that may still push this step: not yet counted, and not
+    // gone for longer than a restart may take.
     uint32_t possible = 0;
     std::string gone;
     for (uint32_t rank = 0; rank < mode.total_num_replicas; ++rank) {
       if (rank < p->contributed.size() && p->contributed[rank]) continue;
       auto d = departed_.find(rank);
-      if (d == departed_.end()) {
+      if (d == departed_.end() || now - d->second.since < options_.worker_rejoin_grace) {
         possible++;
       } else {
-        gone += (gone.empty() ? "" : ", ") + d->second;
+        gone += (gone.empty() ? "" : ", ") + d->second.task;
       }
     }
     const uint32_t needed = mode.replicas_to_aggregate - p->agg_count;
     if (possible < needed) {
       return Status::Unavailable("step " + std::to_string(p->step) + " of '" + p->display_name +
                                  "' cannot complete: it needs " + std::to_string(needed) +
-                                 " more worker(s) and " + gone + " disconnected");
+                                 " more worker(s) and " + gone + " disconnected (not back within " +
+                                 std::to_string(options_.worker_rejoin_grace.count()) + " ms)");
     }
   }
   return Status::Ok();

@@ -114,7 +114,11 @@ void Shard::OnDisconnect(const EndpointPtr& ep, const Status& why) {
       TLOG_INFO("{} disconnected: {}", peer->hello.task, why.message());
     }
     const uint32_t rank = peer->hello.worker_rank;
-    if (--connected_ranks_[rank] == 0) departed_[rank] = peer->hello.task;
+    if (--connected_ranks_[rank] == 0) {
+      departed_[rank] = {peer->hello.task, std::chrono::steady_clock::now()};
+      worker_departures_++;
+      RecheckAfterRejoinGrace();
+    }
     if (presence_) {
       presence_->Left(rank, peer->said_bye, std::chrono::steady_clock::now());
       CheckPresence();

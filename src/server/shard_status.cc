@@ -50,7 +50,8 @@ std::string Shard::StatusJson() const {
                         {"chunks_restored", s.chunks_restored},
                         {"checkpoints_written", s.checkpoints_written},
                         {"host_staged_bytes", s.host_staged_bytes},
-                        {"cuda_ipc_workers", s.cuda_ipc_workers}}}};
+                        {"cuda_ipc_workers", s.cuda_ipc_workers},
+                        {"worker_departures", s.worker_departures}}}};
   // Only where the process counts them (the `tessera` tool does): the
   // bench's figure of the shard's allocations per call.
   if (const auto allocations = HeapAllocationsSoFar()) j["heap_allocations"] = *allocations;
@@ -83,6 +84,7 @@ ServerStats Shard::stats() const {
   s.host_staged_bytes = host_staged_bytes_;
   s.cuda_ipc_workers = cuda_ipc_workers_;
   s.step_messages_from_workers = step_messages_from_workers_;
+  s.worker_departures = worker_departures_;
   return s;
 }
 
