@@ -200,6 +200,40 @@ TEST(LaunchTest, LinearRegressionResumesAfterTheClusterIsKilled) {
   Shell("rm -rf " + dir, 10);
 }
 
+// --max-restarts: the ps task killed (SIGKILL) midway is started again on
+// its address and restores its part from the checkpoint; the workers, whose
+// calls to it failed, are restarted and resume; then a worker killed alone
+// is restarted and rejoins its step. The job goes on and converges.
+TEST(LaunchTest, MaxRestartsRestartsAKilledPsTaskAndAKilledWorker) {
+  const std::string dir = "/tmp/tessera-restarts-" + std::to_string(getpid());
+  const std::string log = dir + ".log";
+  Shell("rm -rf " + dir + " " + log, 10);
+  const std::string cmd = "env UCX_TLS=tcp " + Env("TESSERA_BIN") +
+                          " launch --transport tcp --ps 1 --workers 2 --max-restarts 2 "
+                          "--checkpoint-dir " +
+                          dir + " --checkpoint-secs 0.5 -- " + Env("LINEAR_REGRESSION") + " 400 20";
+  // Each kill waits for its condition (a checkpoint past step 0 on disk; a
+  // worker resumed from it), however slow the machine.
+  auto run = Shell(
+      "sh -c '(" + Escape(cmd) + ") > " + log + " 2>&1 & pid=$!; i=0; " +
+          "while [ $i -lt 1200 ] && ! ls " + dir +
+          "/step-*/tessera.json 2>/dev/null | grep -qv step-00000000/; " +
+          "do sleep 0.05; i=$((i+1)); done; pkill -KILL -f \"[s]erver.*" + dir + "\"; i=0; " +
+          "while [ $i -lt 1200 ] && ! grep -q \"resuming from the checkpoint\" " + log +
+          "; do sleep 0.05; i=$((i+1)); done; pkill -KILL -n -f \"[l]inear_regression 400\"; " +
+          "wait $pid; echo rc=$?; cat " + log + "'",
+      170);
+  EXPECT_NE(run.output.find("rc=0"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("ps0 ended (killed by signal Killed); restarting it (1 of 2)"),
+            std::string::npos)
+      << run.output;
+  // The ps task, and then the worker killed alone.
+  EXPECT_EQ(Count(run.output, "ended (killed by signal Killed); restarting it"), 2u) << run.output;
+  EXPECT_NE(run.output.find("step 399"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("w 2.0"), std::string::npos) << run.output;
+  Shell("rm -rf " + dir + " " + log, 10);
+}
+
 // Ctrl-C (SIGINT) to the launcher stops every process it started, including
 // what the workers started themselves.
 TEST(LaunchTest, InterruptTearsEverythingDown) {

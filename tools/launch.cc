@@ -25,6 +25,8 @@ namespace {
 struct Child {
   std::string role;  // "ps0", "worker1"
   bool is_worker;
+  std::vector<std::string> argv, env;  // kept for a restart
+  int restarts = 0;
   pid_t pid = -1;
   int out_fd = -1;  // stdout and stderr, merged
   std::string partial;
@@ -79,6 +81,8 @@ void Drain(Child& c, bool flush_partial) {
 }
 
 pid_t Spawn(Child& c, const std::vector<std::string>& argv, const std::vector<std::string>& env) {
+  c.argv = argv;
+  c.env = env;
   int fds[2];
   if (pipe(fds) != 0) return -1;
   pid_t parent = getpid();
@@ -301,6 +305,20 @@ int Launch(const LaunchOptions& options) {
       close(c.out_fd);
       c.out_fd = -1;
       bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+      if (!tearing_down && (!ok || !c.is_worker) && c.restarts < options.max_restarts) {
+        c.restarts++;
+        fprintf(stderr, "tessera launch: %s ended (%s); restarting it (%d of %d)\n", c.role.c_str(),
+                DescribeExit(status).c_str(), c.restarts, options.max_restarts);
+        kill(-c.pid, SIGKILL);  // whatever it started goes with it
+        c.exited = false;
+        if (Spawn(c, std::vector<std::string>(c.argv), std::vector<std::string>(c.env)) < 0) {
+          fprintf(stderr, "tessera launch: cannot restart %s\n", c.role.c_str());
+          c.exited = true;
+          if (exit_code == 0) exit_code = 1;
+          begin_teardown(c.role + " could not be restarted");
+        }
+        continue;
+      }
       if (!tearing_down && (!ok || !c.is_worker)) {
         fprintf(stderr, "tessera launch: %s ended (%s); stopping the cluster\n", c.role.c_str(),
                 DescribeExit(status).c_str());

@@ -34,6 +34,10 @@ struct LaunchOptions {
   bool no_restore = false;
   // The worker command; every worker runs it.
   std::vector<std::string> worker_command;
+  // A task that fails is started again, with the same command and
+  // environment (its address, so its peers reconnect), up to this many
+  // times; 0: the first failure stops the cluster.
+  int max_restarts = 0;
   int ps_ready_timeout_s = 30;
 };
 

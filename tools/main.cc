@@ -220,6 +220,12 @@ int main(int argc, char** argv) try {
       ->check(CLI::Range(0, 1000000));
   launch_cmd->add_flag("--no-restore", launch.no_restore,
                        "start afresh even if the checkpoint directory holds a checkpoint");
+  launch_cmd
+      ->add_option("--max-restarts", launch.max_restarts,
+                   "restart a task that fails (a ps task that ends, a worker that exits non-zero "
+                   "or is killed) up to this many times each, instead of stopping the cluster; "
+                   "with --checkpoint-dir a restarted ps task restores its part")
+      ->check(CLI::Range(0, 1000));
   launch_cmd->add_option("cmd", launch.worker_command, "the worker command (after --)")->required();
 
   tools::RunOptions run;
