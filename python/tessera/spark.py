@@ -26,7 +26,13 @@ Input modes, as TensorFlowOnSpark's:
   record (feed.batch_results(results)).
 
 A task that fails fails the stage with its error, which shutdown() (or
-train and inference) raises.
+train and inference) raises, with Spark's own reason.
+
+Task slots: the barrier stage holds num_ps + num_workers slots for the whole
+run, so InputMode.SPARK, whose feeding tasks need slots of their own, needs
+at least one more. run() waits up to reservation_timeout for that many and
+otherwise fails, naming what it needs and what Spark offers, instead of
+leaving train() waiting forever for a slot the stage holds.
 """
 
 from __future__ import annotations
@@ -38,7 +44,9 @@ import os
 import queue
 import socket
 import tempfile
+import re
 import threading
+import time
 import traceback
 from multiprocessing.connection import Client as _Connect
 from multiprocessing.connection import Listener
@@ -46,6 +54,11 @@ from typing import Any, Callable, Iterable
 
 __all__ = ["InputMode", "TaskContext", "DataFeed", "TesseraCluster", "run"]
 
+
+
+# A JVM exception's line ("org.apache.spark.scheduler.BarrierJobSlotsNumberCheckFailed:
+# [SPARK-24819]: Barrier execution mode does not allow ..."): Spark's reason.
+_JAVA_EXCEPTION = re.compile(r"^\s*(Caused by: )?[a-z][\w$]*(\.[\w$]+)+: ")
 
 
 class InputMode:
@@ -73,9 +86,12 @@ class DataFeed:
     were all handed out (training) or answered (inference).
     """
 
-    def __init__(self, key: bytes, host: str, qsize: int = 1024):
+    def __init__(self, key: bytes, host: str, qsize: int = 1024,
+                 feed_timeout: float | None = None):
         # Bounded: a feeder waits while the worker is behind (back pressure).
         self._records: queue.Queue = queue.Queue(maxsize=qsize)
+        # How long a feeder may wait for this worker to take a record.
+        self._feed_timeout = feed_timeout
         self._listener = Listener((host, 0), authkey=key)
         self.address = self._listener.address
         self._stopped = threading.Event()
@@ -104,7 +120,10 @@ class DataFeed:
             kind, inference = conn.recv()
             if kind == "terminate":
                 self._stopped.set()
-                self._records.put((None, _END))
+                try:  # wakes a next_batch waiting on an empty queue
+                    self._records.put_nowait((None, _END))
+                except queue.Full:
+                    pass  # none waits: next_batch sees the stop once it emptied it
                 conn.send(("ok", None))
                 return
             part = self._Partition(conn, inference)
@@ -116,13 +135,22 @@ class DataFeed:
                     with self._lock:
                         part.received += len(payload)
                     for r in payload:
-                        self._records.put((id(conn), r))
+                        try:
+                            self._records.put((id(conn), r), timeout=self._feed_timeout)
+                        except queue.Full:
+                            # The worker stopped reading: the feeder is told
+                            # why, rather than waiting forever; the rest it
+                            # sends is drained (unread bytes at close would
+                            # reset the connection and lose that answer).
+                            conn.send(("stalled", self._feed_timeout))
+                            while True:
+                                conn.recv()
                 elif kind == "end":
                     with self._lock:
                         part.ended = True
                     self._records.put((id(conn), _END))
                     return
-        except EOFError:
+        except (EOFError, OSError):
             return
 
     def next_batch(self, n: int) -> list:
@@ -185,7 +213,7 @@ class TaskContext:
 
 
 def _barrier_task(num_ps, main_fn, args, input_mode, registry, transport, checkpoint_dir,
-                  secret_name):
+                  secret_name, feed_timeout):
     """One task of the barrier stage (on an executor)."""
 
     def run_task(_):
@@ -223,7 +251,7 @@ def _barrier_task(num_ps, main_fn, args, input_mode, registry, transport, checkp
             return
         feed = None
         if input_mode == InputMode.SPARK:
-            feed = DataFeed(_feed_key(secret), host)
+            feed = DataFeed(_feed_key(secret), host, feed_timeout=feed_timeout)
             with _Connect(registry, authkey=_feed_key(secret)) as c:
                 c.send(("worker", index, feed.address))
         result = main_fn(args, TaskContext(job, index, cluster, feed))
@@ -243,34 +271,40 @@ class TesseraCluster:
         self._thread = None
         self._error = None
         self._outcome = None
+        self.feed_timeout: float | None = None
 
     def _raise_if_failed(self):
         if self._error is not None:
             raise RuntimeError(f"the Tessera cluster's Spark stage failed: {self._error}")
 
     def train(self, rdd, num_epochs: int = 1) -> None:
-        """Feeds every partition of rdd to a worker, num_epochs times."""
+        """Feeds every partition of rdd to a worker, num_epochs times. A
+        worker that takes no record for feed_timeout seconds fails it."""
         self._need_spark_mode("train")
         feeds, key = list(self.feeds), self._key
         for _ in range(num_epochs):
             self._raise_if_failed()
-            self._feeding(lambda: rdd.mapPartitionsWithIndex(_feeder(feeds, key, False)).count())
+            self._feeding(lambda: rdd.mapPartitionsWithIndex(
+                _feeder(feeds, key, False, self.feed_timeout)).count())
 
     def inference(self, rdd):
         """An RDD of what the workers answer for each record of rdd."""
         self._need_spark_mode("inference")
         self._raise_if_failed()
-        return rdd.mapPartitionsWithIndex(_feeder(list(self.feeds), self._key, True))
+        return rdd.mapPartitionsWithIndex(
+            _feeder(list(self.feeds), self._key, True, self.feed_timeout))
 
     def _feeding(self, job):
         """Runs a feeding job; when it fails because a worker died, the
         cluster's stage says why: that error is raised instead."""
         try:
             return job()
-        except Exception:
-            self._thread.join(60)  # the stage ends once a task failed
+        except Exception as e:
+            said = _task_error(e)
+            if "stopped reading its data feed" not in said:  # a task may have failed
+                self._thread.join(60)  # the stage ends once a task failed
             self._raise_if_failed()
-            raise
+            raise RuntimeError(f"feeding the Tessera cluster failed: {said}") from e
 
     def shutdown(self, timeout: float | None = None) -> list:
         """Ends the feeds (InputMode.SPARK), waits for main_fn on every
@@ -299,31 +333,56 @@ class TesseraCluster:
                                "workers read their own data")
 
 
-def _feeder(feeds, key, inference):
+def _feeder(feeds, key, inference, feed_timeout):
     def feed(i, records):
-        with _Connect(tuple(feeds[i % len(feeds)]), authkey=key) as c:
-            c.send(("partition", inference))
-            chunk = []
-            for r in records:
-                chunk.append(r)
-                if len(chunk) == 256:
+        worker = i % len(feeds)
+
+        def stalled():
+            return RuntimeError(
+                f"worker {worker} did not take (or answer) the records of partition {i} "
+                f"within {feed_timeout} s (feed_timeout): it stopped reading its data feed")
+        with _Connect(tuple(feeds[worker]), authkey=key) as c:
+            try:
+                c.send(("partition", inference))
+                chunk = []
+                for r in records:
+                    chunk.append(r)
+                    if len(chunk) == 256:
+                        c.send(("records", chunk))
+                        chunk = []
+                if chunk:
                     c.send(("records", chunk))
-                    chunk = []
-            if chunk:
-                c.send(("records", chunk))
-            c.send(("end", None))
-            _, results = c.recv()
+                c.send(("end", None))
+            except OSError:  # the worker closed the feed: it says why below
+                pass
+            # The rest of the partition taken (and, in inference, answered)
+            # within feed_timeout.
+            if feed_timeout is not None and not c.poll(feed_timeout):
+                raise stalled()
+            try:
+                kind, results = c.recv()
+            except (EOFError, OSError):
+                raise RuntimeError(f"worker {worker} closed its data feed before it took "
+                                   f"partition {i} (it ended)") from None
+            if kind == "stalled":
+                raise stalled()
         return iter(results if inference else [])
     return feed
 
 
 def run(sc, main_fn: Callable[[Any, TaskContext], Any], args: Any, num_ps: int,
         num_workers: int, input_mode: int = InputMode.TENSORFLOW, *, transport: str = "tcp",
-        checkpoint_dir: str | None = None, feed_timeout: float = 600) -> TesseraCluster:
+        checkpoint_dir: str | None = None, feed_timeout: float = 600,
+        reservation_timeout: float = 600) -> TesseraCluster:
     """Starts num_ps ps tasks and num_workers workers running main_fn as one
-    barrier stage (Spark needs num_ps + num_workers free task slots)."""
+    barrier stage. Spark needs num_ps + num_workers task slots at once, one
+    more in InputMode.SPARK (for the feeding tasks): run() waits up to
+    reservation_timeout seconds for them, then fails naming both numbers.
+    feed_timeout: how long a worker may take no record before train() or
+    inference() fails, naming it."""
     if num_ps < 1 or num_workers < 1:
         raise ValueError("a Tessera cluster needs at least one ps task and one worker")
+    _reserve_slots(sc, num_ps, num_workers, input_mode, reservation_timeout)
     secret = os.urandom(32).hex()
     secret_dir = tempfile.mkdtemp(prefix="tessera-spark-")
     # Each cluster its own file: Spark refuses the same name with other bytes.
@@ -335,6 +394,7 @@ def run(sc, main_fn: Callable[[Any, TaskContext], Any], args: Any, num_ps: int,
     sc.addFile(secret_path)
     key = _feed_key(secret)
     cluster = TesseraCluster(sc, num_ps, num_workers, input_mode, key)
+    cluster.feed_timeout = feed_timeout
     registry = None
     if input_mode == InputMode.SPARK:
         driver = sc.getConf().get("spark.driver.host", socket.gethostname())
@@ -342,7 +402,7 @@ def run(sc, main_fn: Callable[[Any, TaskContext], Any], args: Any, num_ps: int,
     n = num_ps + num_workers
     task = _barrier_task(num_ps, main_fn, args, input_mode,
                          registry.address if registry else None, transport, checkpoint_dir,
-                         secret_name)
+                         secret_name, feed_timeout)
 
     def stage():
         try:
@@ -378,6 +438,36 @@ def run(sc, main_fn: Callable[[Any, TaskContext], Any], args: Any, num_ps: int,
     return cluster
 
 
+def _slots(sc) -> int:
+    """The tasks Spark can run at once now: what its barrier scheduling
+    checks (SparkContext.maxNumConcurrentTasks), else defaultParallelism."""
+    try:
+        jsc = sc._jsc.sc()
+        profile = jsc.resourceProfileManager().defaultResourceProfile()
+        return int(jsc.maxNumConcurrentTasks(profile))
+    except Exception:  # another Spark's private API: its usual figure
+        return int(sc.defaultParallelism)
+
+
+def _reserve_slots(sc, num_ps, num_workers, input_mode, timeout):
+    """Waits (executors register as they start) until Spark has the slots
+    the cluster needs, or fails naming what it needs and what it has."""
+    needed = num_ps + num_workers + (1 if input_mode == InputMode.SPARK else 0)
+    deadline = time.monotonic() + timeout
+    have = _slots(sc)
+    while have < needed and time.monotonic() < deadline:
+        time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))  # executors still starting
+        have = _slots(sc)
+    if have < needed:
+        why = (f"{num_ps} ps + {num_workers} workers in one barrier stage"
+               + (", and 1 for the feeding tasks of InputMode.SPARK"
+                  if input_mode == InputMode.SPARK else ""))
+        raise RuntimeError(
+            f"the Tessera cluster needs {needed} Spark task slots at once ({why}); Spark "
+            f"offers {have} (waited {timeout:g} s, reservation_timeout): add executors or cores, "
+            "or ask for fewer tasks")
+
+
 def _task_error(e: Exception) -> str:
     """What Spark says about a failed task, without the JVM's stack: the
     task's own Python error where there is one, why the stage failed, and a
@@ -399,6 +489,8 @@ def _task_error(e: Exception) -> str:
             said.append(ln.split("Job aborted due to stage failure:", 1)[1].strip())
         elif "exited unexpectedly" in ln or "crashed" in ln:
             said.append(ln.strip())
+        elif _JAVA_EXCEPTION.match(ln) and "Traceback" not in ln and "py4j." not in ln:
+            said.append(ln.strip())  # Spark's own reason (barrier slots, ...)
     if said:
         return "\n".join(dict.fromkeys(said))  # each once, in order
     return lines[0] if lines else traceback.format_exception_only(type(e), e)[-1].strip()

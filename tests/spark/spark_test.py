@@ -6,6 +6,7 @@ cluster.train and answered by cluster.inference; and a failing task,
 whose error fails the stage and reaches the driver. Run by run.sh."""
 
 import os
+import time
 import sys
 
 import numpy as np
@@ -177,3 +178,40 @@ def test_a_killed_worker_fails_the_stage_and_leaves_nothing_serving(sc, tmp_path
         with socket.socket() as s:
             s.settimeout(5)
             assert s.connect_ex((host, int(port))) != 0, f"{address} still accepts connections"
+
+
+def test_too_few_slots_fail_at_run_naming_them(sc):
+    # local[4]: four slots. InputMode.SPARK with 1 ps + 3 workers (the slots
+    # TensorFlowOnSpark would size it with) used to hang in train(): the
+    # feeding tasks waited for slots the barrier stage held.
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"needs 5 Spark task slots at once \(1 ps \+ 3 "
+                       r"workers in one barrier stage, and 1 for the feeding tasks of "
+                       r"InputMode.SPARK\); Spark offers 4 \(waited 1 s"):
+        tessera.spark.run(sc, fed_main, None, num_ps=1, num_workers=3,
+                          input_mode=tessera.spark.InputMode.SPARK, reservation_timeout=1)
+    with pytest.raises(RuntimeError, match=r"needs 6 Spark task slots .*offers 4"):
+        tessera.spark.run(sc, fed_main, None, num_ps=2, num_workers=4, reservation_timeout=1)
+    assert time.monotonic() - started < 60  # not Spark's own check, ten minutes on
+
+
+def stalled_main(args, ctx):
+    """A worker that stops reading its feed (it waits for the end instead)."""
+    import time
+    with tessera.Client.from_env():  # the ps task waits for its workers
+        feed = ctx.get_data_feed()
+        while not feed._stopped.is_set():
+            time.sleep(0.05)
+    return "stalled"
+
+
+def test_feed_timeout_fails_train_naming_the_worker(sc):
+    cluster = tessera.spark.run(sc, stalled_main, None, num_ps=1, num_workers=1,
+                                input_mode=tessera.spark.InputMode.SPARK, feed_timeout=2)
+    records = sc.parallelize(range(5000), 1)  # more than a feed's queue holds
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"worker 0 did not take .* within 2 s "
+                       r"\(feed_timeout\)"):
+        cluster.train(records)
+    assert time.monotonic() - started < 120
+    assert cluster.shutdown(timeout=120) == ["stalled"]
