@@ -11,7 +11,11 @@
 #include <numeric>
 #include <thread>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -224,6 +228,28 @@ TEST_P(ClusterTest, ShardMissingAtStartIsNamed) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
 }
 
+// A worker started before a ps task says whom it waits for, at its first
+// failed attempt, and how long it will keep trying, once: not every 5 s.
+TEST_P(ClusterTest, AMissingShardIsReportedOnceAtOnce) {
+  StartCluster(2, 1, /*running=*/1);
+  auto opts = Options(0);
+  opts.startup_timeout = 2500ms;
+  ::testing::internal::CaptureStderr();
+  auto c = Client::Connect(opts);
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  ASSERT_FALSE(c.ok());
+  size_t said = 0;
+  for (size_t at = log.find("waiting up to "); at != std::string::npos;
+       at = log.find("waiting up to ", at + 1)) {
+    ++said;
+  }
+  EXPECT_EQ(said, 1u) << log;
+  EXPECT_NE(log.find("s more for ps tasks (they may start in any order): /job:ps/task:1 (" +
+                     spec_.tasks("ps")[1].ToString() + ")"),
+            std::string::npos)
+      << log;
+}
+
 // A task at `at` that takes connections and never answers them: what a
 // connection its server dropped unseen looks like from the other side.
 struct SilentListener {
@@ -287,6 +313,53 @@ TEST_P(ClusterTest, AShardThatNeverAnswersTheHandshakeIsConnectedToAgain) {
       << c.status().ToString();
   EXPECT_EQ(c.status().message().find("/job:ps/task:0"), std::string::npos) << "ps 0 was up";
   EXPECT_GE(silent.Taken(), 2u) << "the worker never connected again";
+}
+
+// A listener at a ps task's address that answers, but not as Tessera's tcp
+// transport does (an ssh server's banner here), will never become a ps
+// task: the worker fails at once, naming it, instead of trying again every
+// 300 ms until its start-up time (60 s) runs out.
+TEST_P(ClusterTest, AListenerThatIsNotTesserasFailsTheStartAtOnce) {
+  if (transport_ != "tcp") GTEST_SKIP() << "UCX's own connection manager answers for UCX";
+  StartCluster(2, 1, /*running=*/1);
+  const TaskAddress at = spec_.tasks("ps")[1];
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(at.port);
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  const int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0) << strerror(errno);
+  ASSERT_EQ(listen(fd, 16), 0);
+  std::atomic<bool> done{false};
+  std::thread banner([&] {
+    std::vector<int> taken;
+    while (!done) {
+      pollfd p{fd, POLLIN, 0};
+      if (poll(&p, 1, 50) <= 0) continue;
+      const int c = accept(fd, nullptr, nullptr);
+      if (c < 0) continue;
+      const char kBanner[] = "SSH-2.0-OpenSSH_9.2p1 Debian-2\r\n";
+      [[maybe_unused]] ssize_t n = send(c, kBanner, sizeof kBanner - 1, MSG_NOSIGNAL);
+      taken.push_back(c);
+    }
+    for (int c : taken) close(c);
+  });
+  auto opts = Options(0);
+  opts.startup_timeout = 60s;
+  const auto start = std::chrono::steady_clock::now();
+  auto c = Client::Connect(opts);
+  const auto took = std::chrono::steady_clock::now() - start;
+  done = true;
+  banner.join();
+  close(fd);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), StatusCode::kFailedPrecondition) << c.status();
+  EXPECT_NE(c.status().message().find(at.ToString() + " does not speak Tessera's tcp transport"),
+            std::string::npos)
+      << c.status();
+  EXPECT_LT(took, 30s) << "waited out the start-up time";
 }
 
 // The same for a ps task joining the coordinator: a coordinator that takes

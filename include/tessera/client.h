@@ -313,9 +313,11 @@ struct TESSERA_EXPORT ClientOptions {
   // Tensors above this many bytes are split into chunks spread over shards.
   size_t chunk_bytes = 4u << 20;
   std::string placement = "round_robin";  // or "greedy"
-  // How long Connect waits for every ps task, and how often it says whom it waits for.
+  // How long Connect waits for every ps task (tasks start in any order). It
+  // says whom it waits for, and why, as soon as a connection attempt fails,
+  // then again every report_interval (0: only that once).
   std::chrono::milliseconds startup_timeout{60'000};
-  std::chrono::milliseconds report_interval{5'000};
+  std::chrono::milliseconds report_interval{0};
   // Bound on every blocking call and Future::Wait().
   std::chrono::milliseconds op_timeout{60'000};
   // Each ps task (and the coordinator) is pinged this often; one that has not

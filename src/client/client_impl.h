@@ -429,8 +429,9 @@ class Client::Impl {
   // Start-up progress, shared with the thread in Start().
   std::mutex start_mu_;
   std::condition_variable start_cv_;
-  std::vector<int> start_state_;  // 0 connecting, 1 ready, -1 failed for good
-  std::vector<std::string> start_error_;
+  std::vector<int> start_state_;          // 0 connecting, 1 ready, -1 failed for good
+  std::vector<std::string> start_error_;  // the last attempt's, or kNoAnswerYet
+  static constexpr const char* kNoAnswerYet = "no answer yet";
   StatusCode start_code_ = StatusCode::kUnavailable;
   bool stopping_ = false;
   // How long a shard may take to answer the handshake: the shard's own

@@ -227,7 +227,7 @@ Status Client::Impl::Start() {
   coord_index_ = separate_coordinator ? num_ps : 0;
   shards_.resize(static_cast<size_t>(n));
   start_state_.assign(static_cast<size_t>(n), 0);
-  start_error_.assign(static_cast<size_t>(n), "no answer yet");
+  start_error_.assign(static_cast<size_t>(n), kNoAnswerYet);
   for (int i = 0; i < n; ++i) {
     shards_[i].task = i < num_ps ? TaskId{"ps", i} : options_.cluster.coordinator();
     shards_[i].addr = options_.cluster.address(shards_[i].task).value();
@@ -241,17 +241,23 @@ Status Client::Impl::Start() {
     for (int i = 0; i < n; ++i) ConnectShard(i, deadline);
   });
 
-  // Wait like TensorFlow did, but say for whom, and give up in the end.
+  // Wait like TensorFlow did, but say for whom, at once (tasks start in
+  // any order, so an address with nothing on it yet is waited for), and
+  // give up in the end.
   std::unique_lock<std::mutex> lock(start_mu_);
-  auto next_report = start + options_.report_interval;
+  std::optional<std::chrono::steady_clock::time_point> next_report;
   while (true) {
     bool all_ready = true;
-    std::string missing, failed;
+    std::string missing, failed, refused;  // refused: those an attempt failed for
     for (int i = 0; i < n; ++i) {
       if (start_state_[i] == 1) continue;
       all_ready = false;
+      const std::string line = shards_[i].name() + ": " + start_error_[i];
       std::string& list = start_state_[i] < 0 ? failed : missing;
-      list += (list.empty() ? "" : "; ") + shards_[i].name() + ": " + start_error_[i];
+      list += (list.empty() ? "" : "; ") + line;
+      if (start_state_[i] == 0 && start_error_[i] != kNoAnswerYet) {
+        refused += (refused.empty() ? "" : "; ") + line;
+      }
     }
     if (all_ready) break;
     if (!failed.empty()) return Status(start_code_, "cannot join the cluster: " + failed);
@@ -261,11 +267,15 @@ Status Client::Impl::Start() {
                                       std::to_string(options_.startup_timeout.count()) +
                                       " ms: " + missing);
     }
-    if (now >= next_report) {
-      TLOG_INFO("{} waiting for ps tasks: {}", task_.ToString(), missing);
-      next_report = now + options_.report_interval;
+    if (!refused.empty() && (!next_report || now >= *next_report)) {
+      const auto left = std::chrono::duration_cast<std::chrono::seconds>(deadline - now);
+      TLOG_INFO("{} waiting up to {} s more for ps tasks (they may start in any order): {}",
+                task_.ToString(), left.count(), refused);
+      next_report = options_.report_interval.count() > 0
+                        ? now + options_.report_interval
+                        : std::chrono::steady_clock::time_point::max();
     }
-    start_cv_.wait_until(lock, std::min(deadline, next_report));
+    start_cv_.wait_until(lock, std::min(deadline, next_report.value_or(deadline)));
   }
   if (options_.heartbeat_timeout.count() > 0) {
     ctx_->Post([this] {
@@ -322,11 +332,21 @@ void Client::Impl::ConnectShard(int shard, std::chrono::steady_clock::time_point
                   // A connect the closing context cancels: ctx_ is going.
                   if (stopping_) return;
                   if (!ep.ok()) {
+                    // A listener that answers, but not as Tessera's tcp does
+                    // (FailedPrecondition), will not start to: fail at once.
+                    // Nothing listening, or a name that does not resolve yet
+                    // (a Kubernetes pod not yet running), is waited for.
+                    const bool never = ep.status().code() == StatusCode::kFailedPrecondition;
                     {
                       std::lock_guard<std::mutex> lock(start_mu_);
                       start_error_[shard] = ep.status().message();
+                      if (never) {
+                        start_state_[shard] = -1;
+                        start_code_ = ep.status().code();
+                      }
                     }
-                    if (std::chrono::steady_clock::now() < deadline) {
+                    start_cv_.notify_all();  // Start says so at once
+                    if (!never && std::chrono::steady_clock::now() < deadline) {
                       ctx_->PostAfter(std::chrono::milliseconds(300),
                                       [this, shard, deadline] { ConnectShard(shard, deadline); });
                     }
