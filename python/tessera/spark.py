@@ -241,8 +241,10 @@ def _barrier_task(num_ps, main_fn, args, input_mode, registry, transport, checkp
         os.environ["TESSERA_TRANSPORT"] = transport
         held.close()
         if job == "ps":
+            # A barrier task is never restarted alone (Spark restarts the
+            # whole stage): a worker that left is not waited for.
             server = _tessera.Server(json.dumps(cluster), "ps", index, secret, transport,
-                                     checkpoint_dir or "", True, host)
+                                     checkpoint_dir or "", True, host, worker_rejoin_s=0.0)
             try:
                 server.wait_until_workers_leave()
             finally:

@@ -4,6 +4,7 @@
 
 #include <nanobind/stl/string.h>
 
+#include <chrono>
 #include <memory>
 #include <string>
 
@@ -21,7 +22,7 @@ class PyServer {
   PyServer(const std::string& cluster_json, const std::string& job, int task_index,
            const std::string& secret, const std::string& transport,
            const std::string& checkpoint_dir, bool stop_when_workers_leave,
-           const std::string& bind_host) {
+           const std::string& bind_host, double worker_rejoin_s) {
     ServerOptions o;
     o.cluster = ValueOrThrow(ClusterSpec::FromJson(cluster_json));
     o.job = job;
@@ -31,6 +32,8 @@ class PyServer {
     o.checkpoint_dir = checkpoint_dir;
     o.stop_when_workers_leave = stop_when_workers_leave;
     o.bind_host = bind_host;
+    if (!(worker_rejoin_s >= 0)) ThrowIfError(Status::InvalidArgument("worker_rejoin_s < 0"));
+    o.worker_rejoin_grace = std::chrono::milliseconds(static_cast<int64_t>(worker_rejoin_s * 1e3));
     Result<std::unique_ptr<Server>> started = Status::Internal("not started");
     {
       nb::gil_scoped_release release;
@@ -81,10 +84,13 @@ class PyServer {
 void BindServer(nb::module_& m) {
   nb::class_<PyServer>(m, "Server", "A ps (or coordinator) task in this process: tessera::Server.")
       .def(nb::init<const std::string&, const std::string&, int, const std::string&,
-                    const std::string&, const std::string&, bool, const std::string&>(),
+                    const std::string&, const std::string&, bool, const std::string&, double>(),
            "cluster_json"_a, "job"_a, "task_index"_a, "secret"_a, "transport"_a = "tcp",
            "checkpoint_dir"_a = "", "stop_when_workers_leave"_a = false, "bind_host"_a = "",
-           "Starts serving at once (without the GIL).")
+           "worker_rejoin_s"_a = 10.0,
+           "Starts serving at once (without the GIL). worker_rejoin_s: how long a sync step "
+           "waits for a worker that disconnected to come back (ServerOptions::"
+           "worker_rejoin_grace).")
       .def("wait_until_workers_leave", &PyServer::WaitUntilWorkersLeave)
       .def("wait_for_coordinator_to_stop", &PyServer::WaitForCoordinatorToStop, "seconds"_a)
       .def("stop", &PyServer::Stop)
