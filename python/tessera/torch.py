@@ -40,6 +40,12 @@ import tessera
 _RULES = {"sgd", "momentum", "adam", "adamw", "adagrad"}
 
 
+# torch.optim's hyper-parameters that Tessera's rules take; a param group's
+# other keys (a scheduler's initial_lr, torch's own flags) stay local.
+_TORCH_HYPER = {"lr", "betas", "eps", "weight_decay", "momentum", "nesterov",
+                "initial_accumulator_value"}
+
+
 def _hyper(optimizer: str, options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     """torch.optim keyword arguments -> (Tessera rule, Hyperparams fields)."""
     rule = optimizer.lower()
@@ -75,35 +81,62 @@ def _mode(mode: str, staleness: int) -> tessera.ConsistencyMode:
     raise tessera._invalid(f"mode '{mode}' is not sync, async or bounded")
 
 
-class DistributedOptimizer:
-    """Keeps `module`'s parameters on the cluster's ps tasks.
+class DistributedOptimizer(torch.optim.Optimizer):
+    """Keeps `module`'s parameters on the cluster's ps tasks: a
+    torch.optim.Optimizer whose update runs on the shards.
 
     optimizer: "sgd", "momentum", "adam", "adamw" or "adagrad", with
     torch.optim's keyword arguments (lr, betas, eps, weight_decay, momentum,
-    nesterov, initial_accumulator_value). mode: "sync" (SyncReplicasOptimizer:
-    every worker's step t averaged, then applied once), "async" (each push
-    applied on arrival) or "bounded" (a worker runs at most `staleness` steps
-    ahead of the slowest). Tensor names are `prefix` + the parameter's name.
+    nesterov, initial_accumulator_value) as the defaults of every param
+    group. param_groups: torch.optim's list of {"params": [...], "lr": ...}
+    over `module`'s parameters, each group's hyper-parameters sent to the
+    shards for its parameters (default: one group of every parameter that
+    requires grad). A change to a group's hyper-parameters (a torch lr
+    scheduler's, or by hand) reaches the shards at the next step(), from the
+    chief. mode: "sync" (SyncReplicasOptimizer: every worker's step t
+    averaged, then applied once), "async" (each push applied on arrival) or
+    "bounded" (a worker runs at most `staleness` steps ahead of the slowest).
+    Tensor names are `prefix` + the parameter's name.
     """
 
     def __init__(self, client: tessera.Client, module: torch.nn.Module,
                  optimizer: str = "adam", *, mode: str = "sync", staleness: int = 0,
-                 overlap: bool = True, prefix: str = "", **optimizer_options: Any):
+                 overlap: bool = True, prefix: str = "",
+                 param_groups: Iterable[dict[str, Any]] | None = None,
+                 **optimizer_options: Any):
         self.client = client
         self.mode = mode
         self.staleness = staleness
-        rule, hyper = _hyper(optimizer, optimizer_options)
+        self._optimizer = optimizer
+        _hyper(optimizer, optimizer_options)  # names a bad optimizer or option now
+        named = {p: prefix + name for name, p in module.named_parameters()}
+        if param_groups is None:
+            param_groups = [{"params": [p for p in named if p.requires_grad]}]
+        defaults = dict(optimizer_options)
+        defaults.setdefault("lr", tessera.Hyperparams().learning_rate)
+        super().__init__(list(param_groups), defaults)
         consistency = _mode(mode, staleness)
-        self._params: list[tuple[str, torch.nn.Parameter]] = [
-            (prefix + name, p) for name, p in module.named_parameters() if p.requires_grad]
+        self._params: list[tuple[str, torch.nn.Parameter]] = []
+        self._group_of: list[int] = []  # each parameter's group
+        for g, group in enumerate(self.param_groups):
+            for p in group["params"]:
+                if p not in named:
+                    raise tessera._invalid(f"param group {g} holds a tensor of shape "
+                                           f"{tuple(p.shape)} that is not a parameter of the module")
+                self._params.append((named[p], p))
+                self._group_of.append(g)
         for name, p in self._params:
             if p.device.type not in ("cpu", "cuda") or not p.data.is_contiguous():
                 raise tessera._invalid(f"parameter '{name}' is not a contiguous CPU or CUDA tensor")
+        # What each group's hyper-parameters were when last sent.
+        self._sent = [self._group_hyper(group) for group in self.param_groups]
         # Every worker declares the same tensors; only the chief's initial
         # values are used.
-        specs = [tessera.spec(name, tuple(p.shape), p.dtype, rule, mode=consistency,
-                              initial=p.data.detach().cpu().contiguous(), **hyper)
-                 for name, p in self._params]
+        specs = []
+        for (name, p), g in zip(self._params, self._group_of):
+            rule, hyper = self._sent[g]
+            specs.append(tessera.spec(name, tuple(p.shape), p.dtype, rule, mode=consistency,
+                                      initial=p.data.detach().cpu().contiguous(), **hyper))
         self.tensors = client.declare_many(specs)
         if client.is_chief:
             client.initialize()
@@ -141,9 +174,17 @@ class DistributedOptimizer:
                 p.grad.detach_()
                 p.grad.zero_()
 
-    def step(self) -> None:
+    def step(self, closure: Any = None) -> None:
         """Pushes what backward has not pushed yet, waits for every push, then
-        pulls the weights this step produced into each param.data."""
+        pulls the weights this step produced into each param.data. A group
+        whose hyper-parameters changed since the last step (an lr scheduler)
+        sends them first (the chief; the others' groups follow the chief's).
+        A closure is refused: the loss is computed before step(), as
+        overlapped pushes need."""
+        if closure is not None:
+            raise tessera._invalid("DistributedOptimizer.step takes no closure "
+                                   "(LBFGS-style re-evaluation would push again)")
+        self._send_changed_hyperparams()
         tag = None if self.mode == "async" else self.step_count
         missing = {}
         for i, (_, p) in enumerate(self._params):
@@ -169,10 +210,33 @@ class DistributedOptimizer:
 
     def set_hyperparams(self, **optimizer_options: Any) -> None:
         """Chief only: new hyper-parameters (a learning-rate schedule) for every
-        parameter from the next update on, e.g. set_hyperparams(lr=1e-4)."""
-        _, hyper = _hyper("adam", optimizer_options)
-        for t in self.tensors:
-            self.client.set_hyperparams(t, **hyper)
+        param group from the next update on, e.g. set_hyperparams(lr=1e-4);
+        sent at once."""
+        _hyper(self._optimizer, optimizer_options)  # names a bad one
+        if not self.client.is_chief:
+            raise tessera._invalid("set_hyperparams: only the chief sets hyper-parameters "
+                                   "(every worker's lr scheduler may run; the chief's is sent)")
+        for group in self.param_groups:
+            group.update(optimizer_options)
+        self._send_changed_hyperparams()
+
+    def _group_hyper(self, group: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        return _hyper(self._optimizer, {k: v for k, v in group.items() if k in _TORCH_HYPER})
+
+    def _send_changed_hyperparams(self) -> None:
+        for g, group in enumerate(self.param_groups):
+            now = self._group_hyper(group)
+            if now == self._sent[g]:
+                continue
+            if now[0] != self._sent[g][0]:
+                raise tessera._invalid(
+                    f"param group {g} would change its rule from {self._sent[g][0]} to "
+                    f"{now[0]} (momentum 0 and non-zero are two rules); a tensor keeps its rule")
+            if self.client.is_chief:
+                for t, gi in zip(self.tensors, self._group_of):
+                    if gi == g:
+                        self.client.set_hyperparams(t, **now[1])
+            self._sent[g] = now
 
     def remove_hooks(self) -> None:
         for h in self._hooks:
@@ -209,6 +273,10 @@ class DistributedOptimizer:
             raise tessera._invalid(
                 f"a second backward before step() for '{self._params[i][0]}': "
                 "gradient accumulation needs overlap=False")
+        if not self._pending:
+            # The step's first push: its hyper-parameters go first (an lr
+            # scheduler stepped since the last step()).
+            self._send_changed_hyperparams()
         grad = self._params[i][1].grad
         tag = None if self.mode == "async" else self.step_count
         self._pushed[i] = (grad, grad._version)

@@ -229,3 +229,43 @@ def test_cuda_tensors_take_the_gpu_paths(name):
         assert torch.all(out == 3)
         counters = c.counters()
         assert counters.host_staged_bytes + counters.cuda_ipc_bytes >= 2 * out.numel() * 4
+
+
+@pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "after-backward"])
+def test_param_groups_and_an_lr_scheduler_match_torch_optim(client, name, overlap):
+    remote = make_model()
+    local = copy.deepcopy(remote)
+
+    def groups(model):  # the first layer at its own lr and weight decay
+        first, second = model[0], model[2]
+        return [{"params": list(first.parameters()), "lr": 0.05, "weight_decay": 0.01},
+                {"params": list(second.parameters())}]
+    opt = tessera.torch.DistributedOptimizer(client, remote, "adam", prefix=name + "/",
+                                             overlap=overlap, param_groups=groups(remote),
+                                             lr=0.01)
+    assert isinstance(opt, torch.optim.Optimizer)
+    assert [g["lr"] for g in opt.param_groups] == [0.05, 0.01]
+    local_opt = torch.optim.Adam(groups(local), lr=0.01)
+    schedules = [torch.optim.lr_scheduler.StepLR(o, step_size=2, gamma=0.1)
+                 for o in (opt, local_opt)]
+    loss_fn = torch.nn.CrossEntropyLoss()
+    for x, y in batches(5):
+        for model, o, schedule in ((remote, opt, schedules[0]), (local, local_opt, schedules[1])):
+            o.zero_grad()
+            loss_fn(model(x), y).backward()
+            o.step()
+            schedule.step()
+    for (n, a), b in zip(remote.named_parameters(), local.parameters()):
+        assert torch.allclose(a, b, atol=1e-5, rtol=1e-4), n
+    # The shards hold the schedule's last lr (0.05 and 0.01 times 0.1^2).
+    info = client.info(opt.tensors[0])
+    assert info.hyper.learning_rate == pytest.approx(0.0005)
+    assert client.info(opt.tensors[-1]).hyper.learning_rate == pytest.approx(0.0001)
+    opt.remove_hooks()
+
+
+def test_a_param_group_of_another_module_is_refused(client, name):
+    model, stranger = make_model(), make_model()
+    with pytest.raises(tessera.Error, match="param group 0 holds a tensor of shape"):
+        tessera.torch.DistributedOptimizer(client, model, "sgd", prefix=name + "/",
+                                           param_groups=[{"params": stranger.parameters()}])
