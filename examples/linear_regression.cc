@@ -25,30 +25,30 @@ int main(int argc, char** argv) {
   const int steps = argc > 1 ? std::atoi(argv[1]) : 200;
   // Slows training down, so that there is time to kill it midway.
   const int ms_per_step = argc > 2 ? std::atoi(argv[2]) : 0;
-  auto cfg = TfConfigFromEnv();
-  const char* secret = std::getenv("TESSERA_SECRET");
-  if (!cfg.ok() || secret == nullptr) {
-    fprintf(stderr, "run under `tessera launch` (needs TF_CONFIG and TESSERA_SECRET)\n");
+  // TF_CONFIG (or TensorFlow 1's flags), TESSERA_SECRET_FILE or
+  // TESSERA_SECRET, TESSERA_TRANSPORT: what tessera launch, tessera run and
+  // the engines' job scripts give a worker.
+  auto options = ClientOptions::FromEnv();
+  if (!options.ok()) {
+    fprintf(stderr, "%s\n(run it under tessera launch or tessera run: docs/deploy.md)\n",
+            options.status().ToString().c_str());
     return 2;
   }
-  ClientOptions options;
-  options.cluster = cfg->cluster;
-  options.task = cfg->task;
-  options.secret = secret;
-  if (const char* transport = std::getenv("TESSERA_TRANSPORT")) options.transport = transport;
-  auto client = Client::Connect(options);
+  auto client = Client::Connect(*options);
   if (!client.ok()) {
     fprintf(stderr, "%s\n", client.status().ToString().c_str());
     return 1;
   }
   Client& c = **client;
-  const auto workers = static_cast<uint32_t>(cfg->cluster.num_workers());
+  const auto workers = static_cast<uint32_t>(options->cluster.num_workers());
   TensorSpec spec{"w", DType::kF32, {1}, UpdateRule::kSgd};
   spec.hyper.learning_rate = 0.5f;
   spec.mode = ConsistencyMode::Sync(workers, workers);  // averaged, like SyncReplicasOptimizer
   auto w = c.Declare(spec);
-  spec.name = "b";
-  auto b = c.Declare(spec);
+  TensorSpec bias{"b", DType::kF32, {1}, UpdateRule::kSgd};
+  bias.hyper = spec.hyper;
+  bias.mode = spec.mode;
+  auto b = c.Declare(bias);
   if (!w.ok() || !b.ok()) {
     fprintf(stderr, "%s\n", (w.ok() ? b.status() : w.status()).ToString().c_str());
     return 1;
@@ -60,7 +60,7 @@ int main(int argc, char** argv) {
   }
 
   // Each worker has its own data: 64 points of y = 2x + noise.
-  std::mt19937 rng(1234 + static_cast<unsigned>(cfg->task.index));
+  std::mt19937 rng(1234 + static_cast<unsigned>(options->task.index));
   std::uniform_real_distribution<float> xs(-1, 1);
   std::normal_distribution<float> noise(0, 0.1f);
   std::vector<float> x(64), y(64);

@@ -167,6 +167,22 @@ TEST(LaunchTest, LinearRegressionExampleConverges) {
   EXPECT_NE(run.output.find("w 2.0"), std::string::npos) << run.output;
 }
 
+// The example reads its secret as every engine's job script gives it: from
+// TESSERA_SECRET_FILE (docs/deploy.md), not only from TESSERA_SECRET.
+TEST(LaunchTest, LinearRegressionTakesItsSecretFromAFile) {
+  const std::string file = "/tmp/tessera-secret-" + std::to_string(getpid());
+  const std::string worker = "sh -c 'umask 077; f=" + file +
+                             ".$$; printf %s \"$TESSERA_SECRET\" > $f; "
+                             "unset TESSERA_SECRET; TESSERA_SECRET_FILE=$f exec " +
+                             Env("LINEAR_REGRESSION") + " 40'";
+  auto run = Shell("env UCX_TLS=tcp " + Env("TESSERA_BIN") + " launch --ps 1 --workers 2 -- " +
+                       worker,
+                   120);
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_NE(run.output.find("w 2.0"), std::string::npos) << run.output;
+  Shell("rm -f " + file + ".*", 10);
+}
+
 // The example with checkpoints every half second: the whole cluster killed
 // (SIGKILL to the launcher, whose children die with it) midway, then started
 // again, resumes from the saved global step and still converges.
