@@ -69,11 +69,15 @@ def run(text, source, build, timeout):
 
 
 def compile_c(text, source, build):
+    # A sanitized build's library needs its runtime linked in (SANITIZE:
+    # meson's b_sanitize).
+    sanitize = os.environ.get("SANITIZE", "none")
+    flags = [] if sanitize in ("", "none") else [f"-fsanitize={sanitize}"]
     with tempfile.TemporaryDirectory() as tmp:
         program = Path(tmp, "doc.c")
         program.write_text(text)
         return subprocess.run(
-            [os.environ.get("CC", "cc"), "-std=c11", "-Wall", "-Wextra", "-Werror",
+            [os.environ.get("CC", "cc"), "-std=c11", "-Wall", "-Wextra", "-Werror", *flags,
              f"-I{source / 'include'}", f"-I{build}", str(program), "-o",
              str(Path(tmp, "doc")), f"-L{build}", "-ltessera", f"-Wl,-rpath,{build}"],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
