@@ -250,6 +250,22 @@ TEST_P(ClusterTest, AMissingShardIsReportedOnceAtOnce) {
       << log;
 }
 
+// ClientOptions::interrupted ends the wait for a missing ps task (how the
+// Python binding answers Ctrl-C there), naming whom it waited for.
+TEST_P(ClusterTest, AnInterruptedConnectStopsWaiting) {
+  StartCluster(2, 1, /*running=*/1);
+  auto opts = Options(0);
+  opts.startup_timeout = 60s;
+  std::atomic<int> asked{0};
+  opts.interrupted = [&] { return ++asked > 3; };
+  const auto start = std::chrono::steady_clock::now();
+  auto c = Client::Connect(opts);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), StatusCode::kCancelled) << c.status();
+  EXPECT_NE(c.status().message().find("/job:ps/task:1"), std::string::npos) << c.status();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 30s);
+}
+
 // A task at `at` that takes connections and never answers them: what a
 // connection its server dropped unseen looks like from the other side.
 struct SilentListener {

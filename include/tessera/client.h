@@ -318,6 +318,11 @@ struct TESSERA_EXPORT ClientOptions {
   // then again every report_interval (0: only that once).
   std::chrono::milliseconds startup_timeout{60'000};
   std::chrono::milliseconds report_interval{0};
+  // When set, Connect calls it on its own thread about every 20 ms while it
+  // waits for the ps tasks, and fails with kCancelled once it returns true:
+  // how a caller lets Ctrl-C end the wait (the Python binding runs Python's
+  // signal handlers in it).
+  std::function<bool()> interrupted;
   // Bound on every blocking call and Future::Wait().
   std::chrono::milliseconds op_timeout{60'000};
   // Each ps task (and the coordinator) is pinged this often; one that has not

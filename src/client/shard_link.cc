@@ -275,7 +275,18 @@ Status Client::Impl::Start() {
                         ? now + options_.report_interval
                         : std::chrono::steady_clock::time_point::max();
     }
-    start_cv_.wait_until(lock, std::min(deadline, next_report.value_or(deadline)));
+    auto until = std::min(deadline, next_report.value_or(deadline));
+    if (options_.interrupted) {
+      lock.unlock();
+      const bool stop = options_.interrupted();
+      lock.lock();
+      if (stop) {
+        return Status::Cancelled("interrupted while waiting for ps tasks: " +
+                                 (missing.empty() ? std::string("none yet answered") : missing));
+      }
+      until = std::min(until, now + std::chrono::milliseconds(20));
+    }
+    start_cv_.wait_until(lock, until);
   }
   if (options_.heartbeat_timeout.count() > 0) {
     ctx_->Post([this] {

@@ -235,7 +235,17 @@ class PyClient {
   explicit PyClient(const ClientOptions& options)
       : op_timeout_(options.op_timeout), num_workers_(options.cluster.num_workers()) {
     worker_rank_ = options.read_only ? -1 : ValueOrThrow(options.cluster.worker_rank(options.task));
-    auto client = WithoutGil([&] { return Client::Connect(options); });
+    // Ctrl-C while the ps tasks are waited for: Connect asks every 20 ms,
+    // and Python's signal handlers run then (with the GIL, briefly).
+    ClientOptions o = options;
+    auto signalled = std::make_shared<bool>(false);
+    o.interrupted = [signalled] {
+      nb::gil_scoped_acquire gil;
+      *signalled = PyErr_CheckSignals() != 0;
+      return *signalled;
+    };
+    auto client = WithoutGil([&] { return Client::Connect(o); });
+    if (*signalled) throw nb::python_error();  // KeyboardInterrupt, from the handler
     client_ = ValueOrThrow(std::move(client));
   }
 

@@ -115,3 +115,36 @@ def test_ctrl_c_during_a_control_call_on_a_stopped_coordinator(client, name):
         os.kill(stopped, signal.SIGCONT)
     # The interrupted wait went on, behind it the control calls go on too.
     client.wait_for_init(timeout=30)
+
+
+def test_ctrl_c_while_connecting_to_a_ps_task_that_never_answers():
+    # A spec whose ps task takes connections and never answers: Connect
+    # would wait out its start-up time (60 s) for it; Ctrl-C ends the wait.
+    import socket
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)
+    silent.settimeout(30)
+    options = tessera.ClientOptions.from_env([])
+    options.cluster_json = json.dumps(
+        {"ps": [f"127.0.0.1:{silent.getsockname()[1]}"], "worker": ["127.0.0.1:1"]})
+    options.task = ("worker", 0)
+    options.startup_timeout = 60
+    fired, taken = [], []
+
+    def interrupt():
+        taken.append(silent.accept()[0])  # Connect is trying: it waits now
+        fired.append(time.monotonic())
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt, daemon=True).start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            tessera.Client(options)
+    finally:
+        for c in taken:
+            c.close()
+        silent.close()
+    took = time.monotonic() - fired[0]
+    print(f"KeyboardInterrupt {took * 1e3:.1f} ms after SIGINT (connect)")
+    assert took < 6
