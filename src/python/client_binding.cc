@@ -295,6 +295,7 @@ class PyClient {
     Client& c = client();
     Future f = WithoutGil([&] { return c.DeclareManyAsync(specs, tensors.get()); });
     std::vector<std::pair<std::string, Shape>> named;
+    named.reserve(specs.size());
     for (const auto& s : specs) named.emplace_back(s.name, s.shape);
     return std::make_unique<PyFuture>(
         std::move(f), std::vector<Buffer>{}, kControlWait, orphans_,
