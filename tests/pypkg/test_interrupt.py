@@ -120,6 +120,10 @@ def test_ctrl_c_during_a_control_call_on_a_stopped_coordinator(client, name):
 def test_ctrl_c_while_connecting_to_a_ps_task_that_never_answers():
     # A spec whose ps task takes connections and never answers: Connect
     # would wait out its start-up time (60 s) for it; Ctrl-C ends the wait.
+    if os.environ.get("TESSERA_TRANSPORT") == "ucx":
+        pytest.skip("UCX 1.13 aborts a process that closes an endpoint still connecting to a "
+                    "listener that is not UCX's ('ucp_ep.c:1185 Bug: pending request ... should "
+                    "have been flushed'), Ctrl-C or not; the tcp transport runs this")
     import socket
     silent = socket.socket()
     silent.bind(("127.0.0.1", 0))
