@@ -406,6 +406,16 @@ def main():
             for pod in ps:
                 if pod.proc.returncode != 0:
                     failures.append(f"{pod.name} did not stop cleanly: exit {pod.proc.returncode}")
+            # The coordinator's final checkpoint, on SIGTERM, complete (its
+            # manifest is written last) and past the start's step 0.
+            claim = os.path.join(work, "claims", "tessera-checkpoints")
+            final = sorted(d for d in (os.listdir(claim) if os.path.isdir(claim) else [])
+                           if d.startswith("step-") and d != "step-00000000" and
+                           os.path.exists(os.path.join(claim, d, "tessera.json")))
+            if not final:
+                failures.append("no final checkpoint in the claim tessera-checkpoints")
+            else:
+                print(f"k8s: final checkpoint {final[-1]} in the claim")
         left = cluster.left_over()
         if left:
             failures.append("processes left in the pods: " + " ".join(left))
