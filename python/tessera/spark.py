@@ -58,7 +58,7 @@ __all__ = ["InputMode", "TaskContext", "DataFeed", "TesseraCluster", "run"]
 
 # A JVM exception's line ("org.apache.spark.scheduler.BarrierJobSlotsNumberCheckFailed:
 # [SPARK-24819]: Barrier execution mode does not allow ..."): Spark's reason.
-_JAVA_EXCEPTION = re.compile(r"^\s*(Caused by: )?[a-z][\w$]*(\.[\w$]+)+: ")
+_JAVA_EXCEPTION = re.compile(r"^\s*(:\s*)?(Caused by: )?[a-z][\w$]*(\.[\w$]+)+: ")
 
 
 class InputMode:
@@ -492,7 +492,7 @@ def _task_error(e: Exception) -> str:
         elif "exited unexpectedly" in ln or "crashed" in ln:
             said.append(ln.strip())
         elif _JAVA_EXCEPTION.match(ln) and "Traceback" not in ln and "py4j." not in ln:
-            said.append(ln.strip())  # Spark's own reason (barrier slots, ...)
+            said.append(ln.strip().lstrip(": "))  # Spark's own reason (barrier slots, ...)
     if said:
         return "\n".join(dict.fromkeys(said))  # each once, in order
     return lines[0] if lines else traceback.format_exception_only(type(e), e)[-1].strip()

@@ -215,3 +215,18 @@ def test_feed_timeout_fails_train_naming_the_worker(sc):
         cluster.train(records)
     assert time.monotonic() - started < 120
     assert cluster.shutdown(timeout=120) == ["stalled"]
+
+
+def test_sparks_own_reason_stays_in_the_error():
+    # What py4j raises when Spark's barrier check fails the stage: the old
+    # _task_error kept only the first line ("An error occurred while
+    # calling ..."), which says nothing.
+    text = ("An error occurred while calling o123.collectAndServe.\n"
+            ": org.apache.spark.scheduler.BarrierJobSlotsNumberCheckFailed: [SPARK-24819]: "
+            "Barrier execution mode does not allow run a barrier stage that requires more "
+            "slots than the total number of slots in the cluster currently.\n"
+            "\tat org.apache.spark.scheduler.DAGScheduler.checkBarrierStageWithNumSlots("
+            "DAGScheduler.scala:560)\n")
+    said = tessera.spark._task_error(Exception(text))
+    assert said.startswith("org.apache.spark.scheduler.BarrierJobSlotsNumberCheckFailed: "
+                           "[SPARK-24819]: Barrier execution mode does not allow"), said
