@@ -63,3 +63,32 @@ if [ "$step" -le 0 ] || [ "$step" -ge 300 ]; then
 fi
 echo "resumed at global step $step"
 accuracy_ok "$dir/second.log"
+
+echo "== a ps task killed and restarted in place"
+# tessera launch --max-restarts starts the killed ps task again on its
+# address, where it restores its part from the checkpoint; the workers'
+# DistributedOptimizer makes the failed step again once it is back
+# (restart_timeout), so no worker fails or is restarted.
+ckpt2="$dir/ckpt2"
+"$TESSERA_BIN" launch --ps 2 --workers 2 --transport tcp --max-restarts 1 \
+  --checkpoint-dir "$ckpt2" --checkpoint-steps 40 -- \
+  "$TESSERA_PYTHON" "$example" --steps 300 --ms-per-step 20 > "$dir/restart.log" 2>&1 &
+pid=$!
+for _ in $(seq 2400); do
+  if ls "$ckpt2"/step-*/tessera.json 2>/dev/null | grep -qv step-00000000/; then break; fi
+  if ! kill -0 "$pid" 2>/dev/null; then break; fi
+  sleep 0.05
+done
+# The newest server of this run: ps task 1, started after ps task 0.
+pkill -KILL -n -f "[s]erver.*$ckpt2" || { cat "$dir/restart.log"; echo "FAIL: no ps task to kill"; exit 1; }
+rc=0
+wait "$pid" || rc=$?
+cat "$dir/restart.log"
+[ "$rc" -eq 0 ] || { echo "FAIL: the run exited $rc"; exit 1; }
+grep -q "ended (killed by signal Killed); restarting it" "$dir/restart.log" ||
+  { echo "FAIL: no ps task was killed and restarted"; exit 1; }
+if grep -qE "worker[0-9]+ ended" "$dir/restart.log"; then
+  echo "FAIL: a worker failed instead of waiting for the ps task"
+  exit 1
+fi
+accuracy_ok "$dir/restart.log"

@@ -28,6 +28,7 @@ edits take effect.
 
 from __future__ import annotations
 
+import time
 import weakref
 from typing import Any, Iterable
 
@@ -103,8 +104,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
                  optimizer: str = "adam", *, mode: str = "sync", staleness: int = 0,
                  overlap: bool = True, prefix: str = "",
                  param_groups: Iterable[dict[str, Any]] | None = None,
-                 **optimizer_options: Any):
+                 restart_timeout: float = 60.0, **optimizer_options: Any):
         self.client = client
+        # Sync mode: how long a step waits for a ps task that was lost to
+        # come back (restarted in place) before it raises.
+        self.restart_timeout = restart_timeout
         self.mode = mode
         self.staleness = staleness
         self._optimizer = optimizer
@@ -197,11 +201,21 @@ class DistributedOptimizer(torch.optim.Optimizer):
             futures.append(self.client.push_async(missing, step=tag))
         self._pending = {}
         pushed, self._pushed = self._pushed, {}
-        tessera.wait_all(futures)
+        try:
+            tessera.wait_all(futures)
+        except tessera.Error as e:
+            # A ps task lost: every gradient again once it is back (the
+            # other shards drop what they took already as duplicates).
+            self._after_restart(e, lambda: self.client.push(self._gradients(), step=tag))
         self._check_unchanged(pushed)
         self.step_count += 1
         if self.mode == "sync":
-            self.client.pull(self._weights(), min_step=self.step_count)
+            weights = self._weights()
+            try:
+                self.client.pull(weights, min_step=self.step_count)
+            except tessera.Error as e:
+                self._after_restart(
+                    e, lambda: self.client.pull(weights, min_step=self.step_count))
         elif self.mode == "bounded":
             self.client.pull(self._weights(),
                              min_step=max(0, self.step_count - self.staleness))
@@ -245,6 +259,31 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._grad_accumulators = []
 
     # -- internals ----------------------------------------------------------
+    def _gradients(self) -> dict[tessera.Tensor, torch.Tensor]:
+        return {t: (p.grad if p.grad is not None else self._zero(i, p)).detach().contiguous()
+                for i, (t, (_, p)) in enumerate(zip(self.tensors, self._params))}
+
+    def _after_restart(self, error: tessera.Error, again: Any) -> None:
+        """Sync mode: a call that failed because a ps task was lost
+        ('Unavailable') is made again, until the task is back (restarted in
+        place, restored from the checkpoint: training.md) or
+        restart_timeout passed; any other error is raised as it is. Not in
+        async or bounded mode, where a push the other shards applied would
+        apply twice."""
+        if error.code != "Unavailable" or self.mode != "sync" or self.restart_timeout <= 0:
+            raise error
+        deadline = time.monotonic() + self.restart_timeout
+        while True:
+            time.sleep(0.2)  # the client tries the lost task again on each call
+            try:
+                return again()
+            except tessera.Error as e:
+                if e.code != "Unavailable" or time.monotonic() > deadline:
+                    if e.code == "Unavailable":
+                        e.add_note(f"a ps task lost at step {self.step_count} did not come "
+                                   f"back within restart_timeout={self.restart_timeout:g} s")
+                    raise e from error
+
     def _weights(self) -> dict[tessera.Tensor, torch.Tensor]:
         return {t: p.data for t, (_, p) in zip(self.tensors, self._params)}
 
