@@ -281,12 +281,15 @@ class PyClient {
     return out;
   }
 
+  // client() raises for a closed client, so it is asked with the GIL held.
   void Initialize() {
-    WaitControl(WithoutGil([&] { return client().InitializeAsync(); }));
+    Client& c = client();
+    WaitControl(WithoutGil([&] { return c.InitializeAsync(); }));
   }
   void WaitForInit(double timeout) {
     const auto limit = Millis(timeout);
-    WaitControl(WithoutGil([&] { return client().WaitForInitAsync(limit); }));
+    Client& c = client();
+    WaitControl(WithoutGil([&] { return c.WaitForInitAsync(limit); }));
   }
 
   // Its result() is the declared Tensors.

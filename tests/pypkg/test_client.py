@@ -208,3 +208,6 @@ def test_closed_client_says_so():
         assert c.num_shards == 2
     with pytest.raises(tessera.Error, match="the client is closed"):
         c.global_step()
+    for control_call in (c.initialize, c.wait_for_init):
+        with pytest.raises(tessera.Error, match="the client is closed"):
+            control_call()
