@@ -61,7 +61,10 @@ std::string ErrorSoundingLines(const std::string& output) {
   std::string found;
   std::istringstream lines(output);
   for (std::string line; std::getline(lines, line);) {
-    if (line.find("] waiting for ") != std::string::npos) continue;
+    if (line.find("] waiting for ") != std::string::npos ||
+        line.find("] waiting up to ") != std::string::npos) {
+      continue;
+    }
     for (const char* sign : {" E [", "reset by", "lost the coordinator", "left the coordinator",
                              "disconnected:", "rejoining"}) {
       if (line.find(sign) != std::string::npos) {
@@ -175,9 +178,8 @@ TEST(LaunchTest, LinearRegressionTakesItsSecretFromAFile) {
                              ".$$; printf %s \"$TESSERA_SECRET\" > $f; "
                              "unset TESSERA_SECRET; TESSERA_SECRET_FILE=$f exec " +
                              Env("LINEAR_REGRESSION") + " 40'";
-  auto run = Shell("env UCX_TLS=tcp " + Env("TESSERA_BIN") + " launch --ps 1 --workers 2 -- " +
-                       worker,
-                   120);
+  auto run = Shell(
+      "env UCX_TLS=tcp " + Env("TESSERA_BIN") + " launch --ps 1 --workers 2 -- " + worker, 120);
   EXPECT_EQ(run.exit_code, 0) << run.output;
   EXPECT_NE(run.output.find("w 2.0"), std::string::npos) << run.output;
   Shell("rm -f " + file + ".*", 10);
