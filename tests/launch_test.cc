@@ -62,7 +62,7 @@ std::string ErrorSoundingLines(const std::string& output) {
   std::istringstream lines(output);
   for (std::string line; std::getline(lines, line);) {
     if (line.find("] waiting for ") != std::string::npos ||
-        line.find("] waiting up to ") != std::string::npos) {
+        line.find(" more for ps tasks (they may start in any order): ") != std::string::npos) {
       continue;
     }
     for (const char* sign : {" E [", "reset by", "lost the coordinator", "left the coordinator",
