@@ -218,8 +218,9 @@ class Shard {
   // An error if a pull waits for a sync step that can no longer complete
   // because the workers it needs disconnected.
   Status StepReachable(const PendingPull& pull) const;
-  // The waiting pulls are judged again once a worker that just left is no
-  // longer awaited (worker_rejoin_grace).
+  // The waiting pulls are judged again when the earliest departed worker
+  // still awaited stops being awaited (worker_rejoin_grace): one timer at a
+  // time, however often workers come and go.
   void RecheckAfterRejoinGrace();
   void RetryWaiting();
   // A lease ended: its chunks have one reader fewer.
@@ -250,6 +251,7 @@ class Shard {
   std::vector<PendingPush> blocked_pushes_;
   std::vector<PendingPull> waiting_pulls_;
   bool wait_sweep_scheduled_ = false;
+  bool rejoin_recheck_scheduled_ = false;
   std::vector<uint32_t> pending_steps_;  // sync chunks whose step is complete, waiting for readers
   // Kept across calls so that a push's or pull's reply and the step reports
   // reuse their vectors (core/borrowed.h): no allocation per call for them.

@@ -120,10 +120,23 @@ std::string Shard::WhatPullWaitsFor(const PendingPull& pull) const {
 }
 
 void Shard::RecheckAfterRejoinGrace() {
-  if (stopping_) return;
-  ctx_->PostAfter(options_.worker_rejoin_grace + std::chrono::milliseconds(1), [this] {
-    if (!stopping_) RetryWaiting();
-  });
+  if (stopping_ || rejoin_recheck_scheduled_) return;
+  const auto now = std::chrono::steady_clock::now();
+  std::optional<std::chrono::steady_clock::time_point> earliest;
+  for (const auto& [rank, d] : departed_) {
+    const auto until = d.since + options_.worker_rejoin_grace;
+    if (until > now && (!earliest || until < *earliest)) earliest = until;
+  }
+  if (!earliest) return;
+  rejoin_recheck_scheduled_ = true;
+  ctx_->PostAfter(std::chrono::duration_cast<std::chrono::milliseconds>(*earliest - now) +
+                      std::chrono::milliseconds(1),
+                  [this] {
+                    rejoin_recheck_scheduled_ = false;
+                    if (stopping_) return;
+                    RetryWaiting();
+                    RecheckAfterRejoinGrace();  // the next departure still awaited
+                  });
 }
 
 Status Shard::StepReachable(const PendingPull& pull) const {
