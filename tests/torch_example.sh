@@ -22,6 +22,15 @@ accuracy_ok() {  # accuracy_ok LOG: the chief's last line says >= 0.95
   awk -v a="$acc" 'BEGIN { exit !(a >= 0.95) }' || { echo "FAIL: accuracy $acc < 0.95"; return 1; }
 }
 
+wait_for_a_checkpoint() {  # DIR PID: until DIR holds a complete checkpoint
+  # past step 0 (its manifest is written last) or PID ended; at most 120 s
+  for _ in $(seq 2400); do
+    if ls "$1"/step-*/tessera.json 2>/dev/null | grep -qv step-00000000/; then return; fi
+    if ! kill -0 "$2" 2>/dev/null; then return; fi
+    sleep 0.05
+  done
+}
+
 echo "== train"
 "$TESSERA_BIN" launch --ps 2 --workers 2 --transport tcp -- \
   "$TESSERA_PYTHON" "$example" --steps 300 2>&1 | tee "$dir/train.log"
@@ -33,13 +42,9 @@ run=("$TESSERA_BIN" launch --ps 2 --workers 2 --transport tcp --checkpoint-dir "
   --checkpoint-steps 40 -- "$TESSERA_PYTHON" "$example" --steps 300 --ms-per-step 20)
 "${run[@]}" > "$dir/first.log" 2>&1 &
 pid=$!
-# Killed once a complete checkpoint past step 0 is on disk (its manifest is
-# written last), however slow the machine: bounded at 120 s.
-for _ in $(seq 2400); do
-  if ls "$ckpt"/step-*/tessera.json 2>/dev/null | grep -qv step-00000000/; then break; fi
-  if ! kill -0 "$pid" 2>/dev/null; then break; fi
-  sleep 0.05
-done
+# Killed once a complete checkpoint past step 0 is on disk, however slow
+# the machine.
+wait_for_a_checkpoint "$ckpt" "$pid"
 kill -KILL "$pid" 2>/dev/null || true
 wait "$pid" 2>/dev/null || true
 if grep -q "held-out accuracy" "$dir/first.log"; then
@@ -74,11 +79,7 @@ ckpt2="$dir/ckpt2"
   --checkpoint-dir "$ckpt2" --checkpoint-steps 40 -- \
   "$TESSERA_PYTHON" "$example" --steps 300 --ms-per-step 20 > "$dir/restart.log" 2>&1 &
 pid=$!
-for _ in $(seq 2400); do
-  if ls "$ckpt2"/step-*/tessera.json 2>/dev/null | grep -qv step-00000000/; then break; fi
-  if ! kill -0 "$pid" 2>/dev/null; then break; fi
-  sleep 0.05
-done
+wait_for_a_checkpoint "$ckpt2" "$pid"
 # The newest server of this run: ps task 1, started after ps task 0.
 pkill -KILL -n -f "[s]erver.*$ckpt2" || { cat "$dir/restart.log"; echo "FAIL: no ps task to kill"; exit 1; }
 rc=0

@@ -190,12 +190,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                                    "(LBFGS-style re-evaluation would push again)")
         self._send_changed_hyperparams()
         tag = None if self.mode == "async" else self.step_count
-        missing = {}
-        for i, (_, p) in enumerate(self._params):
-            if i in self._pending:
-                continue
-            grad = p.grad if p.grad is not None else self._zero(i, p)
-            missing[self.tensors[i]] = grad.detach().contiguous()
+        missing = self._gradients(skip=self._pending)
         futures = list(self._pending.values())
         if missing:
             futures.append(self.client.push_async(missing, step=tag))
@@ -259,9 +254,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._grad_accumulators = []
 
     # -- internals ----------------------------------------------------------
-    def _gradients(self) -> dict[tessera.Tensor, torch.Tensor]:
+    def _gradients(self, skip: Any = ()) -> dict[tessera.Tensor, torch.Tensor]:
+        """Each parameter's .grad (zeros where backward left none), but
+        those whose index is in `skip`."""
         return {t: (p.grad if p.grad is not None else self._zero(i, p)).detach().contiguous()
-                for i, (t, (_, p)) in enumerate(zip(self.tensors, self._params))}
+                for i, (t, (_, p)) in enumerate(zip(self.tensors, self._params)) if i not in skip}
 
     def _after_restart(self, error: tessera.Error, again: Any) -> None:
         """Sync mode: a call that failed because a ps task was lost

@@ -144,31 +144,32 @@ def test_second_backward_with_overlap_is_an_error(client, name):
     opt.remove_hooks()
 
 
-def test_clipping_after_backward_with_overlap_is_refused(client, name):
-    # The gradients left during backward: clip_grad_norm_ after it changes
-    # nothing the shards see, so step() says so instead of moving the
-    # weights by the unclipped gradient in silence.
-    model = make_model()
-    opt = tessera.torch.DistributedOptimizer(client, model, "sgd", prefix=name + "/", lr=0.1)
-    x, y = batches(1)[0]
-    torch.nn.functional.cross_entropy(model(x), y).backward()
+def clip_every_grad(model):
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-6)
-    with pytest.raises(tessera.Error, match=r"the .grad of '.*/0.weight' \(and 3 more\) "
-                       r"changed after backward pushed it.*overlap=False"):
-        opt.step()
-    assert not opt._pending  # every push was waited for before the error
-    opt.remove_hooks()
 
 
-def test_a_replaced_grad_with_overlap_is_refused(client, name):
-    model = make_model()
-    opt = tessera.torch.DistributedOptimizer(client, model, "sgd", prefix=name + "/", lr=0.1)
-    x, y = batches(1)[0]
-    torch.nn.functional.cross_entropy(model(x), y).backward()
+def replace_the_last_grad(model):
     last = list(model.parameters())[-1]
     last.grad = last.grad * 0.5  # a new tensor, not an in-place edit
-    with pytest.raises(tessera.Error, match=r"the .grad of '.*/2.bias' changed"):
+
+
+@pytest.mark.parametrize("edit,refusal", [
+    (clip_every_grad, r"the .grad of '.*/0.weight' \(and 3 more\) changed after backward "
+                      r"pushed it.*overlap=False"),
+    (replace_the_last_grad, r"the .grad of '.*/2.bias' changed"),
+], ids=["clipped", "replaced"])
+def test_a_grad_edited_after_an_overlapped_backward_is_refused(client, name, edit, refusal):
+    # The gradients left during backward: clipping (or any edit) after it
+    # changes nothing the shards see, so step() says so instead of moving
+    # the weights by the unedited gradient in silence.
+    model = make_model()
+    opt = tessera.torch.DistributedOptimizer(client, model, "sgd", prefix=name + "/", lr=0.1)
+    x, y = batches(1)[0]
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    edit(model)
+    with pytest.raises(tessera.Error, match=refusal):
         opt.step()
+    assert not opt._pending  # every push was waited for before the error
     opt.remove_hooks()
 
 
