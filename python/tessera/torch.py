@@ -123,6 +123,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._params: list[tuple[str, torch.nn.Parameter]] = []
         self._group_of: list[int] = []  # each parameter's group
         for g, group in enumerate(self.param_groups):
+            # A key the shards would not apply is refused now, not dropped
+            # (later keys, a scheduler's initial_lr, stay local).
+            unknown = sorted(set(group) - _TORCH_HYPER - {"params"})
+            if unknown:
+                raise tessera._invalid(f"param group {g}: {', '.join(unknown)} is not a "
+                                       f"hyper-parameter the shards apply "
+                                       f"({', '.join(sorted(_TORCH_HYPER))})")
             for p in group["params"]:
                 if p not in named:
                     raise tessera._invalid(f"param group {g} holds a tensor of shape "

@@ -65,11 +65,18 @@ def interrupt_when_waiting(client=None):
     fired = []
 
     def interrupt():
+        # Bounded: a test that failed before its marked line leaves no
+        # thread to interrupt a later test.
+        deadline = time.monotonic() + 60
         while not waiting_on_marked_line(sys._current_frames().get(main)):
+            if time.monotonic() > deadline:
+                return
             time.sleep(0.001)
         if client is not None:
             sent = client.counters().messages_sent
             while client.counters().messages_sent == sent:
+                if time.monotonic() > deadline:
+                    return
                 time.sleep(0.001)
         fired.append(time.monotonic())
         os.kill(os.getpid(), signal.SIGINT)

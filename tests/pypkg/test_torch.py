@@ -270,3 +270,8 @@ def test_a_param_group_of_another_module_is_refused(client, name):
     with pytest.raises(tessera.Error, match="param group 0 holds a tensor of shape"):
         tessera.torch.DistributedOptimizer(client, model, "sgd", prefix=name + "/",
                                            param_groups=[{"params": stranger.parameters()}])
+    # A group key the shards would not apply is refused, not dropped.
+    with pytest.raises(tessera.Error, match="param group 0: amsgrad is not a hyper-parameter"):
+        tessera.torch.DistributedOptimizer(
+            client, model, "adam", prefix=name + "/",
+            param_groups=[{"params": model.parameters(), "amsgrad": True}])
