@@ -44,6 +44,26 @@ def ps_task_pid(index):
     raise AssertionError(f"no ps task {index} among the processes tessera launch started")
 
 
+def stop_process(pid):
+    """SIGSTOP to `pid`, returning once every thread of it is stopped. kill()
+    returns before: one thread takes the stop, and only once it runs does
+    it stop the others, which on a busy host may answer a call meanwhile."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 30
+    while True:
+        states = []
+        for thread in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{thread}/stat") as f:
+                    states.append(f.read().rsplit(")", 1)[1].split()[0])
+            except OSError:
+                pass  # a thread that ended meanwhile
+        if states and all(s in "Tt" for s in states):
+            return
+        assert time.monotonic() < deadline, f"process {pid} did not stop: thread states {states}"
+        time.sleep(0.001)
+
+
 def waiting_on_marked_line(frame):
     """Whether the main thread is in the call on a line of the test marked
     '# waits here': that line itself (a call into the extension), or the
@@ -93,7 +113,7 @@ def test_ctrl_c_during_a_wait_on_a_stopped_ps_task(client, name, wait):
     out = torch.zeros(4)  # torch tensors can be watched with a weak reference
     held = weakref.ref(out)
     stopped = ps_task_pid(1)
-    os.kill(stopped, signal.SIGSTOP)
+    stop_process(stopped)
     try:
         future = client.pull_async(t, out) if wait == "future" else None
         futures = [client.pull_async(t, out)] if wait == "wait_all" else []
@@ -134,7 +154,7 @@ def test_ctrl_c_during_a_control_call_on_a_stopped_coordinator(client, name):
     client.declare(name, (4,), "f32", "add")
     client.initialize()
     stopped = ps_task_pid(0)  # the coordinator runs in ps task 0
-    os.kill(stopped, signal.SIGSTOP)
+    stop_process(stopped)
     try:
         fired = interrupt_when_waiting(client)
         with pytest.raises(KeyboardInterrupt):
