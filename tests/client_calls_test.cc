@@ -249,6 +249,51 @@ TEST_P(ClientCallsTest, ControlCallsRunInOrderAndQueuedOnesCancel) {
   EXPECT_EQ(bad.Wait().code(), StatusCode::kAlreadyExists);
 }
 
+// The coordinator's calls in their asynchronous forms (what Python's waits
+// use to answer Ctrl-C): on the control queue, in order, cancellable while
+// queued, their results written only by a call that completed OK.
+TEST_P(ClientCallsTest, CoordinatorCallsMadeAsynchronousRunInTheControlOrder) {
+  StartCluster(1, 2);
+  Client& chief = Connect(0);
+  Client& other = Connect(1);
+  Future waiting = other.WaitForInitAsync(20s);
+  uint64_t step = 99;
+  Future queued = other.GlobalStepAsync(&step);  // behind the wait
+  EXPECT_TRUE(queued.Cancel());
+  EXPECT_EQ(queued.Wait().code(), StatusCode::kCancelled);
+  EXPECT_EQ(step, 99u) << "a cancelled call wrote its result";
+
+  std::vector<Tensor> w;
+  Future declare = chief.DeclareManyAsync({F32("w", 4, UpdateRule::kSgd)}, &w);
+  Future init = chief.InitializeAsync();
+  Hyperparams hyper;
+  hyper.learning_rate = 0.25f;
+  Future set = chief.SetHyperparamsAsync(Tensor{}, hyper);  // no tensor yet: refused
+  ASSERT_TRUE(init.Wait().ok()) << init.Wait();
+  EXPECT_FALSE(set.Wait().ok());
+  ASSERT_EQ(w.size(), 1u);
+  ASSERT_TRUE(chief.SetHyperparamsAsync(w[0], hyper).Wait().ok());
+  EXPECT_EQ(chief.info(w[0])->hyper.learning_rate, 0.25f);
+  // Not the chief: refused through the future, as the blocking call is.
+  Tensor other_w;
+  ASSERT_TRUE(other.DeclareAsync(F32("w", 4, UpdateRule::kSgd), &other_w).Wait().ok());
+  EXPECT_EQ(other.SetHyperparamsAsync(other_w, hyper).Wait().code(),
+            StatusCode::kFailedPrecondition);
+
+  ASSERT_TRUE(waiting.Wait().ok());
+  ASSERT_TRUE(other.GlobalStepAsync(&step).Wait().ok());
+  EXPECT_EQ(step, *other.GlobalStep());
+  EXPECT_TRUE(other.GlobalStepAsync(nullptr).Wait().ok()) << "a null result is allowed";
+  // This cluster's coordinator has no checkpoint directory: the refusal
+  // comes through the future, and `saved` is left as it was.
+  Client::CheckpointInfo saved{7, "untouched"};
+  Status refused = chief.SaveCheckpointAsync(&saved, 10s).Wait();
+  EXPECT_EQ(refused.code(), StatusCode::kFailedPrecondition) << refused;
+  EXPECT_TRUE(Contains(refused.message(), "checkpoint directory")) << refused;
+  EXPECT_EQ(saved.global_step, 7u);
+  EXPECT_EQ(saved.path, "untouched");
+}
+
 // A data call waits to start while the progress thread is busy: cancelled
 // then, its bytes never move. The test holds the progress thread in a
 // continuation (which real code must never do) to make "not started" last.

@@ -481,6 +481,18 @@ class TESSERA_EXPORT Client {
   Result<CheckpointInfo> SaveCheckpoint(
       std::chrono::milliseconds timeout = std::chrono::milliseconds{300'000});
 
+  // SetHyperparams, GlobalStep and SaveCheckpoint without waiting, for a
+  // caller that must stay responsive while the coordinator is slow (Python's
+  // Ctrl-C): they go on the control calls' queue, after the control calls
+  // made before them, and one still queued may be cancelled. Once the Future
+  // completes OK, `step` or `saved` (may be null; they must outlive the
+  // Future) hold the result.
+  Future SetHyperparamsAsync(Tensor t, const Hyperparams& hyper);
+  Future GlobalStepAsync(uint64_t* step);
+  Future SaveCheckpointAsync(CheckpointInfo* saved,
+                             std::chrono::milliseconds timeout = std::chrono::milliseconds{
+                                 300'000});
+
   ClientCounters counters() const;
   int num_shards() const;
 

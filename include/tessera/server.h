@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -127,6 +128,10 @@ class TESSERA_EXPORT Server {
   // coordinator to stop first, so that its final checkpoint finds this task
   // serving). Returns at once, with an error, without that option.
   Status WaitUntilWorkersLeave();
+  // The same, waiting at most `limit`: the verdict, or nothing yet (for a
+  // caller that must stay responsive, such as Python's Ctrl-C, and waits in
+  // slices).
+  std::optional<Status> WaitUntilWorkersLeaveFor(std::chrono::milliseconds limit);
   // A task that does not host the coordinator, asked to stop, should let
   // the coordinator stop first: its final checkpoint needs every shard
   // serving. Waits at most `limit` for the coordinator to say it stops (or

@@ -87,6 +87,24 @@ Result<uint64_t> Client::GlobalStep() { return impl_->GlobalStep(); }
 Status Client::SetHyperparams(Tensor t, const Hyperparams& hyper) {
   return impl_->SetHyperparams(t, hyper);
 }
+Future Client::SetHyperparamsAsync(Tensor t, const Hyperparams& hyper) {
+  return impl_->control_.Submit(
+      [impl = impl_.get(), t, hyper] { return impl->SetHyperparams(t, hyper); });
+}
+Future Client::GlobalStepAsync(uint64_t* step) {
+  return impl_->control_.Submit([impl = impl_.get(), step] {
+    auto got = impl->GlobalStep();
+    if (got.ok() && step != nullptr) *step = *got;
+    return got.status();
+  });
+}
+Future Client::SaveCheckpointAsync(CheckpointInfo* saved, std::chrono::milliseconds timeout) {
+  return impl_->control_.Submit([impl = impl_.get(), saved, timeout] {
+    auto done = impl->SaveCheckpoint(timeout);
+    if (done.ok() && saved != nullptr) *saved = *done;
+    return done.status();
+  });
+}
 Status Client::WaitForInit(std::chrono::milliseconds timeout) {
   return impl_->WaitForInit(timeout);
 }

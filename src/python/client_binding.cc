@@ -22,6 +22,7 @@
 
 #include "python/buffers.h"
 #include "python/errors.h"
+#include "python/signals.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -60,11 +61,6 @@ class Orphans {
   std::vector<Orphan> calls_;
 };
 
-// How long a wait goes without the GIL before it takes it to run Python's
-// signal handlers: Ctrl-C (KeyboardInterrupt) is answered within this,
-// whatever the call waits for. Short calls complete within the first slice.
-constexpr std::chrono::milliseconds kSignalSlice{20};
-
 // Waits for `future` as Future::WaitFor(limit) does, without the GIL, in
 // slices, running Python's signal handlers between them (with the GIL):
 // a handler's exception (KeyboardInterrupt) is thrown as nb::python_error,
@@ -89,7 +85,7 @@ Status WaitAnsweringSignals(const Future& future, std::chrono::milliseconds limi
       return Status::DeadlineExceeded("operation did not complete within " +
                                       std::to_string(limit.count()) + " ms");
     }
-    if (PyErr_CheckSignals() != 0) throw nb::python_error();
+    RunSignalHandlers();
   }
 }
 
@@ -371,6 +367,30 @@ class PyClient {
   // `pause_us`: a busy pause between calls, standing in for the caller's own
   // work (the interpreter's, from Python), so that what calls spaced apart
   // cost can be told from what the binding adds (docs/PERFORMANCE.md).
+  // The coordinator's calls, through their asynchronous forms so that the
+  // wait answers Ctrl-C (WaitControl). The result lives in the call's own
+  // continuation, so that an interrupted call that goes on writes it there.
+  void SetHyperparams(const PyTensor& t, const Hyperparams& hyper) {
+    Client& c = client();
+    WaitControl(WithoutGil([&] { return c.SetHyperparamsAsync(t.tensor, hyper); }));
+  }
+  uint64_t GlobalStep() {
+    Client& c = client();
+    auto step = std::make_shared<uint64_t>(0);
+    Future f = WithoutGil([&] { return c.GlobalStepAsync(step.get()); });
+    f.Then([step](const Status&) {});
+    WaitControl(f);
+    return *step;
+  }
+  std::tuple<uint64_t, std::string> SaveCheckpoint(double timeout_s) {
+    Client& c = client();
+    auto saved = std::make_shared<Client::CheckpointInfo>();
+    Future f = WithoutGil([&] { return c.SaveCheckpointAsync(saved.get(), Millis(timeout_s)); });
+    f.Then([saved](const Status&) {});
+    WaitControl(f);
+    return {saved->global_step, saved->path};
+  }
+
   double TimeCalls(const std::string& kind, nb::handle items, uint64_t n, double pause_us) {
     const bool is_push = kind == "push";
     if (!is_push && kind != "pull") ThrowIfError(Status::InvalidArgument("kind: push or pull"));
@@ -619,25 +639,9 @@ void BindClient(nb::module_& m) {
            "stream"_a = nb::none())
       .def("push_pull", &PyClient::PushPull, "items"_a)
       .def("push_pull_async", &PyClient::PushPullAsync, "items"_a, "stream"_a = nb::none())
-      .def("set_hyperparams",
-           [](PyClient& c, const PyTensor& t, const Hyperparams& h) {
-             Client& client = c.client();
-             ThrowIfError(WithoutGil([&] { return client.SetHyperparams(t.tensor, h); }));
-           })
-      .def("global_step",
-           [](PyClient& c) {
-             Client& client = c.client();
-             return ValueOrThrow(WithoutGil([&] { return client.GlobalStep(); }));
-           })
-      .def(
-          "save_checkpoint",
-          [](PyClient& c, double timeout) {
-            Client& client = c.client();
-            auto saved =
-                ValueOrThrow(WithoutGil([&] { return client.SaveCheckpoint(Millis(timeout)); }));
-            return std::make_tuple(saved.global_step, saved.path);
-          },
-          "timeout"_a = 300.0)
+      .def("set_hyperparams", &PyClient::SetHyperparams, "tensor"_a, "hyper"_a)
+      .def("global_step", &PyClient::GlobalStep)
+      .def("save_checkpoint", &PyClient::SaveCheckpoint, "timeout"_a = 300.0)
       .def("counters", [](PyClient& c) { return c.client().counters(); })
       .def_prop_ro("worker_rank", &PyClient::worker_rank)
       .def_prop_ro("num_workers", &PyClient::num_workers)

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "python/errors.h"
+#include "python/signals.h"
 #include "tessera/server.h"
 
 namespace nb = nanobind;
@@ -43,14 +44,20 @@ class PyServer {
   }
 
   // With stop_when_workers_leave: blocks until the job's workers are done;
-  // raises naming those lost or never seen.
+  // raises naming those lost or never seen. Ctrl-C raises KeyboardInterrupt
+  // within a slice; the server goes on serving.
   void WaitUntilWorkersLeave() {
-    Status st;
-    {
-      nb::gil_scoped_release release;
-      st = server().WaitUntilWorkersLeave();
+    for (;;) {
+      // Its own reference: stop() on another thread may let go of server_.
+      std::shared_ptr<Server> s = shared_server();
+      std::optional<Status> verdict;
+      {
+        nb::gil_scoped_release release;
+        verdict = s->WaitUntilWorkersLeaveFor(kSignalSlice);
+      }
+      if (verdict) return ThrowIfError(*verdict);
+      RunSignalHandlers();
     }
-    ThrowIfError(st);
   }
 
   bool WaitForCoordinatorToStop(double seconds) {
@@ -61,7 +68,7 @@ class PyServer {
 
   // Stops serving (the coordinator with its final checkpoint); idempotent.
   void Stop() {
-    std::unique_ptr<Server> gone = std::move(server_);
+    std::shared_ptr<Server> gone = std::move(server_);
     if (!gone) return;
     nb::gil_scoped_release release;
     gone->Stop();
@@ -72,11 +79,12 @@ class PyServer {
   uint64_t checkpoints_written() { return server().stats().checkpoints_written; }
 
  private:
-  Server& server() {
+  Server& server() { return *shared_server(); }
+  std::shared_ptr<Server> shared_server() {
     if (!server_) ThrowIfError(Status::FailedPrecondition("the server was stopped"));
-    return *server_;
+    return server_;
   }
-  std::unique_ptr<Server> server_;
+  std::shared_ptr<Server> server_;
 };
 
 }  // namespace

@@ -177,7 +177,15 @@ Server::~Server() = default;
 uint16_t Server::port() const { return impl_->shard.port(); }
 ServerStats Server::stats() const { return impl_->shard.stats(); }
 void Server::Stop() { impl_->shard.Stop(); }
-Status Server::WaitUntilWorkersLeave() { return impl_->shard.WaitUntilWorkersLeave(); }
+Status Server::WaitUntilWorkersLeave() {
+  for (;;) {
+    if (auto verdict = impl_->shard.WaitUntilWorkersLeaveFor(std::chrono::hours(1)))
+      return *verdict;
+  }
+}
+std::optional<Status> Server::WaitUntilWorkersLeaveFor(std::chrono::milliseconds limit) {
+  return impl_->shard.WaitUntilWorkersLeaveFor(limit);
+}
 bool Server::WaitForCoordinatorToStop(std::chrono::milliseconds limit) {
   return impl_->shard.WaitForCoordinatorToStop(limit);
 }

@@ -44,8 +44,9 @@ class Shard {
   uint16_t port() const { return listener_ ? listener_->port() : 0; }
   ServerStats stats() const;
   bool is_coordinator_only() const { return options_.job == "coordinator"; }
-  // ServerOptions::stop_when_workers_leave (any thread): the verdict.
-  Status WaitUntilWorkersLeave();
+  // ServerOptions::stop_when_workers_leave (any thread): the verdict, if it
+  // came within `limit`.
+  std::optional<Status> WaitUntilWorkersLeaveFor(std::chrono::milliseconds limit);
   // Off the coordinator (any thread): until the coordinator said it stops,
   // or the link to it is gone, at most `limit`; whether it did.
   bool WaitForCoordinatorToStop(std::chrono::milliseconds limit);

@@ -159,13 +159,13 @@ void Shard::CheckPresence() {
   }
 }
 
-Status Shard::WaitUntilWorkersLeave() {
+std::optional<Status> Shard::WaitUntilWorkersLeaveFor(std::chrono::milliseconds limit) {
   if (!options_.stop_when_workers_leave) {
     return Status::FailedPrecondition("the server was not started to stop when workers leave");
   }
   std::unique_lock<std::mutex> lock(verdict_mu_);
-  verdict_cv_.wait(lock, [&] { return verdict_.has_value(); });
-  return *verdict_;
+  verdict_cv_.wait_for(lock, limit, [&] { return verdict_.has_value(); });
+  return verdict_;
 }
 
 void Shard::OnAccept(const EndpointPtr& ep) {
