@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # examples/torch_digits.py under `tessera launch`, 2 ps tasks x 2 workers,
-# sync Adam on the shards: it reaches >= 95 % held-out accuracy; killed
+# sync Adam on the shards: it reaches >= 95 % held-out accuracy, and the
+# same script as an evaluator beside it (a read-only client) sees the
+# chief's final accuracy from the weights it pulled; killed
 # midway (SIGKILL to the launcher, whose children die with it) and started
 # again on the same checkpoint directory, it resumes from the saved step and
 # still does. Exit 77 (skip) without the Python package or torch.
@@ -31,10 +33,36 @@ wait_for_a_checkpoint() {  # DIR PID: until DIR holds a complete checkpoint
   done
 }
 
-echo "== train"
-"$TESSERA_BIN" launch --ps 2 --workers 2 --transport tcp -- \
-  "$TESSERA_PYTHON" "$example" --steps 300 2>&1 | tee "$dir/train.log"
+echo "== train, with an evaluator"
+# The chief's command starts the evaluator too (its TF_CONFIG task made
+# "evaluator", as a TFJob's would be) and waits for it, so that the cluster
+# serves until the evaluator has the last step's weights.
+cat > "$dir/with_evaluator.sh" <<'EOF'
+set -euo pipefail
+evaluator=
+if [ "$("$TESSERA_PYTHON" -c 'import json, os
+print(json.loads(os.environ["TF_CONFIG"])["task"]["index"])')" = 0 ]; then
+  TF_CONFIG=$("$TESSERA_PYTHON" -c 'import json, os
+c = json.loads(os.environ["TF_CONFIG"]); c["task"] = {"type": "evaluator", "index": 0}
+print(json.dumps(c))') timeout 300 "$@" --eval-every-s 0.2 > "$EVALUATOR_LOG" 2>&1 &
+  evaluator=$!
+fi
+"$@"
+if [ -n "$evaluator" ]; then wait "$evaluator"; fi
+EOF
+TESSERA_PYTHON=$TESSERA_PYTHON EVALUATOR_LOG="$dir/evaluator.log" \
+  "$TESSERA_BIN" launch --ps 2 --workers 2 --transport tcp -- \
+  bash "$dir/with_evaluator.sh" "$TESSERA_PYTHON" "$example" --steps 300 2>&1 | tee "$dir/train.log"
 accuracy_ok "$dir/train.log"
+cat "$dir/evaluator.log"
+chief=$(sed -n 's/.*held-out accuracy \([0-9.]*\) after.*/\1/p' "$dir/train.log" | tail -1)
+seen=$(sed -n 's/^evaluator: held-out accuracy \([0-9.]*\) at global step 300$/\1/p' \
+  "$dir/evaluator.log")
+if [ -z "$seen" ] || [ "$seen" != "$chief" ]; then
+  echo "FAIL: the evaluator saw '${seen}' at global step 300, the chief $chief"
+  exit 1
+fi
+echo "the evaluator saw the chief's accuracy, $seen, at global step 300"
 
 echo "== killed midway"
 ckpt="$dir/ckpt"

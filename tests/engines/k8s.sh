@@ -3,7 +3,9 @@
 # ps StatefulSet and the workers' Indexed Job to exact sums; a Kubeflow
 # TFJob (chief, worker, 2 ps, an evaluator holding only the reader key) as
 # the training operator renders it; and a worker pod SIGKILLed in sync
-# training. Exit 77 (skipped) where network namespaces cannot be made.
+# training; first, that deploy/docker/Dockerfile builds the images they
+# name, with the files their commands run (images_check.py). Exit 77
+# (skipped) where network namespaces cannot be made.
 set -uo pipefail
 : "${TESSERA_BIN:?}" "${INTEGRATION_WORKER:?}"
 here=$(cd "$(dirname "$0")" && pwd)
@@ -16,6 +18,16 @@ if ! "$py" -c 'import yaml' 2> /dev/null; then
   exit 77
 fi
 rc=0
+# The images the manifests name: deploy/docker/Dockerfile, read by
+# BuildKit's parser (PyPI's dockerfile, in the project's .venv).
+venv_py="$here/../../.venv/bin/python"
+if "$venv_py" -c 'import dockerfile, yaml' 2> /dev/null; then
+  echo "== k8s: images"
+  "$venv_py" "$here/images_check.py" "$here/../.." || rc=1
+else
+  echo "== k8s: images: NOT CHECKED: no .venv with PyPI's dockerfile and PyYAML (tools/dev.sh makes it)"
+  rc=1
+fi
 for scenario in plain tfjob kill; do
   echo "== k8s: $scenario"
   timeout 400 "$py" "$here/k8s_sim.py" --scenario "$scenario" "$here/../../deploy/k8s" \
