@@ -67,10 +67,11 @@ VM_PACKAGES=(
 )
 
 # Python tooling for the interoperability tests and the Python package, in
-# the project's own venv. numpy stays 1.x: Debian's torch and scipy are
+# the project's own venv (dockerfile: BuildKit's Dockerfile parser, for the
+# check of deploy/docker). numpy stays 1.x: Debian's torch and scipy are
 # built against it.
 PY_PACKAGES=("safetensors>=0.4,<1" "numpy>=1.24,<2" "pytest>=7" "matplotlib>=3.6,<4"
-  "nanobind>=2.4,<4" "pyspark>=3.5,<5")
+  "nanobind>=2.4,<4" "pyspark>=3.5,<5" "dockerfile>=3.3,<4")
 
 install_missing() {  # install_missing PACKAGE...
   local missing=()
@@ -89,7 +90,7 @@ install_missing() {  # install_missing PACKAGE...
 # Debian's own Python (the first python3 on PATH may be another), so that
 # Debian's python3-* packages are seen.
 python_env() {
-  if ! .venv/bin/python -c "import safetensors, numpy, pytest, matplotlib, nanobind, torch, pyspark" \
+  if ! .venv/bin/python -c "import safetensors, numpy, pytest, matplotlib, nanobind, torch, pyspark, dockerfile" \
     2>/dev/null; then
     echo "== creating .venv: ${PY_PACKAGES[*]}"
     rm -rf .venv
@@ -100,15 +101,22 @@ python_env() {
 
 # `pip install .` into a fresh venv, as a user would (pyproject.toml,
 # meson-python, nanobind from PyPI), then the package's suite against that
-# installed copy instead of the build directory's.
+# installed copy instead of the build directory's, its cluster started by
+# the wheel's own `tessera` command.
+# (Each step's status is checked: a stage runs where set -e does not apply.)
 pip_package() {
-  rm -rf build-pip
-  /usr/bin/python3 -m venv --system-site-packages build-pip/venv
-  build-pip/venv/bin/pip install -q --disable-pip-version-check "pytest>=7" "numpy>=1.24,<2"
-  build-pip/venv/bin/pip install -q --disable-pip-version-check . "$@"
+  pip_install "$@" && pip_test
+}
+pip_install() {
+  rm -rf build-pip &&
+    /usr/bin/python3 -m venv --system-site-packages build-pip/venv &&
+    build-pip/venv/bin/pip install -q --disable-pip-version-check "pytest>=7" "numpy>=1.24,<2" &&
+    build-pip/venv/bin/pip install -q --disable-pip-version-check . "$@"
+}
+pip_test() {
   (cd build-pip && venv/bin/python -c \
-    "import tessera, sys; print('installed', tessera.__version__, 'at', tessera.__file__)")
-  (cd build-pip && TESSERA_BIN=$PWD/../build/tools/tessera TESSERA_PYTHON=$PWD/venv/bin/python \
+    "import tessera, sys; print('installed', tessera.__version__, 'at', tessera.__file__)") &&
+  (cd build-pip && TESSERA_BIN=$PWD/venv/bin/tessera TESSERA_PYTHON=$PWD/venv/bin/python \
     TESSERA_PYTHONPATH="" TESSERA_TRANSPORTS=tcp ../tests/pypkg/run.sh)
 }
 
@@ -138,7 +146,7 @@ build() {  # build DIR [meson options...]
   local dir=$1
   shift
   if [ ! -f "$dir/build.ninja" ]; then
-    meson setup "$dir" "$@"
+    meson setup "$dir" "$@" || return
   fi
   ninja -C "$dir" ${NINJA_TARGETS:-}
 }
@@ -172,18 +180,19 @@ asan_stage() {  # asan_stage NAME COMMAND...
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 stage "$@"
 }
 
-# The sanitizer and second-UCX builds, built in the background while the
-# earlier stages test. Tests leave cores idle (they wait on peers, on
-# timeouts), and a build at the lowest CPU priority (nice 19) takes mostly
-# that idle time. Not so beside the Soft-RoCE VM, whose emulated CPUs slow
-# down beside any neighbour: the ASan one runs after the builds (below).
+# `pip install .` and the sanitizer and second-UCX builds, built in the
+# background while the earlier stages test. Tests leave cores idle (they
+# wait on peers, on timeouts), and a build at the lowest CPU priority
+# (nice 19) takes mostly that idle time. Not so beside the Soft-RoCE VM,
+# whose emulated CPUs slow down beside any neighbour: its runs come after
+# the builds (below).
 # Each build holds a lock while it runs (taken here, before the fork, so
 # that no waiter can take it first) and writes build-logs/DIR.log and
 # DIR.status (its seconds and exit status); wait_build shows them as a stage.
 start_background_builds() {
   local dir lock
   mkdir -p build-logs
-  for dir in build-asan build-fuzz build-tsan build-ucx-cu12; do
+  for dir in build-pip build-asan build-fuzz build-tsan build-ucx-cu12; do
     rm -f "build-logs/$dir.status"
     exec {lock}>"build-logs/$dir.lock"
     flock -x "$lock"
@@ -192,30 +201,35 @@ start_background_builds() {
   local ucx
   ucx=$(ucx_cu12_prefix)
   (
-    one() {  # one DIR [meson options]: builds it, then lets its waiter in
+    renice -n 19 -p "$BASHPID" > /dev/null  # all of them, at the lowest priority
+    one() {  # one DIR COMMAND...: runs it, then lets DIR's waiter in
       local dir=$1 start=$SECONDS rc=0
       shift
-      nice -n 19 bash -c 'set -euo pipefail; build "$@"' build "$dir" "$@" "${LINE_TABLES[@]}" \
-        > "build-logs/$dir.log" 2>&1 || rc=$?
+      "$@" > "build-logs/$dir.log" 2>&1 || rc=$?
       # How much ccache served, all builds so far together.
       ccache --show-stats >> "build-logs/$dir.log" 2>&1 || true
       echo "$((SECONDS - start)) $rc" > "build-logs/$dir.status"
       eval "exec ${BUILD_LOCKS[$dir]}>&-"
     }
+    meson_build() { build "$@" "${LINE_TABLES[@]}"; }
+    # `pip install .` as a user runs it (its own meson build, release, in a
+    # temporary directory): nothing of it is in the cache.
+    CCACHE_DISABLE=1 one build-pip pip_install
     # The sanitizer builds leave the Python package out: an instrumented
     # extension cannot load into Debian's uninstrumented python3 without
     # preloading the sanitizer runtime into the interpreter.
-    one build-asan -Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debug \
+    one build-asan meson_build build-asan -Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debug \
       -Dpython=disabled -Dbenchmarks=false "${GPU_OPTIONS[@]}"
     # Only the fuzz targets and what they link.
-    CC=clang CXX=clang++ NINJA_TARGETS=fuzzers one build-fuzz -Dfuzzers=true -Dfuzz_seconds=40 \
+    CC=clang CXX=clang++ NINJA_TARGETS=fuzzers one build-fuzz meson_build build-fuzz -Dfuzzers=true \
+      -Dfuzz_seconds=40 \
       -Db_sanitize=address,undefined -Db_lundef=false -Dpython=disabled -Dcuda=disabled \
       -Dnccl=disabled -Dverbs=disabled -Dbenchmarks=false
     # The CUDA code is left out of TSan's: it cannot run here, and nvcc's
     # host code is not TSan's to check.
-    one build-tsan -Db_sanitize=thread -Db_lundef=false -Dpython=disabled -Dcuda=disabled \
+    one build-tsan meson_build build-tsan -Db_sanitize=thread -Db_lundef=false -Dpython=disabled -Dcuda=disabled \
       -Dnccl=disabled -Dbenchmarks=false
-    one build-ucx-cu12 -Ducx_prefix="$ucx" -Dpython=disabled -Dbenchmarks=false \
+    one build-ucx-cu12 meson_build build-ucx-cu12 -Ducx_prefix="$ucx" -Dpython=disabled -Dbenchmarks=false \
       "${GPU_OPTIONS[@]}"
   ) &
   BACKGROUND_BUILDS=$!
@@ -285,13 +299,14 @@ case "${1:-}" in
       -Dpython_installation="$PWD/.venv/bin/python" "${LINE_TABLES[@]}"
     # The later stages' builds go on behind the tests from here (above).
     declare -A BUILD_LOCKS
-    export -f build
     start_background_builds
     # The Soft-RoCE VM runs at the end, alone (below).
     stage "tests" run_suite build --no-suite rdma-vm
     stage "tests beside a CPU hog" under_load build
-    # pip install . into a fresh venv, and the package's suite against it.
-    stage "python package: pip install ." pip_package
+    # pip install . into a fresh venv (built behind the tests, above), and
+    # the package's suite against it.
+    stage "build: python package (pip install .)" wait_build build-pip
+    stage "python package: its tests" pip_test
     stage "build: ASan/UBSan" wait_build build-asan
     # The Soft-RoCE VM's ASan run waits for the end (below).
     asan_stage "tests: ASan/UBSan" run_suite build-asan --no-suite rdma-vm --no-rebuild
