@@ -191,19 +191,7 @@ def test_ctrl_c_while_a_server_waits_for_its_workers():
     server = tessera._tessera.Server(json.dumps(cluster), "ps", 0, "a secret of 16+ bytes", "tcp", "",
                                      True, "127.0.0.1", 0.0)
     try:
-        main = threading.main_thread().ident
-        fired = []
-
-        def interrupt():
-            deadline = time.monotonic() + 60
-            while not waiting_on_marked_line(sys._current_frames().get(main)):
-                if time.monotonic() > deadline:
-                    return
-                time.sleep(0.001)
-            fired.append(time.monotonic())
-            os.kill(os.getpid(), signal.SIGINT)
-
-        threading.Thread(target=interrupt, daemon=True).start()
+        fired = interrupt_when_waiting()
         with pytest.raises(KeyboardInterrupt):
             server.wait_until_workers_leave()  # waits here
         took = time.monotonic() - fired[0]
