@@ -26,7 +26,11 @@ Input modes, as TensorFlowOnSpark's:
   record (feed.batch_results(results)).
 
 A task that fails fails the stage with its error, which shutdown() (or
-train and inference) raises, with Spark's own reason.
+train and inference) raises, with Spark's own reason. A driver that dies
+takes the cluster with it: each task holds a connection to the driver for
+as long as it runs, and ends when that connection does (the driver's
+process ended, or TCP keepalive found its host gone), so that nothing is
+left serving or holding a port.
 
 Task slots: the barrier stage holds num_ps + num_workers slots for the whole
 run, so InputMode.SPARK, whose feeding tasks need slots of their own, needs
@@ -45,6 +49,7 @@ import queue
 import socket
 import tempfile
 import re
+import sys
 import threading
 import time
 import traceback
@@ -88,6 +93,7 @@ class DataFeed:
 
     def __init__(self, key: bytes, host: str, qsize: int = 1024,
                  feed_timeout: float | None = None):
+        self._input_tensors = None  # get_data_feed(input_mapping=...)
         # Bounded: a feeder waits while the worker is behind (back pressure).
         self._records: queue.Queue = queue.Queue(maxsize=qsize)
         # How long a feeder may wait for this worker to take a record.
@@ -153,7 +159,19 @@ class DataFeed:
         except (EOFError, OSError):
             return
 
-    def next_batch(self, n: int) -> list:
+    def next_batch(self, n: int) -> list | dict:
+        """Up to n records; with get_data_feed(input_mapping=...), a dict of
+        each mapped name's column instead, as TensorFlowOnSpark's."""
+        batch = self._next_records(n)
+        if self._input_tensors is None:
+            return batch
+        columns = {name: [] for name in self._input_tensors}
+        for record in batch:
+            for i, name in enumerate(self._input_tensors):
+                columns[name].append(record[i])
+        return columns
+
+    def _next_records(self, n: int) -> list:
         batch = []
         while len(batch) < n and not (self._stopped.is_set() and self._records.empty()):
             cid, r = self._records.get()
@@ -195,31 +213,125 @@ class DataFeed:
         return self._stopped.is_set() and self._records.empty()
 
 
+class _DriverLiveness:
+    """The driver's end of the tasks' liveness connections: a listener each
+    task connects to and holds while it runs. When the driver's process
+    dies the kernel closes them, which every task sees (_watch_driver);
+    when the stage ends while tasks still run (a task failed), close() tells
+    them so first."""
+
+    def __init__(self, host: str, key: bytes):
+        self._listener = Listener((host, 0), authkey=key)
+        self.address = self._listener.address
+        self._held: list = []
+        self._closed = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while not self._closed.is_set():
+            try:
+                conn = self._listener.accept()
+            except Exception:  # a peer without the key, one gone meanwhile, or closed
+                continue
+            self._held.append(conn)
+
+    def close(self):
+        self._closed.set()
+        self._listener.close()
+        for conn in self._held:
+            try:
+                conn.send("the cluster's stage ended (a task failed, or it was cancelled)")
+            except OSError:
+                pass  # that task is gone already
+            conn.close()
+
+
+def _watch_driver(address, key: bytes, on_gone: Callable[[str], None]) -> Callable[[], None]:
+    """A task's end of its liveness connection to the driver: on_gone(why)
+    runs (on a thread of its own) once the driver is gone or ended the
+    stage. Returns what ends the watch, for when the task itself is done."""
+    conn = _Connect(tuple(address), authkey=key)
+    # A driver host that dies without closing the connection: keepalive
+    # probes find it within about 25 s.
+    with socket.socket(fileno=os.dup(conn.fileno())) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, 10)
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 5)
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 3)
+    done = threading.Event()
+
+    def watch():
+        try:
+            why = str(conn.recv())  # the driver writes only when the stage ended
+        except (EOFError, OSError):
+            why = "the driver is gone (its connection closed)"
+        if not done.is_set():
+            on_gone(why)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+    def stop():
+        done.set()
+        # Wakes the watch's recv (a close alone would not), then lets go.
+        with socket.socket(fileno=os.dup(conn.fileno())) as s:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        conn.close()
+
+    return stop
+
+
+def _driver_gone(job: str, index: int, why: str) -> None:
+    """A task whose driver died, or whose stage ended without it, ends at
+    once, and with it its server or main_fn: nobody is left to collect it,
+    and its ports must come free."""
+    print(f"tessera.spark: /job:{job}/task:{index}: {why}; this task ends", file=sys.stderr,
+          flush=True)
+    os._exit(1)
+
+
 class TaskContext:
     """What main_fn gets: its task in the cluster and, in InputMode.SPARK,
     its data feed."""
 
-    def __init__(self, job_name, task_index, cluster_spec, feed):
+    def __init__(self, job_name, task_index, cluster_spec, feed, worker_num):
         self.job_name = job_name
         self.task_index = task_index
         self.cluster_spec = cluster_spec
         self.num_workers = len(cluster_spec["worker"])
+        # TensorFlowOnSpark's numbering of the cluster's tasks, ps tasks
+        # first: this task's place in the barrier stage.
+        self.worker_num = worker_num
+        self.executor_id = worker_num
         self._feed = feed
 
-    def get_data_feed(self) -> DataFeed:
+    def get_data_feed(self, train_mode: bool = True, qname_in: str = "input",
+                      qname_out: str = "output", input_mapping: dict | None = None) -> DataFeed:
+        """This worker's data feed (InputMode.SPARK), as TensorFlowOnSpark's
+        get_data_feed. input_mapping ({column: name}) makes next_batch return
+        {name: [values]}, a record's columns taken in the order of the
+        sorted column names. train_mode needs no setting: each partition
+        says whether it is training's or inference's. There is one feed per
+        worker, so the queue names can only be TensorFlowOnSpark's defaults."""
         if self._feed is None:
             raise RuntimeError("this cluster runs with InputMode.TENSORFLOW: no data feed")
+        if (qname_in, qname_out) != ("input", "output"):
+            raise ValueError(f"get_data_feed: qname_in={qname_in!r}, qname_out={qname_out!r}: "
+                             "tessera.spark has one feed per worker, named 'input' and 'output'")
+        del train_mode  # each partition says which it is
+        if input_mapping is not None:
+            self._feed._input_tensors = [name for _, name in sorted(input_mapping.items())]
         return self._feed
 
 
-def _barrier_task(num_ps, main_fn, args, input_mode, registry, transport, checkpoint_dir,
-                  secret_name, feed_timeout):
+def _barrier_task(num_ps, main_fn, args, input_mode, registry, liveness, transport,
+                  checkpoint_dir, secret_name, feed_timeout):
     """One task of the barrier stage (on an executor)."""
 
     def run_task(_):
         from pyspark import BarrierTaskContext, SparkFiles
-
-        from . import _tessera
 
         ctx = BarrierTaskContext.get()
         me = ctx.partitionId()
@@ -234,6 +346,16 @@ def _barrier_task(num_ps, main_fn, args, input_mode, registry, transport, checkp
         with open(secret_file) as f:
             secret = f.read().strip()
         job, index = ("ps", me) if me < num_ps else ("worker", me - num_ps)
+        stop_watching = _watch_driver(liveness, _feed_key(secret),
+                                      lambda why: _driver_gone(job, index, why))
+        try:
+            yield from serve(job, index, me, host, cluster, secret, secret_file, held)
+        finally:
+            stop_watching()
+
+    def serve(job, index, worker_num, host, cluster, secret, secret_file, held):
+        from . import _tessera
+
         os.environ["TF_CONFIG"] = json.dumps({"cluster": cluster,
                                               "task": {"type": job, "index": index}})
         os.environ["TESSERA_SECRET_FILE"] = secret_file
@@ -256,7 +378,7 @@ def _barrier_task(num_ps, main_fn, args, input_mode, registry, transport, checkp
             feed = DataFeed(_feed_key(secret), host, feed_timeout=feed_timeout)
             with _Connect(registry, authkey=_feed_key(secret)) as c:
                 c.send(("worker", index, feed.address))
-        result = main_fn(args, TaskContext(job, index, cluster, feed))
+        result = main_fn(args, TaskContext(job, index, cluster, feed, worker_num))
         yield ("worker", index, result)
 
     return run_task
@@ -402,9 +524,10 @@ def run(sc, main_fn: Callable[[Any, TaskContext], Any], args: Any, num_ps: int,
         driver = sc.getConf().get("spark.driver.host", socket.gethostname())
         registry = Listener((driver, 0), authkey=key)
     n = num_ps + num_workers
+    liveness = _DriverLiveness(sc.getConf().get("spark.driver.host", socket.gethostname()), key)
     task = _barrier_task(num_ps, main_fn, args, input_mode,
-                         registry.address if registry else None, transport, checkpoint_dir,
-                         secret_name, feed_timeout)
+                         registry.address if registry else None, liveness.address, transport,
+                         checkpoint_dir, secret_name, feed_timeout)
 
     def stage():
         try:
@@ -412,6 +535,7 @@ def run(sc, main_fn: Callable[[Any, TaskContext], Any], args: Any, num_ps: int,
         except Exception as e:  # the failed task's error, as Spark reports it
             cluster._error = _task_error(e)
         finally:
+            liveness.close()
             if registry is not None:
                 registry.close()
 

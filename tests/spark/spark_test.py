@@ -2,8 +2,9 @@
 mode: the PyTorch digits example (examples/torch_digits.py) trained by 2
 ps tasks and 2 workers as one barrier stage, to the accuracy it reaches
 under tessera launch; the same data fed by Spark (InputMode.SPARK) through
-cluster.train and answered by cluster.inference; and a failing task,
-whose error fails the stage and reaches the driver. Run by run.sh."""
+cluster.train and answered by cluster.inference; a failing task, whose
+error fails the stage and reaches the driver; and a killed driver, whose
+tasks must end with it. Run by run.sh."""
 
 import os
 import time
@@ -60,7 +61,9 @@ def test_digits_example_through_spark(sc, tmp_path):
 
 def fed_main(args, ctx):
     """Each worker: an MLP trained on what Spark feeds it, async Adam on the
-    shards; then it answers inference records with its predictions."""
+    shards; then it answers inference records with its predictions. Its
+    feed is asked for as TensorFlowOnSpark's (get_data_feed's arguments),
+    its batches come as columns (input_mapping)."""
     import torch
 
     import tessera.torch
@@ -70,26 +73,32 @@ def fed_main(args, ctx):
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
     opt = tessera.torch.DistributedOptimizer(client, model, "adam", mode="async", lr=0.01,
                                              prefix="fed/")
-    feed = ctx.get_data_feed()
+    try:
+        ctx.get_data_feed(qname_in="images")
+        refused = None
+    except ValueError as e:
+        refused = str(e)
+    # A record is (pixels, label): its columns in the order of their names.
+    feed = ctx.get_data_feed(train_mode=True, input_mapping={"1_label": "y", "0_pixels": "x"})
     loss_fn = torch.nn.CrossEntropyLoss()
     trained = 0
     while not feed.should_stop():
         batch = feed.next_batch(32)
-        if not batch:
+        if not batch["x"]:
             continue
-        if batch[0][1] < 0:  # inference records carry no label
+        x = torch.tensor(np.array(batch["x"]), dtype=torch.float32)
+        if batch["y"][0] < 0:  # inference records carry no label
             with torch.no_grad():
-                x = torch.tensor(np.array([r[0] for r in batch]), dtype=torch.float32)
                 feed.batch_results(model(x).argmax(1).tolist())
             continue
-        x = torch.tensor(np.array([r[0] for r in batch]), dtype=torch.float32)
-        y = torch.tensor([r[1] for r in batch], dtype=torch.int64)
+        y = torch.tensor(batch["y"], dtype=torch.int64)
         opt.zero_grad()
         loss_fn(model(x), y).backward()
         opt.step()
-        trained += len(batch)
+        trained += len(batch["y"])
     client.close()
-    return trained
+    return {"trained": trained, "worker_num": ctx.worker_num, "executor_id": ctx.executor_id,
+            "refused": refused}
 
 
 def test_spark_feeds_training_and_inference(sc):
@@ -104,8 +113,11 @@ def test_spark_feeds_training_and_inference(sc):
     cluster.train(train, num_epochs=8)
     test = sc.parallelize([(x.tolist(), -1) for x in x_test], 4)
     predictions = cluster.inference(test).collect()
-    trained = cluster.shutdown(timeout=300)
-    assert sum(trained) == 8 * len(x_train), trained
+    results = cluster.shutdown(timeout=300)
+    assert sum(r["trained"] for r in results) == 8 * len(x_train), results
+    # TensorFlowOnSpark's numbering: the ps task is 0, the workers 1 and 2.
+    assert [(r["worker_num"], r["executor_id"]) for r in results] == [(1, 1), (2, 2)]
+    assert "qname_in='images'" in results[0]["refused"], results[0]["refused"]
     accuracy = float(np.mean(np.array(predictions) == y_test))
     print(f"inference accuracy {accuracy:.4f} over {len(predictions)} Spark records")
     assert len(predictions) == len(y_test)
@@ -230,3 +242,78 @@ def test_sparks_own_reason_stays_in_the_error():
     said = tessera.spark._task_error(Exception(text))
     assert said.startswith("org.apache.spark.scheduler.BarrierJobSlotsNumberCheckFailed: "
                            "[SPARK-24819]: Barrier execution mode does not allow"), said
+
+
+def test_a_killed_driver_leaves_no_task_serving(tmp_path):
+    # The driver (its own process, started here) is SIGKILLed mid-training:
+    # every task must end and free its port, instead of training on, or
+    # serving, for nobody.
+    import json
+    import signal
+    import socket
+    import subprocess
+    import time
+    here = os.path.dirname(os.path.abspath(__file__))
+    # A mark in its environment, which its JVM and Python workers inherit:
+    # what is left of them is found by it, and killed, at the end.
+    mark = f"TESSERA_KILLED_DRIVER_TEST={os.getpid()}-{time.monotonic_ns()}"
+    # Its executors' Python workers: this interpreter, and this file's
+    # module (killed_main) on their path.
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYTHONPATH=os.pathsep.join(
+        [here] + os.environ.get("PYTHONPATH", "").split(os.pathsep)))
+    env[mark.split("=")[0]] = mark.split("=")[1]
+    driver = subprocess.Popen([sys.executable, os.path.join(here, "killed_driver.py"),
+                               str(tmp_path)], env=env, start_new_session=True)
+    try:
+        reports = [tmp_path / f"worker{i}.json" for i in (0, 1)]
+        deadline = time.monotonic() + 180
+        while not all(r.exists() for r in reports) and time.monotonic() < deadline:
+            assert driver.poll() is None, f"the driver ended first (exit {driver.returncode})"
+            time.sleep(0.05)  # the next look: training is under way once both are there
+        assert all(r.exists() for r in reports), "the workers never reached step 20"
+
+        def report(path):  # once written whole
+            while True:
+                try:
+                    return json.loads(path.read_text())
+                except ValueError:
+                    assert time.monotonic() < deadline, f"{path} never became whole"
+        info = [report(r) for r in reports]
+        addresses = info[0]["cluster"]["ps"] + info[0]["cluster"]["worker"]
+        killed = time.monotonic()
+        os.kill(driver.pid, signal.SIGKILL)
+        driver.wait()
+
+        def serving():
+            left = []
+            for address in addresses:
+                host, port = address.rsplit(":", 1)
+                with socket.socket() as s:
+                    s.settimeout(5)
+                    if s.connect_ex((host, int(port))) == 0:
+                        left.append(address)
+            return left + [f"worker pid {w['pid']}" for w in info if alive(w["pid"])]
+
+        def alive(pid):  # a zombie has ended
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+            except OSError:
+                return False
+        left = serving()
+        while left and time.monotonic() < killed + 60:
+            time.sleep(0.1)  # the next look
+            left = serving()
+        print(f"{time.monotonic() - killed:.1f} s after the driver's SIGKILL, left: {left}")
+        assert not left, f"still there 60 s after the driver died: {left}"
+    finally:
+        # Whatever remains of it (its JVM, pyspark's daemon and workers,
+        # which leave the driver's process group), found by the mark.
+        driver.kill()
+        for entry in os.listdir("/proc"):
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    if mark.encode() + b"\0" in f.read():
+                        os.kill(int(entry), signal.SIGKILL)
+            except (OSError, ValueError):
+                pass  # not a process, gone, or not ours to read
