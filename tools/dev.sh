@@ -8,14 +8,14 @@
 #                       optimised build with the Python package; its launch,
 #                       cluster, checkpoint and PyTorch-example tests and the
 #                       VM's cluster runs again beside stress-ng on every
-#                       core; `pip install .` into a fresh venv and the
-#                       package's tests against it; everything
-#                       again under ASan/UBSan; the fuzz targets (libFuzzer,
-#                       clang, ASan/UBSan) for a bounded time each; the unit
-#                       and integration suites under ThreadSanitizer; then
-#                       those suites' UCX cases built against PyPI's
-#                       CUDA-capable UCX (libucx-cu12), the UCX a GPU
-#                       deployment would use; last, the Soft-RoCE VM's
+#                       core; everything again under ASan/UBSan; the fuzz
+#                       targets (libFuzzer, clang, ASan/UBSan) for a bounded
+#                       time each; the unit and integration suites under
+#                       ThreadSanitizer; then those suites' UCX cases built
+#                       against PyPI's CUDA-capable UCX (libucx-cu12), the
+#                       UCX a GPU deployment would use; `pip install .` into
+#                       a fresh venv and the package's tests against it
+#                       (its command starting their cluster); last, the Soft-RoCE VM's
 #                       runs of the optimised and ASan/UBSan builds.
 #                       Each stage prints how long it took. The builds of
 #                       the later stages run behind the earlier stages'
@@ -212,9 +212,7 @@ start_background_builds() {
       eval "exec ${BUILD_LOCKS[$dir]}>&-"
     }
     meson_build() { build "$@" "${LINE_TABLES[@]}"; }
-    # `pip install .` as a user runs it (its own meson build, release, in a
-    # temporary directory): nothing of it is in the cache.
-    CCACHE_DISABLE=1 one build-pip pip_install
+    # In the order the stages need them. (The hog's stage starves them all.)
     # The sanitizer builds leave the Python package out: an instrumented
     # extension cannot load into Debian's uninstrumented python3 without
     # preloading the sanitizer runtime into the interpreter.
@@ -231,6 +229,9 @@ start_background_builds() {
       -Dnccl=disabled -Dbenchmarks=false
     one build-ucx-cu12 meson_build build-ucx-cu12 -Ducx_prefix="$ucx" -Dpython=disabled -Dbenchmarks=false \
       "${GPU_OPTIONS[@]}"
+    # `pip install .` as a user runs it (its own meson build, release, in a
+    # temporary directory): nothing of it is in the cache.
+    CCACHE_DISABLE=1 one build-pip pip_install
   ) &
   BACKGROUND_BUILDS=$!
   # A stage that fails ends the run: the builds behind it end with it.
@@ -303,10 +304,6 @@ case "${1:-}" in
     # The Soft-RoCE VM runs at the end, alone (below).
     stage "tests" run_suite build --no-suite rdma-vm
     stage "tests beside a CPU hog" under_load build
-    # pip install . into a fresh venv (built behind the tests, above), and
-    # the package's suite against it.
-    stage "build: python package (pip install .)" wait_build build-pip
-    stage "python package: its tests" pip_test
     stage "build: ASan/UBSan" wait_build build-asan
     # The Soft-RoCE VM's ASan run waits for the end (below).
     asan_stage "tests: ASan/UBSan" run_suite build-asan --no-suite rdma-vm --no-rebuild
@@ -328,6 +325,10 @@ case "${1:-}" in
     stage "build: UCX 1.22" wait_build build-ucx-cu12
     GTEST_FILTER='-*/native_tcp' stage "tests: UCX 1.22" run_suite build-ucx-cu12 \
       --suite unit --suite integration --no-suite engines --no-rebuild
+    # pip install . into a fresh venv (built behind the tests, above), and
+    # the package's suite against it.
+    stage "build: python package (pip install .)" wait_build build-pip
+    stage "python package: its tests" pip_test
     # The Soft-RoCE VM last, the optimised build and then the ASan/UBSan one:
     # the background builds are done by now. Beside one, even at nice 19,
     # the optimised run took 474 s instead of about 200 s on 2 cores, and
