@@ -240,7 +240,7 @@ class _DriverLiveness:
         self._listener.close()
         for conn in self._held:
             try:
-                conn.send("the cluster's stage ended (a task failed, or it was cancelled)")
+                conn.send_bytes(b"the cluster's stage ended (a task failed, or it was cancelled)")
             except OSError:
                 pass  # that task is gone already
             conn.close()
@@ -262,7 +262,9 @@ def _watch_driver(address, key: bytes, on_gone: Callable[[str], None]) -> Callab
 
     def watch():
         try:
-            why = str(conn.recv())  # the driver writes only when the stage ended
+            # The driver writes only when the stage ended: a short line, read
+            # as bytes (nothing unpickled) and bounded.
+            why = conn.recv_bytes(maxlength=256).decode(errors="replace")
         except (EOFError, OSError):
             why = "the driver is gone (its connection closed)"
         if not done.is_set():
