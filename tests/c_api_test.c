@@ -196,6 +196,12 @@ static void test_options_errors(void) {
   tessera_options_set_transport(o, "carrier-pigeon");
   tessera_options_set_secret(o, "0123456789abcdef0123456789abcdef", 32);
   FAILS("carrier-pigeon", CHECK(tessera_client_connect(o, &err) == NULL));
+  /* A retry bound past the operation timeout is refused, naming both. */
+  tessera_options_set_transport(o, "tcp");
+  tessera_options_set_op_timeout_ms(o, 1000);
+  tessera_options_set_retry_lost_shard_ms(o, 5000);
+  FAILS("retry_lost_shard_within (5000 ms) exceeds op_timeout (1000 ms)",
+        CHECK(tessera_client_connect(o, &err) == NULL));
   tessera_options_destroy(o);
 
   /* FromEnv names the variable or flag that is wrong. */
@@ -334,6 +340,7 @@ int main(int argc, char** argv) {
   tessera_options_set_op_timeout_ms(o, 120000);
   tessera_options_set_startup_timeout_ms(o, 120000);
   tessera_options_set_heartbeat_ms(o, 1000, 30000);
+  tessera_options_set_retry_lost_shard_ms(o, 60000);
   tessera_client_t* c;
   OK(c = tessera_client_connect(o, &err));
   CHECK(tessera_client_is_chief(c) == (g_rank == 0));

@@ -768,6 +768,130 @@ TEST_F(CheckpointTest, KilledCoordinatorShardRestartsWithANewCoordinator) {
   KilledShardRestartsAndTrainingContinues(spec_, secret_, dir_.string(), 0);
 }
 
+// ClientOptions::retry_lost_shard_within: two workers train in sync while
+// ps task 1 is SIGKILLed and restarted in place, and neither sees an error.
+// The kill comes at the worst moment: worker 0's push of step 10 was taken
+// (and is lost with the task), worker 1's was not yet sent. Worker 0 then
+// only pulls step 11 again and worker 1 only pushes step 10 again (each
+// retries what failed): the restored shard moves on to step 11 for worker
+// 0's pull instead of waiting for a push that will not come. What is lost
+// is what docs/training.md says: ps task 1's tensor goes back to the
+// checkpoint (step 5) and misses step 10; ps task 0's keeps every step.
+TEST_F(CheckpointTest, RetriedCallsRideOutAShardRestartedInPlace) {
+  if (std::getenv("TESSERA_BIN") == nullptr) GTEST_SKIP() << "TESSERA_BIN is not set";
+  NewSpec(2, 2);
+  testing::ShardProcesses shards(spec_, secret_, 2, {"--checkpoint-dir", dir_.string()});
+  constexpr uint64_t kSteps = 20, kKillAt = 10;
+  auto connect = [&](int w) {
+    ClientOptions o;
+    o.cluster = spec_;
+    o.task = {"worker", w};
+    o.secret = secret_;
+    o.startup_timeout = 15s;
+    o.op_timeout = 30s;
+    o.retry_lost_shard_within = 25s;
+    o.heartbeat_interval = 200ms;
+    o.heartbeat_timeout = 1s;
+    return testing::ValueOrThrow(Client::Connect(o), "worker " + std::to_string(w));
+  };
+  std::vector<std::unique_ptr<Client>> workers;
+  workers.push_back(connect(0));
+  workers.push_back(connect(1));
+  TensorSpec a{"a", DType::kF64, {4}, UpdateRule::kAdd, {}, /*pinned_shard=*/0};
+  TensorSpec b{"b", DType::kF64, {4}, UpdateRule::kAdd, {}, /*pinned_shard=*/1};
+  a.mode = b.mode = ConsistencyMode::Sync(2, 2, false);
+  std::vector<std::vector<Tensor>> ts(2);
+  ts[0] = workers[0]->DeclareMany({a, b}).value();
+  ASSERT_TRUE(workers[0]->Initialize().ok());
+  ts[1] = workers[1]->DeclareMany({a, b}).value();
+  ASSERT_TRUE(workers[1]->WaitForInit(10s).ok());
+
+  // Worker r adds (r + 1) / 4 at every step: 0.75 a step, exact in f64.
+  std::atomic<bool> pushed_at_kill{false}, released{false}, checkpointed{false};
+  std::vector<Status> failures(2);
+  auto train = [&](int r) {
+    Client& c = *workers[r];
+    const std::vector<double> grad(4, (r + 1) * 0.25);
+    std::vector<double> va(4), vb(4);
+    for (uint64_t s = 0; s < kSteps; ++s) {
+      if (s == 6) testing::WaitUntil([&] { return checkpointed.load(); }, 30s);
+      if (s == kKillAt && r == 1) testing::WaitUntil([&] { return released.load(); }, 30s);
+      Status st =
+          c.Push({PushItem::Of<double>(ts[r][0], grad), PushItem::Of<double>(ts[r][1], grad)}, s);
+      if (st.ok() && s == kKillAt && r == 0) {
+        pushed_at_kill = true;
+        testing::WaitUntil([&] { return released.load(); }, 30s);
+      }
+      if (st.ok()) {
+        st = c.Pull({PullItem::AfterStep<double>(ts[r][0], va, s + 1),
+                     PullItem::AfterStep<double>(ts[r][1], vb, s + 1)});
+      }
+      if (!st.ok()) {
+        failures[r] = st.WithContext("step " + std::to_string(s));
+        return;
+      }
+    }
+  };
+  std::thread t0(train, 0), t1(train, 1);
+  ASSERT_EQ(EventualGlobalStep(*workers[0], 6), 6u);  // both wait at step 6
+  ASSERT_TRUE(workers[0]->SaveCheckpoint().ok());
+  checkpointed = true;
+  EXPECT_TRUE(testing::WaitUntil([&] { return pushed_at_kill.load(); }, 30s));
+  kill(shards.pid(1), SIGKILL);
+  ASSERT_TRUE(shards.WaitExit(1, 10s).has_value());
+  released = true;  // each worker's next call fails on the lost task and waits
+  shards.Restart(1);
+  t0.join();
+  t1.join();
+  ASSERT_TRUE(failures[0].ok()) << failures[0].ToString();
+  ASSERT_TRUE(failures[1].ok()) << failures[1].ToString();
+  std::vector<double> va(4), vb(4);
+  ASSERT_TRUE(workers[1]
+                  ->Pull({PullItem::AfterStep<double>(ts[1][0], va, kSteps),
+                          PullItem::AfterStep<double>(ts[1][1], vb, kSteps)})
+                  .ok());
+  EXPECT_EQ(va, std::vector<double>(4, kSteps * 0.75));
+  // The checkpoint's 6 steps, then steps 11 to 19.
+  EXPECT_EQ(vb, std::vector<double>(4, (6 + kSteps - kKillAt - 1) * 0.75));
+  workers.clear();
+  shards.StopAll();
+}
+
+// A lost ps task that does not come back: the retried call fails once its
+// bound has passed, naming the task and the bound.
+TEST_F(CheckpointTest, ARetriedCallFailsWhenTheShardIsNotBackInTime) {
+  if (std::getenv("TESSERA_BIN") == nullptr) GTEST_SKIP() << "TESSERA_BIN is not set";
+  NewSpec(2, 1);
+  testing::ShardProcesses shards(spec_, secret_, 2);
+  ClientOptions o;
+  o.cluster = spec_;
+  o.secret = secret_;
+  o.startup_timeout = 15s;
+  o.op_timeout = 20s;
+  o.retry_lost_shard_within = 1500ms;
+  o.heartbeat_interval = 200ms;
+  o.heartbeat_timeout = 1s;
+  auto client = testing::ValueOrThrow(Client::Connect(o), "worker 0");
+  TensorSpec b{"b", DType::kF32, {4}, UpdateRule::kAdd, {}, /*pinned_shard=*/1};
+  auto t = client->Declare(b).value();
+  ASSERT_TRUE(client->Initialize().ok());
+  std::vector<float> v(4);
+  ASSERT_TRUE(client->Pull({PullItem::Of<float>(t, v)}).ok());
+  kill(shards.pid(1), SIGKILL);
+  ASSERT_TRUE(shards.WaitExit(1, 10s).has_value());
+  const auto start = std::chrono::steady_clock::now();
+  Status st = client->Pull({PullItem::Of<float>(t, v)});
+  const auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.ToString();
+  EXPECT_NE(st.message().find("/job:ps/task:1"), std::string::npos) << st.ToString();
+  EXPECT_NE(st.message().find("retry_lost_shard_within (1500 ms"), std::string::npos)
+      << st.ToString();
+  EXPECT_GE(took, 1500ms);
+  EXPECT_LT(took, 15s);
+  client.reset();
+  shards.StopAll();
+}
+
 // A standalone coordinator SIGKILLed mid-training and started again: the
 // workers and shards carry on (push and pull never need it), the workers'
 // calls to it wait until they reach it again, and the new process rebuilds

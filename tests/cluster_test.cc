@@ -176,6 +176,31 @@ TEST_P(ClusterTest, BadPushesAreRefusedAndNothingElseBreaks) {
   EXPECT_EQ(got, ones);
 }
 
+// retry_lost_shard_within is checked before anything connects: a bound
+// past op_timeout (every wait would end first), a negative one, and a bad
+// TESSERA_RETRY_LOST_SHARD_MS are refused, naming them.
+TEST_P(ClusterTest, ARetryBoundThatCannotWorkIsRefused) {
+  NewSpec(1, 1);
+  ClientOptions o = Options(0);
+  o.op_timeout = 2s;
+  o.retry_lost_shard_within = 3s;
+  auto bad = Client::Connect(o);
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("retry_lost_shard_within (3000 ms) exceeds op_timeout"),
+            std::string::npos)
+      << bad.status();
+  o.retry_lost_shard_within = -1ms;
+  bad = Client::Connect(o);
+  EXPECT_NE(bad.status().message().find("retry_lost_shard_within is -1 ms"), std::string::npos)
+      << bad.status();
+  o.retry_lost_shard_within = 0ms;
+  setenv("TESSERA_RETRY_LOST_SHARD_MS", "ten", 1);
+  bad = Client::Connect(o);
+  unsetenv("TESSERA_RETRY_LOST_SHARD_MS");
+  EXPECT_NE(bad.status().message().find("TESSERA_RETRY_LOST_SHARD_MS='ten'"), std::string::npos)
+      << bad.status();
+}
+
 // A Tensor kept from a closed client names no tensor of the next client,
 // which holds another tensor at the same index: refused, not pulled.
 TEST_P(ClusterTest, AClosedClientsHandleIsRefusedByTheNextClient) {

@@ -135,6 +135,10 @@ TESSERA_EXPORT void tessera_options_set_transport(tessera_options_t* options,
                                                   const char* transport);
 TESSERA_EXPORT void tessera_options_set_op_timeout_ms(tessera_options_t* options, int64_t ms);
 TESSERA_EXPORT void tessera_options_set_startup_timeout_ms(tessera_options_t* options, int64_t ms);
+/* ClientOptions::retry_lost_shard_within: pulls and sync pushes whose ps task
+ * was lost are issued again once it is back (restarted in place), for up to
+ * `ms` after they failed; 0 (the default) retries nothing. */
+TESSERA_EXPORT void tessera_options_set_retry_lost_shard_ms(tessera_options_t* options, int64_t ms);
 TESSERA_EXPORT void tessera_options_set_heartbeat_ms(tessera_options_t* options,
                                                      int64_t interval_ms, int64_t timeout_ms);
 TESSERA_EXPORT void tessera_options_set_chunk_bytes(tessera_options_t* options, size_t bytes);

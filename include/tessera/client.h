@@ -325,6 +325,17 @@ struct TESSERA_EXPORT ClientOptions {
   std::function<bool()> interrupted;
   // Bound on every blocking call and Future::Wait().
   std::chrono::milliseconds op_timeout{60'000};
+  // A ps task lost and restarted in place (docs/training.md): a call's part
+  // that failed because that task was lost is held and issued again once
+  // the task is back and this worker's tensors are created on it again,
+  // for at most this long after it failed (then the call fails with the
+  // loss). What is retried: pulls, and pushes of sync tensors with a step
+  // (the shard drops a step's second push as a duplicate). An async or
+  // bounded push, a push_pull and the chief's initialisation fail as
+  // without it: the shard may have applied them before it was lost. 0 (the
+  // default) retries nothing; TESSERA_RETRY_LOST_SHARD_MS overrides it. At
+  // most op_timeout, which still bounds every wait.
+  std::chrono::milliseconds retry_lost_shard_within{0};
   // Each ps task (and the coordinator) is pinged this often; one that has not
   // answered anything for heartbeat_timeout is reported lost: its pending
   // and later calls fail naming it. A timeout of 0 turns heartbeats off.

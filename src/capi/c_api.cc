@@ -238,6 +238,10 @@ void tessera_options_set_startup_timeout_ms(tessera_options_t* options, int64_t 
   options->options.startup_timeout = std::chrono::milliseconds(ms);
 }
 
+void tessera_options_set_retry_lost_shard_ms(tessera_options_t* options, int64_t ms) {
+  options->options.retry_lost_shard_within = std::chrono::milliseconds(ms);
+}
+
 void tessera_options_set_heartbeat_ms(tessera_options_t* options, int64_t interval_ms,
                                       int64_t timeout_ms) {
   options->options.heartbeat_interval = std::chrono::milliseconds(interval_ms);

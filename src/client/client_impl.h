@@ -51,6 +51,9 @@ class Client::Impl {
   Status ForeignHandle(Tensor t) const;
 
   Status Start();
+  // Reads TESSERA_RETRY_LOST_SHARD_MS over the option and checks the bound
+  // (retry.cc).
+  Status CheckRetryBound();
   // The control calls, on the control queue (control_queue.h): blocking
   // forms wait for theirs, so that both are ordered alike.
   Result<std::vector<Tensor>> DeclareMany(const std::vector<TensorSpec>& specs);
@@ -155,6 +158,10 @@ class Client::Impl {
   // with its chunks and completion, costs no allocation.
   using ReplyFn = InlineFunction<void(Status, const wire::Header&, std::span<const uint8_t>), 160>;
 
+  // A call's part to one shard that is issued again when the shard is lost
+  // and comes back (retry.cc).
+  struct RetriedPart;
+
   struct ShardConn {
     TaskId task;
     TaskAddress addr;
@@ -182,6 +189,10 @@ class Client::Impl {
                        PoolAllocator<std::pair<const uint64_t, AbortInFlight>>>
         in_flight;
     uint64_t next_op = 1;
+    // Parts that failed because this shard was lost, held until it is back
+    // (ClientOptions::retry_lost_shard_within), in the order they failed.
+    std::deque<std::shared_ptr<RetriedPart>> parked;
+    bool parked_sweep = false;  // SweepParked is scheduled
     std::string name() const { return task.ToString() + " (" + addr.ToString() + ")"; }
   };
 
@@ -371,6 +382,33 @@ class Client::Impl {
   // How one shard's part of a pull or push_pull ended: held in place, as
   // the reply handlers that carry it.
   using PartDone = InlineFunction<void(Status), 32>;
+
+  // retry.cc. Issues one shard's part of a call, `issue(ios, done)`, and
+  // finishes `op` with its outcome, except that with `retryable` (the part
+  // may be sent twice) and retry_lost_shard_within set, a part that failed
+  // because the shard was lost waits for the shard's return and is issued
+  // again (ReissueParked), until its bound passes. Without the option this
+  // costs nothing beyond the call itself.
+  template <typename Issue>
+  void IssuePart(int shard, ChunkIos ios, const std::shared_ptr<Future::State>& op, bool retryable,
+                 Issue issue) {
+    if (!retryable || options_.retry_lost_shard_within.count() == 0) {
+      return issue(std::move(ios), PartDone([op](const Status& st) { op->Finish(st); }));
+    }
+    IssueRetried(NewRetriedPart(shard, std::move(ios), op, std::move(issue)));
+  }
+  using IssueFn = std::function<void(ChunkIos, PartDone)>;
+  std::shared_ptr<RetriedPart> NewRetriedPart(int shard, ChunkIos ios,
+                                              std::shared_ptr<Future::State> op, IssueFn issue);
+  void IssueRetried(const std::shared_ptr<RetriedPart>& part);
+  void OnRetriedPartDone(const std::shared_ptr<RetriedPart>& part, const Status& st);
+  // The shard is back: its parked parts are issued again, in order.
+  void ReissueParked(int shard);
+  // Fails parked parts whose bound passed, and keeps trying the shard while
+  // any wait (a timer, while there are some).
+  void SweepParked(int shard);
+  void FailParked(int shard, const Status& why);
+
   void PullFromShard(int shard, ChunkIos ios, const PartDone& done);
   // push_pull's one round trip to a shard, for gradients that travel inline:
   // the shard answers the push with the weights it produced.

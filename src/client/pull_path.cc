@@ -22,6 +22,12 @@ uint32_t ShardWaitMs(std::chrono::milliseconds op_timeout) {
 }  // namespace
 
 void Client::Impl::PullFromShard(int shard, ChunkIos ios, const PartDone& done) {
+  if (const ShardConn& s = shards_[shard]; !s.dead.ok()) {
+    // Lost, or being joined again: nothing may go to it before its
+    // handshake and re-create are done.
+    Reconnect(shard);  // fails this call; a later one may succeed
+    return done(s.dead);
+  }
   if (Status st = GpuPathTo(shards_[shard], ios); !st.ok()) return done(st.WithContext("pull"));
   wire::Pull& msg = pull_scratch_;  // encoded at once by Request
   msg.entries.clear();
@@ -251,7 +257,11 @@ Future Client::Impl::Pull(const std::vector<PullItem>& items, const CallOptions&
   return FanOut(
       std::move(*by_shard),
       [this](int shard, ChunkIos ios, const std::shared_ptr<Future::State>& op) {
-        PullFromShard(shard, std::move(ios), [op](const Status& st) { op->Finish(st); });
+        // A pull may always be sent again.
+        IssuePart(shard, std::move(ios), op, /*retryable=*/true,
+                  [this, shard](ChunkIos part, const PartDone& done) {
+                    PullFromShard(shard, std::move(part), done);
+                  });
       },
       call);
 }

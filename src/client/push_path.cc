@@ -417,6 +417,11 @@ Future Client::Impl::Push(const std::vector<PushItem>& items, uint32_t flags,
       return io.tensor->decl.mode.kind == Consistency::kSync;
     });
   };
+  auto all_sync = [](const ChunkIos& ios) {
+    return std::all_of(ios.begin(), ios.end(), [](const ChunkIo& io) {
+      return io.tensor->decl.mode.kind == Consistency::kSync;
+    });
+  };
   const bool counts = !(flags & wire::kFlagInit);
   const auto sync_parts =
       static_cast<uint32_t>(std::count_if(by_shard->begin(), by_shard->end(), holds_sync));
@@ -425,12 +430,21 @@ Future Client::Impl::Push(const std::vector<PushItem>& items, uint32_t flags,
       by_shard->begin());
   return FanOut(
       std::move(*by_shard),
-      [this, flags, step, counts, sync_parts, first, holds_sync](
+      [this, flags, step, counts, sync_parts, first, holds_sync, all_sync](
           int shard, ChunkIos ios, const std::shared_ptr<Future::State>& op) {
         uint32_t parts = 0;
         if (counts) parts = sync_parts > 0 ? (holds_sync(ios) ? sync_parts : 0) : shard == first;
-        PushToShard(shard, std::move(ios), flags, PushStep{step, parts}, op,
-                    [op](const Status& st, std::span<const uint64_t>) { op->Finish(st); });
+        // A step's second push of a sync chunk is dropped as a duplicate;
+        // any other push may have been applied before the shard was lost.
+        const bool retryable = counts && all_sync(ios);
+        IssuePart(
+            shard, std::move(ios), op, retryable,
+            [this, shard, flags, tag = PushStep{step, parts}, op](ChunkIos part, PartDone done) {
+              PushToShard(shard, std::move(part), flags, tag, op,
+                          [done = std::move(done)](const Status& st, std::span<const uint64_t>) {
+                            done(st);
+                          });
+            });
       },
       call);
 }

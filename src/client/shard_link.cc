@@ -44,6 +44,7 @@ Client::Impl::~Impl() {
       if (s.dead.ok())
         s.dead = Status::Aborted("the client was destroyed before this call completed");
       FailCallsOf(static_cast<int>(shard), s.dead);
+      FailParked(static_cast<int>(shard), s.dead);
     }
     pending_.Clear();
     // Remote regions must go before the context.
@@ -178,6 +179,7 @@ Status Client::Impl::Start() {
   }
   TESSERA_RETURN_IF_ERROR(CheckSecretStrength(options_.secret, options_.allow_weak_secret));
   TESSERA_RETURN_IF_ERROR(LogLevelFromEnv().status());
+  TESSERA_RETURN_IF_ERROR(CheckRetryBound());
   if (options_.chunk_bytes < 64) return Status::InvalidArgument("chunk_bytes must be at least 64");
   // Liveness fits the fabric and the host: the environment may set both
   // heartbeat times, and TESSERA_TIMEOUT_SCALE stretches them (emulation).
@@ -472,6 +474,7 @@ void Client::Impl::ReCreate(int shard) {
     if (shard == coord_index_) NoteCoordinator(true);
     TLOG_INFO("{} is back{}", conn.name(),
               conn.task.job == "ps" ? "; this worker's tensors on it were created again" : "");
+    ReissueParked(shard);
   };
   if (create.entries.empty()) return finish(Status::Ok());
   Request(shard, create, 0,

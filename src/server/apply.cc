@@ -21,6 +21,7 @@ Status Init(const Target& t, Param& p, const void* value, uint64_t cluster_step)
   if (st.ok()) st = Publish(t, p);
   p.updates = 0;
   p.ResetAggregation();
+  p.resuming = false;
   // Every sync tensor steps with the cluster: one declared after training
   // began starts at the global step, where the workers' next steps are.
   p.step = std::max(p.step, cluster_step);
@@ -90,6 +91,7 @@ Status ApplySyncStep(const Target& t, Param& p, const Status& injected) {
   p.step++;
   p.ResetAggregation();
   p.writer_waiting = false;
+  p.resuming = false;
   return st;
 }
 

@@ -47,6 +47,10 @@ struct alignas(64) Param {
   // coordinator's estimate, one step short of the furthest chunk's when the
   // coordinator restarted too; the first push may move it forward.
   bool resume_at_first_push = false;
+  // Sync, restored: no step applied since. A worker whose push of this step
+  // reached the shard before its restart (and was lost with it) pulls the
+  // next step without pushing again (Shard::ResumeForPull).
+  bool resuming = false;
   bool failed = false;  // !failure().ok(), kept here for the hot line
 
   wire::CreateEntry entry;  // tensor declaration and which chunk this is

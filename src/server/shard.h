@@ -216,6 +216,12 @@ class Shard {
   bool TryApplyStep(Param& p);
   void MarkWaitingWriters();
   bool TryGrantPull(PendingPull& pull);
+  // A worker's pull of step S from a sync chunk restored at an earlier step
+  // it has not pushed since the restore: its push of that step reached the
+  // shard before the restart and was lost with it, and it will not push
+  // that step again (it retries only what failed). The chunk moves on to S
+  // instead of waiting for it for ever. Whether any chunk moved.
+  bool ResumeForPull(const PendingPull& pull);
   // An error if a pull waits for a sync step that can no longer complete
   // because the workers it needs disconnected.
   Status StepReachable(const PendingPull& pull) const;

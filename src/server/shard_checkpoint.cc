@@ -340,6 +340,7 @@ void Shard::RestoreChunk(Param& p) {
   if (t.mode.kind == Consistency::kSync) {
     p.step = restore_step_;
     p.resume_at_first_push = true;
+    p.resuming = true;
   }
   std::fill(p.pushed_steps.begin(), p.pushed_steps.end(), restore_step_);
   chunks_restored_++;

@@ -25,6 +25,7 @@ void Shard::OnPull(Peer& peer, uint64_t request_id, wire::Pull msg) {
     }
   }
   PendingPull pull{&peer, request_id, std::move(msg)};
+  if (ResumeForPull(pull)) RetryWaiting();  // pushes and pulls waiting for that step
   if (TryGrantPull(pull)) {
     spare_pulls_.Give(std::move(pull.msg));
     return;
@@ -36,6 +37,31 @@ void Shard::OnPull(Peer& peer, uint64_t request_id, wire::Pull msg) {
   }
   waiting_pulls_.push_back(std::move(pull));
   if (waiting_pulls_.back().deadline) ScheduleWaitSweep();
+}
+
+bool Shard::ResumeForPull(const PendingPull& pull) {
+  if (pull.peer->hello.role != wire::PeerRole::kWorker) return false;
+  const uint32_t rank = pull.peer->hello.worker_rank;
+  bool moved = false;
+  for (const auto& e : pull.msg.entries) {
+    Param* p = table_->Find(e.key_id);
+    if (!p->resuming || p->kind != Consistency::kSync || e.min_step <= p->step) continue;
+    if (rank >= p->contributed.size() || p->contributed[rank]) continue;  // it waits for its step
+    if (p->agg_count >= p->entry.tensor.mode.replicas_to_aggregate) continue;  // about to apply
+    // What the step gathered since the restore is dropped with it: this
+    // shard's updates since its checkpoint are lost (training.md), and now
+    // this step's too. Pushes of the skipped steps are dropped as stale.
+    TLOG_WARN(
+        "'{}' resumes at step {} (restored at {}, {} of its gradients dropped): {} pulls it "
+        "without pushing step {} again, which it pushed before this task restarted",
+        p->display_name, e.min_step, p->step, p->agg_count, pull.peer->hello.task, p->step);
+    p->step = e.min_step;
+    p->ResetAggregation();
+    p->resuming = false;
+    p->resume_at_first_push = false;
+    moved = true;
+  }
+  return moved;
 }
 
 void Shard::ScheduleWaitSweep() {
