@@ -46,6 +46,10 @@ bool Shard::ResumeForPull(const PendingPull& pull) {
   for (const auto& e : pull.msg.entries) {
     Param* p = table_->Find(e.key_id);
     if (!p->resuming || p->kind != Consistency::kSync || e.min_step <= p->step) continue;
+    // The step after the one its lost push was for, or one more where the
+    // restored step is the coordinator's estimate, one short (param_table.h).
+    // Further is no lost push but a pull for a later step: it waits.
+    if (e.min_step - p->step > 2) continue;
     if (rank >= p->contributed.size() || p->contributed[rank]) continue;  // it waits for its step
     if (p->agg_count >= p->entry.tensor.mode.replicas_to_aggregate) continue;  // about to apply
     // What the step gathered since the restore is dropped with it: this
