@@ -8,8 +8,15 @@ A fenced block is run when the line before it marks it:
                                       build/ where the docs say build/
     <!-- test: compile-c -->          a C program: compiled and linked
                                       against the build's libtessera
+    <!-- test: compile-c run=launch --> the same, then run as both workers
+                                      of `tessera launch --ps 2 --workers 2`
     <!-- test: syntax -->             bash -n only (a command that needs what
                                       CI lacks, said beside the mark)
+    <!-- test: by-TEST -->            bash -n here; the meson test TEST runs
+                                      it, taking it from the doc:
+                                      docs_commands.py --print by-TEST
+                                      SOURCE_ROOT
+    <!-- test: output -->             not a command: what one prints
 
 Every other shell or C block is listed as not run, so what is left to mark
 stays in sight. Usage: docs_commands.py SOURCE_ROOT BUILD_ROOT
@@ -24,7 +31,7 @@ import time
 from pathlib import Path
 
 MARK = re.compile(r"<!--\s*test:\s*([\w-]+)([^>]*?)-->")
-FENCE = re.compile(r"^(\s*)```(\w*)")
+FENCE = re.compile(r"^(\s*)```([\w+-]*)")
 
 
 def blocks(path):
@@ -68,7 +75,7 @@ def run(text, source, build, timeout):
                               stderr=subprocess.STDOUT, text=True)
 
 
-def compile_c(text, source, build):
+def compile_c(text, source, build, then_run):
     # A sanitized build's library needs its runtime linked in (SANITIZE:
     # meson's b_sanitize).
     sanitize = os.environ.get("SANITIZE", "none")
@@ -76,14 +83,35 @@ def compile_c(text, source, build):
     with tempfile.TemporaryDirectory() as tmp:
         program = Path(tmp, "doc.c")
         program.write_text(text)
-        return subprocess.run(
+        built = subprocess.run(
             [os.environ.get("CC", "cc"), "-std=c11", "-Wall", "-Wextra", "-Werror", *flags,
              f"-I{source / 'include'}", f"-I{build}", str(program), "-o",
              str(Path(tmp, "doc")), f"-L{build}", "-ltessera", f"-Wl,-rpath,{build}"],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if built.returncode != 0 or then_run is None:
+            return built
+        # As the doc says to run it: every worker of a real cluster.
+        return subprocess.run(
+            [str(build / "tools" / "tessera"), "launch", "--ps", "2", "--workers", "2",
+             "--transport", "tcp", "--", str(Path(tmp, "doc"))],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=then_run)
+
+
+def print_blocks(mark_wanted, source):
+    """The text of every block marked `mark_wanted`, for the test that runs
+    it (an engine test): it runs what the doc shows."""
+    docs = [source / "README.md"] + sorted((source / "docs").glob("*.md"))
+    found = [text for doc in docs for _, mark, _, _, text in blocks(doc) if mark == mark_wanted]
+    if not found:
+        print(f"no block is marked '{mark_wanted}'", file=sys.stderr)
+        return 1
+    sys.stdout.write("".join(found))
+    return 0
 
 
 def main():
+    if sys.argv[1] == "--print":
+        return print_blocks(sys.argv[2], Path(sys.argv[3]).resolve())
     source, build = Path(sys.argv[1]).resolve(), Path(sys.argv[2]).resolve()
     docs = [source / "README.md"] + sorted((source / "docs").glob("*.md"))
     failed, done, unmarked = [], 0, []
@@ -98,8 +126,11 @@ def main():
             if mark == "run":
                 result = run(text, source, build, float(options.get("timeout", "300")))
             elif mark == "compile-c":
-                result = compile_c(text, source, build)
-            elif mark == "syntax":
+                then_run = float(options.get("timeout", "180")) if "run" in options else None
+                result = compile_c(text, source, build, then_run)
+            elif mark == "output":
+                continue
+            elif mark == "syntax" or mark.startswith("by-"):
                 result = subprocess.run(["bash", "-n", "-c", text], stdout=subprocess.PIPE,
                                         stderr=subprocess.STDOUT, text=True)
             else:

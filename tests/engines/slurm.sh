@@ -7,7 +7,7 @@
 # error naming the task, and no process of the job is left. Exit 77
 # (skipped) where Slurm or munge is not installed.
 set -uo pipefail
-: "${TESSERA_BIN:?}" "${INTEGRATION_WORKER:?}"
+: "${TESSERA_BIN:?}" "${INTEGRATION_WORKER:?}" "${BUILD_ROOT:?}"
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/common.sh"
 for tool in munged slurmctld slurmd sbatch srun sinfo; do
@@ -151,6 +151,22 @@ if [ $fails -ne 0 ]; then
   tail -n 40 "$dir/kill.log"
   exit 1
 fi
+echo "== slurm: deploy.md's example, the secret in a file"
+# As the docs show it: from a directory where build/ is the build, with
+# the build's tessera first on PATH.
+doc_dir=$dir/doc
+mkdir -p "$doc_dir"
+ln -s "$BUILD_ROOT" "$doc_dir/build"
+block=$(python3 "$here/../docs_commands.py" --print by-engine-slurm "$here/../..")
+if ! (cd "$doc_dir" && env -u TESSERA_SECRET_FILE PATH="$(dirname "$TESSERA_BIN"):$PATH" \
+        timeout 180 bash -euo pipefail -c "$block") > "$dir/doc.log" 2>&1; then
+  tail -n 40 "$dir/doc.log"
+  echo "FAIL: deploy.md's Slurm example"
+  exit 1
+fi
+grep -q "global step 30$" "$dir/doc.log" ||
+  { tail -n 20 "$dir/doc.log"; echo "FAIL: the example did not reach global step 30"; exit 1; }
+grep -m1 "global step 30$" "$dir/doc.log"
 # The multi-node example at least parses.
 bash -n "$here/../../deploy/slurm/train.sbatch" || { echo "FAIL: deploy/slurm/train.sbatch"; exit 1; }
 echo "slurm: all passed"

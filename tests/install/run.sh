@@ -99,4 +99,29 @@ if readelf -d "$work/trainer-static" | grep NEEDED | grep libtessera; then
   echo "FAIL: the static trainer needs libtessera.so"; exit 1
 fi
 run_cluster "static trainer" "$work/trainer-static"
-echo "PASS: installed, and consumed three ways"
+
+echo "== a prefix install, linked as install.md says: found through its rpath"
+# The staged tree is a prefix install at $stage$prefix once its tessera.pc
+# names that prefix: meson writes the prefix it was set up with there, and
+# nothing else installed depends on it (the CMake package is relocatable).
+mkdir -p "$work/prefix-pc" "$work/rpath"
+sed "s|^prefix=.*|prefix=$stage$prefix|" "$stage$libdir/pkgconfig/tessera.pc" > "$work/prefix-pc/tessera.pc"
+cp "$here/trainer.cc" "$work/rpath/"
+doc_block=$(python3 "$here/../docs_commands.py" --print by-install "$here/../..")
+(cd "$work/rpath" && env -u LD_LIBRARY_PATH -u PKG_CONFIG_SYSROOT_DIR PKG_CONFIG_PATH="$work/prefix-pc" \
+  bash -euo pipefail -c "$doc_block") || { echo "FAIL: install.md's rpath command"; exit 1; }
+loaded=$(env -u LD_LIBRARY_PATH ldd "$work/rpath/trainer")
+grep -q "libtessera.so.0 => $stage$libdir/libtessera" <<< "$loaded" ||
+  { echo "$loaded"; echo "FAIL: without LD_LIBRARY_PATH the trainer does not find the prefix's libtessera"; exit 1; }
+# Without the rpath it fails as install.md says.
+# shellcheck disable=SC2046
+g++ -std=c++20 "$here/trainer.cc" -o "$work/rpath/no-rpath" \
+  $(env -u PKG_CONFIG_SYSROOT_DIR PKG_CONFIG_PATH="$work/prefix-pc" pkg-config --cflags --libs tessera)
+if out=$(env -u LD_LIBRARY_PATH "$work/rpath/no-rpath" 2>&1) ||
+   ! grep -q "libtessera.so.0: cannot open shared object file" <<< "$out"; then
+  echo "$out"; echo "FAIL: a trainer without the rpath did not fail as install.md says"; exit 1
+fi
+printf '#!/bin/sh\nexec env -u LD_LIBRARY_PATH "%s"\n' "$work/rpath/trainer" > "$work/rpath/run"
+chmod +x "$work/rpath/run"
+run_cluster "trainer with an rpath, no LD_LIBRARY_PATH" "$work/rpath/run"
+echo "PASS: installed, consumed three ways, and linked into a prefix with an rpath"
