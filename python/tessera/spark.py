@@ -53,6 +53,7 @@ import sys
 import threading
 import time
 import traceback
+from multiprocessing import AuthenticationError
 from multiprocessing.connection import Client as _Connect
 from multiprocessing.connection import Listener
 from typing import Any, Callable, Iterable
@@ -114,12 +115,8 @@ class DataFeed:
             self.ended = False
 
     def _accept(self):
-        while not self._stopped.is_set():
-            try:
-                conn = self._listener.accept()
-            except Exception:  # a peer without the key, or the listener closed
-                continue
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+        _accept_until(self._listener, self._stopped, lambda conn: threading.Thread(
+            target=self._serve, args=(conn,), daemon=True).start())
 
     def _serve(self, conn):
         try:
@@ -228,12 +225,7 @@ class _DriverLiveness:
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self):
-        while not self._closed.is_set():
-            try:
-                conn = self._listener.accept()
-            except Exception:  # a peer without the key, one gone meanwhile, or closed
-                continue
-            self._held.append(conn)
+        _accept_until(self._listener, self._closed, self._held.append)
 
     def close(self):
         self._closed.set()
@@ -244,6 +236,24 @@ class _DriverLiveness:
             except OSError:
                 pass  # that task is gone already
             conn.close()
+
+
+def _accept_until(listener: Listener, stop: threading.Event,
+                  take: Callable[[Any], None]) -> None:
+    """Hands each authenticated connection to take() until `stop` is set.
+    A peer without the key, or one gone during the handshake, is dropped
+    and the next one accepted at once; any other error (the listener
+    closed, too many open files) waits 0.1 s before the next try, so that
+    an error that persists never spins a core."""
+    while not stop.is_set():
+        try:
+            conn = listener.accept()
+        except (AuthenticationError, EOFError, ConnectionError):
+            continue
+        except Exception:  # noqa: BLE001 - whatever it is, it is retried slowly
+            stop.wait(0.1)
+            continue
+        take(conn)
 
 
 def _watch_driver(address, key: bytes, on_gone: Callable[[str], None]) -> Callable[[], None]:

@@ -317,3 +317,49 @@ def test_a_killed_driver_leaves_no_task_serving(tmp_path):
                         os.kill(int(entry), signal.SIGKILL)
             except (OSError, ValueError):
                 pass  # not a process, gone, or not ours to read
+
+
+def test_an_accept_error_that_persists_does_not_spin():
+    """The accept loops of the driver's liveness listener and of DataFeed:
+    an error that persists (a closed listener, too many open files) is
+    retried every 0.1 s, not at once (which spun a core), and a peer
+    without the key is only dropped."""
+    import threading
+    from multiprocessing import AuthenticationError
+
+    class Failing:
+        def __init__(self, error):
+            self.error, self.calls = error, 0
+
+        def accept(self):
+            self.calls += 1
+            raise self.error
+
+    stop = threading.Event()
+    broken = Failing(OSError(24, "Too many open files"))
+    started = time.monotonic()
+    loop = threading.Thread(target=tessera.spark._accept_until,
+                            args=(broken, stop, lambda conn: None))
+    loop.start()
+    stop.wait(0.5)
+    stop.set()
+    loop.join(5)
+    elapsed = time.monotonic() - started
+    assert not loop.is_alive()
+    assert 1 <= broken.calls <= elapsed / 0.1 + 2, broken.calls
+
+    # A peer without the key: the next one is accepted at once.
+    class OneBadPeer:
+        def __init__(self):
+            self.calls = 0
+
+        def accept(self):
+            self.calls += 1
+            if self.calls == 1:
+                raise AuthenticationError("digest received was wrong")
+            return "conn"
+
+    taken = []
+    stop = threading.Event()
+    tessera.spark._accept_until(OneBadPeer(), stop, lambda c: (taken.append(c), stop.set()))
+    assert taken == ["conn"]
