@@ -23,7 +23,15 @@ Input modes, as TensorFlowOnSpark's:
 - InputMode.SPARK: cluster.train(rdd, num_epochs) feeds the RDD's
   partitions to the workers (ctx.get_data_feed().next_batch(n)), and
   cluster.inference(rdd) returns an RDD of what they compute for each
-  record (feed.batch_results(results)).
+  record (feed.batch_results(results)). A worker with its own stopping
+  rule calls feed.terminate(): the partitions still fed to it are answered
+  without records, and train() ends.
+
+eval_node=True adds TensorFlow's evaluator: one more task running main_fn,
+outside the cluster (a read-only client), whose result shutdown() leaves in
+cluster.evaluator_result. Then every task waits at a barrier once done, so
+that the ps tasks serve until the evaluator, which reads after the workers
+left, is done too.
 
 A task that fails fails the stage with its error, which shutdown() (or
 train and inference) raises, with Spark's own reason. A driver that dies
@@ -89,7 +97,8 @@ class DataFeed:
     or once the feeding ended); should_stop() says that no more will come;
     in inference, batch_results(results) answers the records of the last
     batch, in their order. A partition's task on Spark ends once its records
-    were all handed out (training) or answered (inference).
+    were all handed out (training) or answered (inference). terminate()
+    ends this worker's feeding early (its own stopping rule, max_steps).
     """
 
     def __init__(self, key: bytes, host: str, qsize: int = 1024,
@@ -102,6 +111,9 @@ class DataFeed:
         self._listener = Listener((host, 0), authkey=key)
         self.address = self._listener.address
         self._stopped = threading.Event()
+        self._terminated = threading.Event()  # terminate(): records are dropped
+        self._ended_by_driver = threading.Event()  # shutdown() ended the feeding
+        self._closed = threading.Event()  # the task is done: no more connections
         self._lock = threading.Lock()
         self._partitions: dict = {}  # connection id -> _Partition
         self._unanswered: list = []  # inference: the partition of each record handed out
@@ -115,14 +127,15 @@ class DataFeed:
             self.ended = False
 
     def _accept(self):
-        _accept_until(self._listener, self._stopped, lambda conn: threading.Thread(
+        _accept_until(self._listener, self._closed, lambda conn: threading.Thread(
             target=self._serve, args=(conn,), daemon=True).start())
 
     def _serve(self, conn):
         try:
             kind, inference = conn.recv()
-            if kind == "terminate":
+            if kind == "terminate":  # the driver's shutdown(): no more partitions
                 self._stopped.set()
+                self._ended_by_driver.set()
                 try:  # wakes a next_batch waiting on an empty queue
                     self._records.put_nowait((None, _END))
                 except queue.Full:
@@ -139,7 +152,7 @@ class DataFeed:
                         part.received += len(payload)
                     for r in payload:
                         try:
-                            self._records.put((id(conn), r), timeout=self._feed_timeout)
+                            self._put((id(conn), r))
                         except queue.Full:
                             # The worker stopped reading: the feeder is told
                             # why, rather than waiting forever; the rest it
@@ -151,10 +164,56 @@ class DataFeed:
                 elif kind == "end":
                     with self._lock:
                         part.ended = True
-                    self._records.put((id(conn), _END))
+                    if self._terminated.is_set():
+                        return self._answer_terminated(id(conn))
+                    self._put((id(conn), _END))
                     return
         except (EOFError, OSError):
             return
+
+    def _put(self, item) -> None:
+        """Queues a record for next_batch, waiting while the queue is full
+        (back pressure) for up to feed_timeout (then queue.Full); drops it
+        once this worker terminated."""
+        deadline = None if self._feed_timeout is None else time.monotonic() + self._feed_timeout
+        while not self._terminated.is_set():
+            wait = 0.1 if deadline is None else min(0.1, max(0.0, deadline - time.monotonic()))
+            try:
+                return self._records.put(item, timeout=wait)
+            except queue.Full:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise
+
+    def terminate(self) -> None:
+        """TensorFlowOnSpark's terminate(): this worker takes no more
+        records. What is queued is dropped, and every partition fed to it
+        from now on is answered, once its feeder sent it, without records
+        taken (inference: without results), so that train() and inference()
+        end instead of waiting for this worker. Call it before main_fn
+        returns early (at its own max_steps): its task then stays to answer
+        the feeders until shutdown(). should_stop() is true from now on."""
+        self._terminated.set()
+        self._stopped.set()
+        while True:  # what waits in the queue goes, and a blocked put goes on
+            try:
+                self._records.get_nowait()
+            except queue.Empty:
+                break
+        with self._lock:
+            ended = [cid for cid, part in self._partitions.items() if part.ended]
+        for cid in ended:
+            self._answer_terminated(cid)
+
+    def _answer_terminated(self, cid) -> None:
+        with self._lock:
+            part = self._partitions.pop(cid, None)
+        if part is None:
+            return  # answered already
+        try:
+            part.conn.send(("terminated", None))
+            part.conn.close()
+        except OSError:
+            pass  # the feeder is gone: its task says why
 
     def next_batch(self, n: int) -> list | dict:
         """Up to n records; with get_data_feed(input_mapping=...), a dict of
@@ -171,6 +230,8 @@ class DataFeed:
     def _next_records(self, n: int) -> list:
         batch = []
         while len(batch) < n and not (self._stopped.is_set() and self._records.empty()):
+            if self._terminated.is_set():
+                return []
             cid, r = self._records.get()
             if r is _END:
                 if cid is not None:
@@ -207,7 +268,17 @@ class DataFeed:
         part.conn.close()
 
     def should_stop(self) -> bool:
-        return self._stopped.is_set() and self._records.empty()
+        return self._terminated.is_set() or (self._stopped.is_set() and self._records.empty())
+
+    def _serve_until_shutdown(self) -> None:
+        """After main_fn returned having terminated: the feeders still get
+        their answers until the driver's shutdown() ends the feeding."""
+        self._ended_by_driver.wait()
+
+    def _close(self) -> None:
+        self._stopped.set()
+        self._closed.set()
+        _wake_and_close(self._listener)
 
 
 class _DriverLiveness:
@@ -229,13 +300,24 @@ class _DriverLiveness:
 
     def close(self):
         self._closed.set()
-        self._listener.close()
+        _wake_and_close(self._listener)
         for conn in self._held:
             try:
                 conn.send_bytes(b"the cluster's stage ended (a task failed, or it was cancelled)")
             except OSError:
                 pass  # that task is gone already
             conn.close()
+
+
+def _wake_and_close(listener: Listener) -> None:
+    """Closes a listener whose accept loop (_accept_until) has been told to
+    stop: closing its socket does not wake an accept() blocked on it (Linux),
+    a connection does, and the loop then sees its stop."""
+    try:
+        socket.create_connection(listener.address, timeout=1).close()
+    except OSError:
+        pass  # nothing listens any more
+    listener.close()
 
 
 def _accept_until(listener: Listener, stop: threading.Event,
@@ -338,8 +420,8 @@ class TaskContext:
         return self._feed
 
 
-def _barrier_task(num_ps, main_fn, args, input_mode, registry, liveness, transport,
-                  checkpoint_dir, secret_name, feed_timeout):
+def _barrier_task(num_ps, num_workers, eval_node, main_fn, args, input_mode, registry,
+                  liveness, transport, checkpoint_dir, secret_name, feed_timeout):
     """One task of the barrier stage (on an executor)."""
 
     def run_task(_):
@@ -353,19 +435,26 @@ def _barrier_task(num_ps, main_fn, args, input_mode, registry, liveness, transpo
         held.bind((host, 0))
         port = held.getsockname()[1]
         everyone = ctx.allGather(f"{host}:{port}")
-        cluster = {"ps": everyone[:num_ps], "worker": everyone[num_ps:]}
+        # An evaluator (eval_node) is the last task, outside the cluster as
+        # TensorFlow's is: a read-only client (ClientOptions::FromEnv).
+        cluster = {"ps": everyone[:num_ps], "worker": everyone[num_ps:num_ps + num_workers]}
         secret_file = SparkFiles.get(secret_name)
         with open(secret_file) as f:
             secret = f.read().strip()
-        job, index = ("ps", me) if me < num_ps else ("worker", me - num_ps)
+        job, index = (("ps", me) if me < num_ps else
+                      ("worker", me - num_ps) if me < num_ps + num_workers else ("evaluator", 0))
         stop_watching = _watch_driver(liveness, _feed_key(secret),
                                       lambda why: _driver_gone(job, index, why))
         try:
-            yield from serve(job, index, me, host, cluster, secret, secret_file, held)
+            # With an evaluator, every task meets at a barrier once done, so
+            # that the ps tasks serve until the evaluator, which reads after
+            # the workers left, is done too.
+            all_done = ctx.barrier if eval_node else (lambda: None)
+            yield from serve(job, index, me, host, cluster, secret, secret_file, held, all_done)
         finally:
             stop_watching()
 
-    def serve(job, index, worker_num, host, cluster, secret, secret_file, held):
+    def serve(job, index, worker_num, host, cluster, secret, secret_file, held, all_done):
         from . import _tessera
 
         os.environ["TF_CONFIG"] = json.dumps({"cluster": cluster,
@@ -380,18 +469,26 @@ def _barrier_task(num_ps, main_fn, args, input_mode, registry, liveness, transpo
             server = _tessera.Server(json.dumps(cluster), "ps", index, secret, transport,
                                      checkpoint_dir or "", True, host, worker_rejoin_s=0.0)
             try:
+                # First: a ps task that is not the coordinator may only learn
+                # that the workers are done once ps task 0 stopped.
+                all_done()
                 server.wait_until_workers_leave()
             finally:
                 server.stop()
             yield ("ps", index, None)
             return
         feed = None
-        if input_mode == InputMode.SPARK:
+        if input_mode == InputMode.SPARK and job == "worker":
             feed = DataFeed(_feed_key(secret), host, feed_timeout=feed_timeout)
             with _Connect(registry, authkey=_feed_key(secret)) as c:
                 c.send(("worker", index, feed.address))
         result = main_fn(args, TaskContext(job, index, cluster, feed, worker_num))
-        yield ("worker", index, result)
+        if feed is not None:
+            if feed._terminated.is_set():
+                feed._serve_until_shutdown()
+            feed._close()
+        all_done()
+        yield (job, index, result)
 
     return run_task
 
@@ -404,6 +501,7 @@ class TesseraCluster:
         self.input_mode, self._key = input_mode, key
         self.feeds: list = [None] * num_workers  # each worker's feed address
         self.results = None  # each worker's main_fn result, once shut down
+        self.evaluator_result = None  # the evaluator's (eval_node), once shut down
         self._thread = None
         self._error = None
         self._outcome = None
@@ -461,6 +559,8 @@ class TesseraCluster:
         self._raise_if_failed()
         workers = sorted((i, r) for kind, i, r in self._outcome if kind == "worker")
         self.results = [r for _, r in workers]
+        self.evaluator_result = next(
+            (r for kind, _, r in self._outcome if kind == "evaluator"), None)
         return self.results
 
     def _need_spark_mode(self, what):
@@ -502,6 +602,8 @@ def _feeder(feeds, key, inference, feed_timeout):
                                    f"partition {i} (it ended)") from None
             if kind == "stalled":
                 raise stalled()
+            if kind == "terminated":  # the worker ended its feeding (DataFeed.terminate)
+                return iter([])
         return iter(results if inference else [])
     return feed
 
@@ -509,16 +611,20 @@ def _feeder(feeds, key, inference, feed_timeout):
 def run(sc, main_fn: Callable[[Any, TaskContext], Any], args: Any, num_ps: int,
         num_workers: int, input_mode: int = InputMode.TENSORFLOW, *, transport: str = "tcp",
         checkpoint_dir: str | None = None, feed_timeout: float = 600,
-        reservation_timeout: float = 600) -> TesseraCluster:
+        reservation_timeout: float = 600, eval_node: bool = False) -> TesseraCluster:
     """Starts num_ps ps tasks and num_workers workers running main_fn as one
     barrier stage. Spark needs num_ps + num_workers task slots at once, one
     more in InputMode.SPARK (for the feeding tasks): run() waits up to
     reservation_timeout seconds for them, then fails naming both numbers.
     feed_timeout: how long a worker may take no record before train() or
-    inference() fails, naming it."""
+    inference() fails, naming it. eval_node: one more task, TensorFlow's
+    evaluator (ctx.job_name "evaluator", outside the cluster, a read-only
+    client), runs main_fn too (and needs a slot); it gets no data feed, must
+    return by itself, and shutdown() leaves its result in
+    cluster.evaluator_result."""
     if num_ps < 1 or num_workers < 1:
         raise ValueError("a Tessera cluster needs at least one ps task and one worker")
-    _reserve_slots(sc, num_ps, num_workers, input_mode, reservation_timeout)
+    _reserve_slots(sc, num_ps, num_workers, input_mode, reservation_timeout, eval_node)
     secret = os.urandom(32).hex()
     secret_dir = tempfile.mkdtemp(prefix="tessera-spark-")
     # Each cluster its own file: Spark refuses the same name with other bytes.
@@ -535,9 +641,9 @@ def run(sc, main_fn: Callable[[Any, TaskContext], Any], args: Any, num_ps: int,
     if input_mode == InputMode.SPARK:
         driver = sc.getConf().get("spark.driver.host", socket.gethostname())
         registry = Listener((driver, 0), authkey=key)
-    n = num_ps + num_workers
+    n = num_ps + num_workers + (1 if eval_node else 0)
     liveness = _DriverLiveness(sc.getConf().get("spark.driver.host", socket.gethostname()), key)
-    task = _barrier_task(num_ps, main_fn, args, input_mode,
+    task = _barrier_task(num_ps, num_workers, eval_node, main_fn, args, input_mode,
                          registry.address if registry else None, liveness.address, transport,
                          checkpoint_dir, secret_name, feed_timeout)
 
@@ -587,17 +693,19 @@ def _slots(sc) -> int:
         return int(sc.defaultParallelism)
 
 
-def _reserve_slots(sc, num_ps, num_workers, input_mode, timeout):
+def _reserve_slots(sc, num_ps, num_workers, input_mode, timeout, eval_node=False):
     """Waits (executors register as they start) until Spark has the slots
     the cluster needs, or fails naming what it needs and what it has."""
-    needed = num_ps + num_workers + (1 if input_mode == InputMode.SPARK else 0)
+    needed = (num_ps + num_workers + (1 if eval_node else 0) +
+              (1 if input_mode == InputMode.SPARK else 0))
     deadline = time.monotonic() + timeout
     have = _slots(sc)
     while have < needed and time.monotonic() < deadline:
         time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))  # executors still starting
         have = _slots(sc)
     if have < needed:
-        why = (f"{num_ps} ps + {num_workers} workers in one barrier stage"
+        why = (f"{num_ps} ps + {num_workers} workers" + (" + 1 evaluator" if eval_node else "") +
+               " in one barrier stage"
                + (", and 1 for the feeding tasks of InputMode.SPARK"
                   if input_mode == InputMode.SPARK else ""))
         raise RuntimeError(

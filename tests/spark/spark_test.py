@@ -22,8 +22,14 @@ import tessera.spark  # noqa: E402
 EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "..", "examples")
 
 
-@pytest.fixture(scope="module")
-def sc():
+# Every test that takes `sc` runs on both: local mode (executor threads in
+# the driver's JVM) and a local cluster (a master, and two executor JVMs of
+# two cores each, as on a real cluster), four task slots each.
+MASTERS = ["local[4]", "local-cluster[2,2,1024]"]
+
+
+@pytest.fixture(scope="module", params=MASTERS)
+def sc(request):
     # The executors' Python workers: this interpreter, this package.
     os.environ["PYSPARK_PYTHON"] = sys.executable
     # The workers unpickle the main functions below by reference: this
@@ -31,9 +37,13 @@ def sc():
     os.environ["PYTHONPATH"] = os.pathsep.join(
         [os.path.abspath(EXAMPLES), os.path.dirname(os.path.abspath(__file__))] +
         os.environ.get("PYTHONPATH", "").split(os.pathsep))
-    spark = (SparkSession.builder.master("local[4]").appName("tessera-spark-test")
+    spark = (SparkSession.builder.master(request.param).appName("tessera-spark-test")
              .config("spark.ui.enabled", "false")
              .config("spark.task.maxFailures", "1")  # a failed task fails the test, once
+             # A local cluster's executors are processes of their own: they
+             # get the Python and the path here, as a real cluster's would.
+             .config("spark.executorEnv.PYTHONPATH", os.environ["PYTHONPATH"])
+             .config("spark.pyspark.python", sys.executable)
              .getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     yield spark.sparkContext
@@ -57,6 +67,46 @@ def test_digits_example_through_spark(sc, tmp_path):
     assert results[1] is None
     # shutdown() stopped the coordinator with a final checkpoint.
     assert any(p.name.startswith("step-") for p in (tmp_path / "ckpt").iterdir())
+
+
+def test_an_evaluator_node_reads_what_the_workers_train(sc):
+    # eval_node: TensorFlowOnSpark's evaluator, one more task running the
+    # same main_fn; the digits example evaluates there (a read-only client)
+    # as the global step moves, and ends at the last step's weights.
+    cluster = tessera.spark.run(sc, digits_main, ["--steps", "200"], num_ps=1, num_workers=2,
+                                input_mode=tessera.spark.InputMode.TENSORFLOW, eval_node=True)
+    results = cluster.shutdown(timeout=600)
+    assert len(results) == 2 and results[1] is None  # the workers' only
+    print(f"chief {results[0]:.4f}, evaluator {cluster.evaluator_result:.4f}")
+    assert cluster.evaluator_result == results[0]
+
+
+def terminating_main(args, ctx):
+    """Worker 0 ends its feeding after `args` records (its own max_steps);
+    worker 1 reads everything it is fed."""
+    with tessera.Client.from_env():  # the ps task waits for its workers
+        feed = ctx.get_data_feed()
+        taken = 0
+        while not feed.should_stop():
+            taken += len(feed.next_batch(50))
+            if ctx.task_index == 0 and taken >= args:
+                feed.terminate()
+                assert feed.should_stop() and feed.next_batch(50) == []
+    return taken
+
+
+def test_a_worker_that_terminates_its_feed_ends_it_early(sc):
+    cluster = tessera.spark.run(sc, terminating_main, 200, num_ps=1, num_workers=2,
+                                input_mode=tessera.spark.InputMode.SPARK, feed_timeout=60)
+    # Partition i goes to worker i % 2: 4 each, 1000 records each.
+    records = sc.parallelize(range(8000), 8)
+    started = time.monotonic()
+    cluster.train(records, num_epochs=2)  # the second epoch: worker 0 takes none
+    took = time.monotonic() - started
+    results = cluster.shutdown(timeout=120)
+    print(f"train() took {took:.1f} s; the workers took {results}")
+    assert 200 <= results[0] < 4000, results
+    assert results[1] == 2 * 4000, results
 
 
 def fed_main(args, ctx):
@@ -204,6 +254,10 @@ def test_too_few_slots_fail_at_run_naming_them(sc):
                           input_mode=tessera.spark.InputMode.SPARK, reservation_timeout=1)
     with pytest.raises(RuntimeError, match=r"needs 6 Spark task slots .*offers 4"):
         tessera.spark.run(sc, fed_main, None, num_ps=2, num_workers=4, reservation_timeout=1)
+    with pytest.raises(RuntimeError, match=r"needs 5 Spark task slots at once \(1 ps \+ 3 "
+                       r"workers \+ 1 evaluator in one barrier stage\); Spark offers 4"):
+        tessera.spark.run(sc, fed_main, None, num_ps=1, num_workers=3, eval_node=True,
+                          reservation_timeout=1)
     assert time.monotonic() - started < 60  # not Spark's own check, ten minutes on
 
 
