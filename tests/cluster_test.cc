@@ -201,6 +201,67 @@ TEST_P(ClusterTest, ARetryBoundThatCannotWorkIsRefused) {
       << bad.status();
 }
 
+// ReadOptimizerState / WriteOptimizerState (a trainer's state_dict): the
+// momentum buffer of a tensor in three chunks on two shards, read whole in
+// the tensor's order, written by the chief and used by the next update;
+// refused, naming why, for a slot the rule does not keep, a wrong size and
+// a worker that is not the chief.
+TEST_P(ClusterTest, OptimizerStateIsReadAndWrittenWhole) {
+  chunk_bytes_ = 64;  // 16 elements a chunk: 40 elements in 3 chunks
+  StartCluster(2, 2);
+  Client& chief = Connect(0);
+  Client& other = Connect(1);
+  TensorSpec spec{"m", DType::kF32, {40}, UpdateRule::kMomentum, {}, -1};
+  spec.hyper.learning_rate = 0.5f;
+  spec.hyper.momentum = 0.5f;
+  auto m = chief.Declare(spec);
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_TRUE(chief.Initialize().ok());
+  ASSERT_EQ(chief.info(*m)->shards.size(), 3u);
+  auto m_other = other.Declare(spec);  // a handle is its client's
+  ASSERT_TRUE(m_other.ok()) << m_other.status();
+  std::vector<float> grad(40);
+  for (size_t i = 0; i < grad.size(); ++i) grad[i] = static_cast<float>(i);
+  for (int step = 0; step < 3; ++step) {
+    ASSERT_TRUE(chief.Push({PushItem::Of<float>(*m, grad)}).ok());
+  }
+  auto read = [&](Client& c, Tensor t) {
+    auto st = c.ReadOptimizerState(t, Client::StateSlot::kFirst);
+    EXPECT_TRUE(st.ok()) << st.status();
+    std::vector<float> b(40);
+    if (st.ok() && st->bytes.size() == 160) std::memcpy(b.data(), st->bytes.data(), 160);
+    return std::make_pair(b, st.ok() ? st->updates : 0);
+  };
+  // b = 0.5 b + g, three times: 1.75 g.
+  auto [b, updates] = read(other, *m_other);
+  for (size_t i = 0; i < 40; ++i) EXPECT_EQ(b[i], 1.75f * static_cast<float>(i)) << i;
+  EXPECT_EQ(updates, 3u);
+
+  Client::OptimizerState set;
+  set.bytes.resize(160);
+  const std::vector<float> tens(40, 10.0f);
+  std::memcpy(set.bytes.data(), tens.data(), 160);
+  set.updates = 7;
+  ASSERT_TRUE(chief.WriteOptimizerState(*m, Client::StateSlot::kFirst, set).ok());
+  ASSERT_TRUE(chief.Push({PushItem::Of<float>(*m, grad)}).ok());
+  std::tie(b, updates) = read(chief, *m);
+  for (size_t i = 0; i < 40; ++i) EXPECT_EQ(b[i], 5.0f + static_cast<float>(i)) << i;
+  EXPECT_EQ(updates, 8u);
+
+  Status st = other.WriteOptimizerState(*m_other, Client::StateSlot::kFirst, set);
+  EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition) << st;
+  EXPECT_NE(st.message().find("not the chief"), std::string::npos) << st;
+  set.bytes.resize(156);
+  st = chief.WriteOptimizerState(*m, Client::StateSlot::kFirst, set);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(st.message().find("156 bytes for a slot of 160"), std::string::npos) << st;
+  auto none = chief.ReadOptimizerState(*m, Client::StateSlot::kSecond);
+  EXPECT_EQ(none.status().code(), StatusCode::kInvalidArgument) << none.status();
+  EXPECT_NE(none.status().message().find("(momentum, f32) keeps no state slot 1"),
+            std::string::npos)
+      << none.status();
+}
+
 // A Tensor kept from a closed client names no tensor of the next client,
 // which holds another tensor at the same index: refused, not pulled.
 TEST_P(ClusterTest, AClosedClientsHandleIsRefusedByTheNextClient) {

@@ -155,6 +155,59 @@ TEST_P(SecurityTest, ArenasCannotBeWrittenWithForgedOrReadOnlyKeys) {
   ServerStillServes();
 }
 
+// get-state and set-state (a trainer's state_dict): an authenticated worker
+// that is not the chief cannot write optimizer state, and no range, slot,
+// key or length it names makes the shard read, write or allocate beyond
+// what the chunk holds; each refusal names what was wrong, and the
+// connection stays usable.
+TEST_P(SecurityTest, OptimizerStateRequestsAreBoundedAndRefusedByName) {
+  StartServer();
+  RawPeer worker(spec_.tasks("ps")[0], transport_);
+  ASSERT_TRUE(wire::Decode<wire::Welcome>(worker.Authenticate(secret_, WorkerHello(1))).ok());
+  worker.endpoint().MarkAuthenticated();
+  wire::TensorDecl decl{"w", DType::kF32, UpdateRule::kAdd, {1024}, -1, {}, {}};
+  decl.mode.total_num_replicas = 2;
+  worker.Send(wire::Declare{1u << 20, 1, {decl}}, 3);
+  ASSERT_TRUE(wire::Decode<wire::DeclareReply>(worker.Next()).ok());
+  worker.Send(wire::Create{{{decl, 0, 1, 0, 1024}}}, 4);
+  auto created = wire::Decode<wire::CreateReply>(worker.Next());
+  ASSERT_TRUE(created.ok()) << created.status();
+  const uint32_t key = created->keys[0].key_id;
+  // A length field of 2^32 - 1 with 16 bytes behind it: refused unread.
+  MessageBytes huge = wire::Encode(
+      wire::SetState{key, wire::StateSlotId::kFirst, 0, 1, std::vector<uint8_t>(16, 0xee)}, 10);
+  const size_t blob_length_at = wire::kHeaderSize + 4 + 1 + 8 + 8;
+  for (size_t i = 0; i < 4; ++i) huge[blob_length_at + i] = 0xff;
+  struct Refused {
+    MessageBytes frame;
+    StatusCode code;
+    const char* says;
+  };
+  const std::vector<Refused> cases = {
+      {wire::Encode(wire::GetState{key, wire::StateSlotId::kFirst, 0, 4}, 5),
+       StatusCode::kInvalidArgument, "keeps no state slot 0"},
+      {wire::Encode(wire::GetState{key, wire::StateSlotId::kMaster, ~0ull - 2, 4}, 6),
+       StatusCode::kInvalidArgument, "keeps no"},
+      {wire::Encode(wire::GetState{key + 1000, wire::StateSlotId::kFirst, 0, 4}, 7),
+       StatusCode::kNotFound, "unknown key id"},
+      {wire::Encode(wire::GetState{key, wire::StateSlotId::kFirst, 0, wire::kMaxStateBytes + 1}, 8),
+       StatusCode::kInvalidArgument, "get-state of 4194305 bytes"},
+      {wire::Encode(wire::SetState{key, wire::StateSlotId::kFirst, 0, 1, {1, 2, 3, 4}}, 9),
+       StatusCode::kPermissionDenied, "not the chief"},
+      {huge, StatusCode::kInvalidArgument, "set-state refused"},
+  };
+  for (const auto& c : cases) {
+    worker.endpoint().Send(1, c.frame);
+    auto err = wire::Decode<wire::Error>(worker.Next());
+    ASSERT_TRUE(err.ok()) << err.status();
+    EXPECT_EQ(err->code, c.code) << err->message;
+    EXPECT_NE(err->message.find(c.says), std::string::npos) << err->message;
+  }
+  worker.Send(wire::Ping{}, 20);
+  EXPECT_TRUE(wire::Decode<wire::Ack>(worker.Next()).ok()) << "the connection did not survive";
+  ServerStillServes();
+}
+
 // Finding 5: failed logins were not throttled (139 a second).
 TEST_P(SecurityTest, FailedProofsAreThrottled) {
   StartServer();

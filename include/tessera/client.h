@@ -479,6 +479,31 @@ class TESSERA_EXPORT Client {
   // update on (a learning-rate schedule).
   Status SetHyperparams(Tensor t, const Hyperparams& hyper);
 
+  // The optimizer state the shards keep for `t`, one slot of the whole
+  // tensor, elements in the tensor's order, in the state's type (f64 for an
+  // f64 tensor, else f32): Adam's first and second moments (kFirst,
+  // kSecond), the momentum buffer or Adagrad's sum (kFirst), an f16/bf16
+  // tensor's f32 master copy (kMaster). `updates`: the optimizer steps
+  // applied (Adam's t; its first chunk's). What checkpoints save, for a
+  // trainer's own state_dict(). A slot the tensor's rule does not keep is
+  // refused, naming the rule.
+  enum class StateSlot : uint8_t { kFirst = 0, kSecond = 1, kMaster = 2 };
+  struct OptimizerState {
+    std::vector<uint8_t> bytes;
+    uint64_t updates = 0;
+  };
+  Result<OptimizerState> ReadOptimizerState(Tensor t, StateSlot slot);
+  // Chief only: sets that slot on every chunk, and their `updates`
+  // (load_state_dict); `state.bytes` is the whole slot, as
+  // ReadOptimizerState gives it. Meant between steps: a step a shard applies
+  // meanwhile uses what it finds.
+  Status WriteOptimizerState(Tensor t, StateSlot slot, const OptimizerState& state);
+  // The same without waiting, on the control calls' queue (as
+  // SetHyperparamsAsync): `out` (must outlive the Future) holds the state
+  // once it completes OK.
+  Future ReadOptimizerStateAsync(Tensor t, StateSlot slot, OptimizerState* out);
+  Future WriteOptimizerStateAsync(Tensor t, StateSlot slot, OptimizerState state);
+
   // The coordinator's global step (TensorFlow's global_step): sync steps
   // completed by replicas_to_aggregate workers, or pushes in async mode.
   Result<uint64_t> GlobalStep();

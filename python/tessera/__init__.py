@@ -383,6 +383,34 @@ class Client:
     def global_step(self) -> int:
         return self._c.global_step()
 
+    # optimizer state (a trainer's state_dict)
+    def optimizer_state(self, tensor: Tensor, slot: int) -> tuple[Any, int]:
+        """The optimizer state the shards keep for `tensor`, one slot (0:
+        Adam's first moment, the momentum buffer, Adagrad's sum; 1: Adam's
+        second moment; 2: an f16/bf16 tensor's f32 master copy), as a new
+        array of the tensor's shape (f64 for an f64 tensor, else f32), and the
+        optimizer steps applied (Adam's t). A slot the rule keeps not is
+        refused, naming it."""
+        import numpy as np
+        data, updates = self._c._optimizer_state(tensor, slot)
+        wide = slot != 2 and self._c.info(tensor).dtype == DType.F64
+        array = np.frombuffer(data, dtype=np.float64 if wide else np.float32).copy()
+        return array.reshape(tensor.shape), updates
+
+    def set_optimizer_state(self, tensor: Tensor, slot: int, values: Any, updates: int) -> None:
+        """Chief only: sets that slot on the shards (what optimizer_state
+        gives: the tensor's shape, f64 for an f64 tensor, else f32) and the
+        steps applied. Between steps."""
+        import numpy as np
+        wide = slot != 2 and self._c.info(tensor).dtype == DType.F64
+        want = np.float64 if wide else np.float32
+        array = np.asarray(values)
+        if tuple(array.shape) != tuple(tensor.shape) or array.dtype != want:
+            raise _invalid(f"optimizer state of '{tensor.name}': an array of shape "
+                           f"{tuple(array.shape)} and {array.dtype}, not {tuple(tensor.shape)} "
+                           f"and {np.dtype(want)}")
+        self._c._set_optimizer_state(tensor, slot, np.ascontiguousarray(array).tobytes(), updates)
+
     def save_checkpoint(self, timeout: float = 300.0) -> tuple[int, str]:
         """A checkpoint now, complete on disk: (global step, its directory)."""
         return self._c.save_checkpoint(timeout)

@@ -41,6 +41,13 @@ import tessera
 _RULES = {"sgd", "momentum", "adam", "adamw", "adagrad"}
 
 
+# Each rule's state slots on the shards, under torch.optim's names, and the
+# rules whose state counts the steps applied (torch.optim's "step").
+_STATE_NAMES = {"adam": ("exp_avg", "exp_avg_sq"), "adamw": ("exp_avg", "exp_avg_sq"),
+                "momentum": ("momentum_buffer",), "adagrad": ("sum",)}
+_COUNTS_STEPS = {"adam", "adamw", "adagrad"}
+
+
 # torch.optim's hyper-parameters that Tessera's rules take; a param group's
 # other keys (a scheduler's initial_lr, torch's own flags) stay local.
 _TORCH_HYPER = {"lr", "betas", "eps", "weight_decay", "momentum", "nesterov",
@@ -235,6 +242,58 @@ class DistributedOptimizer(torch.optim.Optimizer):
         for group in self.param_groups:
             group.update(optimizer_options)
         self._send_changed_hyperparams()
+
+    def state_dict(self) -> dict[str, Any]:
+        """torch.optim's, with each parameter's state read from the shards,
+        under torch.optim's names: Adam's and AdamW's exp_avg, exp_avg_sq and
+        step, SGD's momentum_buffer, Adagrad's sum and step (plain SGD keeps
+        none). The moments come in the shards' compute type (f64 for f64
+        parameters, else f32). Any worker may call it; it waits for the
+        pushes under way, so that it holds a whole step."""
+        tessera.wait_all(list(self._pending.values()))
+        packed = super().state_dict()
+        state: dict[int, dict[str, Any]] = {}
+        for i, t in enumerate(self.tensors):
+            rule = self._sent[self._group_of[i]][0]
+            names = _STATE_NAMES.get(rule, ())
+            entry: dict[str, Any] = {}
+            for slot, key in enumerate(names):
+                values, updates = self.client.optimizer_state(t, slot)
+                entry[key] = torch.from_numpy(values)
+            if names and rule in _COUNTS_STEPS:
+                entry["step"] = torch.tensor(float(updates))
+            if entry:
+                state[i] = entry
+        packed["state"] = state
+        return packed
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """torch.optim's: the param groups' hyper-parameters (sent at the next
+        step), and each parameter's state written to the shards by the chief
+        (every worker may call it; the others' state is the cluster's, set
+        by the chief). A state entry torch.optim would keep that the rule
+        has no place for, or of another shape, is refused, naming it."""
+        super().load_state_dict(state_dict)
+        loaded = {i: self.state.pop(p) for i, (_, p) in enumerate(self._params) if p in self.state}
+        self.state.clear()  # the state lives on the shards
+        for i, entry in loaded.items():
+            name, p = self._params[i]
+            rule = self._sent[self._group_of[i]][0]
+            names = _STATE_NAMES.get(rule, ())
+            unknown = sorted(set(entry) - set(names) - {"step"})
+            if unknown:
+                raise tessera._invalid(f"state of '{name}': {', '.join(unknown)} has no place "
+                                       f"in the shards' {rule} state ({', '.join(names) or 'none'})")
+            if not self.client.is_chief:
+                continue
+            updates = int(entry["step"]) if "step" in entry else 0
+            wide = p.dtype == torch.float64
+            for slot, key in enumerate(names):
+                if key not in entry:
+                    continue
+                values = entry[key].detach().to("cpu", torch.float64 if wide else torch.float32)
+                self.client.set_optimizer_state(self.tensors[i], slot,
+                                                values.contiguous().numpy(), updates)
 
     def _group_hyper(self, group: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         return _hyper(self._optimizer, {k: v for k, v in group.items() if k in _TORCH_HYPER})

@@ -87,6 +87,25 @@ Result<uint64_t> Client::GlobalStep() { return impl_->GlobalStep(); }
 Status Client::SetHyperparams(Tensor t, const Hyperparams& hyper) {
   return impl_->SetHyperparams(t, hyper);
 }
+Result<Client::OptimizerState> Client::ReadOptimizerState(Tensor t, StateSlot slot) {
+  return impl_->ReadOptimizerState(t, slot);
+}
+Status Client::WriteOptimizerState(Tensor t, StateSlot slot, const OptimizerState& state) {
+  return impl_->WriteOptimizerState(t, slot, state);
+}
+Future Client::ReadOptimizerStateAsync(Tensor t, StateSlot slot, OptimizerState* out) {
+  return impl_->control_.Submit([impl = impl_.get(), t, slot, out] {
+    auto state = impl->ReadOptimizerState(t, slot);
+    if (!state.ok()) return state.status();
+    if (out != nullptr) *out = std::move(*state);
+    return Status::Ok();
+  });
+}
+Future Client::WriteOptimizerStateAsync(Tensor t, StateSlot slot, OptimizerState state) {
+  return impl_->control_.Submit([impl = impl_.get(), t, slot, state = std::move(state)] {
+    return impl->WriteOptimizerState(t, slot, state);
+  });
+}
 Future Client::SetHyperparamsAsync(Tensor t, const Hyperparams& hyper) {
   return impl_->control_.Submit(
       [impl = impl_.get(), t, hyper] { return impl->SetHyperparams(t, hyper); });

@@ -69,6 +69,9 @@ class Client::Impl {
     return control_.Submit([this, timeout] { return WaitForInitNow(timeout); });
   }
   Status SetHyperparams(Tensor t, const Hyperparams& hyper);
+  // optimizer_state.cc: a tensor's optimizer state, chunk by chunk.
+  Result<Client::OptimizerState> ReadOptimizerState(Tensor t, Client::StateSlot slot);
+  Status WriteOptimizerState(Tensor t, Client::StateSlot slot, const Client::OptimizerState& state);
   Result<uint64_t> GlobalStep();
   // Where the tensors the chief initialises now start (InitializeNow).
   Result<uint64_t> StepToStartAt();
@@ -223,6 +226,10 @@ class Client::Impl {
   void Reconnect(int shard);
   void ReCreate(int shard);
 
+  // Any thread: sends what `make()` builds on the loop thread (where chunk
+  // keys may be read: ReCreate changes them there) and waits for the reply.
+  template <typename ReplyMsg, typename Make>
+  Result<ReplyMsg> CallMade(int shard, Make make, std::chrono::milliseconds timeout);
   // Any thread: sends and waits for the reply frame.
   template <typename Msg, typename ReplyMsg>
   Result<ReplyMsg> Call(int shard, const Msg& msg, std::chrono::milliseconds timeout,

@@ -374,6 +374,35 @@ class PyClient {
     Client& c = client();
     WaitControl(WithoutGil([&] { return c.SetHyperparamsAsync(t.tensor, hyper); }));
   }
+  // A tensor's optimizer state, one slot (Client::ReadOptimizerState): its
+  // bytes and the updates applied.
+  std::tuple<nb::bytes, uint64_t> OptimizerState(const PyTensor& t, int slot) {
+    Client& c = client();
+    auto out = std::make_shared<Client::OptimizerState>();
+    Future f = WithoutGil(
+        [&] { return c.ReadOptimizerStateAsync(t.tensor, StateSlotOf(slot), out.get()); });
+    f.Then([out](const Status&) {});  // `out` lives until the call is done
+    WaitControl(f);
+    return {nb::bytes(reinterpret_cast<const char*>(out->bytes.data()), out->bytes.size()),
+            out->updates};
+  }
+  void SetOptimizerState(const PyTensor& t, int slot, nb::bytes data, uint64_t updates) {
+    Client& c = client();
+    Client::OptimizerState state;
+    const auto* from = static_cast<const uint8_t*>(data.data());
+    state.bytes.assign(from, from + data.size());
+    state.updates = updates;
+    WaitControl(WithoutGil([&] {
+      return c.WriteOptimizerStateAsync(t.tensor, StateSlotOf(slot), std::move(state));
+    }));
+  }
+  static Client::StateSlot StateSlotOf(int slot) {
+    if (slot < 0 || slot > 2) {
+      ThrowIfError(Status::InvalidArgument("state slot " + std::to_string(slot) +
+                                           ": 0, 1 or 2 (the master copy)"));
+    }
+    return static_cast<Client::StateSlot>(slot);
+  }
   uint64_t GlobalStep() {
     Client& c = client();
     auto step = std::make_shared<uint64_t>(0);
@@ -641,6 +670,9 @@ void BindClient(nb::module_& m) {
       .def("push_pull_async", &PyClient::PushPullAsync, "items"_a, "stream"_a = nb::none())
       .def("set_hyperparams", &PyClient::SetHyperparams, "tensor"_a, "hyper"_a)
       .def("global_step", &PyClient::GlobalStep)
+      .def("_optimizer_state", &PyClient::OptimizerState, "tensor"_a, "slot"_a)
+      .def("_set_optimizer_state", &PyClient::SetOptimizerState, "tensor"_a, "slot"_a, "data"_a,
+           "updates"_a)
       .def("save_checkpoint", &PyClient::SaveCheckpoint, "timeout"_a = 300.0)
       .def("counters", [](PyClient& c) { return c.client().counters(); })
       .def_prop_ro("worker_rank", &PyClient::worker_rank)

@@ -121,7 +121,8 @@ void Shard::OnWorkerMessage(Peer& peer, const wire::Header& h, std::span<const u
   };
   const bool data_op = h.opcode == wire::Opcode::kCreate || h.opcode == wire::Opcode::kPush ||
                        h.opcode == wire::Opcode::kPull || h.opcode == wire::Opcode::kRelease ||
-                       h.opcode == wire::Opcode::kSetHyper;
+                       h.opcode == wire::Opcode::kSetHyper || h.opcode == wire::Opcode::kGetState ||
+                       h.opcode == wire::Opcode::kSetState;
   if (data_op && is_coordinator_only()) {
     return SendError(
         peer, h.request_id,
@@ -143,6 +144,12 @@ void Shard::OnWorkerMessage(Peer& peer, const wire::Header& h, std::span<const u
           [&](wire::SetHyper m) { OnSetHyper(peer, h.request_id, m); });
     case wire::Opcode::kRelease:
       return decoded.operator()<wire::Release>([&](wire::Release m) { OnRelease(peer, m); });
+    case wire::Opcode::kGetState:
+      return decoded.operator()<wire::GetState>(
+          [&](wire::GetState m) { OnGetState(peer, h.request_id, m); });
+    case wire::Opcode::kSetState:
+      return decoded.operator()<wire::SetState>(
+          [&](wire::SetState m) { OnSetState(peer, h.request_id, m); });
     case wire::Opcode::kSyncStep:
       return decoded.operator()<wire::SyncStep>(
           [&](wire::SyncStep) { Reply(peer, h.request_id, wire::StepReply{SyncStepReached()}); });

@@ -216,6 +216,13 @@ class Shard {
   bool TryApplyStep(Param& p);
   void MarkWaitingWriters();
   bool TryGrantPull(PendingPull& pull);
+  // shard_state.cc: a chunk's optimizer state, read and written by workers.
+  void OnGetState(Peer& peer, uint64_t request_id, const wire::GetState& msg);
+  void OnSetState(Peer& peer, uint64_t request_id, const wire::SetState& msg);
+  // The slot a get-state or set-state names, once the peer may, the chunk
+  // has it and the range lies inside it; else why not.
+  Result<StateBuffer*> StateRange(const Peer& peer, uint32_t key_id, wire::StateSlotId slot,
+                                  uint64_t offset, uint64_t length);
   // A worker's pull of step S from a sync chunk restored at an earlier step
   // it has not pushed since the restore: its push of that step reached the
   // shard before the restart and was lost with it, and it will not push

@@ -80,6 +80,12 @@ const char* OpcodeName(Opcode op) {
       return "update-hyper";
     case Opcode::kSyncStep:
       return "sync-step";
+    case Opcode::kGetState:
+      return "get-state";
+    case Opcode::kStateReply:
+      return "state-reply";
+    case Opcode::kSetState:
+      return "set-state";
   }
   return "unknown";
 }

@@ -70,8 +70,11 @@ enum class Opcode : uint16_t {
   kBye = 34,
   kUpdateHyper = 35,
   kSyncStep = 36,
+  kGetState = 37,
+  kStateReply = 38,
+  kSetState = 39,
 };
-constexpr uint16_t kMaxOpcode = 36;
+constexpr uint16_t kMaxOpcode = 39;
 const char* OpcodeName(Opcode op);
 
 // Header flags.

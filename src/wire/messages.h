@@ -272,6 +272,42 @@ struct PullReply {
   bool operator==(const PullReply&) const = default;
 };
 
+// A chunk's optimizer state, one slot, a byte range of it at a time (a
+// trainer's state_dict): get-state asks, state-reply answers; set-state
+// (the chief's: load_state_dict) writes it, answered by an ack. Each range
+// at most kMaxStateBytes.
+constexpr uint32_t kMaxStateBytes = 4u << 20;
+enum class StateSlotId : uint8_t { kFirst = 0, kSecond = 1, kMaster = 2 };
+struct GetState {
+  static constexpr Opcode kOpcode = Opcode::kGetState;
+  uint32_t key_id = 0;
+  StateSlotId slot = StateSlotId::kFirst;
+  uint64_t offset = 0;
+  uint32_t length = 0;
+  void EncodeBody(MessageWriter& w) const;
+  static Result<GetState> DecodeBody(ByteReader& r);
+  bool operator==(const GetState&) const = default;
+};
+struct StateReply {
+  static constexpr Opcode kOpcode = Opcode::kStateReply;
+  uint64_t updates = 0;  // the optimizer steps the chunk applied (Adam's t)
+  std::vector<uint8_t> data;
+  void EncodeBody(MessageWriter& w) const;
+  static Result<StateReply> DecodeBody(ByteReader& r);
+  bool operator==(const StateReply&) const = default;
+};
+struct SetState {
+  static constexpr Opcode kOpcode = Opcode::kSetState;
+  uint32_t key_id = 0;
+  StateSlotId slot = StateSlotId::kFirst;
+  uint64_t offset = 0;
+  uint64_t updates = 0;
+  std::vector<uint8_t> data;
+  void EncodeBody(MessageWriter& w) const;
+  static Result<SetState> DecodeBody(ByteReader& r);
+  bool operator==(const SetState&) const = default;
+};
+
 struct Release {
   static constexpr Opcode kOpcode = Opcode::kRelease;
   uint64_t lease_id = 0;

@@ -134,6 +134,70 @@ Status PullReply::DecodeBodyInto(ByteReader& r, PullReply* m) {
   return Status::Ok();
 }
 
+namespace {
+Status GetSlot(ByteReader& r, StateSlotId* slot) {
+  uint8_t raw = 0;
+  if (!r.Get(&raw)) return Truncated("slot");
+  if (raw > static_cast<uint8_t>(StateSlotId::kMaster)) {
+    return Status::InvalidArgument("state slot " + std::to_string(raw) + " (0, 1 or 2)");
+  }
+  *slot = static_cast<StateSlotId>(raw);
+  return Status::Ok();
+}
+}  // namespace
+
+void GetState::EncodeBody(MessageWriter& w) const {
+  w.Put(key_id);
+  w.Put(static_cast<uint8_t>(slot));
+  w.Put(offset);
+  w.Put(length);
+}
+Result<GetState> GetState::DecodeBody(ByteReader& r) {
+  GetState m;
+  if (!r.Get(&m.key_id)) return Truncated("key id");
+  TESSERA_RETURN_IF_ERROR(GetSlot(r, &m.slot));
+  if (!r.Get(&m.offset)) return Truncated("offset");
+  if (!r.Get(&m.length)) return Truncated("length");
+  if (m.length == 0 || m.length > kMaxStateBytes) {
+    return Status::InvalidArgument("get-state of " + std::to_string(m.length) + " bytes (1 to " +
+                                   std::to_string(kMaxStateBytes) + ")");
+  }
+  return m;
+}
+
+void StateReply::EncodeBody(MessageWriter& w) const {
+  w.Put(updates);
+  w.PutBlob(data);
+}
+Result<StateReply> StateReply::DecodeBody(ByteReader& r) {
+  StateReply m;
+  if (!r.Get(&m.updates)) return Truncated("updates");
+  std::span<const uint8_t> data;
+  if (!r.GetBlob(&data, kMaxStateBytes)) return Truncated("data");
+  m.data.assign(data.begin(), data.end());
+  return m;
+}
+
+void SetState::EncodeBody(MessageWriter& w) const {
+  w.Put(key_id);
+  w.Put(static_cast<uint8_t>(slot));
+  w.Put(offset);
+  w.Put(updates);
+  w.PutBlob(data);
+}
+Result<SetState> SetState::DecodeBody(ByteReader& r) {
+  SetState m;
+  if (!r.Get(&m.key_id)) return Truncated("key id");
+  TESSERA_RETURN_IF_ERROR(GetSlot(r, &m.slot));
+  if (!r.Get(&m.offset)) return Truncated("offset");
+  if (!r.Get(&m.updates)) return Truncated("updates");
+  std::span<const uint8_t> data;
+  if (!r.GetBlob(&data, kMaxStateBytes)) return Truncated("data");
+  if (data.empty()) return Status::InvalidArgument("set-state of no bytes");
+  m.data.assign(data.begin(), data.end());
+  return m;
+}
+
 void Release::EncodeBody(MessageWriter& w) const { w.Put(lease_id); }
 Result<Release> Release::DecodeBody(ByteReader& r) {
   Release m;

@@ -90,6 +90,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     case Opcode::kSyncStep:
       DecodeAs<SyncStep>(*h, frame);
       break;
+    case Opcode::kGetState:
+      DecodeAs<GetState>(*h, frame);
+      break;
+    case Opcode::kStateReply:
+      DecodeAs<StateReply>(*h, frame);
+      break;
+    case Opcode::kSetState:
+      DecodeAs<SetState>(*h, frame);
+      break;
     case Opcode::kUpdateHyper:
       DecodeAs<UpdateHyper>(*h, frame);
       break;

@@ -75,6 +75,9 @@ void WireSeeds(const fs::path& dir) {
   put(Encode(Ack{}, 16));
   put(Encode(Error{StatusCode::kInvalidArgument, "bad tensor"}, 17));
   put(Encode(SetHyper{{1}, {}}, 18));
+  put(Encode(GetState{1, StateSlotId::kSecond, 64, 128}, 37));
+  put(Encode(StateReply{3, std::vector<uint8_t>(16, 1)}, 38));
+  put(Encode(SetState{1, StateSlotId::kFirst, 0, 3, std::vector<uint8_t>(16, 2)}, 39));
   put(Encode(UpdateHyper{"layer1.weight", {}}, 18));
   put(Encode(StepsApplied{2, 3, {{0, 2}, {2, 1}}}, 19));
   put(Encode(GetStep{}, 20));

@@ -275,3 +275,66 @@ def test_a_param_group_of_another_module_is_refused(client, name):
         tessera.torch.DistributedOptimizer(
             client, model, "adam", prefix=name + "/",
             param_groups=[{"params": model.parameters(), "amsgrad": True}])
+
+
+def _torch_state(packed):
+    """A state_dict's per-parameter state without torch's placeholders
+    (plain SGD keeps momentum_buffer None)."""
+    state = {}
+    for i, entry in packed["state"].items():
+        kept = {k: v for k, v in entry.items() if v is not None}
+        if kept:
+            state[i] = kept
+    return state
+
+
+@pytest.mark.parametrize("rule,local_optimizer,options", OPTIMIZERS,
+                         ids=[f"{o[0]}{i}" for i, o in enumerate(OPTIMIZERS)])
+def test_state_dict_holds_the_shards_state_as_torch_optim_does(client, name, rule,
+                                                                 local_optimizer, options):
+    remote = make_model()
+    local = copy.deepcopy(remote)
+    opt = tessera.torch.DistributedOptimizer(client, remote, rule, prefix=name + "/a/", **options)
+    local_opt = local_optimizer(local.parameters(), **options)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    data = batches(6)
+
+    def train(pairs, steps):
+        for x, y in steps:
+            for model, o in pairs:
+                o.zero_grad()
+                loss_fn(model(x), y).backward()
+                o.step()
+    train(((remote, opt), (local, local_opt)), data[:3])
+    got, want = opt.state_dict(), local_opt.state_dict()
+    want_state = _torch_state(want)
+    assert got["state"].keys() == want_state.keys()
+    for i, entry in want_state.items():
+        assert got["state"][i].keys() == entry.keys(), i
+        for key, value in entry.items():
+            assert torch.allclose(got["state"][i][key].double(), value.double(),
+                                  atol=1e-6, rtol=1e-4), (i, key)
+    # Loaded into a new optimizer (new tensors, the weights after those
+    # steps), training goes on as torch.optim's.
+    fresh = copy.deepcopy(remote)
+    opt2 = tessera.torch.DistributedOptimizer(client, fresh, rule, prefix=name + "/b/", **options)
+    opt2.load_state_dict(got)
+    reloaded = opt2.state_dict()["state"]
+    for i, entry in got["state"].items():
+        for key, value in entry.items():
+            assert torch.equal(reloaded[i][key], value), (i, key)
+    train(((fresh, opt2), (local, local_opt)), data[3:])
+    for (n, a), b in zip(fresh.named_parameters(), local.parameters()):
+        assert torch.allclose(a, b, atol=1e-5, rtol=1e-4), n
+    opt.remove_hooks()
+    opt2.remove_hooks()
+
+
+def test_a_state_entry_with_no_place_on_the_shards_is_refused(client, name):
+    model = make_model()
+    opt = tessera.torch.DistributedOptimizer(client, model, "adam", prefix=name + "/", lr=0.01)
+    packed = opt.state_dict()
+    packed["state"][0]["max_exp_avg_sq"] = packed["state"][0]["exp_avg"].clone()  # amsgrad's
+    with pytest.raises(tessera.Error, match="max_exp_avg_sq has no place in the shards' adam"):
+        opt.load_state_dict(packed)
+    opt.remove_hooks()
