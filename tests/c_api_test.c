@@ -473,6 +473,27 @@ int main(int argc, char** argv) {
   OK(tessera_client_pull(c, &b_pull, 1, &err));
   for (int i = 0; i < 8; ++i) CHECK(b_after[i] < b_before[i]);
 
+  /* Its optimizer state: Adam's two moments, 8 f32 each, read whole; the
+   * chief writes one back, the other worker may not. */
+  float m[8], v[8];
+  uint64_t updates = 0;
+  OK(CHECK(tessera_client_read_optimizer_state(c, bounded, 0, m, sizeof m, &updates, &err) ==
+           sizeof m));
+  CHECK(updates >= 1 && m[0] > 0.0f);
+  OK(CHECK(tessera_client_read_optimizer_state(c, bounded, 1, v, sizeof v, NULL, &err) ==
+           sizeof v));
+  FAILS("does not fit", tessera_client_read_optimizer_state(c, bounded, 1, v, 4, NULL, &err));
+  FAILS("state slot 7",
+        tessera_client_read_optimizer_state(c, bounded, 7, v, sizeof v, NULL, &err));
+  FAILS("keeps no", tessera_client_read_optimizer_state(c, bounded, 2, v, sizeof v, NULL, &err));
+  if (tessera_client_is_chief(c)) {
+    OK(tessera_client_write_optimizer_state(c, bounded, 1, v, sizeof v, updates, &err));
+    FAILS("bytes for a slot of 32",
+          tessera_client_write_optimizer_state(c, bounded, 1, v, 4, updates, &err));
+  } else {
+    FAILS("chief", tessera_client_write_optimizer_state(c, bounded, 1, v, sizeof v, 0, &err));
+  }
+
   test_call_errors(c, sync_add, sgd);
 
   /* Every pull above went one-sided (inline_bytes 0). */

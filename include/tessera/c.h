@@ -240,6 +240,22 @@ TESSERA_EXPORT tessera_future_t* tessera_client_push_pull_async_on_stream(
     tessera_client_t* client, const tessera_push_pull_item_t* items, size_t count,
     void* cuda_stream);
 
+/* A tensor's optimizer state, one slot (Client::ReadOptimizerState): 0, Adam's
+ * first moment, the momentum buffer or Adagrad's sum; 1, Adam's second
+ * moment; 2, an f16/bf16 tensor's f32 master copy. Elements in the tensor's
+ * order, f64 for an f64 tensor, else f32. Copies it into `out`, which holds
+ * `capacity` bytes, and returns the bytes written (0 and an error when it
+ * does not fit, naming the size); *updates (may be NULL): the optimizer
+ * steps applied (Adam's t). The write (chief only) takes the whole slot. */
+TESSERA_EXPORT size_t tessera_client_read_optimizer_state(tessera_client_t* client,
+                                                          tessera_tensor_t tensor, int slot,
+                                                          void* out, size_t capacity,
+                                                          uint64_t* updates, char** errptr);
+TESSERA_EXPORT void tessera_client_write_optimizer_state(tessera_client_t* client,
+                                                         tessera_tensor_t tensor, int slot,
+                                                         const void* data, size_t bytes,
+                                                         uint64_t updates, char** errptr);
+
 /* Chief only: a new value for one hyper-parameter from the next update on. */
 TESSERA_EXPORT void tessera_client_set_hyperparam(tessera_client_t* client, tessera_tensor_t tensor,
                                                   const char* name, double value, char** errptr);

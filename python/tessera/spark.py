@@ -401,6 +401,11 @@ class TaskContext:
         self.executor_id = worker_num
         self._feed = feed
 
+    def absolute_path(self, path: str) -> str:
+        """TensorFlowOnSpark's: a path with a scheme (hdfs://, s3a://) as it
+        is, a local one made absolute against the task's working directory."""
+        return path if "://" in path else os.path.abspath(path)
+
     def get_data_feed(self, train_mode: bool = True, qname_in: str = "input",
                       qname_out: str = "output", input_mapping: dict | None = None) -> DataFeed:
         """This worker's data feed (InputMode.SPARK), as TensorFlowOnSpark's
@@ -511,22 +516,29 @@ class TesseraCluster:
         if self._error is not None:
             raise RuntimeError(f"the Tessera cluster's Spark stage failed: {self._error}")
 
-    def train(self, rdd, num_epochs: int = 1) -> None:
+    def train(self, rdd, num_epochs: int = 1, feed_timeout: float | None = None,
+              qname: str = "input") -> None:
         """Feeds every partition of rdd to a worker, num_epochs times. A
-        worker that takes no record for feed_timeout seconds fails it."""
+        worker that takes no record for feed_timeout seconds (run()'s when
+        None) fails it. qname: TensorFlowOnSpark's; one feed per worker, so
+        only "input"."""
         self._need_spark_mode("train")
+        _one_queue(qname)
         feeds, key = list(self.feeds), self._key
+        timeout = self.feed_timeout if feed_timeout is None else feed_timeout
         for _ in range(num_epochs):
             self._raise_if_failed()
             self._feeding(lambda: rdd.mapPartitionsWithIndex(
-                _feeder(feeds, key, False, self.feed_timeout)).count())
+                _feeder(feeds, key, False, timeout)).count())
 
-    def inference(self, rdd):
-        """An RDD of what the workers answer for each record of rdd."""
+    def inference(self, rdd, feed_timeout: float | None = None, qname: str = "input"):
+        """An RDD of what the workers answer for each record of rdd
+        (feed_timeout and qname as in train)."""
         self._need_spark_mode("inference")
+        _one_queue(qname)
         self._raise_if_failed()
-        return rdd.mapPartitionsWithIndex(
-            _feeder(list(self.feeds), self._key, True, self.feed_timeout))
+        timeout = self.feed_timeout if feed_timeout is None else feed_timeout
+        return rdd.mapPartitionsWithIndex(_feeder(list(self.feeds), self._key, True, timeout))
 
     def _feeding(self, job):
         """Runs a feeding job; when it fails because a worker died, the
@@ -567,6 +579,11 @@ class TesseraCluster:
         if self.input_mode != InputMode.SPARK:
             raise RuntimeError(f"{what} needs InputMode.SPARK; with InputMode.TENSORFLOW the "
                                "workers read their own data")
+
+
+def _one_queue(qname: str) -> None:
+    if qname != "input":
+        raise ValueError(f"qname={qname!r}: tessera.spark has one feed per worker, named 'input'")
 
 
 def _feeder(feeds, key, inference, feed_timeout):

@@ -544,6 +544,55 @@ void tessera_client_set_hyperparam(tessera_client_t* client, tessera_tensor_t te
   });
 }
 
+namespace {
+tessera::Result<tessera::Client::StateSlot> StateSlotOf(int slot) {
+  if (slot < 0 || slot > 2) {
+    return tessera::Status::InvalidArgument("state slot " + std::to_string(slot) +
+                                            ": 0, 1 or 2 (the master copy)");
+  }
+  return static_cast<tessera::Client::StateSlot>(slot);
+}
+}  // namespace
+
+size_t tessera_client_read_optimizer_state(tessera_client_t* client, tessera_tensor_t tensor,
+                                           int slot, void* out, size_t capacity, uint64_t* updates,
+                                           char** errptr) {
+  return Guarded<size_t>(errptr, 0, [&]() -> size_t {
+    auto which = StateSlotOf(slot);
+    if (SaveError(errptr, which.status())) return 0;
+    auto state = client->client->ReadOptimizerState(FromHandle(*client->client, tensor), *which);
+    if (SaveError(errptr, state.status())) return 0;
+    if (state->bytes.size() > capacity || (out == nullptr && !state->bytes.empty())) {
+      SaveError(errptr, tessera::Status::InvalidArgument(
+                            "optimizer state of " + std::to_string(state->bytes.size()) +
+                            " bytes does not fit " + std::to_string(capacity)));
+      return 0;
+    }
+    if (!state->bytes.empty()) std::memcpy(out, state->bytes.data(), state->bytes.size());
+    if (updates != nullptr) *updates = state->updates;
+    return state->bytes.size();
+  });
+}
+
+void tessera_client_write_optimizer_state(tessera_client_t* client, tessera_tensor_t tensor,
+                                          int slot, const void* data, size_t bytes,
+                                          uint64_t updates, char** errptr) {
+  GuardedVoid(errptr, [&] {
+    auto which = StateSlotOf(slot);
+    if (SaveError(errptr, which.status())) return;
+    if (data == nullptr && bytes > 0) {
+      SaveError(errptr, tessera::Status::InvalidArgument("optimizer state: data is NULL"));
+      return;
+    }
+    tessera::Client::OptimizerState state;
+    const auto* from = static_cast<const uint8_t*>(data);
+    if (bytes > 0) state.bytes.assign(from, from + bytes);
+    state.updates = updates;
+    SaveError(errptr, client->client->WriteOptimizerState(FromHandle(*client->client, tensor),
+                                                          *which, state));
+  });
+}
+
 uint64_t tessera_client_global_step(tessera_client_t* client, char** errptr) {
   return Guarded<uint64_t>(errptr, 0, [&]() -> uint64_t {
     auto step = client->client->GlobalStep();

@@ -101,7 +101,9 @@ def test_a_worker_that_terminates_its_feed_ends_it_early(sc):
     # Partition i goes to worker i % 2: 4 each, 1000 records each.
     records = sc.parallelize(range(8000), 8)
     started = time.monotonic()
-    cluster.train(records, num_epochs=2)  # the second epoch: worker 0 takes none
+    with pytest.raises(ValueError, match="qname='errors'"):
+        cluster.train(records, qname="errors")
+    cluster.train(records, num_epochs=2, feed_timeout=60)  # the second: worker 0 takes none
     took = time.monotonic() - started
     results = cluster.shutdown(timeout=120)
     print(f"train() took {took:.1f} s; the workers took {results}")
@@ -148,7 +150,8 @@ def fed_main(args, ctx):
         trained += len(batch["y"])
     client.close()
     return {"trained": trained, "worker_num": ctx.worker_num, "executor_id": ctx.executor_id,
-            "refused": refused}
+            "refused": refused, "paths": (ctx.absolute_path("model.pt"),
+                                          ctx.absolute_path("hdfs://nn/model.pt"))}
 
 
 def test_spark_feeds_training_and_inference(sc):
@@ -168,6 +171,8 @@ def test_spark_feeds_training_and_inference(sc):
     # TensorFlowOnSpark's numbering: the ps task is 0, the workers 1 and 2.
     assert [(r["worker_num"], r["executor_id"]) for r in results] == [(1, 1), (2, 2)]
     assert "qname_in='images'" in results[0]["refused"], results[0]["refused"]
+    local, uri = results[0]["paths"]
+    assert os.path.isabs(local) and local.endswith("/model.pt") and uri == "hdfs://nn/model.pt"
     accuracy = float(np.mean(np.array(predictions) == y_test))
     print(f"inference accuracy {accuracy:.4f} over {len(predictions)} Spark records")
     assert len(predictions) == len(y_test)
