@@ -392,9 +392,8 @@ class PyClient {
     const auto* from = static_cast<const uint8_t*>(data.data());
     state.bytes.assign(from, from + data.size());
     state.updates = updates;
-    WaitControl(WithoutGil([&] {
-      return c.WriteOptimizerStateAsync(t.tensor, StateSlotOf(slot), std::move(state));
-    }));
+    WaitControl(WithoutGil(
+        [&] { return c.WriteOptimizerStateAsync(t.tensor, StateSlotOf(slot), std::move(state)); }));
   }
   static Client::StateSlot StateSlotOf(int slot) {
     if (slot < 0 || slot > 2) {
