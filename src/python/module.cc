@@ -204,6 +204,7 @@ void BindOptions(nb::module_& m) {
   SecondsField<&ClientOptions::op_timeout>(options, "op_timeout");
   SecondsField<&ClientOptions::heartbeat_interval>(options, "heartbeat_interval");
   SecondsField<&ClientOptions::heartbeat_timeout>(options, "heartbeat_timeout");
+  SecondsField<&ClientOptions::retry_lost_shard_within>(options, "retry_lost_shard_within");
 }
 
 }  // namespace

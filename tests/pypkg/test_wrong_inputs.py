@@ -57,3 +57,13 @@ def test_a_name_where_a_tensor_goes_says_so(client):
         client.push("no/such", np.zeros(4, np.float32))
     with pytest.raises(tessera.Error, match=r"pull: 'no/such' is a name"):
         client.pull("no/such", np.zeros(4, np.float32))
+
+
+def test_a_retry_bound_past_the_op_timeout_is_refused(client):
+    # retry_lost_shard_within (seconds, as op_timeout): every wait ends at
+    # op_timeout, so a longer bound could only keep a call going unseen.
+    with pytest.raises(tessera.Error, match=r"retry_lost_shard_within \(90000 ms\) exceeds "
+                       r"op_timeout \(60000 ms\)"):
+        tessera.Client.from_env(argv=[], op_timeout=60, retry_lost_shard_within=90)
+    with tessera.Client.from_env(argv=[], op_timeout=60, retry_lost_shard_within=30) as c:
+        assert c.num_shards == client.num_shards
