@@ -229,7 +229,8 @@ class Client::Impl {
   // Any thread: sends what `make()` builds on the loop thread (where chunk
   // keys may be read: ReCreate changes them there) and waits for the reply.
   template <typename ReplyMsg, typename Make>
-  Result<ReplyMsg> CallMade(int shard, Make make, std::chrono::milliseconds timeout);
+  Result<ReplyMsg> CallMade(int shard, Make make, std::chrono::milliseconds timeout,
+                            uint32_t flags = 0);
   // Any thread: sends and waits for the reply frame.
   template <typename Msg, typename ReplyMsg>
   Result<ReplyMsg> Call(int shard, const Msg& msg, std::chrono::milliseconds timeout,
@@ -503,15 +504,16 @@ uint64_t Client::Impl::Request(int shard, const Msg& msg, uint32_t flags, ReplyF
   return id;
 }
 
-template <typename Msg, typename ReplyMsg>
-Result<ReplyMsg> Client::Impl::Call(int shard, const Msg& msg, std::chrono::milliseconds timeout,
-                                    uint32_t flags) {
+template <typename ReplyMsg, typename Make>
+Result<ReplyMsg> Client::Impl::CallMade(int shard, Make make, std::chrono::milliseconds timeout,
+                                        uint32_t flags) {
+  using Msg = decltype(make());
   auto promise = std::make_shared<std::promise<Result<ReplyMsg>>>();
   auto future = promise->get_future();
   auto request_id = std::make_shared<std::atomic<uint64_t>>(0);
   ctx_->Post([=, this] {
     request_id->store(
-        Request(shard, msg, flags,
+        Request(shard, make(), flags,
                 [promise](const Status& st, const wire::Header& h, std::span<const uint8_t> frame) {
                   if (!st.ok()) return promise->set_value(st);
                   promise->set_value(wire::DecodeBody<ReplyMsg>(h, frame));
@@ -524,6 +526,13 @@ Result<ReplyMsg> Client::Impl::Call(int shard, const Msg& msg, std::chrono::mill
                                     std::to_string(timeout.count()) + " ms");
   }
   return future.get();
+}
+
+template <typename Msg, typename ReplyMsg>
+Result<ReplyMsg> Client::Impl::Call(int shard, const Msg& msg, std::chrono::milliseconds timeout,
+                                    uint32_t flags) {
+  return CallMade<ReplyMsg>(
+      shard, [msg] { return msg; }, timeout, flags);
 }
 
 template <typename Msg, typename ReplyMsg>

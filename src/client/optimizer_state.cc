@@ -19,27 +19,6 @@ uint64_t SlotElementBytes(DType dtype, Client::StateSlot slot) {
 
 }  // namespace
 
-template <typename ReplyMsg, typename Make>
-Result<ReplyMsg> Client::Impl::CallMade(int shard, Make make, std::chrono::milliseconds timeout) {
-  auto promise = std::make_shared<std::promise<Result<ReplyMsg>>>();
-  auto future = promise->get_future();
-  auto request_id = std::make_shared<std::atomic<uint64_t>>(0);
-  ctx_->Post([=, this] {
-    request_id->store(
-        Request(shard, make(), 0,
-                [promise](const Status& st, const wire::Header& h, std::span<const uint8_t> frame) {
-                  if (!st.ok()) return promise->set_value(st);
-                  promise->set_value(wire::DecodeBody<ReplyMsg>(h, frame));
-                }));
-  });
-  if (future.wait_for(timeout) != std::future_status::ready) {
-    ctx_->Post([this, request_id] { pending_.Erase(request_id->load()); });
-    return Status::DeadlineExceeded(shards_[shard].name() + " did not answer within " +
-                                    std::to_string(timeout.count()) + " ms");
-  }
-  return future.get();
-}
-
 Result<Client::OptimizerState> Client::Impl::ReadOptimizerState(Tensor t, Client::StateSlot slot) {
   auto entry = Lookup(t, 0, std::nullopt, /*check_bytes=*/false);
   if (!entry.ok()) return entry.status().WithContext("optimizer state");
