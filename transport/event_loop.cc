@@ -18,16 +18,28 @@ namespace {
 // The loop this thread is driving now, if any.
 thread_local const EventLoop* tls_driving = nullptr;
 
-// Marks the calling thread as the loop's driver while it holds drive_mu_.
+// One stretch of driving by the holder of drive_mu_: marks the calling
+// thread as the loop's driver, inside the fabric's guard when it has one
+// (entered() false: the guard said not now, and nothing is marked).
 class DrivingScope {
  public:
-  explicit DrivingScope(const EventLoop* loop) : previous_(tls_driving) { tls_driving = loop; }
-  ~DrivingScope() { tls_driving = previous_; }
+  DrivingScope(const EventLoop* loop, StretchGuard* guard, bool wait)
+      : guard_(guard), entered_(guard == nullptr || guard->Enter(wait)), previous_(tls_driving) {
+    if (entered_) tls_driving = loop;
+  }
+  ~DrivingScope() {
+    if (!entered_) return;
+    if (guard_ != nullptr) guard_->Leave();  // still this loop's driver: it may run the fabric
+    tls_driving = previous_;
+  }
   DrivingScope(const DrivingScope&) = delete;
   DrivingScope& operator=(const DrivingScope&) = delete;
+  bool entered() const { return entered_; }
 
  private:
-  const EventLoop* previous_;
+  StretchGuard* const guard_;
+  const bool entered_;
+  const EventLoop* const previous_;
 };
 
 int64_t NowNs() { return SteadyNowNs(); }
@@ -225,7 +237,8 @@ bool EventLoop::Drive() {
   if (!lock.owns_lock()) return false;
   bool worked;
   {
-    DrivingScope scope(this);
+    DrivingScope scope(this, hooks_.guard, /*wait=*/false);
+    if (!scope.entered()) return false;
     worked = Turn();
   }
   // A turn may take long (a large get is a copy): this thread drove until now.
@@ -255,7 +268,8 @@ bool EventLoop::RunHere(Task& fn) {
   std::unique_lock<std::mutex> lock(drive_mu_, std::try_to_lock);
   if (!lock.owns_lock()) return false;
   {
-    DrivingScope scope(this);
+    DrivingScope scope(this, hooks_.guard, /*wait=*/false);
+    if (!scope.entered()) return false;
     RunTasks();  // posted earlier: they run first, as they would on the loop
     fn();
   }
@@ -315,7 +329,7 @@ void EventLoop::Run() {
     nap_ns = kNapNs;  // the loop is this thread's again
     bool worked;
     {
-      DrivingScope scope(this);
+      DrivingScope scope(this, hooks_.guard, /*wait=*/true);
       worked = Turn();
     }
     if (worked || busy_poll_ || !running_) {
@@ -347,7 +361,8 @@ void EventLoop::Run() {
     }
     bool armed = false;
     if (!have_tasks) {
-      DrivingScope scope(this);  // arming may find and handle a last completion
+      // Arming may find and handle a last completion.
+      DrivingScope scope(this, hooks_.guard, /*wait=*/true);
       armed = hooks_.arm();
     }
     if (!armed) {
@@ -374,7 +389,7 @@ void EventLoop::Run() {
     }
   }
   std::lock_guard<std::mutex> lock(drive_mu_);
-  DrivingScope scope(this);
+  DrivingScope scope(this, hooks_.guard, /*wait=*/true);
   RunTasks();
 }
 

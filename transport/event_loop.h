@@ -24,6 +24,20 @@
 
 namespace tessera::transport {
 
+// What a fabric needs around each stretch in which a thread drives its
+// loop (tasks, timers, progress, arming), beyond the loop's own drive lock:
+// for a fabric library whose contexts in one process share state (see
+// transport/ucx/ucx_async_guard.h).
+class StretchGuard {
+ public:
+  virtual ~StretchGuard() = default;
+  // Begins a stretch: waits (the loop's own thread) or only tries (a thread
+  // in Drive or RunHere, which never blocks). False: not now.
+  virtual bool Enter(bool wait) = 0;
+  // Ends it, on the driving thread, which may still run the fabric.
+  virtual void Leave() = 0;
+};
+
 class EventLoop {
  public:
   struct Hooks {
@@ -44,6 +58,8 @@ class EventLoop {
     // otherwise (an armed fabric whose arming the driver may have used up)
     // after any work.
     bool fd_shows_all_work = false;
+    // Around every stretch, when set; it outlives the loop.
+    StretchGuard* guard = nullptr;
   };
 
   // `spin` keeps polling that long after the last work before sleeping: a

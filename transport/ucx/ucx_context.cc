@@ -49,6 +49,7 @@ class UcxListener final : public Listener {
   ~UcxListener() override {
     RunOnLoop(*ctx_, [this] {
       if (listener_) ucp_listener_destroy(listener_);
+      ctx_->closed_since_progress_ = true;
       return 0;
     });
   }
@@ -98,6 +99,11 @@ Result<std::unique_ptr<Context>> UcxContext::Create(const ContextOptions& option
 
 Status UcxContext::Init() {
   ApplyUcxDefaults();
+  if (UcxAsyncGuard::Needed()) {
+    async_guard_ = std::make_unique<UcxAsyncGuard>([this] {
+      if (closed_since_progress_ && !in_progress_ && worker_ != nullptr) Progress();
+    });
+  }
   ucp_config_t* config = nullptr;
   ucs_status_t st = ucp_config_read(nullptr, nullptr, &config);
   if (st != UCS_OK) return FromUcs(st, "ucp_config_read");
@@ -120,7 +126,8 @@ Status UcxContext::Init() {
   // One thread at a time: the progress thread, or a thread driving in its
   // place, under the event loop's drive lock.
   wparams.thread_mode = UCS_THREAD_MODE_SERIALIZED;
-  st = ucp_worker_create(context_->handle, &wparams, &worker_);
+  // A new worker opens sockets (its interfaces') the moment it is created.
+  Opening([&] { st = ucp_worker_create(context_->handle, &wparams, &worker_); });
   if (st != UCS_OK) return FromUcs(st, "ucp_worker_create");
 
   ucp_am_handler_param_t am{};
@@ -139,7 +146,8 @@ Status UcxContext::Init() {
     if (st != UCS_OK) return FromUcs(st, "ucp_worker_get_efd");
   }
   EventLoop::Hooks hooks;
-  hooks.progress = [this] { return ucp_worker_progress(worker_) != 0; };
+  hooks.progress = [this] { return Progress(); };
+  hooks.guard = async_guard_.get();
   hooks.arm = [this] { return ucp_worker_arm(worker_) == UCS_OK; };
   hooks.event_fd = efd;
   if (MissesRcWakeups()) {
@@ -180,15 +188,35 @@ UcxContext::~UcxContext() {
     // Let closes finish (graceful ones need the peer's answer), within a bound.
     const auto limit = std::chrono::steady_clock::now() + std::chrono::seconds(1);
     while (!closing_.empty() && std::chrono::steady_clock::now() < limit) {
-      ucp_worker_progress(worker_);
+      if (async_guard_) async_guard_->Enter(/*wait=*/true);
+      Progress();
+      if (async_guard_) async_guard_->Leave();
       std::erase_if(closing_, [](void* req) {
         if (ucp_request_check_status(req) == UCS_INPROGRESS) return false;
         ucp_request_free(req);
         return true;
       });
     }
-    ucp_worker_destroy(worker_);
+    if (async_guard_) async_guard_->Enter(/*wait=*/true);
+    ucp_worker_destroy(worker_);  // its queue of events goes with it
+    worker_ = nullptr;
+    if (async_guard_) async_guard_->Leave();
   }
+}
+
+bool UcxContext::Progress() {
+  in_progress_ = true;
+  const bool worked = ucp_worker_progress(worker_) != 0;
+  in_progress_ = false;
+  closed_since_progress_ = false;  // that call drained what a close left behind
+  return worked;
+}
+
+void UcxContext::Opening(const std::function<void()>& open) {
+  // Inside progress (a connection request answered) the worker cannot be
+  // settled; a server's endpoint takes the socket UCX accepted anyway.
+  if (async_guard_ == nullptr || in_progress_) return open();
+  async_guard_->Exclusively(open);
 }
 
 Status UcxContext::CanRegister(MemoryKind kind) const {
@@ -303,7 +331,8 @@ Result<std::unique_ptr<Listener>> UcxContext::Listen(const std::string& host, ui
     params.sockaddr.addrlen = SockaddrLen(*addr);
     params.conn_handler.cb = &UcxListener::OnConnRequest;
     params.conn_handler.arg = listener.get();
-    ucs_status_t s = ucp_listener_create(worker_, &params, &listener->listener_);
+    ucs_status_t s = UCS_OK;
+    Opening([&] { s = ucp_listener_create(worker_, &params, &listener->listener_); });
     if (s == UCS_ERR_BUSY) {
       // UCX says "Device is busy" for an address in use.
       return Status::Unavailable("listen on " + host + ":" + std::to_string(port) +
@@ -344,7 +373,8 @@ void UcxContext::Connect(const std::string& host, uint16_t port, std::chrono::mi
     params.sockaddr.addr = reinterpret_cast<const sockaddr*>(&*addr);
     params.sockaddr.addrlen = SockaddrLen(*addr);
     params.err_mode = ErrorModeFor(options_.peer_failure, *addr);
-    Status st = CreateEndpoint(params, ep);
+    Status st;
+    Opening([&] { st = CreateEndpoint(params, ep); });
     if (!st.ok()) {
       done(st.WithContext("connect to " + peer));
       return;
@@ -407,6 +437,7 @@ void UcxContext::CloseEndpoint(UcxEndpoint* ep, bool force) {
   param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
   param.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
   ucs_status_ptr_t req = ucp_ep_close_nbx(handle, &param);
+  closed_since_progress_ = true;
   if (UCS_PTR_IS_PTR(req)) closing_.push_back(req);
   std::erase_if(closing_, [](void* r) {
     if (ucp_request_check_status(r) == UCS_INPROGRESS) return false;

@@ -12,6 +12,7 @@
 #include "transport/event_loop.h"
 #include "transport/message_handlers.h"
 #include "transport/transport.h"
+#include "transport/ucx/ucx_async_guard.h"
 #include "transport/ucx/ucx_endpoint.h"
 #include "transport/ucx/ucx_region.h"
 
@@ -55,6 +56,11 @@ class UcxContext final : public Context {
                                       bool allocate);
 
   // Loop thread only.
+  // ucp_worker_progress, once.
+  bool Progress();
+  // Runs `open`, a UCX call that may open a socket UCX watches, as the
+  // async guard (if any) requires.
+  void Opening(const std::function<void()>& open);
   Status CreateEndpoint(const ucp_ep_params_t& params, const std::shared_ptr<UcxEndpoint>& ep);
   void OnAmReceived(ucp_ep_h reply_ep, uint16_t msg_id, std::span<const uint8_t> bytes);
   void OnEndpointError(ucp_ep_h handle, ucs_status_t status);
@@ -70,6 +76,8 @@ class UcxContext final : public Context {
   std::shared_ptr<UcpContextHolder> context_;
   uint64_t memory_types_ = 0;  // UCS_BIT(ucs_memory_type_t) this UCX can map
   ucp_worker_h worker_ = nullptr;
+  // For a UCX that needs it; outlives loop_, which enters it.
+  std::unique_ptr<UcxAsyncGuard> async_guard_;
   std::unique_ptr<EventLoop> loop_;
   AtomicCounters counters_;
 
@@ -80,6 +88,11 @@ class UcxContext final : public Context {
   // Loop thread only.
   std::unordered_map<ucp_ep_h, std::shared_ptr<UcxEndpoint>> endpoints_;
   std::vector<void*> closing_;  // ucp_ep_close_nbx requests in flight
+  // An endpoint or listener was closed since the last ucp_worker_progress:
+  // the worker may hold a stale event for its socket (UcxAsyncGuard).
+  bool closed_since_progress_ = false;
+
+  bool in_progress_ = false;  // inside ucp_worker_progress
 };
 
 }  // namespace tessera::transport::ucx
