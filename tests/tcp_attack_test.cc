@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <functional>
 #include <mutex>
@@ -84,6 +85,50 @@ class TcpAttackTest : public ::testing::Test {
     h.op = 1;
     return h;
   }
+  static FrameHeader GetFrom(const Region& region, uint64_t offset, uint64_t len) {
+    FrameHeader h = PutTo(region, offset, len);
+    h.type = FrameType::kGet;
+    return h;
+  }
+  // Byte `offset` of `region` as a one-sided get of another (authenticated)
+  // peer reads it: the server's own thread reads the memory, which the test's
+  // thread may not while that thread writes it.
+  uint8_t ByteAt(const Region& region, uint64_t offset) {
+    Attacker probe(listener_->port());
+    probe.Preamble();
+    probe.Frame(GetFrom(region, offset, 1));
+    const auto answer = probe.Read(kPreamble.size() + kFrameHeaderBytes + 1);
+    return answer.size() == kPreamble.size() + kFrameHeaderBytes + 1 ? answer.back() : 0;
+  }
+  // A put of `len` bytes whose region is freed once its first `first` bytes
+  // landed, and (`map_again`) a region of the same size allocated at once,
+  // where the freed one was as mmap tends to put it; then the rest is sent.
+  void PutIntoARegionFreedMidway(size_t len, size_t first, bool map_again = true) {
+    authenticate_ = true;
+    auto region = server_->Allocate(len, MemoryKind::kHost, RemoteAccess::kReadWrite).value();
+    std::memset(region->data(), 0x11, len);
+    Attacker a(listener_->port());
+    a.Preamble();
+    a.Frame(PutTo(*region, 0, len), std::vector<uint8_t>(first, 0xee));
+    ASSERT_TRUE(testing::WaitUntil([&] { return ByteAt(*region, first - 1) == 0xee; }, 20s))
+        << "the first bytes of the put never landed";
+    const void* freed_at = region->data();
+    region.reset();
+    if (!map_again) {
+      a.Raw(std::vector<uint8_t>(len - first, 0xee));
+      EXPECT_TRUE(a.ClosedByServer());
+      ServerStillServes();
+      return;
+    }
+    auto next = server_->Allocate(len, MemoryKind::kHost, RemoteAccess::kReadWrite).value();
+    std::memset(next->data(), 0x33, len);
+    a.Raw(std::vector<uint8_t>(len - first, 0xee));
+    EXPECT_TRUE(a.ClosedByServer());
+    EXPECT_TRUE(Untouched(*next, 0x33))
+        << "the put went on into a region allocated since"
+        << (next->data() == freed_at ? ", where the freed one was" : "");
+    ServerStillServes();
+  }
   static bool Untouched(const Region& region, uint8_t fill) {
     const auto* p = static_cast<const uint8_t*>(region.data());
     return std::all_of(p, p + region.size(), [&](uint8_t b) { return b == fill; });
@@ -157,6 +202,53 @@ TEST_F(TcpAttackTest, WritesPastTheRegionWriteNothing) {
     EXPECT_TRUE(a.ClosedByServer()) << offset << " +" << len;
   }
   EXPECT_TRUE(Untouched(*writable_, 0x11));
+  ServerStillServes();
+}
+
+// A put's region was checked once, at its header, and a raw pointer kept:
+// a worker that let its connection's staging slot go (the shard unmapped
+// it) and then sent the payload killed the ps task (SIGSEGV), or, once a
+// tensor's arena was mapped at that address, wrote 4 MiB into the arena.
+// Each piece of a put now finds its region again. A large put's payload
+// goes straight from the socket into the region; a small one's is copied
+// from the read buffer: both ways.
+TEST_F(TcpAttackTest, APutIntoARegionFreedMidwayWritesNothingMore) {
+  PutIntoARegionFreedMidway(4 << 20, 64 << 10);
+}
+TEST_F(TcpAttackTest, ASmallPutIntoARegionFreedMidwayWritesNothingMore) {
+  PutIntoARegionFreedMidway(8 << 10, 1 << 10);
+}
+TEST_F(TcpAttackTest, APutIntoARegionFreedMidwayLeavesTheServerAlive) {
+  PutIntoARegionFreedMidway(8 << 10, 1 << 10, /*map_again=*/false);
+  PutIntoARegionFreedMidway(4 << 20, 64 << 10, /*map_again=*/false);
+}
+
+// A get's answer was queued as a raw pointer into its region: freed while the
+// answer waited for the socket, the region was read after it was gone, or
+// another region mapped there since was sent to the peer.
+TEST_F(TcpAttackTest, AGetFromARegionFreedMidwayReadsNothingMore) {
+  authenticate_ = true;
+  constexpr size_t kLen = 64 << 20;  // far more than the sockets' buffers hold
+  auto region = server_->Allocate(kLen, MemoryKind::kHost, RemoteAccess::kRead).value();
+  std::memset(region->data(), 0x22, kLen);
+  Attacker a(listener_->port());
+  a.Preamble();
+  a.Frame(GetFrom(*region, 0, kLen));
+  // Nothing is read until the region is gone: the answer fills the sockets'
+  // buffers and waits.
+  ASSERT_TRUE(testing::WaitUntil(
+      [&] { return a.Unread() > kPreamble.size() + kFrameHeaderBytes; }, 20s))
+      << "the answer never began";
+  const void* freed_at = region->data();
+  region.reset();
+  auto next = server_->Allocate(kLen, MemoryKind::kHost, RemoteAccess::kRead).value();
+  std::memset(next->data(), 0x5a, kLen);  // another tensor's values
+  const std::vector<uint8_t> rest = a.Read(kLen);
+  EXPECT_LT(rest.size(), kLen) << "the whole answer was sent";
+  EXPECT_EQ(std::count(rest.begin(), rest.end(), 0x5a), 0)
+      << "bytes of a region allocated since were sent"
+      << (next->data() == freed_at ? ", where the freed one was" : "");
+  EXPECT_TRUE(a.ClosedByServer());
   ServerStillServes();
 }
 

@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -160,6 +161,11 @@ std::vector<uint8_t> RawTcpSocket::Read(size_t n) {
   }
   out.resize(got);
   return out;
+}
+
+size_t RawTcpSocket::Unread() const {
+  int n = 0;
+  return ioctl(fd_, FIONREAD, &n) == 0 && n > 0 ? static_cast<size_t>(n) : 0;
 }
 
 bool RawTcpSocket::ClosedByServer() {

@@ -79,6 +79,8 @@ class RawTcpSocket {
   void Send(std::span<const uint8_t> bytes);
   // Exactly n bytes from the server, or fewer when it closed or went quiet.
   std::vector<uint8_t> Read(size_t n);
+  // How many bytes the server sent that are not read yet.
+  size_t Unread() const;
   // True once the server closed the connection: reads until EOF or reset,
   // discarding what the server sent.
   bool ClosedByServer();

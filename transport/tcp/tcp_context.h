@@ -18,6 +18,7 @@
 
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <unordered_map>
 #include <vector>
 
@@ -147,6 +148,10 @@ class TcpEndpoint final : public Endpoint, public std::enable_shared_from_this<T
     uint8_t header_len = kFrameHeaderBytes;
     const uint8_t* payload = nullptr;
     size_t payload_len = 0;
+    // A get's answer: the payload lies in this region (as the peer named
+    // it), found again for each send; 0: in the sender's own memory.
+    uint32_t region = 0;
+    RegionKey key{};
     MessageBytes owned;
     Completion written;  // messages: once on the wire
     size_t sent = 0;     // of header_len + payload_len
@@ -183,6 +188,13 @@ class TcpEndpoint final : public Endpoint, public std::enable_shared_from_this<T
   Status OnPayloadDone();
   void CompleteOp(uint64_t id, const Status& st);
   void StartPayload(uint8_t* dst, uint64_t len);
+  // Where the payload's next `len` bytes go: for a put, its region found
+  // again (it may have been freed since the last piece) and held while
+  // `pinned` lives; else payload_dst_.
+  Result<uint8_t*> PayloadPlace(uint64_t len, std::optional<RegionTable::Pinned>* pinned);
+  // Pins the regions the get answers among the first `frames` queued read
+  // from, and checks each is still there; an error when one is gone.
+  Status PinAnswers(size_t frames, std::optional<RegionTable::Pinned>* pinned);
   void UpdateInterest();
   // The peer broke the protocol: logged, then closed.
   void Refuse(const Status& why);
@@ -223,6 +235,10 @@ class TcpEndpoint final : public Endpoint, public std::enable_shared_from_this<T
   FrameHeader cur_;
   uint8_t* payload_dst_ = nullptr;  // where the current payload goes
   uint64_t payload_left_ = 0;
+  // A put's payload goes into this region (id and key as the peer named
+  // them), found again for each piece; 0: into this side's own buffer.
+  uint32_t payload_region_ = 0;
+  RegionKey payload_key_{};
   MessageBytes message_;  // a message larger than what was buffered
 };
 

@@ -193,7 +193,8 @@ bool TcpEndpoint::WriteSome() {
   while (!dead_ && !connecting_ && !out_.empty()) {
     iovec iov[128];
     int n = 0;
-    for (size_t i = 0; i < out_.size() && n < 126; ++i) {
+    size_t frames = 0;
+    for (size_t i = 0; i < out_.size() && n < 126; ++i, ++frames) {
       OutFrame* it = &out_[i];
       size_t skip = it->sent;
       if (skip < it->header_len) {
@@ -210,7 +211,20 @@ bool TcpEndpoint::WriteSome() {
     msghdr msg{};
     msg.msg_iov = iov;
     msg.msg_iovlen = static_cast<size_t>(n);
-    const ssize_t w = sendmsg(fd_, &msg, MSG_NOSIGNAL);
+    ssize_t w;
+    int send_errno;
+    {
+      // A get's answer is read from its region: still there, and kept, while it is sent.
+      std::optional<RegionTable::Pinned> pinned;
+      if (Status held = PinAnswers(frames, &pinned); !held.ok()) {
+        pinned.reset();
+        Refuse(held);
+        break;
+      }
+      w = sendmsg(fd_, &msg, MSG_NOSIGNAL);
+      send_errno = errno;
+    }
+    errno = send_errno;
     if (w < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) break;
@@ -290,7 +304,13 @@ void TcpEndpoint::ReadSome() {
     if (state_ == RecvState::kPayload && !buffered && payload_left_ >= kDirectBytes && !closing_) {
       // A large payload goes straight into its region or buffer.
       const size_t want = static_cast<size_t>(std::min<uint64_t>(payload_left_, SSIZE_MAX));
-      r = recv(fd_, payload_dst_, want, 0);
+      std::optional<RegionTable::Pinned> pinned;
+      auto place = PayloadPlace(want, &pinned);
+      if (!place.ok()) return Refuse(place.status());
+      r = recv(fd_, *place, want, 0);
+      const int recv_errno = errno;
+      pinned.reset();
+      errno = recv_errno;
       if (r > 0) {
         NoteTraffic();
         reads_++;
@@ -357,7 +377,15 @@ bool TcpEndpoint::Parse() {
       continue;
     }
     const size_t take = static_cast<size_t>(std::min<uint64_t>(avail, payload_left_));
-    std::memcpy(payload_dst_, in, take);
+    {
+      std::optional<RegionTable::Pinned> pinned;
+      auto place = PayloadPlace(take, &pinned);
+      if (!place.ok()) {
+        Refuse(place.status());
+        return false;
+      }
+      std::memcpy(*place, in, take);
+    }
     payload_dst_ += take;
     payload_left_ -= take;
     rpos_ += take;
@@ -390,7 +418,30 @@ Status TcpEndpoint::OnPreamble() {
 void TcpEndpoint::StartPayload(uint8_t* dst, uint64_t len) {
   payload_dst_ = dst;
   payload_left_ = len;
+  payload_region_ = 0;
   state_ = RecvState::kPayload;
+}
+
+Result<uint8_t*> TcpEndpoint::PayloadPlace(uint64_t len,
+                                           std::optional<RegionTable::Pinned>* pinned) {
+  if (payload_region_ == 0) return payload_dst_;
+  pinned->emplace(ctx_->regions_->Pin());
+  auto at = (*pinned)->Find(payload_region_, payload_key_, reinterpret_cast<uint64_t>(payload_dst_),
+                            len, RemoteAccess::kWrite);
+  if (!at.ok()) return at.status().WithContext("a one-sided write from " + peer_ + ", midway");
+  return *at;
+}
+
+Status TcpEndpoint::PinAnswers(size_t frames, std::optional<RegionTable::Pinned>* pinned) {
+  for (size_t i = 0; i < frames && i < out_.size(); ++i) {
+    const OutFrame& f = out_[i];
+    if (f.region == 0) continue;
+    if (!*pinned) pinned->emplace(ctx_->regions_->Pin());
+    auto at = (*pinned)->Find(f.region, f.key, reinterpret_cast<uint64_t>(f.payload), f.payload_len,
+                              RemoteAccess::kRead);
+    if (!at.ok()) return at.status().WithContext("a one-sided read by " + peer_ + ", midway");
+  }
+  return Status::Ok();
 }
 
 Status TcpEndpoint::OnHeader() {
@@ -425,12 +476,14 @@ Status TcpEndpoint::OnHeader() {
         return Status::PermissionDenied(peer_ + " asked for a one-sided " +
                                         (put ? "write" : "read") + " before authenticating");
       }
-      auto region = ctx_->regions_->Check(cur_.region, cur_.key, cur_.addr, cur_.length,
-                                          put ? RemoteAccess::kWrite : RemoteAccess::kRead);
-      if (!region.ok()) return region.status().WithContext("one-sided access from " + peer_);
-      uint8_t* at = region->base + (cur_.addr - reinterpret_cast<uint64_t>(region->base));
+      // Checked now, to refuse at once, and again for each piece moved.
+      auto at = ctx_->regions_->Pin().Find(cur_.region, cur_.key, cur_.addr, cur_.length,
+                                           put ? RemoteAccess::kWrite : RemoteAccess::kRead);
+      if (!at.ok()) return at.status().WithContext("one-sided access from " + peer_);
       if (put) {
-        StartPayload(at, cur_.length);
+        StartPayload(*at, cur_.length);
+        payload_region_ = cur_.region;
+        payload_key_ = cur_.key;
         return cur_.length == 0 ? OnPayloadDone() : Status::Ok();
       }
       if (out_.size() >= kMaxQueuedFrames) {
@@ -442,8 +495,10 @@ Status TcpEndpoint::OnHeader() {
       answer.op = cur_.op;
       answer.length = cur_.length;
       EncodeFrameHeader(answer, f.header);
-      f.payload = at;
+      f.payload = *at;
       f.payload_len = static_cast<size_t>(cur_.length);
+      f.region = cur_.region;
+      f.key = cur_.key;
       Queue(std::move(f));
       return Status::Ok();
     }

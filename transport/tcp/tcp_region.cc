@@ -23,15 +23,13 @@ void RegionTable::Remove(uint32_t id) {
   regions_.erase(id);
 }
 
-Result<RegionRecord> RegionTable::Check(uint32_t id, const RegionKey& key, uint64_t addr,
-                                        uint64_t len, RemoteAccess need) const {
-  RegionRecord r;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = regions_.find(id);
-    if (it == regions_.end()) return Status::PermissionDenied("no region " + std::to_string(id));
-    r = it->second;
+Result<uint8_t*> RegionTable::Pinned::Find(uint32_t id, const RegionKey& key, uint64_t addr,
+                                           uint64_t len, RemoteAccess need) const {
+  auto it = table_.regions_.find(id);
+  if (it == table_.regions_.end()) {
+    return Status::PermissionDenied("no region " + std::to_string(id));
   }
+  const RegionRecord& r = it->second;
   if (CRYPTO_memcmp(r.key.data(), key.data(), key.size()) != 0) {
     return Status::PermissionDenied("wrong key for region " + std::to_string(id));
   }
@@ -44,7 +42,7 @@ Result<RegionRecord> RegionTable::Check(uint32_t id, const RegionKey& key, uint6
     return Status::OutOfRange(std::to_string(len) + " bytes at an address outside region " +
                               std::to_string(id));
   }
-  return r;
+  return r.base + (addr - base);
 }
 
 TcpRegion::TcpRegion(std::shared_ptr<RegionTable> table, RegionRecord record, bool owned)

@@ -28,12 +28,31 @@ struct RegionRecord {
 // changed from any thread.
 class RegionTable {
  public:
+  // The table held still: no region is removed while a Pinned lives, so
+  // memory that Find vouched for stays that region's. A one-sided transfer
+  // pins the table for each piece it moves (a recv, a send, a copy), never
+  // across a wait: a region freed between two pieces (its connection's slot
+  // let go) ends the transfer instead of being written or read.
+  class Pinned {
+   public:
+    // The address `addr` when `key` is region `id`'s key (compared in
+    // constant time), its access allows `need`, and [addr, addr + len) lies
+    // inside it; an error naming what failed otherwise.
+    Result<uint8_t*> Find(uint32_t id, const RegionKey& key, uint64_t addr, uint64_t len,
+                          RemoteAccess need) const;
+
+   private:
+    friend class RegionTable;
+    explicit Pinned(const RegionTable& table) : table_(table), lock_(table.mu_) {}
+    const RegionTable& table_;
+    std::unique_lock<std::mutex> lock_;
+  };
+
   uint32_t Add(const RegionRecord& record);
+  // Waits for the piece of a transfer in progress to end: after it returns
+  // no transfer reaches the region.
   void Remove(uint32_t id);
-  // The region when `key` is its key (constant time) and [addr, addr+len)
-  // lies inside it; an error naming what failed otherwise.
-  Result<RegionRecord> Check(uint32_t id, const RegionKey& key, uint64_t addr, uint64_t len,
-                             RemoteAccess need) const;
+  Pinned Pin() const { return Pinned(*this); }
 
  private:
   mutable std::mutex mu_;
