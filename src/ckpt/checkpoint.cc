@@ -16,6 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/bounded_file.h"
 #include "core/log.h"
 
 namespace tessera::ckpt {
@@ -360,10 +361,16 @@ const TensorRecord* Checkpoint::Find(const std::string& name) const {
 
 namespace {
 
-Result<std::string> ReadWholeFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Status::NotFound(path + " is missing");
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+// A manifest or index lists a checkpoint's tensors (a few hundred bytes
+// each): the bound leaves room for hundreds of thousands of them. A digest
+// is one line.
+constexpr uint64_t kMaxListingFileBytes = 256u << 20;
+constexpr uint64_t kMaxDigestFileBytes = 4096;
+
+Result<std::string> ReadWholeFile(const std::string& path,
+                                  uint64_t max_bytes = kMaxListingFileBytes) {
+  if (!std::filesystem::exists(path)) return Status::NotFound(path + " is missing");
+  return ReadBoundedFile(path, max_bytes, "the checkpoint file");
 }
 
 std::span<const uint8_t> Bytes(const std::string& s) {
@@ -392,6 +399,9 @@ Status CheckpointLayout::CheckIndex(const Manifest& m, const std::string& text,
 Result<Checkpoint> Checkpoint::Open(const std::string& step_dir, bool verify_data) {
   const std::string manifest_path = step_dir + "/" + kManifestName;
   auto text = ReadWholeFile(manifest_path);
+  if (!text.ok() && text.status().code() != StatusCode::kNotFound) {
+    return Status::DataLoss(text.status().message());
+  }
   if (!text.ok()) {
     return Status::NotFound(manifest_path + " is missing (an unfinished checkpoint?)");
   }
@@ -399,8 +409,12 @@ Result<Checkpoint> Checkpoint::Open(const std::string& step_dir, bool verify_dat
   if (!manifest.ok()) return manifest.status();
   if (manifest->version >= 2) {
     const std::string digest_path = step_dir + "/" + kManifestDigestName;
-    auto digest = ReadWholeFile(digest_path);
-    if (!digest.ok()) return Status::DataLoss(digest_path + " is missing");
+    auto digest = ReadWholeFile(digest_path, kMaxDigestFileBytes);
+    if (!digest.ok()) {
+      return Status::DataLoss(digest.status().code() == StatusCode::kNotFound
+                                  ? digest_path + " is missing"
+                                  : digest.status().message());
+    }
     while (!digest->empty() && (digest->back() == '\n' || digest->back() == '\r'))
       digest->pop_back();
     if (*digest != Sha256Hex(Bytes(*text))) {
@@ -429,6 +443,8 @@ Result<Checkpoint> Checkpoint::Open(const std::string& step_dir, bool verify_dat
                                     Sha256Hex(Bytes(*index)) != c.manifest.index.sha256)) {
       return Status::DataLoss(index_path + " differs from what " + kManifestName + " recorded");
     }
+  } else if (index.status().code() != StatusCode::kNotFound) {
+    return Status::DataLoss(index.status().message());
   } else if (c.manifest.version >= 2) {
     return Status::DataLoss(index_path + " is missing");
   }

@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/bounded_file.h"
 #include "core/bytes.h"
 
 namespace tessera::ckpt {
@@ -237,12 +238,16 @@ Result<uint64_t> HeaderLength(const std::string& path, std::span<const uint8_t> 
 }  // namespace
 
 Result<SafetensorsHeader> ReadSafetensorsHeader(const std::string& path) {
-  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);  // a FIFO would wait
   if (fd < 0) return Status::NotFound("cannot open " + path + ": " + std::strerror(errno));
   struct stat st {};
   if (fstat(fd, &st) != 0) {
     close(fd);
     return Errno("stat of " + path);
+  }
+  if (!S_ISREG(st.st_mode)) {
+    close(fd);
+    return Status::InvalidArgument(path + " is not a regular file: refused");
   }
   SafetensorsHeader out;
   out.file_size = static_cast<uint64_t>(st.st_size);
@@ -271,10 +276,12 @@ const TensorEntry* SafetensorsHeader::Find(const std::string& name) const {
 }
 
 Result<SafetensorsFile> SafetensorsFile::Read(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Status::NotFound("cannot open " + path);
-  std::vector<uint8_t> all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  return Parse(path, std::move(all));
+  // Read whole (inspect and verify hash every tensor): a regular file only,
+  // so that a link to a device is refused rather than read for ever.
+  constexpr uint64_t kMaxWholeFileBytes = uint64_t{1} << 40;
+  auto all = ReadBoundedFileBytes(path, kMaxWholeFileBytes, "the safetensors file");
+  if (!all.ok()) return all.status();
+  return Parse(path, std::move(*all));
 }
 
 Result<SafetensorsFile> SafetensorsFile::Parse(const std::string& where, std::vector<uint8_t> all) {

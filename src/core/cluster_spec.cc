@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/bounded_file.h"
 #include "tessera/cluster.h"
 
 namespace tessera {
@@ -186,11 +187,12 @@ Result<ClusterSpec> ClusterSpec::FromJson(const std::string& json_text) {
 }
 
 Result<ClusterSpec> ClusterSpec::FromJsonFile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return Status::NotFound("cannot open cluster spec file '" + path + "'");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  auto spec = FromJson(ss.str());
+  // Tens of bytes a task: the bound leaves room for clusters of many
+  // thousands of tasks and keeps a file that is something else out.
+  constexpr uint64_t kMaxSpecFileBytes = 16u << 20;
+  auto text = ReadBoundedFile(path, kMaxSpecFileBytes, "the cluster spec file");
+  if (!text.ok()) return text.status();
+  auto spec = FromJson(*text);
   if (!spec.ok()) return spec.status().WithContext(path);
   return spec;
 }

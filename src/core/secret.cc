@@ -6,10 +6,10 @@
 
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <span>
-#include <sstream>
 #include <vector>
+
+#include "core/bounded_file.h"
 
 namespace tessera {
 namespace {
@@ -37,11 +37,11 @@ Result<std::string> LoadSecret(const std::string& file_path) {
     return Status::NotFound(
         "no cluster secret: set TESSERA_SECRET or TESSERA_SECRET_FILE (tessera launch makes one)");
   }
-  std::ifstream in(path);
-  if (!in) return Status::NotFound("cannot read cluster secret file '" + path + "'");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  std::string secret = ss.str();
+  // A secret is tens of bytes (`tessera secret` writes 64); the bound keeps
+  // a file that is something else (TESSERA_SECRET_FILE=/dev/zero) out.
+  auto read = ReadBoundedFile(path, kMaxSecretFileBytes, "the cluster secret file");
+  if (!read.ok()) return read.status();
+  std::string secret = std::move(*read);
   while (!secret.empty() && (secret.back() == '\n' || secret.back() == '\r')) secret.pop_back();
   if (secret.empty()) return Status::InvalidArgument("cluster secret file '" + path + "' is empty");
   return secret;

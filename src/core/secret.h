@@ -21,6 +21,8 @@ Result<std::string> LoadSecret(const std::string& file_path = "");
 // A secret shorter than this could be guessed by whoever may try: refused
 // unless the user allows it (allow_weak, or TESSERA_ALLOW_WEAK_SECRET=1).
 constexpr size_t kMinSecretBytes = 16;
+// A secret file longer than this is refused unread.
+constexpr size_t kMaxSecretFileBytes = 4096;
 Status CheckSecretStrength(const std::string& secret, bool allow_weak);
 // 32 random bytes, hex-encoded; an error only when the system has no
 // entropy to give.
