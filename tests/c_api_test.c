@@ -305,6 +305,21 @@ static void test_call_errors(tessera_client_t* c, tessera_tensor_t sync_add, tes
   tessera_push_pull_item_t pp = {sync_add, grad, weights, sizeof grad};
   FAILS("sync_add", tessera_client_push_pull(c, &pp, 1, &err));
 
+  /* NULL where memory must be is refused by name (a push with data=NULL
+     used to crash the process). */
+  tessera_push_item_t null_data = {sgd, NULL, SGD_ELEMS * sizeof(float)};
+  FAILS("null data pointer", tessera_client_push(c, &null_data, 1, TESSERA_NO_STEP, &err));
+  tessera_pull_item_t null_pull = {sgd, NULL, SGD_ELEMS * sizeof(float), 1, 0};
+  FAILS("null data pointer", tessera_client_pull(c, &null_pull, 1, &err));
+  tessera_push_pull_item_t null_weights = {sgd, grad, NULL, SGD_ELEMS * sizeof(float)};
+  FAILS("null weights pointer", tessera_client_push_pull(c, &null_weights, 1, &err));
+  FAILS("items", tessera_client_push(c, NULL, 1, TESSERA_NO_STEP, &err));
+  FAILS("client is NULL", tessera_client_pull(NULL, &null_pull, 1, &err));
+  tessera_future_t* refused = tessera_client_pull_async(c, NULL, 2);
+  CHECK(refused != NULL && tessera_future_ready(refused) == 1);
+  FAILS("items", tessera_future_wait(refused, &err));
+  tessera_future_destroy(refused);
+
   /* An asynchronous call's error: through wait, wait_for and then. */
   tessera_future_t* f = tessera_client_push_async(c, &wrong_size, 1, TESSERA_NO_STEP);
   CHECK(f != NULL);

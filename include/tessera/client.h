@@ -263,6 +263,8 @@ struct TESSERA_EXPORT DroppedChunk {
 class TESSERA_EXPORT Future {
  public:
   Future() = default;
+  // A Future already complete with `st` (a call refused before it began).
+  static Future Failed(const Status& st);
   // Waits for completion, at most the client's operation timeout.
   Status Wait() const;
   Status WaitFor(std::chrono::milliseconds limit) const;

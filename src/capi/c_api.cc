@@ -149,6 +149,13 @@ tessera::Tensor FromHandle(const tessera::Client& client, tessera_tensor_t handl
   return {index, client.id()};
 }
 
+// Why a call's arguments cannot even be read (NULL where memory must be).
+tessera::Status BadCall(const tessera_client_t* client, const void* items, size_t count) {
+  if (client == nullptr) return BadHandle("client");
+  if (items == nullptr && count > 0) return BadHandle("items (with a count above 0)");
+  return tessera::Status::Ok();
+}
+
 std::vector<tessera::PushItem> PushItems(const tessera::Client& client,
                                          const tessera_push_item_t* items, size_t count) {
   std::vector<tessera::PushItem> out;
@@ -458,6 +465,7 @@ int tessera_client_start_step(const tessera_client_t* client, uint64_t* step) {
 void tessera_client_push(tessera_client_t* client, const tessera_push_item_t* items, size_t count,
                          uint64_t step, char** errptr) {
   GuardedVoid(errptr, [&] {
+    if (SaveError(errptr, BadCall(client, items, count))) return;
     auto batch = PushItems(*client->client, items, count);
     const tessera::CallOptions call{.caller_waits = true};
     tessera::Future f = step == TESSERA_NO_STEP ? client->client->PushAsync(batch, call)
@@ -469,6 +477,7 @@ void tessera_client_push(tessera_client_t* client, const tessera_push_item_t* it
 void tessera_client_pull(tessera_client_t* client, const tessera_pull_item_t* items, size_t count,
                          char** errptr) {
   GuardedVoid(errptr, [&] {
+    if (SaveError(errptr, BadCall(client, items, count))) return;
     const tessera::CallOptions call{.caller_waits = true};
     SaveError(errptr,
               client->client->PullAsync(PullItems(*client->client, items, count), call).Wait());
@@ -478,6 +487,7 @@ void tessera_client_pull(tessera_client_t* client, const tessera_pull_item_t* it
 void tessera_client_push_pull(tessera_client_t* client, const tessera_push_pull_item_t* items,
                               size_t count, char** errptr) {
   GuardedVoid(errptr, [&] {
+    if (SaveError(errptr, BadCall(client, items, count))) return;
     const tessera::CallOptions call{.caller_waits = true};
     SaveError(
         errptr,
@@ -507,6 +517,9 @@ tessera_future_t* tessera_client_push_async_on_stream(tessera_client_t* client,
                                                       size_t count, uint64_t step,
                                                       void* cuda_stream) {
   return OrAbort([&] {
+    if (auto bad = BadCall(client, items, count); !bad.ok()) {
+      return new tessera_future_t{tessera::Future::Failed(bad)};
+    }
     auto batch = PushItems(*client->client, items, count);
     const tessera::CallOptions call{cuda_stream};
     return new tessera_future_t{step == TESSERA_NO_STEP
@@ -519,6 +532,9 @@ tessera_future_t* tessera_client_pull_async_on_stream(tessera_client_t* client,
                                                       const tessera_pull_item_t* items,
                                                       size_t count, void* cuda_stream) {
   return OrAbort([&] {
+    if (auto bad = BadCall(client, items, count); !bad.ok()) {
+      return new tessera_future_t{tessera::Future::Failed(bad)};
+    }
     return new tessera_future_t{client->client->PullAsync(PullItems(*client->client, items, count),
                                                           tessera::CallOptions{cuda_stream})};
   });
@@ -528,6 +544,9 @@ tessera_future_t* tessera_client_push_pull_async_on_stream(tessera_client_t* cli
                                                            const tessera_push_pull_item_t* items,
                                                            size_t count, void* cuda_stream) {
   return OrAbort([&] {
+    if (auto bad = BadCall(client, items, count); !bad.ok()) {
+      return new tessera_future_t{tessera::Future::Failed(bad)};
+    }
     return new tessera_future_t{client->client->PushPullAsync(
         PushPullItems(*client->client, items, count), tessera::CallOptions{cuda_stream})};
   });

@@ -272,6 +272,7 @@ class Client::Impl {
     const void* data;
     void* out = nullptr;
     uint64_t min_version = 0, min_step = 0;
+    bool has_out = false;  // a push_pull's: `out` is where its weights go
   };
   static ItemView ViewOf(const PushItem& i) {
     return {i.tensor, i.bytes, i.dtype, i.memory, i.chunks, i.data};
@@ -281,7 +282,7 @@ class Client::Impl {
             i.data,   nullptr, i.min_version, i.min_step};
   }
   static ItemView ViewOf(const PushPullItem& i) {
-    return {i.tensor, i.bytes, i.dtype, i.memory, i.chunks, i.gradient, i.weights};
+    return {i.tensor, i.bytes, i.dtype, i.memory, i.chunks, i.gradient, i.weights, 0, 0, true};
   }
   // Splits a call's items into each shard's chunks (the items' ChunkParts
   // only), after checking each item's buffer, size and dtype; a sync tensor
@@ -289,6 +290,8 @@ class Client::Impl {
   // names the call in errors. (A plain function, called for sync tensors
   // only: nothing per item beyond the checks themselves.)
   using RefuseSync = Status (*)(const TensorEntry&);
+  // The error for an item whose buffer is a null pointer (tensors_mu_ held).
+  Status NullBuffer(const ItemView& v, const char* what) const;
   template <typename Item>
   Result<ByShard> SplitByShard(const std::vector<Item>& items, const char* what,
                                RefuseSync refuse_sync);

@@ -6,6 +6,16 @@
 
 namespace tessera {
 
+Status Client::Impl::NullBuffer(const ItemView& v, const char* what) const {
+  std::string name = "a tensor";
+  if (auto e = LookupLocked(v.tensor, v.bytes, v.dtype, /*check_bytes=*/false); e.ok()) {
+    name = "tensor '" + (*e)->decl.name + "'";
+  }
+  const char* which = v.data == nullptr ? (v.has_out ? "gradient" : "data") : "weights";
+  return Status::InvalidArgument(std::string(what) + ": " + name + " has a null " + which +
+                                 " pointer for " + std::to_string(v.bytes) + " bytes");
+}
+
 template <typename Item>
 Result<Client::Impl::ByShard> Client::Impl::SplitByShard(const std::vector<Item>& items,
                                                          const char* what, RefuseSync refuse_sync) {
@@ -16,6 +26,9 @@ Result<Client::Impl::ByShard> Client::Impl::SplitByShard(const std::vector<Item>
   std::lock_guard<std::mutex> lock(tensors_mu_);
   for (const auto& item : items) {
     const ItemView v = ViewOf(item);
+    if (v.bytes > 0 && (v.data == nullptr || (v.has_out && v.out == nullptr))) {
+      return NullBuffer(v, what);
+    }
     bool on_gpu = false, out_on_gpu = false;
     if (v.memory == BufferMemory::kCuda || (ask_cuda && v.memory != BufferMemory::kHost)) {
       auto r = OnGpu(v.data, v.memory);

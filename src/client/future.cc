@@ -5,6 +5,8 @@
 
 namespace tessera {
 
+Future Future::Failed(const Status& st) { return FailedFuture(st); }
+
 Status Future::Wait() const {
   if (!state_) return Status::FailedPrecondition("waiting on an empty Future");
   return WaitFor(state_->timeout);
