@@ -36,6 +36,16 @@ reader=$("$BIN" secret --reader --secret-file "$dir/secret")
   ! grep -qF "$(cat "$dir/secret")" <<<"$reader" ||
   { echo "FAIL secret --reader: '$reader'"; fails=$((fails + 1)); }
 echo "$reader" > "$dir/reader"
+# Hostile input, refused by name (issue 43): a negative task index used to
+# become task 0; a secret file that is a device was read until the OOM
+# killer came; a ps address given twice was accepted.
+expect_error "a negative --task" "not in range 0" \
+  "$BIN" server --ps_hosts 127.0.0.1:1 --worker_hosts 127.0.0.1:2 --job ps --task -7
+expect_error "a secret file that is /dev/zero" "a character device, not a regular file" \
+  env -u TESSERA_SECRET TESSERA_SECRET_FILE=/dev/zero "$BIN" server --ps_hosts 127.0.0.1:1 \
+  --worker_hosts 127.0.0.1:2 --job ps --task 0
+expect_error "a ps address given twice" "127.0.0.1:1 is given twice in job 'ps'" \
+  "$BIN" server --ps_hosts 127.0.0.1:1,127.0.0.1:1 --worker_hosts 127.0.0.1:2 --job ps --task 0
 expect_error "secret --reader of a reader key" "reader key already" \
   "$BIN" secret --reader --secret-file "$dir/reader"
 expect_error "server with a reader key" "reader key" \

@@ -26,7 +26,8 @@ void ClusterFlags::Add(CLI::App* app, const std::string& default_job) {
   AddClusterOnly(app);
   app->add_option("--job_name,--job", job_name, "this task's job (ps, worker, chief, coordinator)")
       ->capture_default_str();
-  app->add_option("--task_index,--task", task_index, "this task's index in its job");
+  app->add_option("--task_index,--task", task_index, "this task's index in its job")
+      ->check(CLI::Range(0, 1 << 20));
 }
 
 Result<ClusterSpec> ClusterFlags::ResolveCluster() const {

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <fstream>
@@ -65,6 +66,14 @@ Result<TaskAddress> TaskAddress::Parse(const std::string& host_port) {
     return Status::InvalidArgument("'" + host_port + "' is not host:port");
   }
   std::string host = host_port.substr(0, colon);
+  // A NUL would cut the name short where it meets C (getaddrinfo); other
+  // control characters have no place in a host name and forge log lines.
+  if (std::any_of(host.begin(), host.end(),
+                  [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; })) {
+    return Status::InvalidArgument(
+        "a host name holds a control character (NUL, newline, "
+        "escape...): refused");
+  }
   const bool bracketed = host.size() > 2 && host.front() == '[' && host.back() == ']';
   if (bracketed) host = host.substr(1, host.size() - 2);
   // An IPv6 literal comes in brackets ("[::1]:2222"), and only it: what
@@ -90,6 +99,23 @@ Status ClusterSpec::AddJob(const std::string& job, std::vector<TaskAddress> task
   if ((job == "chief" || job == "coordinator") && tasks.size() > 1) {
     return Status::InvalidArgument("cluster spec: at most one " + job + " task (got " +
                                    std::to_string(tasks.size()) + ")");
+  }
+  // Two tasks at one address would answer for each other (the second ps
+  // task listening there fails, or serves the first one's workers).
+  for (size_t i = 0; i < tasks.size(); ++i) {
+    for (size_t k = 0; k < i; ++k) {
+      if (tasks[k] == tasks[i]) {
+        return Status::InvalidArgument("cluster spec: " + tasks[i].ToString() +
+                                       " is given twice in job '" + job + "' (tasks " +
+                                       std::to_string(k) + " and " + std::to_string(i) + ")");
+      }
+    }
+    for (const auto& [other, list] : jobs_) {
+      if (std::find(list.begin(), list.end(), tasks[i]) != list.end()) {
+        return Status::InvalidArgument("cluster spec: " + tasks[i].ToString() +
+                                       " is given to job '" + other + "' and to job '" + job + "'");
+      }
+    }
   }
   jobs_[job] = std::move(tasks);
   return Status::Ok();

@@ -1,8 +1,9 @@
-// Files whoever could write them may have made anything: a device, a FIFO,
+// Input whoever wrote it may have made anything. Files: a device, a FIFO,
 // a link to /dev/zero, far more bytes than the file is for. Each is refused
 // by name, unread, instead of filling memory until the OOM killer comes
 // (TESSERA_SECRET_FILE=/dev/zero grew a process to 23.9 GB) or failing with
-// std::bad_alloc and no fallback (a manifest linked to /dev/zero).
+// std::bad_alloc and no fallback (a manifest linked to /dev/zero). Cluster
+// specs: addresses that are not what they look like.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -114,6 +115,34 @@ TEST_F(HostileFilesTest, ACheckpointWhoseFilesAreLinkedToDevZeroIsDamagedNotFata
   auto header = ckpt::ReadSafetensorsHeader(fifo);  // must not wait for a writer
   ASSERT_FALSE(header.ok());
   EXPECT_NE(header.status().message().find("not a regular file"), std::string::npos);
+}
+
+// A NUL cut "10.0.0.1\0.evil" to "10.0.0.1" where it met C; a newline or an
+// escape in a host name forged lines in the logs that print it.
+TEST(HostileSpecTest, HostNamesWithControlCharactersAreRefused) {
+  for (std::string host :
+       {std::string("10.0.0.1\0.evil", 15), std::string("a\nb"), std::string("a\x1b[31mb")}) {
+    auto addr = TaskAddress::Parse(host + ":2222");
+    ASSERT_FALSE(addr.ok()) << "accepted a host with a control character";
+    EXPECT_NE(addr.status().message().find("control character"), std::string::npos);
+  }
+  auto spec =
+      ClusterSpec::FromJson(std::string("{\"ps\": [\"h\\u0000x:1\"], \"worker\": [\"w:2\"]}"));
+  EXPECT_FALSE(spec.ok()) << "a JSON spec with \\u0000 in a host was accepted";
+}
+
+// Two ps tasks at one address: the second cannot listen, or answers for the
+// first.
+TEST(HostileSpecTest, AnAddressGivenTwiceIsRefused) {
+  auto same_job = ClusterSpec::FromHostLists("h:1,h:1", "w:2", "");
+  ASSERT_FALSE(same_job.ok());
+  EXPECT_NE(same_job.status().message().find("h:1 is given twice in job 'ps'"), std::string::npos)
+      << same_job.status().ToString();
+  auto across = ClusterSpec::FromJson(R"({"ps": ["h:1"], "worker": ["h:1"]})");
+  ASSERT_FALSE(across.ok());
+  EXPECT_NE(across.status().message().find("is given to job"), std::string::npos)
+      << across.status().ToString();
+  EXPECT_TRUE(ClusterSpec::FromHostLists("h:1,h:2", "w:1", "").ok());
 }
 
 }  // namespace
