@@ -208,6 +208,27 @@ TEST_P(SecurityTest, OptimizerStateRequestsAreBoundedAndRefusedByName) {
   ServerStillServes();
 }
 
+// A sync tensor needing 1,000 replicas in a 2-worker cluster was accepted
+// from a worker that skipped its client's check, and the job never stepped.
+TEST_P(SecurityTest, ASyncTensorNeedingMoreReplicasThanWorkersIsRefused) {
+  StartServer();
+  RawPeer worker(spec_.tasks("ps")[0], transport_);
+  ASSERT_TRUE(wire::Decode<wire::Welcome>(worker.Authenticate(secret_, WorkerHello(1))).ok());
+  worker.endpoint().MarkAuthenticated();
+  wire::TensorDecl decl{"never", DType::kF32, UpdateRule::kAdd, {16}, -1, {}, {}};
+  decl.mode.kind = Consistency::kSync;
+  decl.mode.total_num_replicas = 1000;
+  decl.mode.replicas_to_aggregate = 1000;
+  worker.Send(wire::Declare{1u << 20, 1, {decl}}, 3);
+  auto err = wire::Decode<wire::Error>(worker.Next());
+  ASSERT_TRUE(err.ok()) << "the declare was not refused: " << err.status();
+  EXPECT_EQ(err->code, StatusCode::kInvalidArgument) << err->message;
+  EXPECT_NE(err->message.find("total_num_replicas 1000 exceeds the cluster's 2 workers"),
+            std::string::npos)
+      << err->message;
+  ServerStillServes();
+}
+
 // Finding 5: failed logins were not throttled (139 a second).
 TEST_P(SecurityTest, FailedProofsAreThrottled) {
   StartServer();

@@ -595,6 +595,15 @@ TEST(UcxTcpPolicy, OffLoopbackOnlyWithoutTcpOrWhenAllowed) {
   EXPECT_TRUE(UcxTcpEnabled("^rc"));
   EXPECT_FALSE(UcxTcpEnabled("rc,sm"));
   EXPECT_FALSE(UcxTcpEnabled("^tcp"));
+  // Every form UCX accepts is parsed, not matched: "tcp:aux,sm" (tcp for
+  // wire-up) passed the loopback-only check as if tcp were off.
+  EXPECT_TRUE(UcxTcpEnabled("tcp:aux,sm"));
+  EXPECT_TRUE(UcxTcpEnabled("sm, TCP"));
+  EXPECT_TRUE(UcxTcpEnabled(" ^rc"));
+  EXPECT_TRUE(UcxTcpEnabled(""));
+  EXPECT_FALSE(UcxTcpEnabled("^tcp:aux"));
+  EXPECT_FALSE(UcxTcpEnabled("^ Tcp ,rc"));
+  EXPECT_FALSE(UcxTcpEnabled("^all"));
 
   const char* saved_tls = std::getenv("UCX_TLS");
   const std::string restore = saved_tls ? saved_tls : "";

@@ -16,7 +16,7 @@ struct LaunchOptions {
   std::string host = "127.0.0.1";
   // The transport backend: given to the servers (--transport) and to the
   // workers (TESSERA_TRANSPORT in their environment).
-  std::string transport = "ucx";
+  std::string transport = "tcp";
   // Where the ps tasks keep parameters (--memory), and whether they may
   // stage GPU-resident ones through host memory.
   std::string memory = "host";

@@ -200,8 +200,9 @@ int main(int argc, char** argv) try {
       ->check(CLI::Range(1, 256));
   launch_cmd->add_option("--host", launch.host, "address the tasks use");
   launch_cmd->add_option("--transport", launch.transport,
-                         "ucx (shared memory; the default on one host), tcp (Tessera's sockets), "
-                         "verbs or auto (workers get it as TESSERA_TRANSPORT)");
+                         "tcp (Tessera's sockets, the default), ucx (shared memory, RDMA), "
+                         "verbs or auto (workers get it as TESSERA_TRANSPORT)")
+      ->capture_default_str();
   launch_cmd->add_option("--memory", launch.memory,
                          "where the ps tasks keep parameters: host, cuda or cuda:N");
   launch_cmd->add_flag("--allow-host-staging", launch.allow_host_staging,

@@ -51,6 +51,14 @@ Result<wire::DeclareReply> Coordinator::Declare(const wire::Declare& msg, const 
   uint64_t new_tensors = 0, new_chunks = 0;
   std::set<std::string_view> in_batch;
   for (const auto& t : msg.tensors) {
+    // More replicas than workers: a sync step that can never gather them.
+    if (t.mode.kind != Consistency::kAsync && num_workers_ > 0 &&
+        t.mode.total_num_replicas > static_cast<uint32_t>(num_workers_)) {
+      return Status::InvalidArgument("tensor '" + t.name + "': total_num_replicas " +
+                                     std::to_string(t.mode.total_num_replicas) +
+                                     " exceeds the cluster's " + std::to_string(num_workers_) +
+                                     " workers");
+    }
     if (t.pinned_shard >= num_shards_) {
       return Status::InvalidArgument("tensor '" + t.name + "' pinned to shard " +
                                      std::to_string(t.pinned_shard) + " but the cluster has " +

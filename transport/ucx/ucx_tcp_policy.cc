@@ -1,5 +1,7 @@
 #include "transport/ucx/ucx_tcp_policy.h"
 
+#include <algorithm>
+#include <cctype>
 #include <cstdlib>
 #include <sstream>
 
@@ -8,17 +10,28 @@
 namespace tessera::transport {
 
 bool UcxTcpEnabled(const char* ucx_tls) {
-  if (ucx_tls == nullptr || *ucx_tls == '\0') return true;  // UCX's default: all
+  if (ucx_tls == nullptr) return true;  // UCX's default: all
+  // UCX's grammar: an optional leading '^' (all but the list), then names
+  // separated by commas, each perhaps with a qualifier after ':' ("tcp:aux",
+  // tcp for wire-up only, is still tcp), in any case, with spaces around.
   std::string list = ucx_tls;
-  const bool excluding = list.front() == '^';
-  if (excluding) list.erase(0, 1);
+  const auto first = list.find_first_not_of(" \t");
+  if (first == std::string::npos) return true;  // empty: UCX's default
+  const bool excluding = list[first] == '^';
+  if (excluding) list.erase(0, first + 1);
   std::istringstream in(list);
   std::string item;
-  bool named = false;
+  bool tcp_named = false, all_named = false;
   while (std::getline(in, item, ',')) {
-    if (item == "tcp" || (!excluding && item == "all")) named = true;
+    item = item.substr(0, item.find(':'));
+    const auto b = item.find_first_not_of(" \t"), e = item.find_last_not_of(" \t");
+    item = b == std::string::npos ? "" : item.substr(b, e - b + 1);
+    std::transform(item.begin(), item.end(), item.begin(),
+                   [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+    if (item == "tcp") tcp_named = true;
+    if (item == "all") all_named = true;
   }
-  return excluding ? !named : named;
+  return excluding != (tcp_named || all_named);
 }
 
 Status CheckUcxTcpAllowed(const sockaddr_storage& addr, const std::string& action) {
