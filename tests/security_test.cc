@@ -229,6 +229,47 @@ TEST_P(SecurityTest, ASyncTensorNeedingMoreReplicasThanWorkersIsRefused) {
   ServerStillServes();
 }
 
+// Keys are tied to their connection and role: a reader holding a worker's
+// captured staging key wrote into the worker's slot, and the worker's +1.0
+// gradient was applied as -1000. Only Tessera's tcp can tell one
+// connection's write from another's (docs/security.md).
+TEST_P(SecurityTest, AStagingKeyWritesFromItsOwnConnectionOnly) {
+  if (!native()) {
+    GTEST_SKIP() << "UCX cannot tie a registration to one endpoint, nor (yet) Tessera's verbs "
+                    "(a memory window per queue pair): only Tessera's tcp enforces it "
+                    "(docs/security.md)";
+  }
+  StartServer();
+  RawPeer worker(spec_.tasks("ps")[0], transport_);
+  auto welcome = wire::Decode<wire::Welcome>(worker.Authenticate(secret_, WorkerHello(1)));
+  ASSERT_TRUE(welcome.ok()) << welcome.status();
+  worker.endpoint().MarkAuthenticated();
+  ASSERT_FALSE(welcome->staging_region.empty());
+
+  RawPeer reader(spec_.tasks("ps")[0], transport_);
+  wire::Hello hello{wire::PeerRole::kReader, 0, "/job:evaluator/task:0", {}, "", spec_.ToJson()};
+  ASSERT_TRUE(wire::Decode<wire::Welcome>(reader.Authenticate(ReaderKey(secret_), hello)).ok());
+  reader.endpoint().MarkAuthenticated();
+  auto stolen = reader.endpoint().Attach(welcome->staging_region);
+  ASSERT_TRUE(stolen.ok()) << stolen.status();
+  std::vector<uint8_t> evil(64, 0xee);
+  testing::Waiter<Status> written;
+  reader.endpoint().Put(evil.data(), evil.size(), **stolen, (*stolen)->base(), written.callback());
+  auto st = written.Wait();
+  ASSERT_TRUE(st.has_value()) << "the reader's put neither completed nor failed";
+  EXPECT_FALSE(st->ok()) << "a reader wrote into a worker's staging slot";
+
+  // The worker's own write to its slot lands.
+  auto own = worker.endpoint().Attach(welcome->staging_region);
+  ASSERT_TRUE(own.ok()) << own.status();
+  testing::Waiter<Status> own_written;
+  worker.endpoint().Put(evil.data(), evil.size(), **own, (*own)->base(), own_written.callback());
+  auto own_st = own_written.Wait();
+  ASSERT_TRUE(own_st.has_value());
+  EXPECT_TRUE(own_st->ok()) << own_st->ToString();
+  ServerStillServes();
+}
+
 // Finding 5: failed logins were not throttled (139 a second).
 TEST_P(SecurityTest, FailedProofsAreThrottled) {
   StartServer();

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <functional>
 #include <mutex>
@@ -63,6 +64,9 @@ class TcpAttackTest : public ::testing::Test {
     });
     auto listener = server_->Listen("127.0.0.1", 0, [this](const std::shared_ptr<Endpoint>& ep) {
       if (authenticate_) ep->MarkAuthenticated();
+      if (read_only_) ep->MarkReadOnly();
+      std::lock_guard<std::mutex> lock(accepted_mu_);
+      accepted_ = ep;
     });
     ASSERT_TRUE(listener.ok()) << listener.status().ToString();
     listener_ = std::move(*listener);
@@ -148,7 +152,14 @@ class TcpAttackTest : public ::testing::Test {
     EXPECT_EQ(answer.back(), 3) << "the answer is not the handler's";
   }
 
-  bool authenticate_ = false;
+  std::shared_ptr<Endpoint> Accepted() {
+    std::lock_guard<std::mutex> lock(accepted_mu_);
+    return accepted_;
+  }
+
+  std::atomic<bool> authenticate_{false}, read_only_{false};
+  std::mutex accepted_mu_;
+  std::shared_ptr<Endpoint> accepted_;  // the connection accepted last
   std::unique_ptr<Context> server_;
   std::unique_ptr<Region> writable_, readable_;
   std::unique_ptr<Listener> listener_;
@@ -236,8 +247,8 @@ TEST_F(TcpAttackTest, AGetFromARegionFreedMidwayReadsNothingMore) {
   a.Frame(GetFrom(*region, 0, kLen));
   // Nothing is read until the region is gone: the answer fills the sockets'
   // buffers and waits.
-  ASSERT_TRUE(testing::WaitUntil(
-      [&] { return a.Unread() > kPreamble.size() + kFrameHeaderBytes; }, 20s))
+  ASSERT_TRUE(
+      testing::WaitUntil([&] { return a.Unread() > kPreamble.size() + kFrameHeaderBytes; }, 20s))
       << "the answer never began";
   const void* freed_at = region->data();
   region.reset();
@@ -249,6 +260,45 @@ TEST_F(TcpAttackTest, AGetFromARegionFreedMidwayReadsNothingMore) {
       << "bytes of a region allocated since were sent"
       << (next->data() == freed_at ? ", where the freed one was" : "");
   EXPECT_TRUE(a.ClosedByServer());
+  ServerStillServes();
+}
+
+// A staging slot's key is its connection's: a reader holding a captured key
+// wrote into a worker's slot, and the worker's +1.0 was applied as -1000.
+TEST_F(TcpAttackTest, ARegionBoundToAConnectionTakesWritesFromItOnly) {
+  authenticate_ = true;
+  auto slot = server_->Allocate(4096, MemoryKind::kHost, RemoteAccess::kWrite).value();
+  std::memset(slot->data(), 0x11, slot->size());
+  Attacker owner(listener_->port());
+  owner.Preamble();
+  // The server's side of `owner`: the connection accepted last.
+  ASSERT_TRUE(testing::WaitUntil([&] { return Accepted() != nullptr; }, 20s));
+  ASSERT_TRUE(slot->TakeWritesOnlyFrom(*Accepted()).ok());
+  Attacker thief(listener_->port());
+  thief.Preamble();
+  thief.Frame(PutTo(*slot, 0, 64), std::vector<uint8_t>(64, 0xee));
+  EXPECT_TRUE(thief.ClosedByServer());
+  EXPECT_TRUE(Untouched(*slot, 0x11)) << "another connection wrote the bound region";
+  owner.Frame(PutTo(*slot, 0, 64), std::vector<uint8_t>(64, 0x77));
+  const auto done = owner.Read(kPreamble.size() + kFrameHeaderBytes);
+  EXPECT_EQ(done.size(), kPreamble.size() + kFrameHeaderBytes) << "the owner's put was refused";
+  ServerStillServes();
+}
+
+// Readers and observers may read one-sided, never write, with any key.
+TEST_F(TcpAttackTest, AReadOnlyPeerWritesNothing) {
+  authenticate_ = true;
+  read_only_ = true;
+  Attacker reader(listener_->port());
+  reader.Preamble();
+  reader.Frame(GetFrom(*readable_, 0, 8));
+  EXPECT_EQ(reader.Read(kPreamble.size() + kFrameHeaderBytes + 8).size(),
+            kPreamble.size() + kFrameHeaderBytes + 8)
+      << "a read-only peer could not read";
+  reader.Frame(PutTo(*writable_, 0, 64), std::vector<uint8_t>(64, 0xee));
+  EXPECT_TRUE(reader.ClosedByServer());
+  EXPECT_TRUE(Untouched(*writable_, 0x11));
+  read_only_ = false;
   ServerStillServes();
 }
 

@@ -90,6 +90,8 @@ struct Counters {
   uint64_t progress_long_naps = 0;
 };
 
+class Endpoint;
+
 // Local memory that peers may read or write one-sided once they hold its key.
 class Region {
  public:
@@ -100,6 +102,10 @@ class Region {
   // What a peer needs to reach this region: base address, size and the
   // backend's packed remote key, self-checking (see RemoteRegionDesc).
   virtual std::vector<uint8_t> Describe() const = 0;
+  // From now on only `writer`'s one-sided writes land here, whoever else
+  // holds the key (a worker's staging slot and its connection). OK where
+  // the backend enforces it, Unimplemented naming why where it cannot.
+  virtual Status TakeWritesOnlyFrom(const Endpoint& writer) = 0;
 };
 
 // A peer's region, attached to one endpoint.
@@ -196,6 +202,12 @@ class Endpoint {
   // as large as max_message_bytes (ContextOptions).
   void MarkAuthenticated() { authenticated_.store(true, std::memory_order_relaxed); }
   bool authenticated() const { return authenticated_.load(std::memory_order_relaxed); }
+  // The layer above says the peer may only read one-sided (a reader, an
+  // observer): its writes are refused where the backend checks them.
+  void MarkReadOnly() { read_only_.store(true, std::memory_order_relaxed); }
+  bool read_only() const { return read_only_.load(std::memory_order_relaxed); }
+  // Unique among the endpoints of this process, never reused.
+  uint64_t serial() const { return serial_; }
   // The largest message this endpoint accepts from its peer now.
   size_t message_limit() const {
     return authenticated_.load(std::memory_order_relaxed) ? limits_.after : limits_.before;
@@ -227,8 +239,14 @@ class Endpoint {
   }
 
  private:
+  static uint64_t NextSerial() {
+    static std::atomic<uint64_t> next{1};
+    return next.fetch_add(1, std::memory_order_relaxed);
+  }
   const MessageLimits limits_;
+  const uint64_t serial_ = NextSerial();
   std::atomic<bool> authenticated_{false};
+  std::atomic<bool> read_only_{false};
   std::atomic<std::chrono::steady_clock::rep> last_traffic_{0};
 };
 

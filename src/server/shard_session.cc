@@ -285,6 +285,11 @@ Status Shard::OnAuth(Peer& peer, const wire::Header& h, std::span<const uint8_t>
   peer.ep->MarkAuthenticated();
   wire::Welcome welcome;
   welcome.server_proof = peer.handshake.ServerProof();
+  if (peer.hello.role != wire::PeerRole::kWorker) {
+    // Readers, observers and shards write no tensors: a write key they got
+    // hold of (a reader's captured staging key) lets them write nothing.
+    peer.ep->MarkReadOnly();
+  }
   if (peer.hello.role == wire::PeerRole::kObserver) {
     peer.authenticated = true;
     peer.is_observer = true;
@@ -312,6 +317,11 @@ Status Shard::OnAuth(Peer& peer, const wire::Header& h, std::span<const uint8_t>
                                   transport::RemoteAccess::kWrite);
     if (!staging.ok()) return staging.status().WithContext("staging slot for " + peer.hello.task);
     peer.staging = std::move(*staging);
+    // Its key is this connection's: a copy of it used on any other writes
+    // nothing, where the fabric can tell (Tessera's tcp; docs/security.md).
+    if (Status bound = peer.staging->TakeWritesOnlyFrom(*peer.ep); !bound.ok()) {
+      TLOG_DEBUG("staging slot for {}: {}", peer.hello.task, bound.ToString());
+    }
     welcome.staging_region = peer.staging->Describe();
     if (!memory_->is_host() && !peer.hello.node_id.empty() && peer.hello.node_id == NodeId()) {
       // Same node: the worker may map a GPU slot and the arenas instead.

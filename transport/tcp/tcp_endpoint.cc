@@ -427,7 +427,7 @@ Result<uint8_t*> TcpEndpoint::PayloadPlace(uint64_t len,
   if (payload_region_ == 0) return payload_dst_;
   pinned->emplace(ctx_->regions_->Pin());
   auto at = (*pinned)->Find(payload_region_, payload_key_, reinterpret_cast<uint64_t>(payload_dst_),
-                            len, RemoteAccess::kWrite);
+                            len, RemoteAccess::kWrite, serial());
   if (!at.ok()) return at.status().WithContext("a one-sided write from " + peer_ + ", midway");
   return *at;
 }
@@ -438,7 +438,7 @@ Status TcpEndpoint::PinAnswers(size_t frames, std::optional<RegionTable::Pinned>
     if (f.region == 0) continue;
     if (!*pinned) pinned->emplace(ctx_->regions_->Pin());
     auto at = (*pinned)->Find(f.region, f.key, reinterpret_cast<uint64_t>(f.payload), f.payload_len,
-                              RemoteAccess::kRead);
+                              RemoteAccess::kRead, serial());
     if (!at.ok()) return at.status().WithContext("a one-sided read by " + peer_ + ", midway");
   }
   return Status::Ok();
@@ -476,9 +476,15 @@ Status TcpEndpoint::OnHeader() {
         return Status::PermissionDenied(peer_ + " asked for a one-sided " +
                                         (put ? "write" : "read") + " before authenticating");
       }
+      if (put && read_only()) {
+        return Status::PermissionDenied(peer_ +
+                                        " may only read one-sided (a reader or an observer), and "
+                                        "asked to write");
+      }
       // Checked now, to refuse at once, and again for each piece moved.
-      auto at = ctx_->regions_->Pin().Find(cur_.region, cur_.key, cur_.addr, cur_.length,
-                                           put ? RemoteAccess::kWrite : RemoteAccess::kRead);
+      auto at =
+          ctx_->regions_->Pin().Find(cur_.region, cur_.key, cur_.addr, cur_.length,
+                                     put ? RemoteAccess::kWrite : RemoteAccess::kRead, serial());
       if (!at.ok()) return at.status().WithContext("one-sided access from " + peer_);
       if (put) {
         StartPayload(*at, cur_.length);

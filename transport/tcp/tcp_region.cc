@@ -18,13 +18,19 @@ uint32_t RegionTable::Add(const RegionRecord& record) {
   return id;
 }
 
+void RegionTable::SetWriter(uint32_t id, uint64_t writer) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (auto it = regions_.find(id); it != regions_.end()) it->second.writer = writer;
+}
+
 void RegionTable::Remove(uint32_t id) {
   std::lock_guard<std::mutex> lock(mu_);
   regions_.erase(id);
 }
 
 Result<uint8_t*> RegionTable::Pinned::Find(uint32_t id, const RegionKey& key, uint64_t addr,
-                                           uint64_t len, RemoteAccess need) const {
+                                           uint64_t len, RemoteAccess need,
+                                           uint64_t requester) const {
   auto it = table_.regions_.find(id);
   if (it == table_.regions_.end()) {
     return Status::PermissionDenied("no region " + std::to_string(id));
@@ -36,6 +42,11 @@ Result<uint8_t*> RegionTable::Pinned::Find(uint32_t id, const RegionKey& key, ui
   if ((static_cast<uint8_t>(r.access) & static_cast<uint8_t>(need)) == 0) {
     return Status::PermissionDenied(std::string("region ") + std::to_string(id) + " is not " +
                                     (need == RemoteAccess::kWrite ? "writable" : "readable"));
+  }
+  if (need == RemoteAccess::kWrite && r.writer != 0 && r.writer != requester) {
+    return Status::PermissionDenied("region " + std::to_string(id) +
+                                    " takes one-sided writes only from the connection it was "
+                                    "given to");
   }
   const auto base = reinterpret_cast<uint64_t>(r.base);
   if (addr < base || len > r.size || addr - base > r.size - len) {
@@ -53,6 +64,12 @@ TcpRegion::TcpRegion(std::shared_ptr<RegionTable> table, RegionRecord record, bo
 TcpRegion::~TcpRegion() {
   table_->Remove(id_);
   if (owned_ && record_.base != nullptr) munmap(record_.base, record_.size);
+}
+
+Status TcpRegion::TakeWritesOnlyFrom(const Endpoint& writer) {
+  record_.writer = writer.serial();
+  table_->SetWriter(id_, record_.writer);
+  return Status::Ok();
 }
 
 std::vector<uint8_t> TcpRegion::Describe() const {

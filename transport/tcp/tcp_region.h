@@ -22,6 +22,8 @@ struct RegionRecord {
   size_t size = 0;
   RemoteAccess access = RemoteAccess::kReadWrite;
   RegionKey key{};
+  // The serial of the only endpoint whose writes land here; 0: any.
+  uint64_t writer = 0;
 };
 
 // The regions of one context, looked up by id on the progress thread and
@@ -36,10 +38,12 @@ class RegionTable {
   class Pinned {
    public:
     // The address `addr` when `key` is region `id`'s key (compared in
-    // constant time), its access allows `need`, and [addr, addr + len) lies
-    // inside it; an error naming what failed otherwise.
+    // constant time), its access allows `need` (a write: from endpoint
+    // `requester`, where the region takes writes from one only), and
+    // [addr, addr + len) lies inside it; an error naming what failed
+    // otherwise.
     Result<uint8_t*> Find(uint32_t id, const RegionKey& key, uint64_t addr, uint64_t len,
-                          RemoteAccess need) const;
+                          RemoteAccess need, uint64_t requester) const;
 
    private:
     friend class RegionTable;
@@ -49,6 +53,7 @@ class RegionTable {
   };
 
   uint32_t Add(const RegionRecord& record);
+  void SetWriter(uint32_t id, uint64_t writer);
   // Waits for the piece of a transfer in progress to end: after it returns
   // no transfer reaches the region.
   void Remove(uint32_t id);
@@ -69,6 +74,7 @@ class TcpRegion final : public Region {
   size_t size() const override { return record_.size; }
   MemoryKind kind() const override { return MemoryKind::kHost; }
   std::vector<uint8_t> Describe() const override;
+  Status TakeWritesOnlyFrom(const Endpoint& writer) override;
 
  private:
   std::shared_ptr<RegionTable> table_;

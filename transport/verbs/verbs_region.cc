@@ -34,6 +34,13 @@ class VerbsRegion final : public Region {
   size_t size() const override { return size_; }
   MemoryKind kind() const override { return kind_; }
   std::vector<uint8_t> Describe() const override { return desc_; }
+  Status TakeWritesOnlyFrom(const Endpoint&) override {
+    // A type-2 memory window bound to the connection's queue pair would do
+    // it, where the HCA has them (docs/security.md): not yet.
+    return Status::Unimplemented(
+        "verbs: a registration is not tied to one queue pair yet: any connection holding its "
+        "rkey may write it (docs/security.md)");
+  }
 
   uint32_t lkey(const Device* dev) const {
     for (const auto& [d, mr] : mrs_) {
