@@ -457,6 +457,25 @@ TEST_F(CheckpointTest, EditedManifestsAndIndexesAreRefused) {
             std::string::npos);
   const std::string total = "\"total_size\": ";
   EXPECT_NE(tampered(edit_index(total, total + "1")).find("total_size"), std::string::npos);
+  // Downgraded to version 1, whose manifests had no digest: the digest
+  // deleted and the learning rate made ten times larger went in this way.
+  auto downgrade = [&](const fs::path& d) {
+    std::string m = read(d / ckpt::kManifestName);
+    const auto at = m.find("\"version\": 2");
+    ASSERT_NE(at, std::string::npos);
+    m.replace(at, 12, "\"version\": 1");
+    write(d / ckpt::kManifestName, m);
+    fs::remove(d / ckpt::kManifestDigestName);
+  };
+  EXPECT_NE(tampered(downgrade).find("version-1 manifest"), std::string::npos);
+  {
+    const fs::path legacy = dir_ / "legacy" / "step-00000003";
+    fs::create_directories(legacy.parent_path());
+    fs::copy(good, legacy, fs::copy_options::recursive);
+    downgrade(legacy);
+    EXPECT_TRUE(ckpt::Checkpoint::Open(legacy.string(), false, /*accept_legacy=*/true).ok())
+        << "--accept-legacy-checkpoints did not read it";
+  }
   // Finding 14: a crash halfway through a prune left a half-deleted
   // step-N that verify called BROKEN. A prune now renames first: what it
   // left behind is not a checkpoint, and hides none.

@@ -44,6 +44,12 @@ expect_error "a negative --task" "not in range 0" \
 expect_error "a secret file that is /dev/zero" "a character device, not a regular file" \
   env -u TESSERA_SECRET TESSERA_SECRET_FILE=/dev/zero "$BIN" server --ps_hosts 127.0.0.1:1 \
   --worker_hosts 127.0.0.1:2 --job ps --task 0
+# Only damaged checkpoints: starting afresh would train from step 0 and
+# prune them; the server refuses, naming each, unless told --no-restore.
+mkdir -p "$dir/ckpt/step-00000003" && echo garbage > "$dir/ckpt/step-00000003/tessera.json"
+expect_error "only damaged checkpoints" "every checkpoint in $dir/ckpt (1) is damaged" \
+  env TESSERA_SECRET="$secret" "$BIN" server --ps_hosts 127.0.0.1:1 --worker_hosts 127.0.0.1:2 \
+  --job ps --task 0 --checkpoint-dir "$dir/ckpt"
 expect_error "a ps address given twice" "127.0.0.1:1 is given twice in job 'ps'" \
   "$BIN" server --ps_hosts 127.0.0.1:1,127.0.0.1:1 --worker_hosts 127.0.0.1:2 --job ps --task 0
 expect_error "secret --reader of a reader key" "reader key already" \

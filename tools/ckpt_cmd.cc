@@ -118,7 +118,7 @@ int Verify(const CkptOptions& o) {
     if (auto steps = StepDirs(path); !steps.empty()) {
       // Whole checkpoints: every file against the manifest, SHA-256 included.
       for (const auto& step : steps) {
-        auto c = ckpt::Checkpoint::Open(step, /*verify_data=*/true);
+        auto c = ckpt::Checkpoint::Open(step, /*verify_data=*/true, o.accept_legacy);
         if (c.ok()) {
           printf("ok      %s (global step %llu, %zu files, %zu tensors)\n", step.c_str(),
                  static_cast<unsigned long long>(c->manifest.global_step), c->manifest.files.size(),
@@ -163,7 +163,7 @@ int List(const CkptOptions& o) {
       // Checkpoints, newest first, from their manifests (files checked for
       // presence, size and header; `verify` also hashes them).
       for (const auto& step : steps) {
-        auto c = ckpt::Checkpoint::Open(step, /*verify_data=*/false);
+        auto c = ckpt::Checkpoint::Open(step, /*verify_data=*/false, o.accept_legacy);
         if (!c.ok()) {
           printf("%-40s BROKEN: %s\n", step.c_str(), c.status().message().c_str());
           continue;
@@ -254,6 +254,10 @@ std::function<int()> AddCkptCommand(CLI::App* app, CkptOptions* options) {
     sub->add_option("paths", options->paths, "files or directories")->required();
   }
   inspect->add_flag("--json", options->json, "machine-readable output");
+  for (auto* sub : {ls, verify}) {
+    sub->add_flag("--accept-legacy", options->accept_legacy,
+                  "open version-1 manifests too (they have no digest to check them by)");
+  }
   return [=]() {
     if (ls->parsed()) return List(*options);
     if (inspect->parsed()) return Inspect(*options);

@@ -11,6 +11,7 @@ namespace tessera::tools {
 struct CkptOptions {
   std::vector<std::string> paths;
   bool json = false;
+  bool accept_legacy = false;  // verify, ls: open version-1 manifests too
 };
 
 // Adds the `ckpt` subcommand with its own subcommands to `app`; the returned

@@ -184,6 +184,8 @@ int main(int argc, char** argv) try {
       ->capture_default_str();
   server->add_flag("!--no-restore", server_opts.restore,
                    "coordinator: start afresh even if a checkpoint exists");
+  server->add_flag("--accept-legacy-checkpoints", server_opts.accept_legacy_checkpoints,
+                   "also restore a version-1 checkpoint, which has no digest to check it by");
 
   tools::StatusOptions status;
   auto* status_cmd = app.add_subcommand(
@@ -199,9 +201,10 @@ int main(int argc, char** argv) try {
   launch_cmd->add_option("--workers", launch.num_workers, "number of workers")
       ->check(CLI::Range(1, 256));
   launch_cmd->add_option("--host", launch.host, "address the tasks use");
-  launch_cmd->add_option("--transport", launch.transport,
-                         "tcp (Tessera's sockets, the default), ucx (shared memory, RDMA), "
-                         "verbs or auto (workers get it as TESSERA_TRANSPORT)")
+  launch_cmd
+      ->add_option("--transport", launch.transport,
+                   "tcp (Tessera's sockets, the default), ucx (shared memory, RDMA), "
+                   "verbs or auto (workers get it as TESSERA_TRANSPORT)")
       ->capture_default_str();
   launch_cmd->add_option("--memory", launch.memory,
                          "where the ps tasks keep parameters: host, cuda or cuda:N");

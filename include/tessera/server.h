@@ -70,6 +70,9 @@ struct TESSERA_EXPORT ServerOptions {
   int keep_checkpoints = 5;                       // complete checkpoints kept
   // Resume from the newest complete checkpoint in checkpoint_dir, if any.
   bool restore = true;
+  // Also restore a version-1 checkpoint (written before digests; one edited
+  // to look so is the same to a reader): refused otherwise.
+  bool accept_legacy_checkpoints = false;
   // A round not finished within this time is abandoned (and logged).
   std::chrono::milliseconds checkpoint_timeout{120'000};
 

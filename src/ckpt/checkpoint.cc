@@ -396,7 +396,8 @@ Status CheckpointLayout::CheckIndex(const Manifest& m, const std::string& text,
   return Status::Ok();
 }
 
-Result<Checkpoint> Checkpoint::Open(const std::string& step_dir, bool verify_data) {
+Result<Checkpoint> Checkpoint::Open(const std::string& step_dir, bool verify_data,
+                                    bool accept_legacy) {
   const std::string manifest_path = step_dir + "/" + kManifestName;
   auto text = ReadWholeFile(manifest_path);
   if (!text.ok() && text.status().code() != StatusCode::kNotFound) {
@@ -407,6 +408,12 @@ Result<Checkpoint> Checkpoint::Open(const std::string& step_dir, bool verify_dat
   }
   auto manifest = Manifest::FromJson(*text, manifest_path);
   if (!manifest.ok()) return manifest.status();
+  if (manifest->version < 2 && !accept_legacy) {
+    return Status::DataLoss(manifest_path +
+                            " is a version-1 manifest, which has no digest to check it by (or "
+                            "was edited to look like one): refused; --accept-legacy-checkpoints "
+                            "(ckpt verify: --accept-legacy) reads it anyway");
+  }
   if (manifest->version >= 2) {
     const std::string digest_path = step_dir + "/" + kManifestDigestName;
     auto digest = ReadWholeFile(digest_path, kMaxDigestFileBytes);
@@ -529,13 +536,21 @@ std::vector<std::string> ListStepDirs(const std::string& dir) {
   return out;
 }
 
-Result<Checkpoint> FindNewestCheckpoint(const std::string& dir, bool verify_data) {
-  for (const auto& step_dir : ListStepDirs(dir)) {
-    auto c = Checkpoint::Open(step_dir, verify_data);
+Result<Checkpoint> FindNewestCheckpoint(const std::string& dir, bool verify_data,
+                                        bool accept_legacy) {
+  const std::vector<std::string> step_dirs = ListStepDirs(dir);
+  std::string refused;
+  for (const auto& step_dir : step_dirs) {
+    auto c = Checkpoint::Open(step_dir, verify_data, accept_legacy);
     if (c.ok()) return c;
     TLOG_WARN("checkpoint {} refused: {}; trying an older one", step_dir, c.status().message());
+    refused += (refused.empty() ? "" : "; ") + c.status().message();
   }
-  return Status::NotFound("no complete checkpoint in " + dir);
+  if (step_dirs.empty()) return Status::NotFound("no checkpoint in " + dir);
+  // Starting afresh here would train from step 0 and then prune the very
+  // checkpoints that someone may still repair: the caller must say so.
+  return Status::DataLoss("every checkpoint in " + dir + " (" + std::to_string(step_dirs.size()) +
+                          ") is damaged: " + refused);
 }
 
 }  // namespace tessera::ckpt

@@ -64,7 +64,7 @@ struct FileRecord {
 
 struct Manifest {
   // 2: records the index file and has a digest file beside it (1: neither;
-  // still read, without those checks).
+  // read only when asked to: Checkpoint::Open).
   int version = 2;
   uint64_t global_step = 0;
   int64_t unix_time = 0;
@@ -125,8 +125,12 @@ struct Checkpoint {
   // total_size, its recorded SHA-256), and every file against the manifest:
   // present, of the recorded size, with a header that matches the planned
   // layout, and (verify_data) the recorded SHA-256. A damaged checkpoint is
-  // refused with an error naming the file and what is wrong.
-  static Result<Checkpoint> Open(const std::string& step_dir, bool verify_data);
+  // refused with an error naming the file and what is wrong. A version-1
+  // manifest (written before digests) has nothing to check it by, and one
+  // made so by editing its version looks the same: refused unless
+  // `accept_legacy`.
+  static Result<Checkpoint> Open(const std::string& step_dir, bool verify_data,
+                                 bool accept_legacy = false);
 
   // Reads `len` bytes at `offset` within a tensor's slot.
   Status ReadSlot(const std::string& name, Slot slot, uint64_t offset, uint64_t len,
@@ -136,8 +140,10 @@ struct Checkpoint {
 // The step directories under `dir`, newest first (complete or not).
 std::vector<std::string> ListStepDirs(const std::string& dir);
 // The newest checkpoint under `dir` that opens; damaged newer ones are
-// skipped with a warning naming why. NotFound when there is none.
-Result<Checkpoint> FindNewestCheckpoint(const std::string& dir, bool verify_data);
+// skipped with a warning naming why. NotFound when there is no step
+// directory; DataLoss naming each when there are some and none opens.
+Result<Checkpoint> FindNewestCheckpoint(const std::string& dir, bool verify_data,
+                                        bool accept_legacy = false);
 
 // SHA-256 of a whole file, read in pieces (of bytes in memory: Sha256Hex,
 // safetensors.h).

@@ -16,12 +16,16 @@ Service::~Service() = default;
 Status Service::Open() {
   const std::string& dir = options_.checkpoints.dir;
   if (dir.empty() || !options_.restore) return Status::Ok();
-  auto found = ckpt::FindNewestCheckpoint(dir, /*verify_data=*/true);
+  auto found =
+      ckpt::FindNewestCheckpoint(dir, /*verify_data=*/true, options_.accept_legacy_checkpoints);
   if (found.status().code() == StatusCode::kNotFound) {
     TLOG_INFO("no checkpoint in {}: starting afresh", dir);
     return Status::Ok();
   }
-  if (!found.ok()) return found.status();
+  if (!found.ok()) {
+    return found.status().WithContext(
+        "restoring (start with --no-restore to begin afresh, leaving them there)");
+  }
   restored_ = std::make_unique<ckpt::Checkpoint>(std::move(*found));
   restore_path_ = restored_->path;
   coord_.RestoreFrom(restored_.get());

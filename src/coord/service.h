@@ -45,6 +45,7 @@ struct ServiceOptions {
   // newest complete one there.
   CheckpointOptions checkpoints;
   bool restore = true;
+  bool accept_legacy_checkpoints = false;  // ServerOptions'
   DeclareLimits limits;
   // Worker requests held while ps tasks have not joined yet.
   size_t max_waiting_requests = 4096;

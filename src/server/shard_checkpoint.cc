@@ -26,6 +26,7 @@ Status Shard::StartService() {
   o.checkpoints.keep = std::max(1, options_.keep_checkpoints);
   o.checkpoints.timeout = options_.checkpoint_timeout;
   o.restore = options_.restore;
+  o.accept_legacy_checkpoints = options_.accept_legacy_checkpoints;
   coord::Service::Host host;
   host.send = [this](coord::PeerId peer, MessageBytes frame) {
     // A peer that left meanwhile (a worker waiting for a round) is skipped.
@@ -273,7 +274,7 @@ void Shard::OnLinkLost(const Status& why) {
 // Restore
 
 Status Shard::OpenRestore(const std::string& path, uint64_t step) {
-  auto c = ckpt::Checkpoint::Open(path, /*verify_data=*/false);
+  auto c = ckpt::Checkpoint::Open(path, /*verify_data=*/false, options_.accept_legacy_checkpoints);
   if (!c.ok()) return c.status();
   restore_ = std::make_unique<ckpt::Checkpoint>(std::move(*c));
   restore_step_ = step;
