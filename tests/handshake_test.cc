@@ -246,7 +246,7 @@ TEST(Admission, RepeatedFailuresFromAHostAreThrottled) {
     a.Forget(i);
   }
   auto refused = a.Admit(9, "10.0.0.7", t0 + 10ms).admitted;
-  EXPECT_EQ(refused.code(), StatusCode::kUnavailable);
+  EXPECT_EQ(refused.code(), StatusCode::kResourceExhausted);
   EXPECT_NE(refused.message().find("too many failed authentications from 10.0.0.7"),
             std::string::npos)
       << refused.ToString();

@@ -169,6 +169,8 @@ class Client::Impl {
     TaskId task;
     TaskAddress addr;
     std::shared_ptr<transport::Endpoint> ep;
+    int handshake_attempts = 0;      // turned away or unanswered so far (loop thread)
+    uint64_t handshake_request = 0;  // the handshake's request waiting, if any
     std::unique_ptr<transport::RemoteRegion> staging;
     client::StagingAllocator alloc;
     // Where small chunks are gathered into one put (loop thread).

@@ -1,6 +1,8 @@
 // The client's links to its shards: connect, handshake, heartbeats, a lost
 // shard reported and reconnected, its chunks re-created after a restart.
 
+#include <algorithm>
+#include <random>
 #include <thread>
 
 #include "client/client_impl.h"
@@ -102,7 +104,14 @@ void Client::Impl::OnFrame(const std::shared_ptr<transport::Endpoint>& ep,
     }
     if (h->opcode == wire::Opcode::kError) {
       auto err = wire::DecodeBody<wire::Error>(*h, frame);
-      TLOG_WARN("{}: {}", shards_[sit->second].name(), err.ok() ? err->message : "malformed error");
+      // A refusal the shard sent on accepting the connection, before it read
+      // the hello (request 0), answers the handshake under way.
+      ShardConn& conn = shards_[sit->second];
+      if (h->request_id == 0 && conn.handshake_request != 0 &&
+          pending_.Take(conn.handshake_request, &fn)) {
+        return fn(err.ok() ? err->ToStatus() : err.status(), *h, frame);
+      }
+      TLOG_WARN("{}: {}", conn.name(), err.ok() ? err->message : "malformed error");
     }
     return;
   }
@@ -336,70 +345,88 @@ void Client::Impl::Heartbeat() {
   ctx_->PostAfter(options_.heartbeat_interval, [this] { Heartbeat(); });
 }
 
+namespace {
+
+// 300 ms, doubling to 5 s, each drawn from its upper half: a worker turned
+// away during a flood of strangers comes back soon, and workers turned
+// away together do not all come back at once.
+std::chrono::milliseconds HandshakeBackoff(int attempt) {
+  const int64_t cap = std::min<int64_t>(5000, int64_t{300} << std::min(attempt, 5));
+  static thread_local std::minstd_rand rng(std::random_device{}());
+  return std::chrono::milliseconds(cap / 2 + static_cast<int64_t>(rng() % (cap / 2 + 1)));
+}
+
+}  // namespace
+
 void Client::Impl::ConnectShard(int shard, std::chrono::steady_clock::time_point deadline) {
   if (stopping_) return;
   ShardConn& s = shards_[shard];
   auto attempt = std::chrono::milliseconds(2000);
-  ctx_->Connect(s.addr.host, s.addr.port, attempt,
-                [this, shard, deadline](Result<std::shared_ptr<transport::Endpoint>> ep) {
-                  // A connect the closing context cancels: ctx_ is going.
-                  if (stopping_) return;
-                  if (!ep.ok()) {
-                    // A listener that answers, but not as Tessera's tcp does
-                    // (FailedPrecondition), will not start to: fail at once.
-                    // Nothing listening, or a name that does not resolve yet
-                    // (a Kubernetes pod not yet running), is waited for.
-                    const bool never = ep.status().code() == StatusCode::kFailedPrecondition;
-                    {
-                      std::lock_guard<std::mutex> lock(start_mu_);
-                      start_error_[shard] = ep.status().message();
-                      if (never) {
-                        start_state_[shard] = -1;
-                        start_code_ = ep.status().code();
-                      }
-                    }
-                    start_cv_.notify_all();  // Start says so at once
-                    if (!never && std::chrono::steady_clock::now() < deadline) {
-                      ctx_->PostAfter(std::chrono::milliseconds(300),
-                                      [this, shard, deadline] { ConnectShard(shard, deadline); });
-                    }
-                    return;
-                  }
-                  ShardConn& conn = shards_[shard];
-                  conn.ep = *ep;
-                  conn.dead = Status::Ok();
-                  shard_of_[conn.ep.get()] = shard;
-                  Handshake(shard, [this, shard, deadline](const Status& st) {
-                    if (st.code() == StatusCode::kDeadlineExceeded &&
-                        std::chrono::steady_clock::now() < deadline) {
-                      // No answer: the shard may never have seen this
-                      // connection. A new one, as after a refused connect.
-                      ShardConn& c = shards_[shard];
-                      shard_of_.erase(c.ep.get());
-                      c.ep->Abort();
-                      c.ep.reset();
-                      {
-                        std::lock_guard<std::mutex> lock(start_mu_);
-                        start_error_[shard] = st.message();
-                      }
-                      TLOG_WARN("{} {}; connecting again", c.name(), st.message());
-                      ctx_->PostAfter(std::chrono::milliseconds(300),
-                                      [this, shard, deadline] { ConnectShard(shard, deadline); });
-                      return;
-                    }
-                    {
-                      std::lock_guard<std::mutex> lock(start_mu_);
-                      start_state_[shard] = st.ok() ? 1 : -1;
-                      if (!st.ok()) {
-                        start_error_[shard] = st.message();
-                        start_code_ = st.code();
-                      }
-                    }
-                    start_cv_.notify_all();
-                    if (!st.ok()) return OnShardLost(shard, st);
-                    if (shard == coord_index_) NoteCoordinator(true);
-                  });
-                });
+  ctx_->Connect(
+      s.addr.host, s.addr.port, attempt,
+      [this, shard, deadline](Result<std::shared_ptr<transport::Endpoint>> ep) {
+        // A connect the closing context cancels: ctx_ is going.
+        if (stopping_) return;
+        if (!ep.ok()) {
+          // A listener that answers, but not as Tessera's tcp does
+          // (FailedPrecondition), will not start to: fail at once.
+          // Nothing listening, or a name that does not resolve yet
+          // (a Kubernetes pod not yet running), is waited for.
+          const bool never = ep.status().code() == StatusCode::kFailedPrecondition;
+          {
+            std::lock_guard<std::mutex> lock(start_mu_);
+            start_error_[shard] = ep.status().message();
+            if (never) {
+              start_state_[shard] = -1;
+              start_code_ = ep.status().code();
+            }
+          }
+          start_cv_.notify_all();  // Start says so at once
+          if (!never && std::chrono::steady_clock::now() < deadline) {
+            ctx_->PostAfter(std::chrono::milliseconds(300),
+                            [this, shard, deadline] { ConnectShard(shard, deadline); });
+          }
+          return;
+        }
+        ShardConn& conn = shards_[shard];
+        conn.ep = *ep;
+        conn.dead = Status::Ok();
+        shard_of_[conn.ep.get()] = shard;
+        Handshake(shard, [this, shard, deadline](const Status& st) {
+          // No answer (the shard may never have seen this
+          // connection), or turned away for now (too many
+          // strangers waiting, or failed guesses from this
+          // address): a new connection after a while, growing,
+          // until the deadline. A wrong secret is not retried.
+          const bool again = st.code() == StatusCode::kDeadlineExceeded ||
+                             st.code() == StatusCode::kResourceExhausted;
+          if (again && std::chrono::steady_clock::now() < deadline) {
+            ShardConn& c = shards_[shard];
+            shard_of_.erase(c.ep.get());
+            c.ep->Abort();
+            c.ep.reset();
+            {
+              std::lock_guard<std::mutex> lock(start_mu_);
+              start_error_[shard] = st.message();
+            }
+            const auto pause = HandshakeBackoff(c.handshake_attempts++);
+            TLOG_WARN("{} {}; connecting again in {} ms", c.name(), st.message(), pause.count());
+            ctx_->PostAfter(pause, [this, shard, deadline] { ConnectShard(shard, deadline); });
+            return;
+          }
+          {
+            std::lock_guard<std::mutex> lock(start_mu_);
+            start_state_[shard] = st.ok() ? 1 : -1;
+            if (!st.ok()) {
+              start_error_[shard] = st.message();
+              start_code_ = st.code();
+            }
+          }
+          start_cv_.notify_all();
+          if (!st.ok()) return OnShardLost(shard, st);
+          if (shard == coord_index_) NoteCoordinator(true);
+        });
+      });
 }
 
 void Client::Impl::Reconnect(int shard) {
@@ -514,8 +541,9 @@ void Client::Impl::Handshake(int shard, std::function<void(Status)> done) {
     uint64_t request = 0;  // the request waiting for its answer
   };
   auto turn = std::make_shared<Turn>(Turn{std::move(done), 0});
-  auto fail = [turn](const Status& st) {
+  auto fail = [this, shard, turn](const Status& st) {
     if (!turn->done) return;
+    shards_[shard].handshake_request = 0;
     auto call = std::move(turn->done);
     turn->done = nullptr;
     call(st);
@@ -546,7 +574,7 @@ void Client::Impl::Handshake(int shard, std::function<void(Status)> done) {
     fail(Status::DeadlineExceeded("took the connection but did not finish the handshake within " +
                                   std::to_string(handshake_timeout_.count()) + " ms"));
   });
-  turn->request = Request(
+  shards_[shard].handshake_request = turn->request = Request(
       shard, handshake->hello(), 0,
       [this, shard, read, fail, turn](const Status& st, const wire::Header&,
                                       std::span<const uint8_t> frame) {
@@ -555,7 +583,7 @@ void Client::Impl::Handshake(int shard, std::function<void(Status)> done) {
         if (!std::holds_alternative<wire::Auth>(*auth)) {
           return fail(Status::Internal("a welcome before the challenge"));
         }
-        turn->request = Request(
+        shards_[shard].handshake_request = turn->request = Request(
             shard, std::get<wire::Auth>(*auth), 0,
             [this, shard, read, fail](const Status& st2, const wire::Header&,
                                       std::span<const uint8_t> f2) {

@@ -19,10 +19,11 @@ Admission::Decision Admission::Admit(ConnId conn, const std::string& host, Clock
   if (const double tokens = TokensLeft(host, now); tokens < 1.0) {
     const auto wait =
         std::chrono::duration_cast<std::chrono::milliseconds>(options_.refill * (1.0 - tokens));
-    d.admitted = Status::Unavailable("too many failed authentications from " + host +
-                                     " lately; refused for another " +
-                                     std::to_string(std::max<int64_t>(1, wait.count())) +
-                                     " ms (is this task started with the cluster's secret?)");
+    // ResourceExhausted: a worker told so tries again later (shard_link.cc).
+    d.admitted = Status::ResourceExhausted("too many failed authentications from " + host +
+                                           " lately; refused for another " +
+                                           std::to_string(std::max<int64_t>(1, wait.count())) +
+                                           " ms (is this task started with the cluster's secret?)");
     return d;
   }
   if (pending_.size() >= options_.max_unauthenticated && !pending_.empty()) {

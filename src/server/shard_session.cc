@@ -178,9 +178,9 @@ void Shard::OnAccept(const EndpointPtr& ep) {
     auto it = peers_.find(reinterpret_cast<transport::Endpoint*>(*d.evicted));
     if (it != peers_.end()) {
       Drop(*it->second,
-           Status::Unavailable("did not authenticate, and " +
-                               std::to_string(admission_->options().max_unauthenticated) +
-                               " newer connections that had not either were waiting"));
+           Status::ResourceExhausted("did not authenticate, and " +
+                                     std::to_string(admission_->options().max_unauthenticated) +
+                                     " newer connections that had not either were waiting"));
     }
   }
   if (!d.admitted.ok()) return Drop(peer, d.admitted);
