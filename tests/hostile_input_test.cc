@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -16,8 +17,10 @@
 #include "ckpt/checkpoint.h"
 #include "ckpt/safetensors.h"
 #include "core/bounded_file.h"
+#include "core/log.h"
 #include "core/secret.h"
 #include "tessera/cluster.h"
+#include "wire/messages.h"
 
 namespace tessera {
 namespace {
@@ -143,6 +146,31 @@ TEST(HostileSpecTest, AnAddressGivenTwiceIsRefused) {
   EXPECT_NE(across.status().message().find("is given to job"), std::string::npos)
       << across.status().ToString();
   EXPECT_TRUE(ClusterSpec::FromHostLists("h:1,h:2", "w:1", "").ok());
+}
+
+// A task name with a newline and an ANSI escape forged lines in a ps task's
+// log: such names are refused where they are decoded, and whatever a peer
+// sends that is logged as it came (an error message) has its control
+// characters escaped.
+TEST(HostileNamesTest, NamesWithControlCharactersAreRefusedAndLogsEscapeThem) {
+  wire::Hello hello;
+  hello.task = "/job:worker/task:0\n12:00:00.000 I [ps0] chief initialised \x1b[8m";
+  auto frame = wire::Encode(hello, 1);
+  auto header = wire::DecodeHeader(frame);
+  ASSERT_TRUE(header.ok());
+  auto decoded = wire::DecodeBody<wire::Hello>(*header, frame);
+  ASSERT_FALSE(decoded.ok()) << "a hello whose task name holds a newline was decoded";
+  EXPECT_NE(decoded.status().message().find("control character"), std::string::npos);
+
+  wire::TensorDecl decl{"w\x1b[31m", DType::kF32, UpdateRule::kAdd, {4}, -1, {}, {}};
+  decl.mode.total_num_replicas = 1;
+  EXPECT_NE(wire::ValidateTensorDecl(decl).message().find("control character"), std::string::npos);
+
+  ::testing::internal::CaptureStderr();
+  TLOG_WARN("peer said: {}", std::string("line one\nforged\x1b[2J"));
+  const std::string logged = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(logged.find("peer said: line one\\nforged\\x1b[2J"), std::string::npos) << logged;
+  EXPECT_EQ(std::count(logged.begin(), logged.end(), '\n'), 1) << logged;
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // The handshake, declares and creates, errors and status: encode, and decode
 // with every field checked. Pushes and pulls are in messages_data.cc, the
 // coordinator's messages in messages_coord.cc.
+#include <algorithm>
 #include <cstring>
 
 #include "wire/field_codec.h"
@@ -10,10 +11,21 @@ namespace tessera::wire {
 
 using namespace field;  // this layer's own field codecs
 
+bool HasControlCharacter(std::string_view text) {
+  return std::any_of(text.begin(), text.end(), [](char c) {
+    const auto u = static_cast<unsigned char>(c);
+    return u < 0x20 || u == 0x7f;
+  });
+}
+
 Status ValidateTensorDecl(const TensorDecl& t) {
   if (t.name.empty() || t.name.size() > kMaxNameLength) {
     return Status::InvalidArgument("tensor name must have 1 to " + std::to_string(kMaxNameLength) +
                                    " bytes");
+  }
+  if (HasControlCharacter(t.name)) {
+    return Status::InvalidArgument(
+        "a tensor name holds a control character (a newline, an escape...): refused");
   }
   if (t.shape.size() > kMaxDims) {
     return Status::InvalidArgument("tensor '" + t.name + "': " + std::to_string(t.shape.size()) +
@@ -56,8 +68,14 @@ Result<Hello> Hello::DecodeBody(ByteReader& r) {
   m.role = static_cast<PeerRole>(role);
   if (!r.Get(&m.worker_rank)) return Truncated("worker_rank");
   if (!r.GetString(&m.task, kMaxNameLength)) return Truncated("task");
+  if (HasControlCharacter(m.task)) {
+    return Status::InvalidArgument("the task name holds a control character: refused");
+  }
   if (!GetArray(r, &m.client_nonce)) return Truncated("client_nonce");
   if (!r.GetString(&m.node_id, 64)) return Truncated("node_id");
+  if (HasControlCharacter(m.node_id)) {
+    return Status::InvalidArgument("the node id holds a control character: refused");
+  }
   if (!r.GetString(&m.cluster, kMaxClusterSpecLength)) return Truncated("cluster");
   return m;
 }

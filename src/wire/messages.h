@@ -98,6 +98,9 @@ struct TensorDecl {
 // it sends, and every receiver as it decodes.
 constexpr uint64_t kMaxTensorElements = uint64_t{1} << 40;
 Status ValidateTensorDecl(const TensorDecl& t);
+// Whether `text` holds a control character (below 0x20, or 0x7f): a name
+// with one could forge or hide lines where it is printed.
+bool HasControlCharacter(std::string_view text);
 
 // To the coordinator: where do these tensors live?
 struct Declare {
