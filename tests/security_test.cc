@@ -9,6 +9,10 @@
 #include <unistd.h>
 
 #include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
 
 #include "tests/cluster_fixture.h"
 
@@ -268,6 +272,44 @@ TEST_P(SecurityTest, AStagingKeyWritesFromItsOwnConnectionOnly) {
   ASSERT_TRUE(own_st.has_value());
   EXPECT_TRUE(own_st->ok()) << own_st->ToString();
   ServerStillServes();
+}
+
+// The IPv4 addresses process `pid` listens on (from /proc: its socket
+// inodes, and the namespace's table of tcp sockets).
+std::vector<std::string> ListeningAddresses(pid_t pid) {
+  std::set<std::string> inodes;
+  std::error_code ec;
+  for (const auto& fd :
+       std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/fd", ec)) {
+    std::error_code link_ec;
+    const std::string target = std::filesystem::read_symlink(fd.path(), link_ec).string();
+    if (target.rfind("socket:[", 0) == 0) inodes.insert(target.substr(8, target.size() - 9));
+  }
+  std::vector<std::string> out;
+  std::ifstream table("/proc/net/tcp");
+  std::string line;
+  std::getline(table, line);  // the header
+  while (std::getline(table, line)) {
+    std::istringstream in(line);
+    std::string slot, local, remote, state, queues, timer, retrans, uid, timeout, inode;
+    in >> slot >> local >> remote >> state >> queues >> timer >> retrans >> uid >> timeout >> inode;
+    if (state != "0A" || inodes.count(inode) == 0) continue;  // 0A: LISTEN
+    const uint32_t ip = static_cast<uint32_t>(std::stoul(local.substr(0, 8), nullptr, 16));
+    out.push_back(std::to_string(ip & 0xff) + "." + std::to_string((ip >> 8) & 0xff) + "." +
+                  std::to_string((ip >> 16) & 0xff) + "." + std::to_string(ip >> 24));
+  }
+  return out;
+}
+
+// With a loopback cluster, UCX's tcp interface still listened on the host's
+// other addresses, where UCX checks no memory keys.
+TEST_P(SecurityTest, ALoopbackServerListensOnLoopbackOnly) {
+  StartServer();
+  const std::vector<std::string> listening = ListeningAddresses(server_->pid(0));
+  EXPECT_FALSE(listening.empty()) << "found none of the server's listening sockets";
+  for (const auto& address : listening) {
+    EXPECT_EQ(address.rfind("127.", 0), 0u) << "the server listens on " << address;
+  }
 }
 
 // Finding 5: failed logins were not throttled (139 a second).

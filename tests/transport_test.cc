@@ -585,6 +585,27 @@ TEST(VerbsSelection, DeviceByName) {
 
 INSTANTIATE_TEST_SUITE_P(Backends, TransportTest, BackendCases(), BackendCaseName);
 
+// With a loopback cluster UCX still opened its tcp interface on the host's
+// other addresses: with UCX's tcp on, a context may use loopback interfaces
+// and RDMA ports only, unless the network is said to be trusted.
+TEST(UcxTcpPolicy, UcxTcpOpensLoopbackInterfacesOnly) {
+  const std::vector<NetInterface> here = {{"lo", true}, {"eth0", false}};
+  const std::vector<std::string> ports = {"mlx5_0:1"};
+  EXPECT_EQ(UcxNetDevicesForTcpPolicy(nullptr, nullptr, nullptr, here, ports).value(),
+            "lo,mlx5_0:1");
+  EXPECT_EQ(UcxNetDevicesForTcpPolicy("tcp:aux,sm", "", nullptr, here, {}).value(), "lo");
+  EXPECT_EQ(UcxNetDevicesForTcpPolicy("rc,sm", nullptr, nullptr, here, ports).value(), "")
+      << "without UCX's tcp, UCX's choice stands";
+  EXPECT_EQ(UcxNetDevicesForTcpPolicy(nullptr, nullptr, "1", here, ports).value(), "");
+  EXPECT_EQ(UcxNetDevicesForTcpPolicy("tcp", "lo,mlx5_0:1", nullptr, here, ports).value(), "");
+  for (const char* named : {"eth0", "lo,eth0", "all"}) {
+    auto refused = UcxNetDevicesForTcpPolicy("tcp", named, nullptr, here, ports);
+    ASSERT_FALSE(refused.ok()) << named;
+    EXPECT_EQ(refused.status().code(), StatusCode::kFailedPrecondition);
+    EXPECT_NE(refused.status().message().find("TESSERA_ALLOW_UCX_TCP=1"), std::string::npos);
+  }
+}
+
 // UCX tcp protects no memory: UCX may listen or connect off loopback only
 // when its tcp transport is off, or when the user says the network is trusted.
 TEST(UcxTcpPolicy, OffLoopbackOnlyWithoutTcpOrWhenAllowed) {

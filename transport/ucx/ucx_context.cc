@@ -107,6 +107,17 @@ Status UcxContext::Init() {
   ucp_config_t* config = nullptr;
   ucs_status_t st = ucp_config_read(nullptr, nullptr, &config);
   if (st != UCS_OK) return FromUcs(st, "ucp_config_read");
+  // UCX's tcp on loopback devices (and RDMA ports) only, unless allowed.
+  auto devices = UcxNetDevicesForTcpPolicy();
+  if (devices.ok() && !devices->empty()) {
+    st = ucp_config_modify(config, "NET_DEVICES", devices->c_str());
+    if (st != UCS_OK) devices = FromUcs(st, "ucp_config_modify(NET_DEVICES=" + *devices + ")");
+    TLOG_DEBUG("{}: UCX's tcp may open only these devices: {}", options_.name, *devices);
+  }
+  if (!devices.ok()) {
+    ucp_config_release(config);
+    return devices.status();
+  }
 
   ucp_params_t params{};
   params.field_mask =

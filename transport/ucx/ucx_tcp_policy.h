@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 
 #include <string>
+#include <vector>
 
 #include "tessera/status.h"
 
@@ -19,5 +20,25 @@ namespace tessera::transport {
 bool UcxTcpEnabled(const char* ucx_tls);
 // OK, or why `action` ("listen on 10.0.0.5:7000") is refused.
 Status CheckUcxTcpAllowed(const sockaddr_storage& addr, const std::string& action);
+
+// UCX opens its tcp interface on every network device UCX_NET_DEVICES lets
+// it (all, unset), whatever address Tessera listens on: with a loopback
+// cluster it still listened on the host's other addresses. So where UCX's
+// tcp is on and TESSERA_ALLOW_UCX_TCP is not 1, the devices a context may
+// use are: those UCX_NET_DEVICES names when none of them is a network
+// interface other than loopback (refused otherwise, naming it); with
+// UCX_NET_DEVICES unset, the loopback interfaces and the RDMA ports. The
+// list to give UCX ("" : leave it), given the interfaces (name, loopback)
+// and the RDMA ports ("mlx5_0:1") there are.
+struct NetInterface {
+  std::string name;
+  bool loopback = false;
+};
+Result<std::string> UcxNetDevicesForTcpPolicy(const char* ucx_tls, const char* net_devices,
+                                              const char* allow,
+                                              const std::vector<NetInterface>& interfaces,
+                                              const std::vector<std::string>& rdma_ports);
+// The same, for this process's environment and this host's devices.
+Result<std::string> UcxNetDevicesForTcpPolicy();
 
 }  // namespace tessera::transport
