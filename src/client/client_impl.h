@@ -214,6 +214,10 @@ class Client::Impl {
   // and those waiting for staging memory.
   void FailCallsOf(int shard, const Status& why);
   void ConnectShard(int shard, std::chrono::steady_clock::time_point deadline);
+  // A start's handshake with `shard` ended with `st`: connected, failed, or
+  // tried again after a pause while `deadline` allows.
+  void OnStartHandshake(int shard, std::chrono::steady_clock::time_point deadline,
+                        const Status& st);
   void Heartbeat();
   // What a failed one-sided operation on a shard reports: why the shard was
   // lost if it was, else the fabric's error naming the shard.

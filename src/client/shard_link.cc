@@ -362,71 +362,75 @@ void Client::Impl::ConnectShard(int shard, std::chrono::steady_clock::time_point
   if (stopping_) return;
   ShardConn& s = shards_[shard];
   auto attempt = std::chrono::milliseconds(2000);
-  ctx_->Connect(
-      s.addr.host, s.addr.port, attempt,
-      [this, shard, deadline](Result<std::shared_ptr<transport::Endpoint>> ep) {
-        // A connect the closing context cancels: ctx_ is going.
-        if (stopping_) return;
-        if (!ep.ok()) {
-          // A listener that answers, but not as Tessera's tcp does
-          // (FailedPrecondition), will not start to: fail at once.
-          // Nothing listening, or a name that does not resolve yet
-          // (a Kubernetes pod not yet running), is waited for.
-          const bool never = ep.status().code() == StatusCode::kFailedPrecondition;
-          {
-            std::lock_guard<std::mutex> lock(start_mu_);
-            start_error_[shard] = ep.status().message();
-            if (never) {
-              start_state_[shard] = -1;
-              start_code_ = ep.status().code();
-            }
-          }
-          start_cv_.notify_all();  // Start says so at once
-          if (!never && std::chrono::steady_clock::now() < deadline) {
-            ctx_->PostAfter(std::chrono::milliseconds(300),
-                            [this, shard, deadline] { ConnectShard(shard, deadline); });
-          }
-          return;
-        }
-        ShardConn& conn = shards_[shard];
-        conn.ep = *ep;
-        conn.dead = Status::Ok();
-        shard_of_[conn.ep.get()] = shard;
-        Handshake(shard, [this, shard, deadline](const Status& st) {
-          // No answer (the shard may never have seen this
-          // connection), or turned away for now (too many
-          // strangers waiting, or failed guesses from this
-          // address): a new connection after a while, growing,
-          // until the deadline. A wrong secret is not retried.
-          const bool again = st.code() == StatusCode::kDeadlineExceeded ||
-                             st.code() == StatusCode::kResourceExhausted;
-          if (again && std::chrono::steady_clock::now() < deadline) {
-            ShardConn& c = shards_[shard];
-            shard_of_.erase(c.ep.get());
-            c.ep->Abort();
-            c.ep.reset();
-            {
-              std::lock_guard<std::mutex> lock(start_mu_);
-              start_error_[shard] = st.message();
-            }
-            const auto pause = HandshakeBackoff(c.handshake_attempts++);
-            TLOG_WARN("{} {}; connecting again in {} ms", c.name(), st.message(), pause.count());
-            ctx_->PostAfter(pause, [this, shard, deadline] { ConnectShard(shard, deadline); });
-            return;
-          }
-          {
-            std::lock_guard<std::mutex> lock(start_mu_);
-            start_state_[shard] = st.ok() ? 1 : -1;
-            if (!st.ok()) {
-              start_error_[shard] = st.message();
-              start_code_ = st.code();
-            }
-          }
-          start_cv_.notify_all();
-          if (!st.ok()) return OnShardLost(shard, st);
-          if (shard == coord_index_) NoteCoordinator(true);
-        });
-      });
+  ctx_->Connect(s.addr.host, s.addr.port, attempt,
+                [this, shard, deadline](Result<std::shared_ptr<transport::Endpoint>> ep) {
+                  // A connect the closing context cancels: ctx_ is going.
+                  if (stopping_) return;
+                  if (!ep.ok()) {
+                    // A listener that answers, but not as Tessera's tcp does
+                    // (FailedPrecondition), will not start to: fail at once.
+                    // Nothing listening, or a name that does not resolve yet
+                    // (a Kubernetes pod not yet running), is waited for.
+                    const bool never = ep.status().code() == StatusCode::kFailedPrecondition;
+                    {
+                      std::lock_guard<std::mutex> lock(start_mu_);
+                      start_error_[shard] = ep.status().message();
+                      if (never) {
+                        start_state_[shard] = -1;
+                        start_code_ = ep.status().code();
+                      }
+                    }
+                    start_cv_.notify_all();  // Start says so at once
+                    if (!never && std::chrono::steady_clock::now() < deadline) {
+                      ctx_->PostAfter(std::chrono::milliseconds(300),
+                                      [this, shard, deadline] { ConnectShard(shard, deadline); });
+                    }
+                    return;
+                  }
+                  ShardConn& conn = shards_[shard];
+                  conn.ep = *ep;
+                  conn.dead = Status::Ok();
+                  shard_of_[conn.ep.get()] = shard;
+                  Handshake(shard, [this, shard, deadline](const Status& st) {
+                    OnStartHandshake(shard, deadline, st);
+                  });
+                });
+}
+
+void Client::Impl::OnStartHandshake(int shard, std::chrono::steady_clock::time_point deadline,
+                                    const Status& st) {
+  ShardConn& c = shards_[shard];
+  // No answer (the shard may never have seen this connection), or turned
+  // away for now (too many strangers waiting, or failed guesses from this
+  // address): a new connection after a while, growing, until the deadline.
+  // A wrong secret is not retried.
+  const bool again =
+      st.code() == StatusCode::kDeadlineExceeded || st.code() == StatusCode::kResourceExhausted;
+  if (again && std::chrono::steady_clock::now() < deadline) {
+    shard_of_.erase(c.ep.get());
+    c.ep->Abort();
+    c.ep.reset();
+    {
+      std::lock_guard<std::mutex> lock(start_mu_);
+      start_error_[shard] = st.message();
+    }
+    const auto pause = HandshakeBackoff(c.handshake_attempts++);
+    TLOG_WARN("{} {}; connecting again in {} ms", c.name(), st.message(), pause.count());
+    ctx_->PostAfter(pause, [this, shard, deadline] { ConnectShard(shard, deadline); });
+    return;
+  }
+  c.handshake_attempts = 0;
+  {
+    std::lock_guard<std::mutex> lock(start_mu_);
+    start_state_[shard] = st.ok() ? 1 : -1;
+    if (!st.ok()) {
+      start_error_[shard] = st.message();
+      start_code_ = st.code();
+    }
+  }
+  start_cv_.notify_all();
+  if (!st.ok()) return OnShardLost(shard, st);
+  if (shard == coord_index_) NoteCoordinator(true);
 }
 
 void Client::Impl::Reconnect(int shard) {

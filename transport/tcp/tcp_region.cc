@@ -67,8 +67,7 @@ TcpRegion::~TcpRegion() {
 }
 
 Status TcpRegion::TakeWritesOnlyFrom(const Endpoint& writer) {
-  record_.writer = writer.serial();
-  table_->SetWriter(id_, record_.writer);
+  table_->SetWriter(id_, writer.serial());
   return Status::Ok();
 }
 
