@@ -46,7 +46,22 @@ struct TransportCase {
   // memory and self enforce neither (docs/security.md).
   bool enforces_keys;
   bool enforces_access;
+  // The fixture's connection is protected (Endpoint::ProtectSession) on
+  // both sides, as a handshake would leave it.
+  bool protect = false;
 };
+
+// Keys as a handshake derives them, each side's send half the other's receive half.
+inline SessionKeys TestSessionKeys(bool server) {
+  SessionKeys keys;
+  for (size_t i = 0; i < keys.send.key.size(); ++i) {
+    keys.send.key[i] = static_cast<uint8_t>(i + (server ? 1 : 101));
+    keys.receive.key[i] = static_cast<uint8_t>(i + (server ? 101 : 1));
+  }
+  keys.send.iv.fill(server ? 7 : 9);
+  keys.receive.iv.fill(server ? 9 : 7);
+  return keys;
+}
 
 // The address the verbs cases use: one an RDMA device carries. Set inside
 // the Soft-RoCE VM (tests/rdma-vm/run); elsewhere the verbs cases skip.
@@ -58,6 +73,8 @@ inline auto BackendCases() {
   return ::testing::Values(
       TransportCase{"native_tcp", "tcp", "", false, "tcp (Tessera's sockets)", 64u << 20, false,
                     true, true},
+      TransportCase{"native_tcp_protected", "tcp", "", false, "tcp (Tessera's sockets)",
+                    64u << 20, false, true, true, /*protect=*/true},
       TransportCase{"tcp", "ucx", "tcp", false, "tcp/", 64u << 20, false, false, false},
       TransportCase{"shm", "ucx", "posix,sysv,cma,tcp", false, "sysv/memory", 64u << 20, false,
                     false, false},
@@ -158,6 +175,10 @@ class TransportTest : public ::testing::TestWithParam<TransportCase> {
     auto listener = server_->Listen(host_, 0, [this](const std::shared_ptr<Endpoint>& ep) {
       if (authenticate_accepted_) ep->MarkAuthenticated();
       std::lock_guard<std::mutex> lock(mu_);
+      // Only the fixture's own connection: the cases' further ones are plain.
+      if (GetParam().protect && accepted_.empty()) {
+        EXPECT_TRUE(ep->ProtectSession(TestSessionKeys(/*server=*/true)).ok());
+      }
       accepted_.push_back(ep);
     });
     ASSERT_TRUE(listener.ok()) << listener.status().ToString();
@@ -170,6 +191,9 @@ class TransportTest : public ::testing::TestWithParam<TransportCase> {
     ASSERT_TRUE(ep->ok()) << ep->status().ToString();
     ep_ = std::move(ep->value());
     ep_->MarkAuthenticated();
+    if (GetParam().protect) {
+      ASSERT_TRUE(ep_->ProtectSession(TestSessionKeys(/*server=*/false)).ok());
+    }
 
     ep_->Send(kDescribeMsg, {});
     auto desc = NextReply();

@@ -40,6 +40,7 @@ std::vector<uint8_t> Pattern(size_t n, uint32_t seed) {
 TEST_P(TransportTest, UsesTheIntendedTransport) {
   std::string lanes = ep_->DescribeLanes();
   EXPECT_NE(lanes.find(GetParam().expect_rma_lane), std::string::npos) << lanes;
+  EXPECT_TRUE(WaitUntil([&] { return ep_->session_protected() == GetParam().protect; }, 10s));
 }
 
 TEST_P(TransportTest, MessagesRoundTripByteExact) {

@@ -47,6 +47,11 @@ void OneByOne(std::span<const RmaPiece> pieces, Completion done, const Issue& is
 
 }  // namespace
 
+Status Endpoint::ProtectSession(const SessionKeys&) {
+  return Status::Unimplemented("this fabric (" + DescribeLanes() +
+                               ") does not protect sessions; only Tessera's tcp does");
+}
+
 void Endpoint::PutMany(std::span<const RmaPiece> pieces, const RemoteRegion& remote,
                        Completion done) {
   OneByOne(pieces, std::move(done), [&](const RmaPiece& piece, Completion one) {

@@ -9,6 +9,7 @@
 // calls made off the progress thread are handed to it.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -135,6 +136,17 @@ struct RmaPiece {
   uint64_t remote_addr;
 };
 
+// The keys that protect a session after its handshake (Endpoint::
+// ProtectSession): one half for what this side sends, one for what it
+// receives; the peer holds the same two, swapped.
+struct SessionKeys {
+  struct Half {
+    std::array<uint8_t, 32> key{};
+    std::array<uint8_t, 12> iv{};
+  };
+  Half send, receive;
+};
+
 class Endpoint {
  public:
   virtual ~Endpoint() = default;
@@ -198,6 +210,16 @@ class Endpoint {
   // (UCX: ucp_ep_print_info), so users and tests can check what is used.
   virtual std::string DescribeLanes() = 0;
 
+  // From now on every frame is authenticated and encrypted with `keys`:
+  // those this side sends after the call, and those it reads after the one
+  // whose handler is running (on the progress thread; from another thread,
+  // after those already read). The layer above calls it on both sides at
+  // the same point of its handshake. A frame that fails its check closes
+  // the connection, naming why. Unimplemented where the backend cannot
+  // (UCX, verbs: docs/security.md says what each fabric protects).
+  virtual Status ProtectSession(const SessionKeys& keys);
+  bool session_protected() const { return protected_.load(std::memory_order_relaxed); }
+
   // The layer above says the peer proved who it is: its messages may now be
   // as large as max_message_bytes (ContextOptions).
   void MarkAuthenticated() { authenticated_.store(true, std::memory_order_relaxed); }
@@ -232,6 +254,8 @@ class Endpoint {
       : limits_{options.max_unauthenticated_message_bytes, options.max_message_bytes} {
     NoteTraffic();
   }
+  // A backend's ProtectSession, once its frames are protected.
+  void MarkProtected() { protected_.store(true, std::memory_order_relaxed); }
   // Backends call this on every sign of life from the peer.
   void NoteTraffic() {
     last_traffic_.store(std::chrono::steady_clock::now().time_since_epoch().count(),
@@ -247,6 +271,7 @@ class Endpoint {
   const uint64_t serial_ = NextSerial();
   std::atomic<bool> authenticated_{false};
   std::atomic<bool> read_only_{false};
+  std::atomic<bool> protected_{false};  // set by a backend's ProtectSession
   std::atomic<std::chrono::steady_clock::rep> last_traffic_{0};
 };
 

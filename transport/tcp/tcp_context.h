@@ -30,6 +30,7 @@
 #include "transport/message_handlers.h"
 #include "transport/tcp/tcp_frame.h"
 #include "transport/tcp/tcp_region.h"
+#include "transport/tcp/tcp_session_cipher.h"
 #include "transport/transport.h"
 
 namespace tessera::transport::tcp {
@@ -133,6 +134,7 @@ class TcpEndpoint final : public Endpoint, public std::enable_shared_from_this<T
   // its header, its completion and a turn of the peer's loop
   // (docs/PERFORMANCE.md, "Gathered puts" and "Gathered gets").
   size_t GatherUpTo() const override { return 16u << 10; }
+  Status ProtectSession(const SessionKeys& keys) override;
   void Close() override;
   void Abort() override;
   std::string peer() const override { return peer_; }
@@ -154,7 +156,8 @@ class TcpEndpoint final : public Endpoint, public std::enable_shared_from_this<T
     RegionKey key{};
     MessageBytes owned;
     Completion written;  // messages: once on the wire
-    size_t sent = 0;     // of header_len + payload_len
+    size_t sent = 0;     // of header_len + payload_len (sealed: of them sealed)
+    bool sealed = false;  // queued after ProtectSession: goes out through sealed_
   };
   // A put or get waiting for the peer's answer.
   struct Op {
@@ -163,7 +166,8 @@ class TcpEndpoint final : public Endpoint, public std::enable_shared_from_this<T
     size_t len = 0;
     Completion done;
   };
-  enum class RecvState { kPreamble, kHeader, kPayload };
+  // kTag: a protected payload's tag is due.
+  enum class RecvState { kPreamble, kHeader, kPayload, kTag };
 
   void Run(Task fn);
   void Queue(OutFrame frame);
@@ -171,6 +175,18 @@ class TcpEndpoint final : public Endpoint, public std::enable_shared_from_this<T
              uint64_t remote_addr, Completion done);
   // Writes what the socket takes; true when the queue is empty.
   bool WriteSome();
+  // Nothing queued, and no sealed bytes waiting for the socket.
+  bool Drained() const { return out_.empty() && sealed_pos_ == sealed_end_; }
+  // Protected frames: seals the queue's next frames into sealed_ once it
+  // is empty, then sends from it; false once the socket takes no more.
+  bool WriteSealed(std::vector<Completion>& written);
+  Status SealMore();
+  // How many bytes the header (or tag) being collected needs.
+  size_t HeaderNeed() const;
+  // The payload's last byte arrived: its tag is next if it was sealed.
+  Status OnPayloadEnd();
+  Status OnTag();
+  Status IntegrityFailure(const char* what) const;
   void OnEvents(uint32_t events);
   void OnConnected();
   // What the socket holds now, read as an EPOLLIN event would read it,
@@ -230,7 +246,8 @@ class TcpEndpoint final : public Endpoint, public std::enable_shared_from_this<T
   RecvState state_ = RecvState::kPreamble;
   std::unique_ptr<uint8_t[]> rbuf_;
   size_t rpos_ = 0, rend_ = 0;
-  std::array<uint8_t, kFrameHeaderBytes> hdr_{};
+  // A header (with its tag when protected), a preamble or a payload's tag.
+  std::array<uint8_t, kFrameHeaderBytes + kSealTagBytes> hdr_{};
   size_t hdr_got_ = 0;
   FrameHeader cur_;
   uint8_t* payload_dst_ = nullptr;  // where the current payload goes
@@ -240,6 +257,15 @@ class TcpEndpoint final : public Endpoint, public std::enable_shared_from_this<T
   uint32_t payload_region_ = 0;
   RegionKey payload_key_{};
   MessageBytes message_;  // a message larger than what was buffered
+
+  // Protection (ProtectSession): null until then.
+  std::shared_ptr<SessionCipher> seal_, open_;  // shared: handed over in a Task
+  bool payload_sealed_ = false;  // the payload being read is a sealed record
+  // Sealed bytes on their way to the socket; the completions of the frames
+  // wholly in them run once they are sent.
+  std::unique_ptr<uint8_t[]> sealed_;
+  size_t sealed_pos_ = 0, sealed_end_ = 0;
+  std::vector<Completion> sealed_written_;
 };
 
 }  // namespace tessera::transport::tcp

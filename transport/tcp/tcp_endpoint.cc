@@ -29,6 +29,8 @@ constexpr size_t kMaxQueuedFrames = 1 << 16;
 // Frame slots a connection keeps once its send queue drains (about 150 KiB):
 // beyond them, a burst's storage goes back.
 constexpr size_t kKeptQueueSlots = 1024;
+// Sealed bytes prepared per turn for a protected session's socket.
+constexpr size_t kSealBuffer = 256 * 1024;
 // How long a graceful close waits for the peer to close its side.
 constexpr std::chrono::milliseconds kCloseLinger{2000};
 
@@ -149,7 +151,7 @@ void TcpEndpoint::Close() {
     if (dead_ || closing_) return;
     closing_ = true;
     close_reason_ = Status::Unavailable("closed by this side");
-    if (out_.empty()) {
+    if (Drained()) {
       shutdown(fd_, SHUT_WR);
       write_shut_ = true;
     }
@@ -173,11 +175,27 @@ void TcpEndpoint::Abort() {
 
 std::string TcpEndpoint::DescribeLanes() { return "tcp (Tessera's sockets) to " + peer_; }
 
+Status TcpEndpoint::ProtectSession(const SessionKeys& keys) {
+  auto seal = SessionCipher::Create(keys.send, SessionCipher::Direction::kSeal);
+  if (!seal.ok()) return seal.status();
+  auto open = SessionCipher::Create(keys.receive, SessionCipher::Direction::kOpen);
+  if (!open.ok()) return open.status();
+  Run([this, seal = std::shared_ptr<SessionCipher>(std::move(*seal)),
+       open = std::shared_ptr<SessionCipher>(std::move(*open))]() mutable {
+    if (dead_ || seal_) return;
+    seal_ = std::move(seal);
+    open_ = std::move(open);
+    MarkProtected();
+  });
+  return Status::Ok();
+}
+
 void TcpEndpoint::Queue(OutFrame frame) {
   if (dead_) {
     if (frame.written) frame.written(DeadStatus());
     return;
   }
+  frame.sealed = seal_ != nullptr;
   out_.push_back(std::move(frame));
   sending_++;
   WriteSome();
@@ -190,11 +208,15 @@ bool TcpEndpoint::WriteSome() {
   // WriteSome borrows an empty list then).
   Borrowed<std::vector<Completion>> borrowed(written_);
   std::vector<Completion>& written = *borrowed;
-  while (!dead_ && !connecting_ && !out_.empty()) {
+  while (!dead_ && !connecting_ && !Drained()) {
+    if (sealed_pos_ < sealed_end_ || out_.front().sealed) {
+      if (!WriteSealed(written)) break;
+      continue;
+    }
     iovec iov[128];
     int n = 0;
     size_t frames = 0;
-    for (size_t i = 0; i < out_.size() && n < 126; ++i, ++frames) {
+    for (size_t i = 0; i < out_.size() && n < 126 && !out_[i].sealed; ++i, ++frames) {
       OutFrame* it = &out_[i];
       size_t skip = it->sent;
       if (skip < it->header_len) {
@@ -243,7 +265,7 @@ bool TcpEndpoint::WriteSome() {
       out_.pop_front();
     }
   }
-  if (!dead_ && out_.empty() && closing_ && !write_shut_) {
+  if (!dead_ && Drained() && closing_ && !write_shut_) {
     shutdown(fd_, SHUT_WR);
     write_shut_ = true;
   }
@@ -251,12 +273,79 @@ bool TcpEndpoint::WriteSome() {
   written.clear();
   // Steady traffic keeps the queue's slots; a burst gives them back.
   out_.ReleaseIfEmptyAbove(kKeptQueueSlots);
-  return out_.empty();
+  return Drained();
+}
+
+bool TcpEndpoint::WriteSealed(std::vector<Completion>& written) {
+  if (sealed_pos_ == sealed_end_) {
+    if (Status st = SealMore(); !st.ok()) {
+      Refuse(st);
+      return false;
+    }
+  }
+  const ssize_t w =
+      send(fd_, sealed_.get() + sealed_pos_, sealed_end_ - sealed_pos_, MSG_NOSIGNAL);
+  if (w < 0) {
+    if (errno == EINTR) return true;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) {
+      MarkDead(SocketError("sending to " + peer_ + " failed", errno), true);
+    }
+    return false;
+  }
+  sealed_pos_ += static_cast<size_t>(w);
+  if (sealed_pos_ == sealed_end_) {
+    for (auto& done : sealed_written_) written.push_back(std::move(done));
+    sealed_written_.clear();
+  }
+  return true;
+}
+
+Status TcpEndpoint::SealMore() {
+  if (!sealed_) sealed_.reset(new uint8_t[kSealBuffer]);
+  sealed_pos_ = sealed_end_ = 0;
+  while (!out_.empty() && out_.front().sealed) {
+    OutFrame& f = out_.front();
+    if (f.sent == 0) {
+      if (kSealBuffer - sealed_end_ < kFrameHeaderBytes + kSealTagBytes) break;
+      seal_->Seal(f.header.data(), kFrameHeaderBytes, sealed_.get() + sealed_end_);
+      sealed_end_ += kFrameHeaderBytes + kSealTagBytes;
+      f.sent = kFrameHeaderBytes;
+      if (f.payload_len > 0) seal_->Begin();
+    }
+    size_t done = f.sent - kFrameHeaderBytes;
+    if (done < f.payload_len) {
+      const size_t take = std::min(kSealBuffer - sealed_end_, f.payload_len - done);
+      if (take == 0) break;
+      const uint8_t* from = (f.owned.empty() ? f.payload : f.owned.data()) + done;
+      // A get's answer is read from its region: still there while sealed.
+      std::optional<RegionTable::Pinned> pinned;
+      if (f.region != 0) {
+        pinned.emplace(ctx_->regions_->Pin());
+        auto at = pinned->Find(f.region, f.key, reinterpret_cast<uint64_t>(from), take,
+                               RemoteAccess::kRead, serial());
+        if (!at.ok()) return at.status().WithContext("a one-sided read by " + peer_ + ", midway");
+        from = *at;
+      }
+      seal_->Update(from, sealed_.get() + sealed_end_, take);
+      sealed_end_ += take;
+      f.sent += take;
+      done += take;
+      if (done < f.payload_len) break;
+    }
+    if (f.payload_len > 0) {
+      if (kSealBuffer - sealed_end_ < kSealTagBytes) break;
+      seal_->EndSeal(sealed_.get() + sealed_end_);
+      sealed_end_ += kSealTagBytes;
+    }
+    if (f.written) sealed_written_.push_back(std::move(f.written));
+    out_.pop_front();
+  }
+  return Status::Ok();
 }
 
 void TcpEndpoint::UpdateInterest() {
   if (dead_) return;
-  const bool want = connecting_ || !out_.empty();
+  const bool want = connecting_ || !Drained();
   if (want == want_write_) return;
   want_write_ = want;
   ctx_->Rewatch(fd_, token_, EPOLLIN | (want ? EPOLLOUT : 0u));
@@ -309,6 +398,7 @@ void TcpEndpoint::ReadSome() {
       if (!place.ok()) return Refuse(place.status());
       r = recv(fd_, *place, want, 0);
       const int recv_errno = errno;
+      if (r > 0 && payload_sealed_) open_->Update(*place, *place, static_cast<size_t>(r));
       pinned.reset();
       errno = recv_errno;
       if (r > 0) {
@@ -317,7 +407,7 @@ void TcpEndpoint::ReadSome() {
         payload_dst_ += r;
         payload_left_ -= static_cast<uint64_t>(r);
         if (payload_left_ == 0) {
-          if (Status st = OnPayloadDone(); !st.ok()) return Refuse(st);
+          if (Status st = OnPayloadEnd(); !st.ok()) return Refuse(st);
         }
         if (static_cast<size_t>(r) < want) return;  // drained: see below
         continue;
@@ -361,15 +451,17 @@ bool TcpEndpoint::Parse() {
   while (!dead_ && rpos_ < rend_) {
     const size_t avail = rend_ - rpos_;
     const uint8_t* in = rbuf_.get() + rpos_;
-    if (state_ == RecvState::kPreamble || state_ == RecvState::kHeader) {
-      const size_t need = (state_ == RecvState::kPreamble ? kPreamble.size() : kFrameHeaderBytes);
+    if (state_ != RecvState::kPayload) {
+      const size_t need = HeaderNeed();
       const size_t take = std::min(avail, need - hdr_got_);
       std::memcpy(hdr_.data() + hdr_got_, in, take);
       hdr_got_ += take;
       rpos_ += take;
       if (hdr_got_ < need) return true;
       hdr_got_ = 0;
-      Status st = state_ == RecvState::kPreamble ? OnPreamble() : OnHeader();
+      Status st = state_ == RecvState::kPreamble ? OnPreamble()
+                  : state_ == RecvState::kTag    ? OnTag()
+                                                 : OnHeader();
       if (!st.ok()) {
         Refuse(st);
         return false;
@@ -384,13 +476,17 @@ bool TcpEndpoint::Parse() {
         Refuse(place.status());
         return false;
       }
-      std::memcpy(*place, in, take);
+      if (payload_sealed_) {
+        open_->Update(in, *place, take);
+      } else {
+        std::memcpy(*place, in, take);
+      }
     }
     payload_dst_ += take;
     payload_left_ -= take;
     rpos_ += take;
     if (payload_left_ == 0) {
-      if (Status st = OnPayloadDone(); !st.ok()) {
+      if (Status st = OnPayloadEnd(); !st.ok()) {
         Refuse(st);
         return false;
       }
@@ -420,6 +516,37 @@ void TcpEndpoint::StartPayload(uint8_t* dst, uint64_t len) {
   payload_left_ = len;
   payload_region_ = 0;
   state_ = RecvState::kPayload;
+  payload_sealed_ = open_ != nullptr && len > 0;
+  if (payload_sealed_) open_->Begin();
+}
+
+size_t TcpEndpoint::HeaderNeed() const {
+  switch (state_) {
+    case RecvState::kPreamble:
+      return kPreamble.size();
+    case RecvState::kTag:
+      return kSealTagBytes;
+    default:
+      return kFrameHeaderBytes + (open_ ? kSealTagBytes : 0);
+  }
+}
+
+Status TcpEndpoint::OnPayloadEnd() {
+  if (!payload_sealed_) return OnPayloadDone();
+  state_ = RecvState::kTag;
+  return Status::Ok();
+}
+
+Status TcpEndpoint::OnTag() {
+  payload_sealed_ = false;
+  if (!open_->EndOpen(hdr_.data())) return IntegrityFailure("a payload");
+  return OnPayloadDone();
+}
+
+Status TcpEndpoint::IntegrityFailure(const char* what) const {
+  return Status::DataLoss(std::string(what) + " from " + peer_ +
+                          " failed its integrity check: the session was altered in transit "
+                          "(or the peer's keys differ)");
 }
 
 Result<uint8_t*> TcpEndpoint::PayloadPlace(uint64_t len,
@@ -445,7 +572,11 @@ Status TcpEndpoint::PinAnswers(size_t frames, std::optional<RegionTable::Pinned>
 }
 
 Status TcpEndpoint::OnHeader() {
-  auto h = DecodeFrameHeader(hdr_);
+  if (open_ && !open_->Open(hdr_.data(), kFrameHeaderBytes)) {
+    return IntegrityFailure("a frame header");
+  }
+  auto h = DecodeFrameHeader(std::span<const uint8_t, kFrameHeaderBytes>(hdr_.data(),
+                                                                         kFrameHeaderBytes));
   if (!h.ok()) return h.status().WithContext("from " + peer_);
   cur_ = *h;
   state_ = RecvState::kHeader;
@@ -458,10 +589,14 @@ Status TcpEndpoint::OnHeader() {
                                          (authenticated() ? "" : " before authentication"));
       }
       const size_t len = static_cast<size_t>(cur_.length);
-      if (rend_ - rpos_ >= len) {
+      const size_t tag = open_ && len > 0 ? kSealTagBytes : 0;
+      if (rend_ - rpos_ >= len + tag) {
         // All of it is buffered: handed over in place, without a copy.
+        if (tag > 0 && !open_->Open(rbuf_.get() + rpos_, len)) {
+          return IntegrityFailure("a message");
+        }
         const std::span<const uint8_t> bytes(rbuf_.get() + rpos_, len);
-        rpos_ += len;
+        rpos_ += len + tag;
         ctx_->Dispatch(shared_from_this(), cur_.msg_id, bytes);
         return Status::Ok();
       }
@@ -598,6 +733,8 @@ void TcpEndpoint::MarkDead(const Status& why, bool report) {
   flush_waiters_.clear();
   auto out = std::move(out_);
   out_.clear();
+  auto sealed_written = std::move(sealed_written_);
+  sealed_written_.clear();
   if (connect_done_) {
     auto done = std::move(connect_done_);
     connect_done_ = nullptr;
@@ -608,6 +745,7 @@ void TcpEndpoint::MarkDead(const Status& why, bool report) {
     if (op.done) op.done(dead);
   }
   for (; !waiters.empty(); waiters.pop_front()) waiters.front().second(dead);
+  for (auto& done : sealed_written) done(dead);
   for (; !out.empty(); out.pop_front()) {
     if (out.front().written) out.front().written(dead);
   }

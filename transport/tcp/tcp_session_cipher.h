@@ -1,0 +1,61 @@
+// The AEAD that protects a tcp session after its handshake: AES-256-GCM
+// (OpenSSL), one key and one base IV per direction, derived from the
+// handshake (wire/handshake.h). Every record takes the next nonce of its
+// direction (base IV xor a 64-bit sequence number, as TLS 1.3 builds it),
+// so a record dropped, replayed or moved fails the next check. A frame is
+// two records: its header, then its payload (if any), each with its tag.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "tessera/status.h"
+#include "transport/transport.h"
+
+namespace tessera::transport::tcp {
+
+constexpr size_t kSealTagBytes = 16;
+
+class SessionCipher {
+ public:
+  enum class Direction : uint8_t { kSeal, kOpen };
+  static Result<std::unique_ptr<SessionCipher>> Create(const SessionKeys::Half& keys,
+                                                       Direction direction);
+  ~SessionCipher();
+  SessionCipher(const SessionCipher&) = delete;
+  SessionCipher& operator=(const SessionCipher&) = delete;
+
+  // A record in pieces: Begin, Update for each piece (out may equal in),
+  // then EndSeal writes the tag or EndOpen checks it (false: the record
+  // was altered, or is not the one due).
+  void Begin();
+  void Update(const uint8_t* in, uint8_t* out, size_t len);
+  void EndSeal(uint8_t tag[kSealTagBytes]);
+  [[nodiscard]] bool EndOpen(const uint8_t tag[kSealTagBytes]);
+
+  // A whole record at once: `len` bytes, then the tag after them in `out`.
+  void Seal(const uint8_t* in, size_t len, uint8_t* out) {
+    Begin();
+    Update(in, out, len);
+    EndSeal(out + len);
+  }
+  // In place: `len` bytes followed by their tag.
+  [[nodiscard]] bool Open(uint8_t* record, size_t len) {
+    Begin();
+    Update(record, record, len);
+    return EndOpen(record + len);
+  }
+
+ private:
+  struct Ctx;
+  SessionCipher(std::unique_ptr<Ctx> ctx, const SessionKeys::Half& keys, Direction direction);
+
+  std::unique_ptr<Ctx> ctx_;
+  std::array<uint8_t, 12> base_iv_;
+  Direction direction_;
+  uint64_t sequence_ = 0;
+};
+
+}  // namespace tessera::transport::tcp
