@@ -19,6 +19,11 @@ void ClusterFlags::AddClusterOnly(CLI::App* app) {
   app->add_option("--transport", transport,
                   "tcp (Tessera's sockets), ucx, verbs, or auto (verbs where an RDMA device is)")
       ->capture_default_str();
+  app->add_option("--session-protection", session_protection,
+                  "auto (sessions that leave the host are authenticated and encrypted after "
+                  "their handshake; loopback ones are not), on or off (tcp only)")
+      ->check(CLI::IsMember({"auto", "on", "off"}))
+      ->capture_default_str();
 }
 
 void ClusterFlags::Add(CLI::App* app, const std::string& default_job) {
@@ -98,6 +103,11 @@ Result<TfConfig> ClusterFlags::Resolve() const {
 std::string ClusterFlags::DefaultTransport() {
   const char* env = std::getenv("TESSERA_TRANSPORT");
   return env != nullptr && *env ? env : "tcp";
+}
+
+std::string ClusterFlags::DefaultSessionProtection() {
+  const char* env = std::getenv("TESSERA_SESSION_PROTECTION");
+  return env != nullptr && *env ? env : "auto";
 }
 
 Result<std::string> ClusterFlags::Secret() const { return LoadSecret(secret_file); }

@@ -19,6 +19,9 @@ struct ClusterFlags {
   // tasks), else tcp (Tessera's own sockets).
   std::string transport = DefaultTransport();
   static std::string DefaultTransport();
+  // --session-protection, else TESSERA_SESSION_PROTECTION, else auto.
+  std::string session_protection = DefaultSessionProtection();
+  static std::string DefaultSessionProtection();
 
   void Add(CLI::App* app, const std::string& default_job);
   // For `tessera status`, which is no task of the cluster: the cluster's

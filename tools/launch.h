@@ -17,6 +17,8 @@ struct LaunchOptions {
   // The transport backend: given to the servers (--transport) and to the
   // workers (TESSERA_TRANSPORT in their environment).
   std::string transport = "tcp";
+  // Every task's TESSERA_SESSION_PROTECTION: auto, on or off.
+  std::string session_protection = "auto";
   // Where the ps tasks keep parameters (--memory), and whether they may
   // stage GPU-resident ones through host memory.
   std::string memory = "host";

@@ -61,6 +61,12 @@ int RunServer(const tools::ClusterFlags& flags, ServerOptions opts, int coordina
   opts.task_index = cfg->task.index;
   opts.secret = *secret;
   opts.transport = flags.transport;
+  auto protection = ParseSessionProtection(flags.session_protection);
+  if (!protection.ok()) {
+    fprintf(stderr, "tessera server: %s\n", protection.status().ToString().c_str());
+    return 2;
+  }
+  opts.session_protection = *protection;
   auto server = Server::Start(opts);
   if (!server.ok()) {
     fprintf(stderr, "tessera server: %s\n", server.status().ToString().c_str());
@@ -205,6 +211,13 @@ int main(int argc, char** argv) try {
       ->add_option("--transport", launch.transport,
                    "tcp (Tessera's sockets, the default), ucx (shared memory, RDMA), "
                    "verbs or auto (workers get it as TESSERA_TRANSPORT)")
+      ->capture_default_str();
+  launch_cmd
+      ->add_option("--session-protection", launch.session_protection,
+                   "auto (sessions that leave the host are authenticated and encrypted; "
+                   "loopback ones are not), on or off: every task gets it as "
+                   "TESSERA_SESSION_PROTECTION")
+      ->check(CLI::IsMember({"auto", "on", "off"}))
       ->capture_default_str();
   launch_cmd->add_option("--memory", launch.memory,
                          "where the ps tasks keep parameters: host, cuda or cuda:N");

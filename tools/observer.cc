@@ -111,9 +111,14 @@ Result<std::unique_ptr<Observer>> Observer::Connect(const std::string& backend,
     if (!frame.ok()) return frame.status();
     auto next = handshake.OnFrame(*frame, std::nullopt, "it");
     if (!next.ok()) return next.status();
-    const auto* auth = std::get_if<wire::Auth>(&*next);
-    if (auth == nullptr) break;  // welcomed
-    s.ep->Send(wire::kProtocolMsg, wire::Encode(*auth, s.next_request++));
+    if (const auto* welcome = std::get_if<wire::Welcome>(&*next)) {
+      // The task sends nothing unasked after its welcome, and seals all.
+      if (welcome->session_protected) {
+        TESSERA_RETURN_IF_ERROR(s.ep->ProtectSession(handshake.Keys()));
+      }
+      break;
+    }
+    s.ep->Send(wire::kProtocolMsg, wire::Encode(std::get<wire::Auth>(*next), s.next_request++));
   }
   s.ep->MarkAuthenticated();
   return observer;

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "core/bytes.h"
+#include "core/session_keys.h"
 #include "tessera/status.h"
 #include "transport/task.h"
 
@@ -136,17 +137,6 @@ struct RmaPiece {
   uint64_t remote_addr;
 };
 
-// The keys that protect a session after its handshake (Endpoint::
-// ProtectSession): one half for what this side sends, one for what it
-// receives; the peer holds the same two, swapped.
-struct SessionKeys {
-  struct Half {
-    std::array<uint8_t, 32> key{};
-    std::array<uint8_t, 12> iv{};
-  };
-  Half send, receive;
-};
-
 class Endpoint {
  public:
   virtual ~Endpoint() = default;
@@ -218,6 +208,11 @@ class Endpoint {
   // the connection, naming why. Unimplemented where the backend cannot
   // (UCX, verbs: docs/security.md says what each fabric protects).
   virtual Status ProtectSession(const SessionKeys& keys);
+  // Whether ProtectSession can work here (Tessera's tcp).
+  virtual bool CanProtectSession() const { return false; }
+  // Whether the peer is this host over loopback (127/8, ::1), where the
+  // backend can tell; false where it cannot.
+  virtual bool PeerOnLoopback() const { return false; }
   bool session_protected() const { return protected_.load(std::memory_order_relaxed); }
 
   // The layer above says the peer proved who it is: its messages may now be
@@ -301,6 +296,8 @@ class Context {
   // built without CUDA), for callers to refuse early or stage through host
   // memory where the user allowed it.
   virtual Status CanRegister(MemoryKind kind) const = 0;
+  // Whether its endpoints can protect sessions (Endpoint::ProtectSession).
+  virtual bool CanProtectSessions() const { return false; }
 
   // Memory the fabric allocates itself; shared-memory transports can map it
   // directly into peers (faster than registering malloc'd memory). kCuda:

@@ -312,6 +312,10 @@ struct TESSERA_EXPORT ClientOptions {
   // "tcp" (Tessera's own sockets), "ucx" (shared memory, RDMA; its tcp only
   // on loopback, see docs/security.md), "verbs", or "auto".
   std::string transport = "tcp";
+  // Whether sessions are authenticated and encrypted after their handshake
+  // (tcp only; kAuto: on for connections that leave the host; kOn refuses
+  // a shard that will not).
+  SessionProtection session_protection = SessionProtection::kAuto;
   // Tensors above this many bytes are split into chunks spread over shards.
   size_t chunk_bytes = 4u << 20;
   std::string placement = "round_robin";  // or "greedy"
@@ -367,6 +371,7 @@ struct TESSERA_EXPORT ClientOptions {
   //  - read_only: for an "evaluator" task (TensorFlow's, which TF_CONFIG may
   //    leave out of the cluster), or TESSERA_READ_ONLY=1;
   //  - the transport: TESSERA_TRANSPORT (tcp when unset);
+  //  - session protection: TESSERA_SESSION_PROTECTION (auto, on or off; auto when unset);
   //  - the GPU: TESSERA_CUDA_DEVICE (tessera run sets it by the task's place
   //    on its node);
   //  - the log level: TESSERA_LOG_LEVEL, checked here.
@@ -388,6 +393,9 @@ struct TESSERA_EXPORT ClientCounters {
   // inside messages (host memory by nature).
   uint64_t cuda_ipc_bytes = 0, host_staged_bytes = 0, gpu_inline_bytes = 0;
   int cuda_ipc_shards = 0;  // shards reached through CUDA IPC now
+  // Handshakes with shards and the coordinator that ended in a protected
+  // session (authenticated and encrypted frames), counted since the start.
+  uint64_t protected_sessions = 0;
 };
 
 class TESSERA_EXPORT Client {

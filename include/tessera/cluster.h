@@ -18,6 +18,17 @@
 
 namespace tessera {
 
+// Whether a session's frames are authenticated and encrypted after its
+// handshake (Tessera's tcp: AES-256-GCM with keys from the handshake;
+// docs/security.md). kAuto, the default: on for a connection that leaves
+// the host, off over loopback, where an on-path party would need the host
+// already. Either side asking kOn turns it on; a client that asks kOn
+// refuses a server that cannot. kOff: the operator trusts the fabric.
+enum class SessionProtection : uint8_t { kAuto = 0, kOn = 1, kOff = 2 };
+// "auto", "on", "off".
+TESSERA_EXPORT const char* SessionProtectionName(SessionProtection protection);
+TESSERA_EXPORT Result<SessionProtection> ParseSessionProtection(const std::string& name);
+
 struct TESSERA_EXPORT TaskAddress {
   std::string host;
   uint16_t port = 0;

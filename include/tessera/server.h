@@ -27,8 +27,14 @@ struct TESSERA_EXPORT ServerOptions {
   // "tcp" (Tessera's own sockets), "ucx" (shared memory, RDMA; its tcp only
   // on loopback, see docs/security.md), "verbs", or "auto".
   std::string transport = "tcp";
+  // Whether sessions are authenticated and encrypted after their handshake
+  // (tcp only; kAuto: on for connections that leave the host).
+  SessionProtection session_protection = SessionProtection::kAuto;
   // Listen on this host instead of the spec's (e.g. "0.0.0.0"); port from the spec.
   std::string bind_host;
+  // Listen on this port instead of the spec's (a task reached through a
+  // port forward or a relay); 0: the spec's.
+  uint16_t bind_port = 0;
   // A connection must prove it knows the secret within this time
   // (TESSERA_HELLO_TIMEOUT_MS overrides it; TESSERA_TIMEOUT_SCALE scales it).
   std::chrono::milliseconds hello_timeout{5000};

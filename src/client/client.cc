@@ -169,6 +169,7 @@ ClientCounters Client::counters() const {
   out.host_staged_bytes = impl_->staged_bytes_;
   out.gpu_inline_bytes = impl_->gpu_inline_bytes_;
   out.cuda_ipc_shards = impl_->ipc_shards_;
+  out.protected_sessions = impl_->protected_sessions_;
   return out;
 }
 

@@ -126,6 +126,7 @@ class Client::Impl {
   gpu::Stream stream_;       // loop thread; created on first use
   std::atomic<uint64_t> ipc_bytes_{0}, staged_bytes_{0}, gpu_inline_bytes_{0};
   std::atomic<int> ipc_shards_{0};
+  std::atomic<uint64_t> protected_sessions_{0};  // handshakes that ended protected
   // From the coordinator's declare replies.
   std::optional<uint64_t> restored_step_;  // under tensors_mu_
   // From the chief's Initialize, or the coordinator's answer to WaitForInit.

@@ -107,6 +107,11 @@ Result<ClientOptions> ClientOptions::FromEnv(int argc, const char* const* argv) 
     }
     options.transport = transport;
   }
+  if (const char* p = std::getenv("TESSERA_SESSION_PROTECTION"); p && *p) {
+    auto protection = ParseSessionProtection(p);
+    if (!protection.ok()) return protection.status().WithContext("TESSERA_SESSION_PROTECTION");
+    options.session_protection = *protection;
+  }
   if (const char* device = std::getenv("TESSERA_CUDA_DEVICE"); device && *device) {
     char* end = nullptr;
     const long d = std::strtol(device, &end, 10);

@@ -558,6 +558,7 @@ void Client::Impl::Handshake(int shard, std::function<void(Status)> done) {
   hello.task = task_.ToString();
   hello.node_id = ipc_node_id_;
   hello.cluster = options_.cluster.ToJson();
+  hello.protection = options_.session_protection;
   auto handshake = std::make_shared<wire::ClientHandshake>(options_.secret, std::move(hello));
   const ShardConn& conn = shards_[shard];
   const uint32_t expect_index = shard == coord_index_ && conn.task.job == "coordinator"
@@ -580,8 +581,8 @@ void Client::Impl::Handshake(int shard, std::function<void(Status)> done) {
   });
   shards_[shard].handshake_request = turn->request = Request(
       shard, handshake->hello(), 0,
-      [this, shard, read, fail, turn](const Status& st, const wire::Header&,
-                                      std::span<const uint8_t> frame) {
+      [this, shard, read, fail, turn, handshake](const Status& st, const wire::Header&,
+                                                 std::span<const uint8_t> frame) {
         auto auth = read(st, frame);
         if (!auth.ok()) return fail(auth.status());
         if (!std::holds_alternative<wire::Auth>(*auth)) {
@@ -589,8 +590,8 @@ void Client::Impl::Handshake(int shard, std::function<void(Status)> done) {
         }
         shards_[shard].handshake_request = turn->request = Request(
             shard, std::get<wire::Auth>(*auth), 0,
-            [this, shard, read, fail](const Status& st2, const wire::Header&,
-                                      std::span<const uint8_t> f2) {
+            [this, shard, read, fail, handshake](const Status& st2, const wire::Header&,
+                                                 std::span<const uint8_t> f2) {
               auto welcomed = read(st2, f2);
               if (!welcomed.ok()) return fail(welcomed.status());
               if (!std::holds_alternative<wire::Welcome>(*welcomed)) {
@@ -599,6 +600,13 @@ void Client::Impl::Handshake(int shard, std::function<void(Status)> done) {
               const wire::Welcome* w = &std::get<wire::Welcome>(*welcomed);
               ShardConn& s = shards_[shard];
               s.ep->MarkAuthenticated();
+              if (w->session_protected) {
+                // Before anything else is sent: the shard seals all after its welcome.
+                if (Status sealed = s.ep->ProtectSession(handshake->Keys()); !sealed.ok()) {
+                  return fail(sealed);
+                }
+                protected_sessions_++;
+              }
               // The coordinator has no staging slot, nor has a reader one.
               if (s.task.job == "ps" && !options_.read_only) {
                 auto staging = s.ep->Attach(w->staging_region);

@@ -60,6 +60,25 @@ Result<ClusterSpec> FromJsonValue(const nlohmann::json& j) {
 
 }  // namespace
 
+const char* SessionProtectionName(SessionProtection protection) {
+  switch (protection) {
+    case SessionProtection::kOn:
+      return "on";
+    case SessionProtection::kOff:
+      return "off";
+    default:
+      return "auto";
+  }
+}
+
+Result<SessionProtection> ParseSessionProtection(const std::string& name) {
+  for (auto p : {SessionProtection::kAuto, SessionProtection::kOn, SessionProtection::kOff}) {
+    if (name == SessionProtectionName(p)) return p;
+  }
+  return Status::InvalidArgument("session protection '" + name +
+                                 "' is none of auto, on and off");
+}
+
 Result<TaskAddress> TaskAddress::Parse(const std::string& host_port) {
   auto colon = host_port.rfind(':');
   if (colon == std::string::npos || colon == 0 || colon + 1 == host_port.size()) {

@@ -158,7 +158,8 @@ void BindValueTypes(nb::module_& m) {
       .def_ro("cuda_ipc_bytes", &ClientCounters::cuda_ipc_bytes)
       .def_ro("host_staged_bytes", &ClientCounters::host_staged_bytes)
       .def_ro("gpu_inline_bytes", &ClientCounters::gpu_inline_bytes)
-      .def_ro("cuda_ipc_shards", &ClientCounters::cuda_ipc_shards);
+      .def_ro("cuda_ipc_shards", &ClientCounters::cuda_ipc_shards)
+      .def_ro("protected_sessions", &ClientCounters::protected_sessions);
 }
 
 void BindOptions(nb::module_& m) {
@@ -174,7 +175,8 @@ void BindOptions(nb::module_& m) {
           },
           "argv"_a = std::vector<std::string>{},
           "TF1 flags in argv (argv[0] is the program), else TF_CONFIG; TESSERA_SECRET or "
-          "TESSERA_SECRET_FILE; TESSERA_TRANSPORT; TESSERA_LOG_LEVEL.")
+          "TESSERA_SECRET_FILE; TESSERA_TRANSPORT; TESSERA_SESSION_PROTECTION; "
+          "TESSERA_LOG_LEVEL.")
       .def_prop_rw(
           "cluster_json", [](const ClientOptions& o) { return o.cluster.ToJson(); },
           [](ClientOptions& o, const std::string& json) {

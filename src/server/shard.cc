@@ -26,6 +26,24 @@ std::chrono::milliseconds Shard::LeaseCheckInterval() const {
 
 Shard::~Shard() { Stop(); }
 
+namespace {
+
+std::string DescribeSessionProtection(SessionProtection protection, bool can) {
+  if (!can) return "sessions unprotected: this fabric cannot protect them (docs/security.md)";
+  switch (protection) {
+    case SessionProtection::kOn:
+      return "every session authenticated and encrypted after its handshake "
+             "(session protection on)";
+    case SessionProtection::kOff:
+      return "sessions unprotected (session protection off)";
+    default:
+      return "sessions that leave the host authenticated and encrypted, loopback ones not "
+             "(session protection auto)";
+  }
+}
+
+}  // namespace
+
 Status Shard::Start() {
   TESSERA_RETURN_IF_ERROR(options_.cluster.Validate());
   if (options_.job != "ps" && options_.job != "coordinator") {
@@ -52,6 +70,11 @@ Status Shard::Start() {
   auto ctx = transport::Context::Open(topts);
   if (!ctx.ok()) return ctx.status();
   ctx_ = std::move(*ctx);
+  if (options_.session_protection == SessionProtection::kOn && !ctx_->CanProtectSessions()) {
+    return Status::FailedPrecondition(
+        "session protection on needs --transport tcp: " + ctx_->Describe() +
+        " cannot authenticate or encrypt sessions (docs/security.md)");
+  }
   TESSERA_RETURN_IF_ERROR(OpenMemory());
   table_ = std::make_unique<ParamTable>(ctx_.get(), memory_.get(), arena_kind_,
                                         options_.arena_bytes, options_.cluster.num_workers());
@@ -82,7 +105,8 @@ Status Shard::Start() {
   if (!hello_deadline.ok()) return hello_deadline.status();
   admission.hello_deadline = *hello_deadline;
   admission_ = std::make_unique<Admission>(admission);
-  auto listener = ctx_->Listen(host, addr->port, [this](const EndpointPtr& ep) { OnAccept(ep); });
+  const uint16_t port = options_.bind_port != 0 ? options_.bind_port : addr->port;
+  auto listener = ctx_->Listen(host, port, [this](const EndpointPtr& ep) { OnAccept(ep); });
   if (!listener.ok()) {
     return listener.status().WithContext(self.ToString());
   }
@@ -98,10 +122,11 @@ Status Shard::Start() {
   }
   // A job whose workers never come ends too, after the grace time.
   if (presence_) ctx_->Post([this] { CheckPresence(); });
-  TLOG_INFO("{} serving on {}:{} over {}{}; parameters in {}{}", self.ToString(), host,
+  TLOG_INFO("{} serving on {}:{} over {}{}; parameters in {}{}; {}", self.ToString(), host,
             listener_->port(), ctx_->Describe(),
             hosts_coordinator() && !is_coordinator_only() ? " (and the coordinator)" : "",
-            memory_->Describe(), table_->staged() ? ", staged through host memory" : "");
+            memory_->Describe(), table_->staged() ? ", staged through host memory" : "",
+            DescribeSessionProtection(options_.session_protection, ctx_->CanProtectSessions()));
   return Status::Ok();
 }
 

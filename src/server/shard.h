@@ -118,6 +118,8 @@ class Shard {
   void DropOverdue();
   Status OnHello(Peer& peer, const wire::Header& h, std::span<const uint8_t> frame);
   Status OnAuth(Peer& peer, const wire::Header& h, std::span<const uint8_t> frame);
+  // Sends the welcome, then seals the session where the welcome says so.
+  Status SendWelcome(Peer& peer, uint64_t request_id, const wire::Welcome& welcome);
   // Whether an authenticated hello may join as what it claims.
   Status CheckClaims(const wire::Hello& hello) const;
   void OnCreate(Peer& peer, uint64_t request_id, const wire::Create& msg);

@@ -121,6 +121,7 @@ void Shard::JoinCoordinator() {
                   hello.worker_rank = static_cast<uint32_t>(options_.task_index);
                   hello.task = TaskId{"ps", options_.task_index}.ToString();
                   hello.cluster = options_.cluster.ToJson();
+                  hello.protection = options_.session_protection;
                   link_handshake_.emplace(options_.secret, std::move(hello));
                   coord_link_->Send(kProtocolMsg, wire::Encode(link_handshake_->hello(), 1));
                   // No welcome by the hello deadline (the coordinator's own):
@@ -160,6 +161,12 @@ void Shard::OnLinkFrame(std::span<const uint8_t> frame) {
       if (const auto* auth = std::get_if<wire::Auth>(&*next)) {
         coord_link_->Send(kProtocolMsg, wire::Encode(*auth, 2));
         return;
+      }
+      if (std::get<wire::Welcome>(*next).session_protected) {
+        // Before anything else is sent: the coordinator seals all after its welcome.
+        if (Status sealed = coord_link_->ProtectSession(link_handshake_->Keys()); !sealed.ok()) {
+          return RefuseCoordinator(sealed);
+        }
       }
       link_handshake_.reset();
       coord_link_->MarkAuthenticated();

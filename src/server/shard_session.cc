@@ -284,6 +284,8 @@ Status Shard::OnAuth(Peer& peer, const wire::Header& h, std::span<const uint8_t>
   peer.hello = peer.handshake.hello();
   peer.ep->MarkAuthenticated();
   wire::Welcome welcome;
+  welcome.session_protected = peer.handshake.DecideProtection(
+      options_.session_protection, peer.ep->CanProtectSession(), peer.ep->PeerOnLoopback());
   welcome.server_proof = peer.handshake.ServerProof();
   if (peer.hello.role != wire::PeerRole::kWorker) {
     // Readers, observers and shards write no tensors: a write key they got
@@ -293,21 +295,18 @@ Status Shard::OnAuth(Peer& peer, const wire::Header& h, std::span<const uint8_t>
   if (peer.hello.role == wire::PeerRole::kObserver) {
     peer.authenticated = true;
     peer.is_observer = true;
-    Reply(peer, h.request_id, welcome);  // no staging slot, no keys
-    return Status::Ok();
+    return SendWelcome(peer, h.request_id, welcome);  // no staging slot, no keys
   }
   if (peer.hello.role == wire::PeerRole::kReader) {
     peer.authenticated = true;
     peer.is_reader = true;
     TLOG_INFO("reader {} connected from {}", peer.hello.task, peer.ep->peer());
-    Reply(peer, h.request_id, welcome);  // no staging slot: it writes nothing here
-    return Status::Ok();
+    return SendWelcome(peer, h.request_id, welcome);  // no staging slot: it writes nothing here
   }
   if (peer.hello.role == wire::PeerRole::kShard) {
     peer.authenticated = true;
     peer.is_shard = true;
-    Reply(peer, h.request_id, welcome);  // no staging slot: shards write no tensors here
-    return Status::Ok();
+    return SendWelcome(peer, h.request_id, welcome);  // no staging slot: shards write no tensors here
   }
   if (!is_coordinator_only()) {
     if (arena_kind_ != transport::MemoryKind::kHost) {
@@ -337,8 +336,15 @@ Status Shard::OnAuth(Peer& peer, const wire::Header& h, std::span<const uint8_t>
   if (presence_) presence_->Connected(peer.hello.worker_rank, peer.hello.task);
   departed_.erase(peer.hello.worker_rank);  // a restarted worker is back
   TLOG_INFO("{} connected from {}", peer.hello.task, peer.ep->peer());
-  Reply(peer, h.request_id, welcome);
-  return Status::Ok();
+  return SendWelcome(peer, h.request_id, welcome);
+}
+
+Status Shard::SendWelcome(Peer& peer, uint64_t request_id, const wire::Welcome& welcome) {
+  Reply(peer, request_id, welcome);
+  if (!welcome.session_protected) return Status::Ok();
+  // The welcome is the last plain frame each way: the client sends nothing
+  // between its auth and the welcome, and seals all it sends after.
+  return peer.ep->ProtectSession(peer.handshake.Keys());
 }
 
 Status Shard::OfferIpcSlot(Peer& peer, wire::Welcome* welcome) {

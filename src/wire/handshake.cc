@@ -1,5 +1,6 @@
 #include "wire/handshake.h"
 
+#include <algorithm>
 #include <utility>
 
 namespace tessera::wire {
@@ -7,8 +8,9 @@ namespace {
 
 // Labels keep a client's proof from ever passing as a server's, and proofs
 // of earlier protocol versions from passing as these.
-constexpr std::string_view kClientLabel = "tessera-v3-client";
-constexpr std::string_view kServerLabel = "tessera-v3-server";
+constexpr std::string_view kClientLabel = "tessera-v4-client";
+constexpr std::string_view kServerLabel = "tessera-v4-server";
+constexpr std::string_view kSessionLabel = "tessera-v4-session";
 
 // What both proofs bind: every field of the hello, and which task answered.
 std::string Transcript(const Hello& hello, uint32_t shard_index) {
@@ -17,6 +19,31 @@ std::string Transcript(const Hello& hello, uint32_t shard_index) {
   hello.EncodeBody(w);
   w.Put(shard_index);
   return std::string(bytes.begin(), bytes.end());
+}
+
+// What the server's proof and the session's keys bind besides: its decision.
+std::string ServerTranscript(const Hello& hello, uint32_t shard_index, bool protect) {
+  return Transcript(hello, shard_index) + (protect ? '\1' : '\0');
+}
+
+// HKDF's pattern over HMAC-SHA256: a key for the session from the secret
+// and the handshake, then a key and an IV for each direction from it.
+SessionKeys DeriveKeys(const std::string& secret, const Nonce& client_nonce,
+                       const Nonce& server_nonce, const std::string& transcript, bool server) {
+  const Proof session = MakeProof(secret, kSessionLabel, client_nonce, server_nonce, transcript);
+  const std::string session_key(session.begin(), session.end());
+  auto half = [&](std::string_view direction) {
+    SessionKeys::Half h;
+    const Proof key = MakeProof(session_key, direction, client_nonce, server_nonce, "key");
+    const Proof iv = MakeProof(session_key, direction, client_nonce, server_nonce, "iv");
+    std::copy(key.begin(), key.begin() + h.key.size(), h.key.begin());
+    std::copy(iv.begin(), iv.begin() + h.iv.size(), h.iv.begin());
+    return h;
+  };
+  SessionKeys keys;
+  keys.send = half(server ? "server-to-client" : "client-to-server");
+  keys.receive = half(server ? "client-to-server" : "server-to-client");
+  return keys;
 }
 
 }  // namespace
@@ -37,11 +64,11 @@ Auth ClientHandshake::Answer(const Challenge& challenge) {
 }
 
 Status ClientHandshake::CheckWelcome(const Welcome& welcome, uint32_t expect_shard_index,
-                                     std::string_view server_name) const {
+                                     std::string_view server_name) {
   if (!answered_) return Status::Internal("welcome before the challenge was answered");
-  const Proof expect =
-      MakeProof(secret_, kServerLabel, hello_.client_nonce, challenge_.server_nonce,
-                Transcript(hello_, challenge_.shard_index));
+  const Proof expect = MakeProof(
+      secret_, kServerLabel, hello_.client_nonce, challenge_.server_nonce,
+      ServerTranscript(hello_, challenge_.shard_index, welcome.session_protected));
   if (!ProofsEqual(expect, welcome.server_proof)) {
     return Status::PermissionDenied(std::string(server_name) +
                                     " could not prove it knows the cluster secret "
@@ -57,7 +84,20 @@ Status ClientHandshake::CheckWelcome(const Welcome& welcome, uint32_t expect_sha
                                       "spec has it as " + name(expect_shard_index) +
                                       ": give every task the same cluster spec");
   }
+  if (hello_.protection == SessionProtection::kOn && !welcome.session_protected) {
+    return Status::FailedPrecondition(
+        std::string(server_name) +
+        " does not protect the session, which this task asks for (session protection on): "
+        "start it with --transport tcp, or without --session-protection off");
+  }
+  protected_ = welcome.session_protected;
   return Status::Ok();
+}
+
+SessionKeys ClientHandshake::Keys() const {
+  return DeriveKeys(secret_, hello_.client_nonce, challenge_.server_nonce,
+                    ServerTranscript(hello_, challenge_.shard_index, protected_),
+                    /*server=*/false);
 }
 
 Result<std::variant<Auth, Welcome>> ClientHandshake::OnFrame(
@@ -107,9 +147,23 @@ Status ServerHandshake::CheckAuth(const Auth& auth, std::string_view peer_addres
   return Status::Ok();
 }
 
+bool ServerHandshake::DecideProtection(SessionProtection here, bool can_protect, bool loopback) {
+  const SessionProtection there = hello_.protection;
+  const bool asked = here == SessionProtection::kOn || there == SessionProtection::kOn;
+  const bool refused = here == SessionProtection::kOff || there == SessionProtection::kOff;
+  protected_ = can_protect && (asked || (!refused && !loopback));
+  return protected_;
+}
+
 Proof ServerHandshake::ServerProof() const {
   return MakeProof(Key(), kServerLabel, hello_.client_nonce, challenge_.server_nonce,
-                   Transcript(hello_, challenge_.shard_index));
+                   ServerTranscript(hello_, challenge_.shard_index, protected_));
+}
+
+SessionKeys ServerHandshake::Keys() const {
+  return DeriveKeys(Key(), hello_.client_nonce, challenge_.server_nonce,
+                    ServerTranscript(hello_, challenge_.shard_index, protected_),
+                    /*server=*/true);
 }
 
 }  // namespace tessera::wire

@@ -8,7 +8,12 @@
 //
 // The client proves first, so that a stranger who connects learns nothing it
 // could test guesses of the secret against offline (docs/security.md). Both
-// proofs cover the whole hello, so no field of it can be swapped in transit.
+// proofs cover the whole hello, so no field of it can be swapped in transit,
+// and the server's covers its decision to protect the session, so nobody
+// on the path can switch protection off. Where it is on, both sides derive
+// the session's keys from the secret, both nonces and that transcript:
+// every frame after the auth (from the client) and after the welcome (from
+// the server) is sealed with them.
 #pragma once
 
 #include <cstdint>
@@ -19,6 +24,7 @@
 #include <variant>
 
 #include "core/secret.h"
+#include "core/session_keys.h"
 #include "tessera/status.h"
 #include "wire/messages.h"
 
@@ -37,8 +43,12 @@ class ClientHandshake {
   // OK when the server proved it knows the secret and is the task
   // `expect_shard_index` (kCoordinatorIndex for a coordinator of its own);
   // `server_name` ("/job:ps/task:1 at h:p") names it in errors.
+  // A client that asked for protection (SessionProtection::kOn) refuses a
+  // welcome that does not protect the session.
   Status CheckWelcome(const Welcome& welcome, uint32_t expect_shard_index,
-                      std::string_view server_name) const;
+                      std::string_view server_name);
+  // The session's keys, once CheckWelcome passed a welcome that protects it.
+  SessionKeys Keys() const;
 
   // The one way every client reads the server's side of the handshake: a
   // challenge yields the Auth to send back; a welcome, once CheckWelcome
@@ -54,6 +64,7 @@ class ClientHandshake {
   Hello hello_;
   Challenge challenge_;
   bool answered_ = false;
+  bool protected_ = false;  // the welcome's decision
 };
 
 // The server's half, one per connection. A reader's hello is proved with
@@ -69,8 +80,15 @@ class ServerHandshake {
   Challenge OnHello(Hello hello, uint32_t shard_index);
   // Checks the client's proof in constant time.
   Status CheckAuth(const Auth& auth, std::string_view peer_address) const;
-  // This server's proof, for the Welcome; only once CheckAuth passed.
+  // Whether the session will be protected, from what this server asks
+  // (`here`), what the hello asks, whether the transport can, and whether
+  // the peer is on this host (loopback); kept for the proof and the keys.
+  bool DecideProtection(SessionProtection here, bool can_protect, bool loopback);
+  // This server's proof, for the Welcome; only once CheckAuth passed (and
+  // after DecideProtection, whose decision it covers).
   Proof ServerProof() const;
+  // The session's keys, where DecideProtection said to protect it.
+  SessionKeys Keys() const;
 
   bool said_hello() const { return said_hello_; }
   const Hello& hello() const { return hello_; }
@@ -86,6 +104,7 @@ class ServerHandshake {
   Hello hello_;
   Challenge challenge_;
   bool said_hello_ = false;
+  bool protected_ = false;
 };
 
 }  // namespace tessera::wire

@@ -58,6 +58,7 @@ void Hello::EncodeBody(MessageWriter& w) const {
   w.PutBytes(client_nonce);
   w.PutString(node_id);
   w.PutString(cluster);
+  w.Put(static_cast<uint8_t>(protection));
 }
 Result<Hello> Hello::DecodeBody(ByteReader& r) {
   Hello m;
@@ -77,6 +78,12 @@ Result<Hello> Hello::DecodeBody(ByteReader& r) {
     return Status::InvalidArgument("the node id holds a control character: refused");
   }
   if (!r.GetString(&m.cluster, kMaxClusterSpecLength)) return Truncated("cluster");
+  uint8_t protection = 0;
+  if (!r.Get(&protection)) return Truncated("protection");
+  if (protection > static_cast<uint8_t>(SessionProtection::kOff)) {
+    return Status::InvalidArgument("unknown session protection " + std::to_string(protection));
+  }
+  m.protection = static_cast<SessionProtection>(protection);
   return m;
 }
 
@@ -115,6 +122,7 @@ void Welcome::EncodeBody(MessageWriter& w) const {
   w.PutBytes(server_proof);
   w.PutBlob(staging_region);
   w.PutBlob(staging_ipc);
+  w.Put(static_cast<uint8_t>(session_protected ? 1 : 0));
 }
 Result<Welcome> Welcome::DecodeBody(ByteReader& r) {
   Welcome m;
@@ -123,6 +131,10 @@ Result<Welcome> Welcome::DecodeBody(ByteReader& r) {
   if (!r.GetBlob(&blob, kMaxRegionDescription)) return Truncated("staging_region");
   m.staging_region.assign(blob.begin(), blob.end());
   if (!GetIpcHandle(r, &m.staging_ipc)) return Truncated("staging_ipc");
+  uint8_t protect = 0;
+  if (!r.Get(&protect)) return Truncated("session_protected");
+  if (protect > 1) return Status::InvalidArgument("session_protected is " + std::to_string(protect));
+  m.session_protected = protect == 1;
   return m;
 }
 

@@ -12,6 +12,7 @@
 #include "core/bytes.h"
 #include "core/pool_allocator.h"
 #include "core/secret.h"
+#include "tessera/cluster.h"
 #include "tessera/status.h"
 #include "tessera/tensor.h"
 #include "wire/header.h"
@@ -46,6 +47,8 @@ struct Hello {
   // The cluster spec this task was given (ClusterSpec::ToJson); empty from an
   // observer, which is not part of the cluster.
   std::string cluster;
+  // What the client asks of the session's protection (covered by both proofs).
+  SessionProtection protection = SessionProtection::kAuto;
   void EncodeBody(MessageWriter& w) const;
   static Result<Hello> DecodeBody(ByteReader& r);
   bool operator==(const Hello&) const = default;
@@ -78,6 +81,8 @@ struct Welcome {
   // Same node, GPU shard: a CUDA IPC handle of a GPU slot of the same size
   // (pushes flagged kFlagIpcSlot are read from it); else empty.
   std::vector<uint8_t> staging_ipc;
+  // Every later frame is protected (the server's decision, which its proof covers).
+  bool session_protected = false;
   void EncodeBody(MessageWriter& w) const;
   static Result<Welcome> DecodeBody(ByteReader& r);
   bool operator==(const Welcome&) const = default;

@@ -43,6 +43,7 @@ class TcpContext final : public Context {
   ~TcpContext() override;
 
   Status CanRegister(MemoryKind kind) const override;
+  bool CanProtectSessions() const override { return true; }
   Result<std::unique_ptr<Region>> Allocate(size_t size, MemoryKind kind,
                                            RemoteAccess access) override;
   Result<std::unique_ptr<Region>> Register(void* data, size_t size, MemoryKind kind,
@@ -135,6 +136,8 @@ class TcpEndpoint final : public Endpoint, public std::enable_shared_from_this<T
   // (docs/PERFORMANCE.md, "Gathered puts" and "Gathered gets").
   size_t GatherUpTo() const override { return 16u << 10; }
   Status ProtectSession(const SessionKeys& keys) override;
+  bool CanProtectSession() const override { return true; }
+  bool PeerOnLoopback() const override;
   void Close() override;
   void Abort() override;
   std::string peer() const override { return peer_; }

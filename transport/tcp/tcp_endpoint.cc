@@ -14,6 +14,7 @@
 #include "transport/closed.h"
 #include "transport/region_desc.h"
 #include "transport/run_on_loop.h"
+#include "transport/sockaddr.h"
 #include "transport/tcp/tcp_context.h"
 
 namespace tessera::transport::tcp {
@@ -174,6 +175,14 @@ void TcpEndpoint::Abort() {
 }
 
 std::string TcpEndpoint::DescribeLanes() { return "tcp (Tessera's sockets) to " + peer_; }
+
+bool TcpEndpoint::PeerOnLoopback() const {
+  sockaddr_storage addr{};
+  socklen_t len = sizeof(addr);
+  const int fd = fd_;
+  return fd >= 0 && getpeername(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0 &&
+         IsLoopbackAddress(addr);
+}
 
 Status TcpEndpoint::ProtectSession(const SessionKeys& keys) {
   auto seal = SessionCipher::Create(keys.send, SessionCipher::Direction::kSeal);
