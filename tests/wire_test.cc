@@ -218,7 +218,7 @@ TEST(Wire, HeaderFieldsValidated) {
     EXPECT_NE(st.message().find(needle), std::string::npos) << what << ": " << st.ToString();
   };
   expect_bad(0, 0x00, "magic", "magic");
-  expect_bad(4, 9, "version", "version");
+  expect_bad(4, 8, "version", "version");  // the previous version
   expect_bad(6, 0xee, "opcode", "opcode");
   expect_bad(6, 11, "other opcode", "expected push-done");
   expect_bad(8, 0x80, "flags", "flags");

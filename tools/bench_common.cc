@@ -105,10 +105,12 @@ Fabric FabricFor(const BenchOptions& o, const std::string& transport) {
     f.backend = "verbs";
     return f;
   }
-  if (transport == "tcp") {
-    // Tessera's own sockets; the raw-fabric baseline is plain sockets.
+  if (transport == "tcp" || transport == "tcp-protected") {
+    // Tessera's own sockets; the raw-fabric baseline is plain sockets. On
+    // loopback sessions are unprotected unless asked (tcp-protected).
     f.backend = "tcp";
     f.ucx_tls = "tcp";
+    f.protect = transport == "tcp-protected";
     return f;
   }
   f.backend = "ucx";
@@ -311,6 +313,7 @@ Result<std::unique_ptr<LocalCluster>> LocalCluster::Start(const BenchOptions& o,
         "--task",         std::to_string(i), "--staging-mib", std::to_string(o.staging_mib),
         "--transport",    fabric.backend};
     if (o.busy_poll) argv.push_back("--busy-poll");
+    argv.insert(argv.end(), {"--session-protection", fabric.protect ? "on" : "auto"});
     if (o.memory == "cuda") argv.insert(argv.end(), {"--memory", "cuda", "--allow-host-staging"});
     // Shards on the first cores, the bench (workers) on the last one.
     const int cpu = o.pin ? (cpus > 1 ? i % (cpus - 1) : 0) : -1;
@@ -318,7 +321,7 @@ Result<std::unique_ptr<LocalCluster>> LocalCluster::Start(const BenchOptions& o,
         argv, {"TESSERA_SECRET=" + secret, "TESSERA_LOG_LEVEL=warn", "UCX_TLS=" + fabric.ucx_tls},
         cpu));
   }
-  TESSERA_RETURN_IF_ERROR(c->ConnectWorkers(o, spec, secret, fabric.backend, workers));
+  TESSERA_RETURN_IF_ERROR(c->ConnectWorkers(o, spec, secret, fabric, workers));
   c->shard_addresses_ = ps;
   c->secret_ = secret;
   c->backend_ = fabric.backend;
@@ -338,12 +341,12 @@ Result<std::unique_ptr<LocalCluster>> LocalCluster::Attach(const BenchOptions& o
                                    " worker tasks");
   }
   std::unique_ptr<LocalCluster> c(new LocalCluster());
-  TESSERA_RETURN_IF_ERROR(c->ConnectWorkers(o, *spec, *secret, fabric.backend, workers));
+  TESSERA_RETURN_IF_ERROR(c->ConnectWorkers(o, *spec, *secret, fabric, workers));
   return c;
 }
 
 Status LocalCluster::ConnectWorkers(const BenchOptions& o, const ClusterSpec& spec,
-                                    const std::string& secret, const std::string& backend,
+                                    const std::string& secret, const Fabric& fabric,
                                     int workers) {
   for (int w = 0; w < workers; ++w) {
     ClientOptions copts;
@@ -352,7 +355,8 @@ Status LocalCluster::ConnectWorkers(const BenchOptions& o, const ClusterSpec& sp
     copts.secret = secret;
     copts.startup_timeout = std::chrono::seconds(30);
     copts.busy_poll = o.busy_poll;
-    copts.transport = backend;
+    copts.transport = fabric.backend;
+    copts.session_protection = fabric.protect ? SessionProtection::kOn : SessionProtection::kAuto;
     copts.allow_host_staging = o.memory == "cuda";  // counted, and shown per row
     auto client = Client::Connect(copts);
     if (!client.ok()) return client.status();

@@ -67,6 +67,7 @@ struct Fabric {
   std::string backend;  // tcp | ucx | verbs
   std::string ucx_tls;  // ucx only
   std::string host;     // where shards and peers listen
+  bool protect = false;  // tcp-protected: every session authenticated and encrypted
 };
 Fabric FabricFor(const BenchOptions& o, const std::string& transport);
 
@@ -127,7 +128,7 @@ class LocalCluster {
   static Result<std::unique_ptr<LocalCluster>> Attach(const BenchOptions& o, const Fabric& fabric,
                                                       int workers);
   Status ConnectWorkers(const BenchOptions& o, const ClusterSpec& spec, const std::string& secret,
-                        const std::string& backend, int workers);
+                        const Fabric& fabric, int workers);
   // The sum of the shards' counts now, less nothing; opens the observers
   // and measures what one status question costs the first time.
   std::optional<uint64_t> ShardAllocationsNow();

@@ -268,7 +268,7 @@ int main(int argc, char** argv) try {
                         "two calls), step (default: push pull)");
   bench_cmd
       ->add_option("--transport", bench.transports,
-                   "tcp (Tessera's sockets), ucx-tcp, shm (UCX), another UCX_TLS value, or verbs "
+                   "tcp (Tessera's sockets), tcp-protected (the same, every session encrypted), ucx-tcp, shm (UCX), another UCX_TLS value, or verbs "
                    "(repeat the flag, or separate with ;)")
       ->delimiter(';');
   std::vector<std::string> bench_sizes;

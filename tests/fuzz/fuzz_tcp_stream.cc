@@ -3,8 +3,15 @@
 // frame headers, messages, puts and gets at its regions), then the
 // connection is half-closed and the target must close it in turn. The first
 // input byte says whether the layer above marks the peer authenticated, so
-// that the one-sided paths past that check are fuzzed too. A region the
-// target registered read-only and unknown to the peer must never change.
+// that the one-sided paths past that check are fuzzed too; its second bit,
+// whether the connection is protected (Endpoint::ProtectSession, fixed
+// keys). A protected stream's third bit says whether the harness seals it:
+// then the input after the preamble is taken as frames (a 48-byte header,
+// then as many payload bytes as the header's type and length say, cut at
+// the input's end), each sealed as a correct peer would, so that the frame
+// logic behind the cipher is fuzzed too; else the bytes go as they are and
+// must fail their check. A region the target registered read-only and
+// unknown to the peer must never change.
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -19,11 +26,52 @@
 #include <vector>
 
 #include "fuzz_check.h"
+#include "transport/tcp/tcp_frame.h"
+#include "transport/tcp/tcp_session_cipher.h"
 #include "transport/transport.h"
 
 namespace {
 
 using namespace tessera::transport;
+
+tessera::SessionKeys Keys(bool server) {
+  tessera::SessionKeys k;
+  k.send.key.fill(server ? 1 : 2);
+  k.receive.key.fill(server ? 2 : 1);
+  k.send.iv.fill(server ? 3 : 4);
+  k.receive.iv.fill(server ? 4 : 3);
+  return k;
+}
+
+// The input's frames, each sealed as a correct peer would seal it.
+std::vector<uint8_t> Sealed(const uint8_t* data, size_t size) {
+  namespace tcp = tessera::transport::tcp;
+  auto cipher = tcp::SessionCipher::Create(Keys(false).send, tcp::SessionCipher::Direction::kSeal)
+                    .value();
+  std::vector<uint8_t> out(data, data + std::min(size, tcp::kPreamble.size()));
+  size_t at = out.size();
+  while (at < size) {
+    const size_t header = std::min(size - at, tcp::kFrameHeaderBytes);
+    std::array<uint8_t, tcp::kFrameHeaderBytes> h{};
+    std::memcpy(h.data(), data + at, header);
+    at += header;
+    const size_t base = out.size();
+    out.resize(base + h.size() + tcp::kSealTagBytes);
+    cipher->Seal(h.data(), h.size(), out.data() + base);
+    auto decoded = tcp::DecodeFrameHeader(h);
+    if (!decoded.ok() || decoded->type == tcp::FrameType::kGet ||
+        decoded->type == tcp::FrameType::kPutDone) {
+      continue;
+    }
+    const size_t payload = static_cast<size_t>(std::min<uint64_t>(decoded->length, size - at));
+    if (payload == 0) continue;
+    const size_t p = out.size();
+    out.resize(p + payload + tcp::kSealTagBytes);
+    cipher->Seal(data + at, payload, out.data() + p);
+    at += payload;
+  }
+  return out;
+}
 
 struct Target {
   std::unique_ptr<Context> ctx;
@@ -32,6 +80,7 @@ struct Target {
   std::vector<uint8_t> guarded_before;
   std::mutex mu;
   bool authenticate = false;  // for the next connection
+  bool protect = false;
 
   Target() {
     ContextOptions o;
@@ -48,6 +97,7 @@ struct Target {
                            [this](const std::shared_ptr<Endpoint>& ep) {
                              std::lock_guard<std::mutex> lock(mu);
                              if (authenticate) ep->MarkAuthenticated();
+                             if (protect) (void)ep->ProtectSession(Keys(/*server=*/true));
                            })
                    .value();
   }
@@ -66,7 +116,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   {
     std::lock_guard<std::mutex> lock(t.mu);
     t.authenticate = data[0] & 1;
+    t.protect = data[0] & 2;
   }
+  std::vector<uint8_t> sealed;
+  if ((data[0] & 6) == 6) sealed = Sealed(data + 1, size - 1);
   const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
@@ -90,7 +143,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   timeval tv{10, 0};
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  (void)send(fd, data + 1, size - 1, MSG_NOSIGNAL);
+  if ((data[0] & 6) == 6) {
+    (void)send(fd, sealed.data(), sealed.size(), MSG_NOSIGNAL);
+  } else {
+    (void)send(fd, data + 1, size - 1, MSG_NOSIGNAL);
+  }
   shutdown(fd, SHUT_WR);
   // The target closes once it has read everything (or refused the stream).
   uint8_t buf[4096];

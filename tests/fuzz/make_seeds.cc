@@ -190,8 +190,9 @@ void ClusterSeeds(const fs::path& dir) {
   Write(dir, "host-port-v6", "[fe80::1]:65535");
 }
 
-// A byte to say whether the peer is authenticated, then what it sends, as
-// fuzz_tcp_stream.cc reads them.
+// A byte to say whether the peer is authenticated, whether the session is
+// protected and whether the harness seals what follows, then what it sends,
+// as fuzz_tcp_stream.cc reads them.
 void TcpStreamSeeds(const fs::path& dir) {
   using namespace transport::tcp;
   auto frame = [](FrameType type, uint64_t length, uint32_t region = 0, uint64_t addr = 0) {
@@ -207,8 +208,10 @@ void TcpStreamSeeds(const fs::path& dir) {
     return out;
   };
   const std::vector<uint8_t> preamble(kPreamble.begin(), kPreamble.end());
-  for (const uint8_t authenticated : {0, 1}) {
-    const std::string tag = authenticated ? "-authenticated" : "";
+  for (const uint8_t authenticated : {0, 1, 3, 6, 7}) {
+    const std::string tag = std::string(authenticated & 1 ? "-authenticated" : "") +
+                            (authenticated & 2 ? "-protected" : "") +
+                            (authenticated & 4 ? "-sealed" : "");
     std::vector<uint8_t> message =
         Concat(Concat({authenticated}, preamble), frame(FrameType::kMessage, 4));
     Write(dir, "message" + tag, Concat(message, std::vector<uint8_t>{1, 2, 3, 4}));

@@ -15,6 +15,10 @@
 // [addr, addr+length) lies inside it, and that the peer authenticated. A
 // frame that fails any check closes the connection: a correct peer never
 // sends one. There are no error replies to one-sided operations.
+//
+// A protected session (Endpoint::ProtectSession) sends the header as an
+// AEAD record (48 bytes and a tag) and a non-empty payload as another
+// (tcp_session_cipher.h).
 #pragma once
 
 #include <array>
