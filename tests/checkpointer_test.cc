@@ -7,9 +7,11 @@
 
 #include <deque>
 #include <filesystem>
+#include <fstream>
 #include <mutex>
 
 #include "coord/checkpointer.h"
+#include "nlohmann/json.hpp"
 
 namespace tessera::coord {
 namespace {
@@ -170,6 +172,34 @@ TEST_F(CheckpointerTest, ARoundWritesEveryShardsChunksAndCompletes) {
   EXPECT_EQ(w, (std::vector<float>{1, 1, 1, 1, 2, 2, 2, 2}));
   EXPECT_EQ(c->Find("w")->updates, 7u);
   EXPECT_FALSE(TmpLeft());
+}
+
+// Hardening round two: checkpoints of later steps that open (another run's,
+// or this run's before a restart from an earlier one) pushed the checkpoint
+// just written out at once. The one just written is kept whatever else is there.
+TEST_F(CheckpointerTest, PruneNeverRemovesTheCheckpointJustWritten) {
+  const auto first = Round();
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  for (uint64_t step = 900; step < 905; ++step) {
+    // The same checkpoint, as if taken at `step`: its manifest says so.
+    const fs::path to = dir_ / ckpt::StepDirName(step);
+    fs::copy(first->path, to, fs::copy_options::recursive);
+    std::ifstream in(to / ckpt::kManifestName);
+    auto manifest = nlohmann::json::parse(in);
+    manifest["global_step"] = step;
+    const std::string text = manifest.dump();
+    std::ofstream(to / ckpt::kManifestName, std::ios::trunc) << text;
+    std::ofstream(to / ckpt::kManifestDigestName, std::ios::trunc)
+        << ckpt::Sha256Hex(std::span(reinterpret_cast<const uint8_t*>(text.data()), text.size()))
+        << "\n";
+    ASSERT_TRUE(ckpt::Checkpoint::Open(to.string(), /*verify_data=*/false).ok());
+  }
+  fs::remove_all(first->path);
+  const auto second = Round();
+  ASSERT_TRUE(second.ok()) << second.status().ToString();
+  EXPECT_TRUE(fs::exists(second->path)) << "the checkpoint just written was pruned";
+  EXPECT_FALSE(fs::exists(dir_ / ckpt::StepDirName(900))) << "the oldest of the others stays";
+  EXPECT_TRUE(fs::exists(dir_ / ckpt::StepDirName(904)));
 }
 
 TEST_F(CheckpointerTest, AShardsFailureAbandonsTheRoundAndItsFiles) {

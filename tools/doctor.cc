@@ -183,7 +183,8 @@ Finding CheckAddresses(const DoctorOptions& o) {
 int RunDoctor(const DoctorOptions& o) {
   std::vector<Finding> findings = {
       transport::ProbeRdmaDevices(),   CheckMemlock(o), transport::ProbeUcx(),
-      transport::ProbeTcpCongestion(), CheckGpu(),      CheckAddresses(o)};
+      transport::ProbeTcpCongestion(), transport::ProbeSessionProtection(),
+      CheckGpu(),                      CheckAddresses(o)};
   int problems = 0;
   for (const auto& f : findings) problems += f.level == "problem";
   if (o.json) {

@@ -29,6 +29,11 @@ ProbeFinding ProbeUcx();
 // for, "warn" for the host's bbr, which is slow across veth pairs.
 ProbeFinding ProbeTcpCongestion();
 
+// Which session protection this environment gives Tessera's tcp
+// (TESSERA_SESSION_PROTECTION, else auto) and how fast this host seals:
+// "problem" for a setting that is none of auto, on, off; "warn" for off.
+ProbeFinding ProbeSessionProtection();
+
 // "mlx5_0:1" for the RDMA device and port that carry network interface
 // `netdev` (from sysfs), or "" when none does.
 std::string RdmaDeviceOn(const std::string& netdev);

@@ -336,19 +336,22 @@ void Checkpointer::OnAllWritten() {
                   ReasonName(round_->reason), round_->step, round_->final_dir,
                   manifest->tensors.size(), total, ms);
         set_latest(round_->step, round_->final_dir);
-        Prune();
+        Prune(round_->final_dir);
         if (host_.on_saved) host_.on_saved(SavedCheckpoint{round_->step, round_->final_dir});
         Finish(SavedCheckpoint{round_->step, round_->final_dir});
       });
 }
 
-void Checkpointer::Prune() {
-  // Keep the newest `keep` checkpoints that open; never delete one because
-  // newer, damaged ones exist.
-  int kept = 0;
+void Checkpointer::Prune(const std::string& just_written) {
+  // Keep the checkpoint just written, then the newest others that open, up
+  // to `keep` in all; never delete one because newer, damaged ones exist.
+  // Others of later steps (another run's, or this run's before it restarted
+  // from an earlier one) must not push out the one just written.
+  int kept = 0;  // besides the one just written
   for (const auto& step_dir : ckpt::ListStepDirs(options_.dir)) {
+    if (fs::path(step_dir) == fs::path(just_written)) continue;
     const bool good = ckpt::Checkpoint::Open(step_dir, /*verify_data=*/false).ok();
-    if (good && kept < options_.keep) {
+    if (good && kept + 1 < options_.keep) {
       kept++;
       continue;
     }

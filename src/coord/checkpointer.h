@@ -117,7 +117,7 @@ class Checkpointer {
   // hashing a large checkpoint must not stall the progress thread.
   void InBackground(std::function<Status()> work, std::function<void(Status)> then);
   void FileThread();
-  void Prune();
+  void Prune(const std::string& just_written);
   // Progress-thread callbacks that do nothing once this object is gone (it
   // is destroyed on the progress thread).
   void Post(std::function<void()> fn);
