@@ -8,7 +8,8 @@
 // keys). A protected stream's third bit says whether the harness seals it:
 // then the input after the preamble is taken as frames (a 48-byte header,
 // then as many payload bytes as the header's type and length say, cut at
-// the input's end), each sealed as a correct peer would, so that the frame
+// the input's end), each sealed as a correct peer would (a message as one
+// record, another frame's header and payload as two), so that the frame
 // logic behind the cipher is fuzzed too; else the bytes go as they are and
 // must fail their check. A region the target registered read-only and
 // unknown to the peer must never change.
@@ -55,10 +56,22 @@ std::vector<uint8_t> Sealed(const uint8_t* data, size_t size) {
     std::array<uint8_t, tcp::kFrameHeaderBytes> h{};
     std::memcpy(h.data(), data + at, header);
     at += header;
+    auto decoded = tcp::DecodeFrameHeader(h);
+    if (decoded.ok() && decoded->type == tcp::FrameType::kMessage) {
+      // A message is one record: its header and body.
+      const size_t body = static_cast<size_t>(std::min<uint64_t>(decoded->length, size - at));
+      const size_t base = out.size();
+      out.resize(base + h.size() + body + tcp::kSealTagBytes);
+      cipher->Begin();
+      cipher->Update(h.data(), out.data() + base, h.size());
+      cipher->Update(data + at, out.data() + base + h.size(), body);
+      cipher->EndSeal(out.data() + base + h.size() + body);
+      at += body;
+      continue;
+    }
     const size_t base = out.size();
     out.resize(base + h.size() + tcp::kSealTagBytes);
     cipher->Seal(h.data(), h.size(), out.data() + base);
-    auto decoded = tcp::DecodeFrameHeader(h);
     if (!decoded.ok() || decoded->type == tcp::FrameType::kGet ||
         decoded->type == tcp::FrameType::kPutDone) {
       continue;

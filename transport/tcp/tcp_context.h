@@ -169,8 +169,9 @@ class TcpEndpoint final : public Endpoint, public std::enable_shared_from_this<T
     size_t len = 0;
     Completion done;
   };
-  // kTag: a protected payload's tag is due.
-  enum class RecvState { kPreamble, kHeader, kPayload, kTag };
+  // kTag: a protected payload's (or message's) tag is due; kHeaderTag: a
+  // protected put's or get's header's.
+  enum class RecvState { kPreamble, kHeader, kPayload, kTag, kHeaderTag };
 
   void Run(Task fn);
   void Queue(OutFrame frame);
@@ -204,9 +205,13 @@ class TcpEndpoint final : public Endpoint, public std::enable_shared_from_this<T
   bool Parse();
   Status OnPreamble();
   Status OnHeader();
+  Status OnHeaderTag();
+  // The header is known good (checked, or unprotected): act on it.
+  Status OnCheckedHeader();
   Status OnPayloadDone();
   void CompleteOp(uint64_t id, const Status& st);
-  void StartPayload(uint8_t* dst, uint64_t len);
+  // `record_begun`: a protected message's body, in its header's record.
+  void StartPayload(uint8_t* dst, uint64_t len, bool record_begun = false);
   // Where the payload's next `len` bytes go: for a put, its region found
   // again (it may have been freed since the last piece) and held while
   // `pinned` lives; else payload_dst_.

@@ -314,12 +314,21 @@ Status TcpEndpoint::SealMore() {
   sealed_pos_ = sealed_end_ = 0;
   while (!out_.empty() && out_.front().sealed) {
     OutFrame& f = out_.front();
+    // A message is one record, its header and body; a put's or get's
+    // header is one, its payload another (the target checks the header
+    // before it writes or reads memory).
+    const bool one_record = f.header[0] == static_cast<uint8_t>(FrameType::kMessage);
     if (f.sent == 0) {
       if (kSealBuffer - sealed_end_ < kFrameHeaderBytes + kSealTagBytes) break;
-      seal_->Seal(f.header.data(), kFrameHeaderBytes, sealed_.get() + sealed_end_);
-      sealed_end_ += kFrameHeaderBytes + kSealTagBytes;
+      seal_->Begin();
+      seal_->Update(f.header.data(), sealed_.get() + sealed_end_, kFrameHeaderBytes);
+      sealed_end_ += kFrameHeaderBytes;
+      if (!one_record) {
+        seal_->EndSeal(sealed_.get() + sealed_end_);
+        sealed_end_ += kSealTagBytes;
+        if (f.payload_len > 0) seal_->Begin();
+      }
       f.sent = kFrameHeaderBytes;
-      if (f.payload_len > 0) seal_->Begin();
     }
     size_t done = f.sent - kFrameHeaderBytes;
     if (done < f.payload_len) {
@@ -341,7 +350,7 @@ Status TcpEndpoint::SealMore() {
       done += take;
       if (done < f.payload_len) break;
     }
-    if (f.payload_len > 0) {
+    if (one_record || f.payload_len > 0) {
       if (kSealBuffer - sealed_end_ < kSealTagBytes) break;
       seal_->EndSeal(sealed_.get() + sealed_end_);
       sealed_end_ += kSealTagBytes;
@@ -468,9 +477,10 @@ bool TcpEndpoint::Parse() {
       rpos_ += take;
       if (hdr_got_ < need) return true;
       hdr_got_ = 0;
-      Status st = state_ == RecvState::kPreamble ? OnPreamble()
-                  : state_ == RecvState::kTag    ? OnTag()
-                                                 : OnHeader();
+      Status st = state_ == RecvState::kPreamble    ? OnPreamble()
+                  : state_ == RecvState::kTag       ? OnTag()
+                  : state_ == RecvState::kHeaderTag ? OnHeaderTag()
+                                                    : OnHeader();
       if (!st.ok()) {
         Refuse(st);
         return false;
@@ -520,13 +530,13 @@ Status TcpEndpoint::OnPreamble() {
   return Status::Ok();
 }
 
-void TcpEndpoint::StartPayload(uint8_t* dst, uint64_t len) {
+void TcpEndpoint::StartPayload(uint8_t* dst, uint64_t len, bool record_begun) {
   payload_dst_ = dst;
   payload_left_ = len;
   payload_region_ = 0;
   state_ = RecvState::kPayload;
-  payload_sealed_ = open_ != nullptr && len > 0;
-  if (payload_sealed_) open_->Begin();
+  payload_sealed_ = record_begun || (open_ != nullptr && len > 0);
+  if (payload_sealed_ && !record_begun) open_->Begin();
 }
 
 size_t TcpEndpoint::HeaderNeed() const {
@@ -534,9 +544,10 @@ size_t TcpEndpoint::HeaderNeed() const {
     case RecvState::kPreamble:
       return kPreamble.size();
     case RecvState::kTag:
+    case RecvState::kHeaderTag:
       return kSealTagBytes;
     default:
-      return kFrameHeaderBytes + (open_ ? kSealTagBytes : 0);
+      return kFrameHeaderBytes;
   }
 }
 
@@ -581,14 +592,33 @@ Status TcpEndpoint::PinAnswers(size_t frames, std::optional<RegionTable::Pinned>
 }
 
 Status TcpEndpoint::OnHeader() {
-  if (open_ && !open_->Open(hdr_.data(), kFrameHeaderBytes)) {
-    return IntegrityFailure("a frame header");
+  if (open_) {
+    // Decrypted, not yet checked: a message's record goes on with its body
+    // (its tag follows the body), any other frame's tag follows now.
+    open_->Begin();
+    open_->Update(hdr_.data(), hdr_.data(), kFrameHeaderBytes);
   }
   auto h = DecodeFrameHeader(std::span<const uint8_t, kFrameHeaderBytes>(hdr_.data(),
                                                                          kFrameHeaderBytes));
-  if (!h.ok()) return h.status().WithContext("from " + peer_);
+  if (!h.ok()) {
+    return open_ ? IntegrityFailure("a frame header") : h.status().WithContext("from " + peer_);
+  }
   cur_ = *h;
   state_ = RecvState::kHeader;
+  if (open_ && cur_.type != FrameType::kMessage) {
+    state_ = RecvState::kHeaderTag;
+    return Status::Ok();
+  }
+  return OnCheckedHeader();
+}
+
+Status TcpEndpoint::OnHeaderTag() {
+  if (!open_->EndOpen(hdr_.data())) return IntegrityFailure("a frame header");
+  state_ = RecvState::kHeader;
+  return OnCheckedHeader();
+}
+
+Status TcpEndpoint::OnCheckedHeader() {
   switch (cur_.type) {
     case FrameType::kMessage: {
       if (cur_.length > message_limit()) {
@@ -597,12 +627,15 @@ Status TcpEndpoint::OnHeader() {
                                          std::to_string(message_limit()) + "-byte limit" +
                                          (authenticated() ? "" : " before authentication"));
       }
+      // (Protected: the length is not checked yet, but bounded by the
+      // limit; nothing is handed over before the tag checks out.)
       const size_t len = static_cast<size_t>(cur_.length);
-      const size_t tag = open_ && len > 0 ? kSealTagBytes : 0;
+      const size_t tag = open_ ? kSealTagBytes : 0;
       if (rend_ - rpos_ >= len + tag) {
         // All of it is buffered: handed over in place, without a copy.
-        if (tag > 0 && !open_->Open(rbuf_.get() + rpos_, len)) {
-          return IntegrityFailure("a message");
+        if (open_) {
+          open_->Update(rbuf_.get() + rpos_, rbuf_.get() + rpos_, len);
+          if (!open_->EndOpen(rbuf_.get() + rpos_ + len)) return IntegrityFailure("a message");
         }
         const std::span<const uint8_t> bytes(rbuf_.get() + rpos_, len);
         rpos_ += len + tag;
@@ -610,8 +643,8 @@ Status TcpEndpoint::OnHeader() {
         return Status::Ok();
       }
       message_.resize(len);
-      StartPayload(message_.data(), len);
-      return Status::Ok();
+      StartPayload(message_.data(), len, /*record_begun=*/open_ != nullptr);
+      return len == 0 ? OnPayloadEnd() : Status::Ok();
     }
     case FrameType::kPut:
     case FrameType::kGet: {

@@ -16,8 +16,9 @@
 // frame that fails any check closes the connection: a correct peer never
 // sends one. There are no error replies to one-sided operations.
 //
-// A protected session (Endpoint::ProtectSession) sends the header as an
-// AEAD record (48 bytes and a tag) and a non-empty payload as another
+// A protected session (Endpoint::ProtectSession) sends a message as one
+// AEAD record (header, body, tag), any other frame's header as a record
+// (48 bytes and a tag) and its non-empty payload as another
 // (tcp_session_cipher.h).
 #pragma once
 

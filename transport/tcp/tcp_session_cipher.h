@@ -2,8 +2,10 @@
 // (OpenSSL), one key and one base IV per direction, derived from the
 // handshake (wire/handshake.h). Every record takes the next nonce of its
 // direction (base IV xor a 64-bit sequence number, as TLS 1.3 builds it),
-// so a record dropped, replayed or moved fails the next check. A frame is
-// two records: its header, then its payload (if any), each with its tag.
+// so a record dropped, replayed or moved fails the next check. A message
+// is one record (header and body, one tag: one AEAD pass per message); a
+// put's, get's or answer's header is a record of its own, checked before
+// the target touches memory, and its payload (if any) another.
 #pragma once
 
 #include <array>
