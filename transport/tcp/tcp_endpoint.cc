@@ -31,7 +31,7 @@ constexpr size_t kMaxQueuedFrames = 1 << 16;
 // beyond them, a burst's storage goes back.
 constexpr size_t kKeptQueueSlots = 1024;
 // Sealed bytes prepared per turn for a protected session's socket.
-constexpr size_t kSealBuffer = 256 * 1024;
+constexpr size_t kSealBuffer = 64 * 1024;
 // How long a graceful close waits for the peer to close its side.
 constexpr std::chrono::milliseconds kCloseLinger{2000};
 
