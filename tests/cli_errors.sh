@@ -54,10 +54,10 @@ expect_error "a ps address given twice" "127.0.0.1:1 is given twice in job 'ps'"
   "$BIN" server --ps_hosts 127.0.0.1:1,127.0.0.1:1 --worker_hosts 127.0.0.1:2 --job ps --task 0
 # Session protection: a value that is none of auto, on, off; on where the
 # transport cannot protect sessions.
-expect_error "--session-protection maybe" "--session-protection: maybe not in {auto,on,off}" \
+expect_error "--session-protection maybe" "--session-protection: maybe not in {auto,on,integrity,off}" \
   "$BIN" server --ps_hosts 127.0.0.1:1 --worker_hosts 127.0.0.1:2 --job ps --task 0 \
   --session-protection maybe
-expect_error "TESSERA_SESSION_PROTECTION=maybe" "session protection 'maybe' is none of auto, on and off" \
+expect_error "TESSERA_SESSION_PROTECTION=maybe" "session protection 'maybe' is none of auto, on, off and integrity" \
   env TESSERA_SECRET="$secret" TESSERA_SESSION_PROTECTION=maybe "$BIN" doctor
 expect_error "session protection on over UCX" "session protection on needs --transport tcp" \
   env TESSERA_SECRET="$secret" "$BIN" server --ps_hosts 127.0.0.1:1 --worker_hosts 127.0.0.1:2 \

@@ -47,12 +47,12 @@ TEST(Handshake, PeersWithTheSecretWelcomeEachOther) {
 // whether the peer is on loopback decide it; the server's proof covers the
 // decision, and both sides derive the same keys, each direction its own.
 struct Protected {
-  bool session;
+  SessionProtection session;  // the welcome's decision
   Status client_view;
   SessionKeys client, server;
 };
 Protected Negotiate(SessionProtection client_asks, SessionProtection server_asks, bool can,
-                    bool loopback, bool flip_decision = false) {
+                    bool loopback, SessionProtection forged = SessionProtection::kAuto) {
   wire::Hello hello = WorkerHello();
   hello.protection = client_asks;
   ClientHandshake client(kSecret, hello);
@@ -60,11 +60,12 @@ Protected Negotiate(SessionProtection client_asks, SessionProtection server_asks
   auto challenge = Wire(server.OnHello(Wire(client.hello()), 0));
   EXPECT_TRUE(server.CheckAuth(Wire(client.Answer(challenge)), "h:9").ok());
   wire::Welcome welcome;
-  welcome.session_protected = server.DecideProtection(server_asks, can, loopback);
+  welcome.protection = server.DecideProtection(server_asks, can, loopback);
   welcome.server_proof = server.ServerProof();
-  if (flip_decision) welcome.session_protected = !welcome.session_protected;
-  Protected out{welcome.session_protected,
-                client.CheckWelcome(Wire(welcome), 0, "/job:ps/task:0"), {}, {}};
+  // Someone on the path rewrites the decision.
+  if (forged != SessionProtection::kAuto) welcome.protection = forged;
+  Protected out{welcome.protection, client.CheckWelcome(Wire(welcome), 0, "/job:ps/task:0"), {},
+                {}};
   if (out.client_view.ok()) out.client = client.Keys();
   out.server = server.Keys();
   return out;
@@ -72,45 +73,61 @@ Protected Negotiate(SessionProtection client_asks, SessionProtection server_asks
 
 TEST(Handshake, SessionProtectionIsDecidedByBothSidesAndTheRoute) {
   using P = SessionProtection;
-  // auto: on off the host, off on loopback.
-  EXPECT_TRUE(Negotiate(P::kAuto, P::kAuto, true, false).session);
-  EXPECT_FALSE(Negotiate(P::kAuto, P::kAuto, true, true).session);
-  // Either side asking turns it on, even where the other said off.
-  EXPECT_TRUE(Negotiate(P::kOn, P::kAuto, true, true).session);
-  EXPECT_TRUE(Negotiate(P::kAuto, P::kOn, true, true).session);
-  EXPECT_TRUE(Negotiate(P::kOn, P::kOff, true, false).session);
-  // Off, where nobody asked, even off the host: the operator trusts the fabric.
-  EXPECT_FALSE(Negotiate(P::kOff, P::kAuto, true, false).session);
-  EXPECT_FALSE(Negotiate(P::kAuto, P::kOff, true, false).session);
+  auto decided = [](P client, P server, bool loopback) {
+    return Negotiate(client, server, /*can=*/true, loopback).session;
+  };
+  // auto: encrypted off the host, unprotected on loopback.
+  EXPECT_EQ(decided(P::kAuto, P::kAuto, false), P::kOn);
+  EXPECT_EQ(decided(P::kAuto, P::kAuto, true), P::kOff);
+  // Either side's on encrypts, even where the other said off or integrity.
+  EXPECT_EQ(decided(P::kOn, P::kAuto, true), P::kOn);
+  EXPECT_EQ(decided(P::kAuto, P::kOn, true), P::kOn);
+  EXPECT_EQ(decided(P::kOn, P::kOff, false), P::kOn);
+  EXPECT_EQ(decided(P::kIntegrity, P::kOn, false), P::kOn);
+  // Else either side's integrity authenticates, loopback or not.
+  EXPECT_EQ(decided(P::kIntegrity, P::kAuto, true), P::kIntegrity);
+  EXPECT_EQ(decided(P::kOff, P::kIntegrity, false), P::kIntegrity);
+  // Off, where nobody asked for more, even off the host: the operator trusts the fabric.
+  EXPECT_EQ(decided(P::kOff, P::kAuto, false), P::kOff);
+  EXPECT_EQ(decided(P::kAuto, P::kOff, false), P::kOff);
   // A transport that cannot: off, and a client that asked refuses it by name.
-  auto cannot = Negotiate(P::kOn, P::kAuto, false, false);
-  EXPECT_FALSE(cannot.session);
-  EXPECT_NE(cannot.client_view.message().find("does not protect the session"), std::string::npos)
-      << cannot.client_view.ToString();
+  for (P asked : {P::kOn, P::kIntegrity}) {
+    auto cannot = Negotiate(asked, P::kAuto, false, false);
+    EXPECT_EQ(cannot.session, P::kOff);
+    EXPECT_NE(cannot.client_view.message().find("the session, which this task asks for"),
+              std::string::npos)
+        << cannot.client_view.ToString();
+  }
   EXPECT_TRUE(Negotiate(P::kAuto, P::kAuto, false, false).client_view.ok());
 }
 
 TEST(Handshake, BothSidesDeriveTheSameKeysEachDirectionItsOwn) {
-  auto p = Negotiate(SessionProtection::kOn, SessionProtection::kAuto, true, true);
-  ASSERT_TRUE(p.client_view.ok()) << p.client_view.ToString();
-  EXPECT_EQ(p.client.send.key, p.server.receive.key);
-  EXPECT_EQ(p.client.send.iv, p.server.receive.iv);
-  EXPECT_EQ(p.client.receive.key, p.server.send.key);
-  EXPECT_EQ(p.client.receive.iv, p.server.send.iv);
-  EXPECT_NE(p.client.send.key, p.client.receive.key);
-  // A fresh handshake: fresh keys.
-  auto q = Negotiate(SessionProtection::kOn, SessionProtection::kAuto, true, true);
-  EXPECT_NE(p.client.send.key, q.client.send.key);
+  for (auto mode : {SessionProtection::kOn, SessionProtection::kIntegrity}) {
+    auto p = Negotiate(mode, SessionProtection::kAuto, true, true);
+    ASSERT_TRUE(p.client_view.ok()) << p.client_view.ToString();
+    EXPECT_EQ(p.client.send.key, p.server.receive.key);
+    EXPECT_EQ(p.client.send.iv, p.server.receive.iv);
+    EXPECT_EQ(p.client.receive.key, p.server.send.key);
+    EXPECT_EQ(p.client.receive.iv, p.server.send.iv);
+    EXPECT_NE(p.client.send.key, p.client.receive.key);
+    EXPECT_EQ(p.client.encrypt, mode == SessionProtection::kOn);
+    EXPECT_EQ(p.server.encrypt, mode == SessionProtection::kOn);
+    // A fresh handshake: fresh keys.
+    auto q = Negotiate(mode, SessionProtection::kAuto, true, true);
+    EXPECT_NE(p.client.send.key, q.client.send.key);
+  }
 }
 
-// Someone on the path who turns protection off (or on) in the welcome
-// fails the server's proof.
+// Someone on the path who changes the decision in the welcome (to off, or
+// from encryption to integrity) fails the server's proof.
 TEST(Handshake, TheProtectionDecisionCannotBeChangedInTransit) {
-  for (bool loopback : {false, true}) {
-    auto p = Negotiate(SessionProtection::kAuto, SessionProtection::kAuto, true, loopback,
-                       /*flip_decision=*/true);
-    EXPECT_EQ(p.client_view.code(), StatusCode::kPermissionDenied) << p.client_view.ToString();
-  }
+  using P = SessionProtection;
+  EXPECT_EQ(Negotiate(P::kAuto, P::kAuto, true, false, P::kOff).client_view.code(),
+            StatusCode::kPermissionDenied);
+  EXPECT_EQ(Negotiate(P::kAuto, P::kAuto, true, false, P::kIntegrity).client_view.code(),
+            StatusCode::kPermissionDenied);
+  EXPECT_EQ(Negotiate(P::kAuto, P::kAuto, true, true, P::kOn).client_view.code(),
+            StatusCode::kPermissionDenied);
 }
 
 // What the server says before the client proved anything is a nonce and its

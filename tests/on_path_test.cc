@@ -89,6 +89,19 @@ TEST_F(OnPathTest, AFlippedByteEndsAProtectedSessionAndIsNeverApplied) {
       << log_.str();
 }
 
+TEST_F(OnPathTest, AFlippedByteEndsAnAuthenticatedSessionAndIsNeverApplied) {
+  Start(SessionProtection::kIntegrity);  // authenticated, not encrypted
+  bool protected_session = false;
+  auto got = PushThroughTheRelay(SessionProtection::kAuto, &protected_session);
+  EXPECT_TRUE(protected_session);
+  const bool all_ones = got == std::vector<float>(kValues, 1.0f);
+  const bool all_zeros = got == std::vector<float>(kValues, 0.0f);
+  EXPECT_TRUE(all_ones || all_zeros) << "a tampered value was applied";
+  EXPECT_NE(log_.str().find("failed its integrity check"), std::string::npos)
+      << "the shard did not name the integrity failure; its log:\n"
+      << log_.str();
+}
+
 TEST_F(OnPathTest, WithoutProtectionTheFlippedByteIsApplied) {
   Start(SessionProtection::kOff);
   bool protected_session = true;

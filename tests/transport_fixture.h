@@ -47,13 +47,16 @@ struct TransportCase {
   bool enforces_keys;
   bool enforces_access;
   // The fixture's connection is protected (Endpoint::ProtectSession) on
-  // both sides, as a handshake would leave it.
+  // both sides, as a handshake would leave it: encrypted, or (integrity)
+  // authenticated only.
   bool protect = false;
+  bool integrity_only = false;
 };
 
 // Keys as a handshake derives them, each side's send half the other's receive half.
-inline SessionKeys TestSessionKeys(bool server) {
+inline SessionKeys TestSessionKeys(bool server, bool encrypt) {
   SessionKeys keys;
+  keys.encrypt = encrypt;
   for (size_t i = 0; i < keys.send.key.size(); ++i) {
     keys.send.key[i] = static_cast<uint8_t>(i + (server ? 1 : 101));
     keys.receive.key[i] = static_cast<uint8_t>(i + (server ? 101 : 1));
@@ -75,6 +78,8 @@ inline auto BackendCases() {
                     true, true},
       TransportCase{"native_tcp_protected", "tcp", "", false, "tcp (Tessera's sockets)",
                     64u << 20, false, true, true, /*protect=*/true},
+      TransportCase{"native_tcp_integrity", "tcp", "", false, "tcp (Tessera's sockets)",
+                    64u << 20, false, true, true, /*protect=*/true, /*integrity_only=*/true},
       TransportCase{"tcp", "ucx", "tcp", false, "tcp/", 64u << 20, false, false, false},
       TransportCase{"shm", "ucx", "posix,sysv,cma,tcp", false, "sysv/memory", 64u << 20, false,
                     false, false},
@@ -177,7 +182,8 @@ class TransportTest : public ::testing::TestWithParam<TransportCase> {
       std::lock_guard<std::mutex> lock(mu_);
       // Only the fixture's own connection: the cases' further ones are plain.
       if (GetParam().protect && accepted_.empty()) {
-        EXPECT_TRUE(ep->ProtectSession(TestSessionKeys(/*server=*/true)).ok());
+        EXPECT_TRUE(
+            ep->ProtectSession(TestSessionKeys(/*server=*/true, !GetParam().integrity_only)).ok());
       }
       accepted_.push_back(ep);
     });
@@ -192,7 +198,8 @@ class TransportTest : public ::testing::TestWithParam<TransportCase> {
     ep_ = std::move(ep->value());
     ep_->MarkAuthenticated();
     if (GetParam().protect) {
-      ASSERT_TRUE(ep_->ProtectSession(TestSessionKeys(/*server=*/false)).ok());
+      ASSERT_TRUE(
+          ep_->ProtectSession(TestSessionKeys(/*server=*/false, !GetParam().integrity_only)).ok());
     }
 
     ep_->Send(kDescribeMsg, {});

@@ -18,6 +18,7 @@
 #include "core/log.h"
 #include "tests/test_util.h"
 #include "tests/transport_fixture.h"
+#include "transport/tcp/tcp_session_cipher.h"
 #include "transport/region_desc.h"
 #include "transport/sockaddr.h"
 #include "transport/transport.h"
@@ -650,3 +651,37 @@ TEST(UcxTcpPolicy, OffLoopbackOnlyWithoutTcpOrWhenAllowed) {
 
 }  // namespace
 }  // namespace tessera::transport
+
+namespace tessera::transport::tcp {
+namespace {
+
+// The records a protected tcp session sends: encrypted ("on") or only
+// authenticated ("integrity"); any byte altered, or a record out of turn,
+// fails its tag.
+TEST(SessionCipherTest, RecordsAreSealedOpenedAndRefusedWhenAltered) {
+  for (bool encrypt : {true, false}) {
+    const SessionKeys keys = TestSessionKeys(/*server=*/false, encrypt);
+    auto seal = SessionCipher::Create(keys.send, SessionCipher::Direction::kSeal, encrypt).value();
+    auto open = SessionCipher::Create(keys.send, SessionCipher::Direction::kOpen, encrypt).value();
+    std::vector<uint8_t> plain(1000);
+    for (size_t i = 0; i < plain.size(); ++i) plain[i] = static_cast<uint8_t>(i * 7);
+    std::vector<uint8_t> first(plain.size() + kSealTagBytes), second(first.size());
+    seal->Seal(plain.data(), plain.size(), first.data());
+    seal->Seal(plain.data(), plain.size(), second.data());
+    EXPECT_EQ(std::equal(plain.begin(), plain.end(), first.begin()), !encrypt)
+        << (encrypt ? "an encrypted record holds its plain bytes" : "integrity changed the bytes");
+    EXPECT_NE(first, second) << "two records under one nonce";
+    auto altered = first;
+    altered[500] ^= 1;
+    EXPECT_FALSE(open->Open(altered.data(), plain.size())) << "an altered byte passed";
+    // The receiver's sequence moved on: the untouched first record is now out of turn.
+    auto copy = first;  // (opening decrypts in place)
+    EXPECT_FALSE(open->Open(copy.data(), plain.size())) << "a record out of turn passed";
+    auto fresh = SessionCipher::Create(keys.send, SessionCipher::Direction::kOpen, encrypt).value();
+    ASSERT_TRUE(fresh->Open(first.data(), plain.size()));
+    EXPECT_TRUE(std::equal(plain.begin(), plain.end(), first.begin()));
+  }
+}
+
+}  // namespace
+}  // namespace tessera::transport::tcp

@@ -105,12 +105,14 @@ Fabric FabricFor(const BenchOptions& o, const std::string& transport) {
     f.backend = "verbs";
     return f;
   }
-  if (transport == "tcp" || transport == "tcp-protected") {
+  if (transport == "tcp" || transport == "tcp-protected" || transport == "tcp-integrity") {
     // Tessera's own sockets; the raw-fabric baseline is plain sockets. On
-    // loopback sessions are unprotected unless asked (tcp-protected).
+    // loopback sessions are unprotected unless asked.
     f.backend = "tcp";
     f.ucx_tls = "tcp";
-    f.protect = transport == "tcp-protected";
+    f.protection = transport == "tcp-protected"   ? "on"
+                   : transport == "tcp-integrity" ? "integrity"
+                                                  : "auto";
     return f;
   }
   f.backend = "ucx";
@@ -313,7 +315,7 @@ Result<std::unique_ptr<LocalCluster>> LocalCluster::Start(const BenchOptions& o,
         "--task",         std::to_string(i), "--staging-mib", std::to_string(o.staging_mib),
         "--transport",    fabric.backend};
     if (o.busy_poll) argv.push_back("--busy-poll");
-    argv.insert(argv.end(), {"--session-protection", fabric.protect ? "on" : "auto"});
+    argv.insert(argv.end(), {"--session-protection", fabric.protection});
     if (o.memory == "cuda") argv.insert(argv.end(), {"--memory", "cuda", "--allow-host-staging"});
     // Shards on the first cores, the bench (workers) on the last one.
     const int cpu = o.pin ? (cpus > 1 ? i % (cpus - 1) : 0) : -1;
@@ -356,7 +358,7 @@ Status LocalCluster::ConnectWorkers(const BenchOptions& o, const ClusterSpec& sp
     copts.startup_timeout = std::chrono::seconds(30);
     copts.busy_poll = o.busy_poll;
     copts.transport = fabric.backend;
-    copts.session_protection = fabric.protect ? SessionProtection::kOn : SessionProtection::kAuto;
+    copts.session_protection = ParseSessionProtection(fabric.protection).value();
     copts.allow_host_staging = o.memory == "cuda";  // counted, and shown per row
     auto client = Client::Connect(copts);
     if (!client.ok()) return client.status();

@@ -67,7 +67,9 @@ struct Fabric {
   std::string backend;  // tcp | ucx | verbs
   std::string ucx_tls;  // ucx only
   std::string host;     // where shards and peers listen
-  bool protect = false;  // tcp-protected: every session authenticated and encrypted
+  // tcp-protected: every session authenticated and encrypted ("on");
+  // tcp-integrity: authenticated only ("integrity"); else "auto".
+  std::string protection = "auto";
 };
 Fabric FabricFor(const BenchOptions& o, const std::string& transport);
 

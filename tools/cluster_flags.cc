@@ -21,8 +21,9 @@ void ClusterFlags::AddClusterOnly(CLI::App* app) {
       ->capture_default_str();
   app->add_option("--session-protection", session_protection,
                   "auto (sessions that leave the host are authenticated and encrypted after "
-                  "their handshake; loopback ones are not), on or off (tcp only)")
-      ->check(CLI::IsMember({"auto", "on", "off"}))
+                  "their handshake; loopback ones are not), on, integrity (authenticated, not "
+                  "encrypted) or off (tcp only)")
+      ->check(CLI::IsMember({"auto", "on", "integrity", "off"}))
       ->capture_default_str();
 }
 

@@ -215,9 +215,9 @@ int main(int argc, char** argv) try {
   launch_cmd
       ->add_option("--session-protection", launch.session_protection,
                    "auto (sessions that leave the host are authenticated and encrypted; "
-                   "loopback ones are not), on or off: every task gets it as "
-                   "TESSERA_SESSION_PROTECTION")
-      ->check(CLI::IsMember({"auto", "on", "off"}))
+                   "loopback ones are not), on, integrity (authenticated, not encrypted) or "
+                   "off: every task gets it as TESSERA_SESSION_PROTECTION")
+      ->check(CLI::IsMember({"auto", "on", "integrity", "off"}))
       ->capture_default_str();
   launch_cmd->add_option("--memory", launch.memory,
                          "where the ps tasks keep parameters: host, cuda or cuda:N");
@@ -268,7 +268,8 @@ int main(int argc, char** argv) try {
                         "two calls), step (default: push pull)");
   bench_cmd
       ->add_option("--transport", bench.transports,
-                   "tcp (Tessera's sockets), tcp-protected (the same, every session encrypted), ucx-tcp, shm (UCX), another UCX_TLS value, or verbs "
+                   "tcp (Tessera's sockets), tcp-protected (the same, every session encrypted), "
+                   "tcp-integrity (authenticated, not encrypted), ucx-tcp, shm (UCX), another UCX_TLS value, or verbs "
                    "(repeat the flag, or separate with ;)")
       ->delimiter(';');
   std::vector<std::string> bench_sizes;

@@ -113,7 +113,7 @@ Result<std::unique_ptr<Observer>> Observer::Connect(const std::string& backend,
     if (!next.ok()) return next.status();
     if (const auto* welcome = std::get_if<wire::Welcome>(&*next)) {
       // The task sends nothing unasked after its welcome, and seals all.
-      if (welcome->session_protected) {
+      if (welcome->session_protected()) {
         TESSERA_RETURN_IF_ERROR(s.ep->ProtectSession(handshake.Keys()));
       }
       break;

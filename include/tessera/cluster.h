@@ -22,10 +22,13 @@ namespace tessera {
 // handshake (Tessera's tcp: AES-256-GCM with keys from the handshake;
 // docs/security.md). kAuto, the default: on for a connection that leaves
 // the host, off over loopback, where an on-path party would need the host
-// already. Either side asking kOn turns it on; a client that asks kOn
-// refuses a server that cannot. kOff: the operator trusts the fabric.
-enum class SessionProtection : uint8_t { kAuto = 0, kOn = 1, kOff = 2 };
-// "auto", "on", "off".
+// already. kIntegrity: authenticated, not encrypted (nobody on the path
+// can alter a frame unnoticed, but anyone there can read it). Either side
+// asking kOn encrypts; else either asking kIntegrity authenticates; else
+// either saying kOff leaves it unprotected (the operator trusts the fabric).
+// A client refuses a server that gives it less than it asked.
+enum class SessionProtection : uint8_t { kAuto = 0, kOn = 1, kOff = 2, kIntegrity = 3 };
+// "auto", "on", "off", "integrity".
 TESSERA_EXPORT const char* SessionProtectionName(SessionProtection protection);
 TESSERA_EXPORT Result<SessionProtection> ParseSessionProtection(const std::string& name);
 

@@ -600,7 +600,7 @@ void Client::Impl::Handshake(int shard, std::function<void(Status)> done) {
               const wire::Welcome* w = &std::get<wire::Welcome>(*welcomed);
               ShardConn& s = shards_[shard];
               s.ep->MarkAuthenticated();
-              if (w->session_protected) {
+              if (w->session_protected()) {
                 // Before anything else is sent: the shard seals all after its welcome.
                 if (Status sealed = s.ep->ProtectSession(handshake->Keys()); !sealed.ok()) {
                   return fail(sealed);

@@ -66,17 +66,20 @@ const char* SessionProtectionName(SessionProtection protection) {
       return "on";
     case SessionProtection::kOff:
       return "off";
+    case SessionProtection::kIntegrity:
+      return "integrity";
     default:
       return "auto";
   }
 }
 
 Result<SessionProtection> ParseSessionProtection(const std::string& name) {
-  for (auto p : {SessionProtection::kAuto, SessionProtection::kOn, SessionProtection::kOff}) {
+  for (auto p : {SessionProtection::kAuto, SessionProtection::kOn, SessionProtection::kOff,
+                 SessionProtection::kIntegrity}) {
     if (name == SessionProtectionName(p)) return p;
   }
   return Status::InvalidArgument("session protection '" + name +
-                                 "' is none of auto, on and off");
+                                 "' is none of auto, on, off and integrity");
 }
 
 Result<TaskAddress> TaskAddress::Parse(const std::string& host_port) {

@@ -15,6 +15,8 @@ struct SessionKeys {
     std::array<uint8_t, 12> iv{};
   };
   Half send, receive;
+  // false: frames are authenticated, not encrypted (SessionProtection::kIntegrity).
+  bool encrypt = true;
 };
 
 }  // namespace tessera

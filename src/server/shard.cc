@@ -36,6 +36,9 @@ std::string DescribeSessionProtection(SessionProtection protection, bool can) {
              "(session protection on)";
     case SessionProtection::kOff:
       return "sessions unprotected (session protection off)";
+    case SessionProtection::kIntegrity:
+      return "every session authenticated, not encrypted, after its handshake "
+             "(session protection integrity)";
     default:
       return "sessions that leave the host authenticated and encrypted, loopback ones not "
              "(session protection auto)";

@@ -162,7 +162,7 @@ void Shard::OnLinkFrame(std::span<const uint8_t> frame) {
         coord_link_->Send(kProtocolMsg, wire::Encode(*auth, 2));
         return;
       }
-      if (std::get<wire::Welcome>(*next).session_protected) {
+      if (std::get<wire::Welcome>(*next).session_protected()) {
         // Before anything else is sent: the coordinator seals all after its welcome.
         if (Status sealed = coord_link_->ProtectSession(link_handshake_->Keys()); !sealed.ok()) {
           return RefuseCoordinator(sealed);

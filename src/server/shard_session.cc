@@ -284,7 +284,7 @@ Status Shard::OnAuth(Peer& peer, const wire::Header& h, std::span<const uint8_t>
   peer.hello = peer.handshake.hello();
   peer.ep->MarkAuthenticated();
   wire::Welcome welcome;
-  welcome.session_protected = peer.handshake.DecideProtection(
+  welcome.protection = peer.handshake.DecideProtection(
       options_.session_protection, peer.ep->CanProtectSession(), peer.ep->PeerOnLoopback());
   welcome.server_proof = peer.handshake.ServerProof();
   if (peer.hello.role != wire::PeerRole::kWorker) {
@@ -341,7 +341,7 @@ Status Shard::OnAuth(Peer& peer, const wire::Header& h, std::span<const uint8_t>
 
 Status Shard::SendWelcome(Peer& peer, uint64_t request_id, const wire::Welcome& welcome) {
   Reply(peer, request_id, welcome);
-  if (!welcome.session_protected) return Status::Ok();
+  if (!welcome.session_protected()) return Status::Ok();
   // The welcome is the last plain frame each way: the client sends nothing
   // between its auth and the welcome, and seals all it sends after.
   return peer.ep->ProtectSession(peer.handshake.Keys());

@@ -22,14 +22,16 @@ std::string Transcript(const Hello& hello, uint32_t shard_index) {
 }
 
 // What the server's proof and the session's keys bind besides: its decision.
-std::string ServerTranscript(const Hello& hello, uint32_t shard_index, bool protect) {
-  return Transcript(hello, shard_index) + (protect ? '\1' : '\0');
+std::string ServerTranscript(const Hello& hello, uint32_t shard_index,
+                             SessionProtection protection) {
+  return Transcript(hello, shard_index) + static_cast<char>(protection);
 }
 
 // HKDF's pattern over HMAC-SHA256: a key for the session from the secret
 // and the handshake, then a key and an IV for each direction from it.
 SessionKeys DeriveKeys(const std::string& secret, const Nonce& client_nonce,
-                       const Nonce& server_nonce, const std::string& transcript, bool server) {
+                       const Nonce& server_nonce, SessionProtection protection,
+                       const std::string& transcript, bool server) {
   const Proof session = MakeProof(secret, kSessionLabel, client_nonce, server_nonce, transcript);
   const std::string session_key(session.begin(), session.end());
   auto half = [&](std::string_view direction) {
@@ -43,6 +45,7 @@ SessionKeys DeriveKeys(const std::string& secret, const Nonce& client_nonce,
   SessionKeys keys;
   keys.send = half(server ? "server-to-client" : "client-to-server");
   keys.receive = half(server ? "client-to-server" : "server-to-client");
+  keys.encrypt = protection == SessionProtection::kOn;
   return keys;
 }
 
@@ -68,7 +71,7 @@ Status ClientHandshake::CheckWelcome(const Welcome& welcome, uint32_t expect_sha
   if (!answered_) return Status::Internal("welcome before the challenge was answered");
   const Proof expect = MakeProof(
       secret_, kServerLabel, hello_.client_nonce, challenge_.server_nonce,
-      ServerTranscript(hello_, challenge_.shard_index, welcome.session_protected));
+      ServerTranscript(hello_, challenge_.shard_index, welcome.protection));
   if (!ProofsEqual(expect, welcome.server_proof)) {
     return Status::PermissionDenied(std::string(server_name) +
                                     " could not prove it knows the cluster secret "
@@ -84,19 +87,22 @@ Status ClientHandshake::CheckWelcome(const Welcome& welcome, uint32_t expect_sha
                                       "spec has it as " + name(expect_shard_index) +
                                       ": give every task the same cluster spec");
   }
-  if (hello_.protection == SessionProtection::kOn && !welcome.session_protected) {
+  const SessionProtection asked = hello_.protection;
+  if ((asked == SessionProtection::kOn && welcome.protection != SessionProtection::kOn) ||
+      (asked == SessionProtection::kIntegrity && !welcome.session_protected())) {
     return Status::FailedPrecondition(
-        std::string(server_name) +
-        " does not protect the session, which this task asks for (session protection on): "
-        "start it with --transport tcp, or without --session-protection off");
+        std::string(server_name) + " does not " +
+        (asked == SessionProtection::kOn ? "encrypt" : "protect") +
+        " the session, which this task asks for (session protection " +
+        SessionProtectionName(asked) + "): start it with --transport tcp");
   }
-  protected_ = welcome.session_protected;
+  protection_ = welcome.protection;
   return Status::Ok();
 }
 
 SessionKeys ClientHandshake::Keys() const {
-  return DeriveKeys(secret_, hello_.client_nonce, challenge_.server_nonce,
-                    ServerTranscript(hello_, challenge_.shard_index, protected_),
+  return DeriveKeys(secret_, hello_.client_nonce, challenge_.server_nonce, protection_,
+                    ServerTranscript(hello_, challenge_.shard_index, protection_),
                     /*server=*/false);
 }
 
@@ -147,22 +153,32 @@ Status ServerHandshake::CheckAuth(const Auth& auth, std::string_view peer_addres
   return Status::Ok();
 }
 
-bool ServerHandshake::DecideProtection(SessionProtection here, bool can_protect, bool loopback) {
-  const SessionProtection there = hello_.protection;
-  const bool asked = here == SessionProtection::kOn || there == SessionProtection::kOn;
-  const bool refused = here == SessionProtection::kOff || there == SessionProtection::kOff;
-  protected_ = can_protect && (asked || (!refused && !loopback));
-  return protected_;
+SessionProtection ServerHandshake::DecideProtection(SessionProtection here, bool can_protect,
+                                                    bool loopback) {
+  using P = SessionProtection;
+  auto asked = [&](P p) { return here == p || hello_.protection == p; };
+  if (!can_protect) {
+    protection_ = P::kOff;
+  } else if (asked(P::kOn)) {
+    protection_ = P::kOn;
+  } else if (asked(P::kIntegrity)) {
+    protection_ = P::kIntegrity;
+  } else if (asked(P::kOff)) {
+    protection_ = P::kOff;
+  } else {
+    protection_ = loopback ? P::kOff : P::kOn;
+  }
+  return protection_;
 }
 
 Proof ServerHandshake::ServerProof() const {
   return MakeProof(Key(), kServerLabel, hello_.client_nonce, challenge_.server_nonce,
-                   ServerTranscript(hello_, challenge_.shard_index, protected_));
+                   ServerTranscript(hello_, challenge_.shard_index, protection_));
 }
 
 SessionKeys ServerHandshake::Keys() const {
-  return DeriveKeys(Key(), hello_.client_nonce, challenge_.server_nonce,
-                    ServerTranscript(hello_, challenge_.shard_index, protected_),
+  return DeriveKeys(Key(), hello_.client_nonce, challenge_.server_nonce, protection_,
+                    ServerTranscript(hello_, challenge_.shard_index, protection_),
                     /*server=*/true);
 }
 

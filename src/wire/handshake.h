@@ -43,8 +43,8 @@ class ClientHandshake {
   // OK when the server proved it knows the secret and is the task
   // `expect_shard_index` (kCoordinatorIndex for a coordinator of its own);
   // `server_name` ("/job:ps/task:1 at h:p") names it in errors.
-  // A client that asked for protection (SessionProtection::kOn) refuses a
-  // welcome that does not protect the session.
+  // A client refuses a welcome that protects the session less than it
+  // asked (kOn: encrypted; kIntegrity: at least authenticated).
   Status CheckWelcome(const Welcome& welcome, uint32_t expect_shard_index,
                       std::string_view server_name);
   // The session's keys, once CheckWelcome passed a welcome that protects it.
@@ -64,7 +64,7 @@ class ClientHandshake {
   Hello hello_;
   Challenge challenge_;
   bool answered_ = false;
-  bool protected_ = false;  // the welcome's decision
+  SessionProtection protection_ = SessionProtection::kOff;  // the welcome's decision
 };
 
 // The server's half, one per connection. A reader's hello is proved with
@@ -80,10 +80,11 @@ class ServerHandshake {
   Challenge OnHello(Hello hello, uint32_t shard_index);
   // Checks the client's proof in constant time.
   Status CheckAuth(const Auth& auth, std::string_view peer_address) const;
-  // Whether the session will be protected, from what this server asks
-  // (`here`), what the hello asks, whether the transport can, and whether
-  // the peer is on this host (loopback); kept for the proof and the keys.
-  bool DecideProtection(SessionProtection here, bool can_protect, bool loopback);
+  // How the session will be protected (kOff: not, kOn: encrypted,
+  // kIntegrity), from what this server asks (`here`), what the hello asks,
+  // whether the transport can, and whether the peer is on this host
+  // (loopback); kept for the proof and the keys.
+  SessionProtection DecideProtection(SessionProtection here, bool can_protect, bool loopback);
   // This server's proof, for the Welcome; only once CheckAuth passed (and
   // after DecideProtection, whose decision it covers).
   Proof ServerProof() const;
@@ -104,7 +105,7 @@ class ServerHandshake {
   Hello hello_;
   Challenge challenge_;
   bool said_hello_ = false;
-  bool protected_ = false;
+  SessionProtection protection_ = SessionProtection::kOff;
 };
 
 }  // namespace tessera::wire

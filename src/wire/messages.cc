@@ -80,7 +80,7 @@ Result<Hello> Hello::DecodeBody(ByteReader& r) {
   if (!r.GetString(&m.cluster, kMaxClusterSpecLength)) return Truncated("cluster");
   uint8_t protection = 0;
   if (!r.Get(&protection)) return Truncated("protection");
-  if (protection > static_cast<uint8_t>(SessionProtection::kOff)) {
+  if (protection > static_cast<uint8_t>(SessionProtection::kIntegrity)) {
     return Status::InvalidArgument("unknown session protection " + std::to_string(protection));
   }
   m.protection = static_cast<SessionProtection>(protection);
@@ -122,7 +122,7 @@ void Welcome::EncodeBody(MessageWriter& w) const {
   w.PutBytes(server_proof);
   w.PutBlob(staging_region);
   w.PutBlob(staging_ipc);
-  w.Put(static_cast<uint8_t>(session_protected ? 1 : 0));
+  w.Put(static_cast<uint8_t>(protection));
 }
 Result<Welcome> Welcome::DecodeBody(ByteReader& r) {
   Welcome m;
@@ -132,9 +132,13 @@ Result<Welcome> Welcome::DecodeBody(ByteReader& r) {
   m.staging_region.assign(blob.begin(), blob.end());
   if (!GetIpcHandle(r, &m.staging_ipc)) return Truncated("staging_ipc");
   uint8_t protect = 0;
-  if (!r.Get(&protect)) return Truncated("session_protected");
-  if (protect > 1) return Status::InvalidArgument("session_protected is " + std::to_string(protect));
-  m.session_protected = protect == 1;
+  if (!r.Get(&protect)) return Truncated("protection");
+  if (protect == static_cast<uint8_t>(SessionProtection::kAuto) ||
+      protect > static_cast<uint8_t>(SessionProtection::kIntegrity)) {
+    return Status::InvalidArgument("the welcome's session protection is " +
+                                   std::to_string(protect));
+  }
+  m.protection = static_cast<SessionProtection>(protect);
   return m;
 }
 

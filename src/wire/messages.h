@@ -81,8 +81,10 @@ struct Welcome {
   // Same node, GPU shard: a CUDA IPC handle of a GPU slot of the same size
   // (pushes flagged kFlagIpcSlot are read from it); else empty.
   std::vector<uint8_t> staging_ipc;
-  // Every later frame is protected (the server's decision, which its proof covers).
-  bool session_protected = false;
+  // How every later frame is protected (the server's decision, which its
+  // proof covers): kOff (not), kOn (encrypted) or kIntegrity.
+  SessionProtection protection = SessionProtection::kOff;
+  bool session_protected() const { return protection != SessionProtection::kOff; }
   void EncodeBody(MessageWriter& w) const;
   static Result<Welcome> DecodeBody(ByteReader& r);
   bool operator==(const Welcome&) const = default;

@@ -185,9 +185,9 @@ bool TcpEndpoint::PeerOnLoopback() const {
 }
 
 Status TcpEndpoint::ProtectSession(const SessionKeys& keys) {
-  auto seal = SessionCipher::Create(keys.send, SessionCipher::Direction::kSeal);
+  auto seal = SessionCipher::Create(keys.send, SessionCipher::Direction::kSeal, keys.encrypt);
   if (!seal.ok()) return seal.status();
-  auto open = SessionCipher::Create(keys.receive, SessionCipher::Direction::kOpen);
+  auto open = SessionCipher::Create(keys.receive, SessionCipher::Direction::kOpen, keys.encrypt);
   if (!open.ok()) return open.status();
   Run([this, seal = std::shared_ptr<SessionCipher>(std::move(*seal)),
        open = std::shared_ptr<SessionCipher>(std::move(*open))]() mutable {

@@ -41,7 +41,7 @@ ProbeFinding ProbeSessionProtection() {
   if (!protection.ok()) {
     f.level = "problem";
     f.detail = "TESSERA_SESSION_PROTECTION: " + protection.status().message();
-    f.fix = "set it to auto, on or off, or unset it";
+    f.fix = "set it to auto, on, integrity or off, or unset it";
     return f;
   }
   const double gbps = SealGBps();
@@ -53,6 +53,10 @@ ProbeFinding ProbeSessionProtection() {
   switch (*protection) {
     case SessionProtection::kOn:
       f.detail = "every tcp session is authenticated and encrypted after its handshake";
+      break;
+    case SessionProtection::kIntegrity:
+      f.detail = "every tcp session is authenticated after its handshake, not encrypted: "
+                 "nobody on the path can alter it unnoticed, anyone there can read it";
       break;
     case SessionProtection::kOff:
       f.level = "warn";

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstring>
 
 namespace tessera::transport::tcp {
 
@@ -13,7 +14,7 @@ struct SessionCipher::Ctx {
 };
 
 Result<std::unique_ptr<SessionCipher>> SessionCipher::Create(const SessionKeys::Half& keys,
-                                                             Direction direction) {
+                                                             Direction direction, bool encrypt) {
   auto ctx = std::make_unique<Ctx>();
   const int enc = direction == Direction::kSeal ? 1 : 0;
   if (ctx->evp == nullptr ||
@@ -21,12 +22,13 @@ Result<std::unique_ptr<SessionCipher>> SessionCipher::Create(const SessionKeys::
           1) {
     return Status::Internal("OpenSSL could not set up AES-256-GCM for the session");
   }
-  return std::unique_ptr<SessionCipher>(new SessionCipher(std::move(ctx), keys, direction));
+  return std::unique_ptr<SessionCipher>(
+      new SessionCipher(std::move(ctx), keys, direction, encrypt));
 }
 
 SessionCipher::SessionCipher(std::unique_ptr<Ctx> ctx, const SessionKeys::Half& keys,
-                             Direction direction)
-    : ctx_(std::move(ctx)), base_iv_(keys.iv), direction_(direction) {}
+                             Direction direction, bool encrypt)
+    : ctx_(std::move(ctx)), base_iv_(keys.iv), direction_(direction), encrypt_(encrypt) {}
 
 SessionCipher::~SessionCipher() = default;
 
@@ -43,7 +45,13 @@ void SessionCipher::Update(const uint8_t* in, uint8_t* out, size_t len) {
   while (len > 0) {
     const int piece = static_cast<int>(std::min<size_t>(len, INT_MAX / 2));
     int written = 0;
-    EVP_CipherUpdate(ctx_->evp, out, &written, in, piece);
+    if (encrypt_) {
+      EVP_CipherUpdate(ctx_->evp, out, &written, in, piece);
+    } else {
+      // Integrity only: the bytes are GCM's associated data, and go as they are.
+      EVP_CipherUpdate(ctx_->evp, nullptr, &written, in, piece);
+      if (out != in) std::memcpy(out, in, static_cast<size_t>(piece));
+    }
     in += piece;
     out += piece;
     len -= static_cast<size_t>(piece);

@@ -23,8 +23,10 @@ constexpr size_t kSealTagBytes = 16;
 class SessionCipher {
  public:
   enum class Direction : uint8_t { kSeal, kOpen };
+  // `encrypt` false: records are authenticated only (GMAC over the bytes,
+  // which travel as they are).
   static Result<std::unique_ptr<SessionCipher>> Create(const SessionKeys::Half& keys,
-                                                       Direction direction);
+                                                       Direction direction, bool encrypt = true);
   ~SessionCipher();
   SessionCipher(const SessionCipher&) = delete;
   SessionCipher& operator=(const SessionCipher&) = delete;
@@ -52,11 +54,13 @@ class SessionCipher {
 
  private:
   struct Ctx;
-  SessionCipher(std::unique_ptr<Ctx> ctx, const SessionKeys::Half& keys, Direction direction);
+  SessionCipher(std::unique_ptr<Ctx> ctx, const SessionKeys::Half& keys, Direction direction,
+                bool encrypt);
 
   std::unique_ptr<Ctx> ctx_;
   std::array<uint8_t, 12> base_iv_;
   Direction direction_;
+  bool encrypt_;
   uint64_t sequence_ = 0;
 };
 
