@@ -194,6 +194,15 @@ void BindOptions(nb::module_& m) {
       .def_rw("read_only", &ClientOptions::read_only,
               "A reader (evaluator, inference): looks tensors up and pulls, never writes.")
       .def_rw("transport", &ClientOptions::transport)
+      .def_prop_rw(
+          "session_protection",
+          [](const ClientOptions& o) { return std::string(SessionProtectionName(o.session_protection)); },
+          [](ClientOptions& o, const std::string& name) {
+            auto p = ParseSessionProtection(name);
+            if (!p.ok()) throw nb::value_error(p.status().message().c_str());
+            o.session_protection = *p;
+          },
+          "auto (encrypted off the host, not on loopback), on, integrity or off")
       .def_rw("chunk_bytes", &ClientOptions::chunk_bytes)
       .def_rw("placement", &ClientOptions::placement)
       .def_rw("inline_bytes", &ClientOptions::inline_bytes)
