@@ -7,7 +7,8 @@ import resource
 import sys
 
 findings = {f["check"]: f for f in json.load(sys.stdin)}
-want = {"rdma-devices", "locked-memory", "ucx", "tcp-congestion", "gpu-registration", "addresses"}
+want = {"rdma-devices", "locked-memory", "ucx", "tcp-congestion", "session-protection",
+        "gpu-registration", "addresses"}
 assert set(findings) == want, f"checks: {sorted(findings)}"
 
 sys_devices = sorted(os.listdir("/sys/class/infiniband")) if os.path.isdir(
@@ -30,6 +31,10 @@ host = open("/proc/sys/net/ipv4/tcp_congestion_control").read().strip()
 assert cc["data"]["host_default"] == host, (cc, host)
 if "TESSERA_TCP_CONGESTION" not in os.environ:
     assert cc["data"]["tessera"] == host and cc["level"] == ("warn" if host == "bbr" else "ok"), cc
+sp = findings["session-protection"]
+setting = os.environ.get("TESSERA_SESSION_PROTECTION") or "auto"
+assert sp["data"]["setting"] == setting and sp["data"]["seal_gbps_one_core"] > 0, sp
+assert sp["level"] == ("warn" if setting == "off" else "ok"), sp
 ifaces = {i["name"] for i in findings["addresses"]["data"].get("interfaces", [])}
 assert "lo" in ifaces, ifaces
 print(f"doctor: {len(findings)} checks agree with this machine (RDMA devices: {sys_devices})")

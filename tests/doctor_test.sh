@@ -5,7 +5,7 @@ set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 "$TESSERA_BIN" doctor --json | python3 "$here/doctor_check.py"
 out=$("$TESSERA_BIN" doctor || true)
-for check in rdma-devices locked-memory ucx tcp-congestion gpu-registration addresses; do
+for check in rdma-devices locked-memory ucx tcp-congestion session-protection gpu-registration addresses; do
   echo "$out" | grep -q "$check:" || { echo "doctor's output lacks $check"; exit 1; }
 done
 # A congestion control the kernel refuses is a problem, named; one it takes is ok.
@@ -24,3 +24,17 @@ else:
 print(f"doctor: TESSERA_TCP_CONGESTION={cc}: {f['level']}")
 PY
 done
+# Each session protection setting is said as what it is; one that is none is a problem.
+for sp in on integrity off maybe; do
+  TESSERA_SESSION_PROTECTION=$sp "$TESSERA_BIN" doctor --json > "$json.sp" || true
+  python3 - "$json.sp" "$sp" <<'PY'
+import json, sys
+sp = sys.argv[2]
+f = {f["check"]: f for f in json.load(open(sys.argv[1]))}["session-protection"]
+want = {"on": "ok", "integrity": "ok", "off": "warn", "maybe": "problem"}[sp]
+assert f["level"] == want, f
+assert sp == "maybe" or f["data"]["setting"] == sp, f
+print(f"doctor: TESSERA_SESSION_PROTECTION={sp}: {f['level']}")
+PY
+done
+rm -f "$json.sp"
