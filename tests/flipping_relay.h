@@ -41,7 +41,7 @@ class FlippingRelay {
   int listen_fd_ = -1;
   int wake_[2] = {-1, -1};
   std::mutex mu_;
-  std::vector<Pair> pairs_;  // the relay thread's; pairs_[0] is the first connection
+  std::vector<Pair> pairs_;        // the relay thread's; pairs_[0] is the first connection
   uint64_t flip_at_ = UINT64_MAX;  // guarded by mu_
   std::atomic<bool> flipped_{false};
   std::atomic<int> connections_{0};

@@ -64,8 +64,8 @@ Protected Negotiate(SessionProtection client_asks, SessionProtection server_asks
   welcome.server_proof = server.ServerProof();
   // Someone on the path rewrites the decision.
   if (forged != SessionProtection::kAuto) welcome.protection = forged;
-  Protected out{welcome.protection, client.CheckWelcome(Wire(welcome), 0, "/job:ps/task:0"), {},
-                {}};
+  Protected out{
+      welcome.protection, client.CheckWelcome(Wire(welcome), 0, "/job:ps/task:0"), {}, {}};
   if (out.client_view.ok()) out.client = client.Keys();
   out.server = server.Keys();
   return out;

@@ -18,9 +18,9 @@
 #include "core/log.h"
 #include "tests/test_util.h"
 #include "tests/transport_fixture.h"
-#include "transport/tcp/tcp_session_cipher.h"
 #include "transport/region_desc.h"
 #include "transport/sockaddr.h"
+#include "transport/tcp/tcp_session_cipher.h"
 #include "transport/transport.h"
 #include "transport/ucx/ucx_tcp_policy.h"
 

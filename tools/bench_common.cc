@@ -348,8 +348,7 @@ Result<std::unique_ptr<LocalCluster>> LocalCluster::Attach(const BenchOptions& o
 }
 
 Status LocalCluster::ConnectWorkers(const BenchOptions& o, const ClusterSpec& spec,
-                                    const std::string& secret, const Fabric& fabric,
-                                    int workers) {
+                                    const std::string& secret, const Fabric& fabric, int workers) {
   for (int w = 0; w < workers; ++w) {
     ClientOptions copts;
     copts.cluster = spec;

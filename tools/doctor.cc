@@ -181,10 +181,13 @@ Finding CheckAddresses(const DoctorOptions& o) {
 }
 
 int RunDoctor(const DoctorOptions& o) {
-  std::vector<Finding> findings = {
-      transport::ProbeRdmaDevices(),   CheckMemlock(o), transport::ProbeUcx(),
-      transport::ProbeTcpCongestion(), transport::ProbeSessionProtection(),
-      CheckGpu(),                      CheckAddresses(o)};
+  std::vector<Finding> findings = {transport::ProbeRdmaDevices(),
+                                   CheckMemlock(o),
+                                   transport::ProbeUcx(),
+                                   transport::ProbeTcpCongestion(),
+                                   transport::ProbeSessionProtection(),
+                                   CheckGpu(),
+                                   CheckAddresses(o)};
   int problems = 0;
   for (const auto& f : findings) problems += f.level == "problem";
   if (o.json) {

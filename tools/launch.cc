@@ -202,9 +202,9 @@ int Launch(const LaunchOptions& options) {
   // its network devices kept to loopback too. UCX opens a tcp interface on
   // every network device, whatever address it listens on, and UCX tcp
   // protects no memory (docs/security.md).
-  std::vector<std::string> fabric_env = {"TESSERA_TRANSPORT=" + options.transport,
-                                         "TESSERA_SESSION_PROTECTION=" +
-                                             options.session_protection};
+  std::vector<std::string> fabric_env = {
+      "TESSERA_TRANSPORT=" + options.transport,
+      "TESSERA_SESSION_PROTECTION=" + options.session_protection};
   auto loopback = transport::Resolve(options.host, 0);
   if (options.transport == "ucx" && loopback.ok() && transport::IsLoopbackAddress(*loopback) &&
       std::getenv("UCX_NET_DEVICES") == nullptr) {

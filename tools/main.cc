@@ -269,7 +269,8 @@ int main(int argc, char** argv) try {
   bench_cmd
       ->add_option("--transport", bench.transports,
                    "tcp (Tessera's sockets), tcp-protected (the same, every session encrypted), "
-                   "tcp-integrity (authenticated, not encrypted), ucx-tcp, shm (UCX), another UCX_TLS value, or verbs "
+                   "tcp-integrity (authenticated, not encrypted), ucx-tcp, shm (UCX), another "
+                   "UCX_TLS value, or verbs "
                    "(repeat the flag, or separate with ;)")
       ->delimiter(';');
   std::vector<std::string> bench_sizes;

@@ -14,8 +14,8 @@
 
 #include "python/buffers.h"
 #include "python/client_binding.h"
-#include "python/server_binding.h"
 #include "python/errors.h"
+#include "python/server_binding.h"
 #include "tessera/client.h"
 #include "tessera_config.h"
 
@@ -196,7 +196,9 @@ void BindOptions(nb::module_& m) {
       .def_rw("transport", &ClientOptions::transport)
       .def_prop_rw(
           "session_protection",
-          [](const ClientOptions& o) { return std::string(SessionProtectionName(o.session_protection)); },
+          [](const ClientOptions& o) {
+            return std::string(SessionProtectionName(o.session_protection));
+          },
           [](ClientOptions& o, const std::string& name) {
             auto p = ParseSessionProtection(name);
             if (!p.ok()) throw nb::value_error(p.status().message().c_str());

@@ -295,18 +295,21 @@ Status Shard::OnAuth(Peer& peer, const wire::Header& h, std::span<const uint8_t>
   if (peer.hello.role == wire::PeerRole::kObserver) {
     peer.authenticated = true;
     peer.is_observer = true;
-    return SendWelcome(peer, h.request_id, welcome);  // no staging slot, no keys
+    // No staging slot, no keys.
+    return SendWelcome(peer, h.request_id, welcome);
   }
   if (peer.hello.role == wire::PeerRole::kReader) {
     peer.authenticated = true;
     peer.is_reader = true;
     TLOG_INFO("reader {} connected from {}", peer.hello.task, peer.ep->peer());
-    return SendWelcome(peer, h.request_id, welcome);  // no staging slot: it writes nothing here
+    // No staging slot: it writes nothing here.
+    return SendWelcome(peer, h.request_id, welcome);
   }
   if (peer.hello.role == wire::PeerRole::kShard) {
     peer.authenticated = true;
     peer.is_shard = true;
-    return SendWelcome(peer, h.request_id, welcome);  // no staging slot: shards write no tensors here
+    // No staging slot: shards write no tensors here.
+    return SendWelcome(peer, h.request_id, welcome);
   }
   if (!is_coordinator_only()) {
     if (arena_kind_ != transport::MemoryKind::kHost) {

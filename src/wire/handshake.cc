@@ -69,9 +69,9 @@ Auth ClientHandshake::Answer(const Challenge& challenge) {
 Status ClientHandshake::CheckWelcome(const Welcome& welcome, uint32_t expect_shard_index,
                                      std::string_view server_name) {
   if (!answered_) return Status::Internal("welcome before the challenge was answered");
-  const Proof expect = MakeProof(
-      secret_, kServerLabel, hello_.client_nonce, challenge_.server_nonce,
-      ServerTranscript(hello_, challenge_.shard_index, welcome.protection));
+  const Proof expect =
+      MakeProof(secret_, kServerLabel, hello_.client_nonce, challenge_.server_nonce,
+                ServerTranscript(hello_, challenge_.shard_index, welcome.protection));
   if (!ProofsEqual(expect, welcome.server_proof)) {
     return Status::PermissionDenied(std::string(server_name) +
                                     " could not prove it knows the cluster secret "

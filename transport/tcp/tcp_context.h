@@ -158,8 +158,8 @@ class TcpEndpoint final : public Endpoint, public std::enable_shared_from_this<T
     uint32_t region = 0;
     RegionKey key{};
     MessageBytes owned;
-    Completion written;  // messages: once on the wire
-    size_t sent = 0;     // of header_len + payload_len (sealed: of them sealed)
+    Completion written;   // messages: once on the wire
+    size_t sent = 0;      // of header_len + payload_len (sealed: of them sealed)
     bool sealed = false;  // queued after ProtectSession: goes out through sealed_
   };
   // A put or get waiting for the peer's answer.
@@ -268,7 +268,7 @@ class TcpEndpoint final : public Endpoint, public std::enable_shared_from_this<T
 
   // Protection (ProtectSession): null until then.
   std::shared_ptr<SessionCipher> seal_, open_;  // shared: handed over in a Task
-  bool payload_sealed_ = false;  // the payload being read is a sealed record
+  bool payload_sealed_ = false;                 // the payload being read is a sealed record
   // Sealed bytes on their way to the socket; the completions of the frames
   // wholly in them run once they are sent.
   std::unique_ptr<uint8_t[]> sealed_;

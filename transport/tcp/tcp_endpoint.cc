@@ -292,8 +292,7 @@ bool TcpEndpoint::WriteSealed(std::vector<Completion>& written) {
       return false;
     }
   }
-  const ssize_t w =
-      send(fd_, sealed_.get() + sealed_pos_, sealed_end_ - sealed_pos_, MSG_NOSIGNAL);
+  const ssize_t w = send(fd_, sealed_.get() + sealed_pos_, sealed_end_ - sealed_pos_, MSG_NOSIGNAL);
   if (w < 0) {
     if (errno == EINTR) return true;
     if (errno != EAGAIN && errno != EWOULDBLOCK) {
@@ -598,8 +597,8 @@ Status TcpEndpoint::OnHeader() {
     open_->Begin();
     open_->Update(hdr_.data(), hdr_.data(), kFrameHeaderBytes);
   }
-  auto h = DecodeFrameHeader(std::span<const uint8_t, kFrameHeaderBytes>(hdr_.data(),
-                                                                         kFrameHeaderBytes));
+  auto h = DecodeFrameHeader(
+      std::span<const uint8_t, kFrameHeaderBytes>(hdr_.data(), kFrameHeaderBytes));
   if (!h.ok()) {
     return open_ ? IntegrityFailure("a frame header") : h.status().WithContext("from " + peer_);
   }

@@ -47,26 +47,31 @@ ProbeFinding ProbeSessionProtection() {
   const double gbps = SealGBps();
   char speed[64];
   std::snprintf(speed, sizeof(speed), "%.1f", gbps);
-  f.data = {{"setting", setting}, {"from_environment", env != nullptr && *env},
-            {"cipher", "AES-256-GCM"}, {"openssl", OPENSSL_VERSION_TEXT},
+  f.data = {{"setting", setting},
+            {"from_environment", env != nullptr && *env},
+            {"cipher", "AES-256-GCM"},
+            {"openssl", OPENSSL_VERSION_TEXT},
             {"seal_gbps_one_core", gbps}};
   switch (*protection) {
     case SessionProtection::kOn:
       f.detail = "every tcp session is authenticated and encrypted after its handshake";
       break;
     case SessionProtection::kIntegrity:
-      f.detail = "every tcp session is authenticated after its handshake, not encrypted: "
-                 "nobody on the path can alter it unnoticed, anyone there can read it";
+      f.detail =
+          "every tcp session is authenticated after its handshake, not encrypted: "
+          "nobody on the path can alter it unnoticed, anyone there can read it";
       break;
     case SessionProtection::kOff:
       f.level = "warn";
-      f.detail = "tcp sessions are not protected unless the other side asks: anyone on the "
-                 "path can read and alter them";
+      f.detail =
+          "tcp sessions are not protected unless the other side asks: anyone on the "
+          "path can read and alter them";
       f.fix = "unset TESSERA_SESSION_PROTECTION unless the network is trusted";
       break;
     default:
-      f.detail = "tcp sessions that leave the host are authenticated and encrypted after their "
-                 "handshake; loopback ones are not";
+      f.detail =
+          "tcp sessions that leave the host are authenticated and encrypted after their "
+          "handshake; loopback ones are not";
   }
   f.detail += " (AES-256-GCM; this host seals " + std::string(speed) +
               " GB/s on one core, which bounds a protected session's bandwidth; UCX and verbs "

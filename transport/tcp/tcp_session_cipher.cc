@@ -18,8 +18,7 @@ Result<std::unique_ptr<SessionCipher>> SessionCipher::Create(const SessionKeys::
   auto ctx = std::make_unique<Ctx>();
   const int enc = direction == Direction::kSeal ? 1 : 0;
   if (ctx->evp == nullptr ||
-      EVP_CipherInit_ex(ctx->evp, EVP_aes_256_gcm(), nullptr, keys.key.data(), nullptr, enc) !=
-          1) {
+      EVP_CipherInit_ex(ctx->evp, EVP_aes_256_gcm(), nullptr, keys.key.data(), nullptr, enc) != 1) {
     return Status::Internal("OpenSSL could not set up AES-256-GCM for the session");
   }
   return std::unique_ptr<SessionCipher>(
