@@ -3,7 +3,8 @@
 // second). As a server: a hello, then a proof. As a client: a challenge,
 // then a welcome. Without the secret neither side may ever accept, and for
 // any hello that decodes, two honest sides with the same secret must agree
-// and with different secrets must not.
+// (on the session's protection and its keys too) and with different
+// secrets must not.
 #include <cstdint>
 #include <span>
 #include <string>
@@ -37,10 +38,19 @@ void AsServer(std::span<const uint8_t> first, std::span<const uint8_t> second) {
     const bool accepted = honest.CheckAuth(answer, "client").ok();
     FUZZ_CHECK(accepted == same_secret, "honest proofs were judged wrongly");
     if (!accepted) continue;
+    // The hello's ask of session protection (any value that decodes) and
+    // the server's rule decide it; an honest server's decision satisfies
+    // the ask wherever its transport can protect, and both derive one key.
     Welcome welcome;
+    welcome.protection = honest.DecideProtection(tessera::SessionProtection::kAuto,
+                                                 /*can_protect=*/true, /*loopback=*/false);
     welcome.server_proof = honest.ServerProof();
     FUZZ_CHECK(client.CheckWelcome(welcome, kShardIndex, "server").ok(),
                "an honest server's welcome was refused");
+    if (welcome.session_protected()) {
+      FUZZ_CHECK(client.Keys().send.key == honest.Keys().receive.key,
+                 "the two sides derived different session keys");
+    }
     FUZZ_CHECK(!client.CheckWelcome(welcome, kShardIndex + 1, "server").ok(),
                "a welcome from another task was accepted");
   }
