@@ -26,6 +26,8 @@
 #include <mutex>
 #include <vector>
 
+#include <openssl/crypto.h>
+
 #include "fuzz_check.h"
 #include "transport/tcp/tcp_frame.h"
 #include "transport/tcp/tcp_session_cipher.h"
@@ -117,7 +119,12 @@ struct Target {
 };
 
 Target& TheTarget() {
-  static Target* target = new Target();  // lives for the whole run
+  // The target lives for the whole run, its loop thread too, so OpenSSL
+  // must not tear its tables down at exit under that thread (TSan saw
+  // its atexit cleanup free what a session's cipher had looked up).
+  static bool no_atexit = OPENSSL_init_crypto(OPENSSL_INIT_NO_ATEXIT, nullptr) == 1;
+  (void)no_atexit;
+  static Target* target = new Target();
   return *target;
 }
 
