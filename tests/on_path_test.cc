@@ -68,6 +68,19 @@ class OnPathTest : public ::testing::Test, public testing::ClusterFixture {
     return got;
   }
 
+  // The push was refused whole (and issued again on a new connection, or
+  // failed): every value is what an untampered push gives, or untouched.
+  static void ExpectNothingTamperedApplied(const std::vector<float>& got) {
+    const bool all_ones = got == std::vector<float>(kValues, 1.0f);
+    const bool all_zeros = got == std::vector<float>(kValues, 0.0f);
+    EXPECT_TRUE(all_ones || all_zeros) << "a tampered value was applied";
+  }
+  void ExpectTheShardNamedTheIntegrityFailure() const {
+    EXPECT_NE(log_.str().find("failed its integrity check"), std::string::npos)
+        << "the shard did not name the integrity failure; its log:\n"
+        << log_.str();
+  }
+
   std::ostringstream log_;
   std::shared_ptr<spdlog::sinks::ostream_sink_mt> sink_ =
       std::make_shared<spdlog::sinks::ostream_sink_mt>(log_);
@@ -79,14 +92,8 @@ TEST_F(OnPathTest, AFlippedByteEndsAProtectedSessionAndIsNeverApplied) {
   bool protected_session = false;
   auto got = PushThroughTheRelay(SessionProtection::kAuto, &protected_session);
   EXPECT_TRUE(protected_session);
-  // The push was refused whole (and issued again on a new connection, or
-  // failed): every value is what an untampered push gives, or untouched.
-  const bool all_ones = got == std::vector<float>(kValues, 1.0f);
-  const bool all_zeros = got == std::vector<float>(kValues, 0.0f);
-  EXPECT_TRUE(all_ones || all_zeros) << "a tampered value was applied";
-  EXPECT_NE(log_.str().find("failed its integrity check"), std::string::npos)
-      << "the shard did not name the integrity failure; its log:\n"
-      << log_.str();
+  ExpectNothingTamperedApplied(got);
+  ExpectTheShardNamedTheIntegrityFailure();
 }
 
 TEST_F(OnPathTest, AFlippedByteEndsAnAuthenticatedSessionAndIsNeverApplied) {
@@ -94,12 +101,8 @@ TEST_F(OnPathTest, AFlippedByteEndsAnAuthenticatedSessionAndIsNeverApplied) {
   bool protected_session = false;
   auto got = PushThroughTheRelay(SessionProtection::kAuto, &protected_session);
   EXPECT_TRUE(protected_session);
-  const bool all_ones = got == std::vector<float>(kValues, 1.0f);
-  const bool all_zeros = got == std::vector<float>(kValues, 0.0f);
-  EXPECT_TRUE(all_ones || all_zeros) << "a tampered value was applied";
-  EXPECT_NE(log_.str().find("failed its integrity check"), std::string::npos)
-      << "the shard did not name the integrity failure; its log:\n"
-      << log_.str();
+  ExpectNothingTamperedApplied(got);
+  ExpectTheShardNamedTheIntegrityFailure();
 }
 
 TEST_F(OnPathTest, WithoutProtectionTheFlippedByteIsApplied) {
@@ -117,9 +120,7 @@ TEST_F(OnPathTest, AWorkerAskingForProtectionGetsItFromAShardLeftOnAuto) {
   bool protected_session = false;
   auto got = PushThroughTheRelay(SessionProtection::kOn, &protected_session);
   EXPECT_TRUE(protected_session);
-  const bool all_ones = got == std::vector<float>(kValues, 1.0f);
-  const bool all_zeros = got == std::vector<float>(kValues, 0.0f);
-  EXPECT_TRUE(all_ones || all_zeros) << "a tampered value was applied";
+  ExpectNothingTamperedApplied(got);
 }
 
 TEST_F(OnPathTest, AWorkerAskingForProtectionGetsItFromAShardThatSwitchedItOff) {
@@ -127,9 +128,7 @@ TEST_F(OnPathTest, AWorkerAskingForProtectionGetsItFromAShardThatSwitchedItOff) 
   bool protected_session = false;
   auto got = PushThroughTheRelay(SessionProtection::kOn, &protected_session);
   EXPECT_TRUE(protected_session);
-  const bool all_ones = got == std::vector<float>(kValues, 1.0f);
-  const bool all_zeros = got == std::vector<float>(kValues, 0.0f);
-  EXPECT_TRUE(all_ones || all_zeros) << "a tampered value was applied";
+  ExpectNothingTamperedApplied(got);
 }
 
 }  // namespace
