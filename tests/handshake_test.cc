@@ -2,6 +2,8 @@
 // proves, when, and what a stranger can and cannot get out of a shard.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "server/admission.h"
 #include "tessera/cluster.h"
 #include "wire/handshake.h"
@@ -293,20 +295,65 @@ TEST(ClusterSpecDifference, NamesWhatDiffers) {
   EXPECT_EQ(a.DifferenceFrom(chief.value()), "a chief task there but not here");
 }
 
-TEST(Admission, FullTableClosesTheOldestStranger) {
+TEST(Admission, AFullTablePushesOutTheOldestThatHasNotSaidHelloFirst) {
   AdmissionOptions o;
   o.max_unauthenticated = 2;
   Admission a(o);
+  a.AddClusterHost("h");
   const auto t0 = Admission::Clock::time_point{};
   EXPECT_TRUE(a.Admit(1, "h", t0).admitted.ok());
   EXPECT_TRUE(a.Admit(2, "h", t0 + 1ms).admitted.ok());
+  a.NoteHello(1);  // 1's handshake is under way: 2, silent, goes first
   auto d = a.Admit(3, "h", t0 + 2ms);
   EXPECT_TRUE(d.admitted.ok());
   ASSERT_TRUE(d.evicted.has_value());
+  EXPECT_EQ(*d.evicted, 2u);
+  a.NoteHello(3);
+  d = a.Admit(4, "h", t0 + 3ms);  // both under way: the older handshake goes
+  ASSERT_TRUE(d.evicted.has_value());
   EXPECT_EQ(*d.evicted, 1u);
-  a.Forget(2);  // authenticated: no longer counted
-  EXPECT_FALSE(a.Admit(4, "h", t0 + 3ms).evicted.has_value());
+  a.NoteProven(3, "h");  // authenticated: no longer counted
+  EXPECT_FALSE(a.Admit(5, "h", t0 + 4ms).evicted.has_value());
   EXPECT_EQ(a.unauthenticated(), 2u);
+}
+
+TEST(Admission, StrangersMakeRoomAmongStrangersOnly) {
+  AdmissionOptions o;
+  o.max_unauthenticated = 4;
+  o.max_strangers = 2;
+  Admission a(o);
+  a.AddClusterHost("10.0.0.1");
+  const auto t0 = Admission::Clock::time_point{};
+  ASSERT_TRUE(a.Admit(1, "10.0.0.1", t0).admitted.ok());
+  ASSERT_TRUE(a.Admit(2, "10.0.0.1", t0).admitted.ok());
+  ASSERT_TRUE(a.Admit(3, "192.0.2.1", t0).admitted.ok());
+  ASSERT_TRUE(a.Admit(4, "192.0.2.2", t0).admitted.ok());
+  for (uint64_t c = 5; c < 100; ++c) {  // a flood from rotating addresses
+    auto d = a.Admit(c, "192.0.2." + std::to_string(c), t0 + std::chrono::milliseconds(c));
+    ASSERT_TRUE(d.admitted.ok());
+    ASSERT_TRUE(d.evicted.has_value());
+    EXPECT_GE(*d.evicted, 3u) << "a stranger pushed out a cluster host's connection";
+  }
+  EXPECT_EQ(a.strangers(), 2u);
+  // The cluster's own push strangers out, not each other, while there are any.
+  auto d = a.Admit(100, "10.0.0.1", t0 + 1s);
+  ASSERT_TRUE(d.evicted.has_value());
+  EXPECT_EQ(*d.evicted, 98u);
+  EXPECT_EQ(a.strangers(), 1u);
+}
+
+TEST(Admission, StrangersAreRefusedWhenTheTableIsTheClustersAlone) {
+  AdmissionOptions o;
+  o.max_unauthenticated = 2;
+  o.max_strangers = 1;
+  Admission a(o);
+  a.AddClusterHost("10.0.0.1");
+  const auto t0 = Admission::Clock::time_point{};
+  ASSERT_TRUE(a.Admit(1, "10.0.0.1", t0).admitted.ok());
+  ASSERT_TRUE(a.Admit(2, "10.0.0.1", t0).admitted.ok());
+  auto d = a.Admit(3, "192.0.2.1", t0);
+  EXPECT_EQ(d.admitted.code(), StatusCode::kResourceExhausted) << d.admitted.ToString();
+  EXPECT_FALSE(d.evicted.has_value());
 }
 
 TEST(Admission, StrangersPastTheDeadlineAreOverdue) {
@@ -316,36 +363,66 @@ TEST(Admission, StrangersPastTheDeadlineAreOverdue) {
   const auto t0 = Admission::Clock::time_point{};
   (void)a.Admit(1, "h", t0);
   (void)a.Admit(2, "h", t0 + 60ms);
+  a.NoteHello(2);
   EXPECT_TRUE(a.Overdue(t0 + 99ms).empty());
   EXPECT_EQ(a.Overdue(t0 + 100ms), std::vector<Admission::ConnId>{1});
-  EXPECT_EQ(a.Overdue(t0 + 200ms), (std::vector<Admission::ConnId>{1, 2}));
+  auto both = a.Overdue(t0 + 200ms);
+  std::sort(both.begin(), both.end());
+  EXPECT_EQ(both, (std::vector<Admission::ConnId>{1, 2}));
 }
 
-TEST(Admission, RepeatedFailuresFromAHostAreThrottled) {
+// Guesses from every stranger address together spend one budget, so
+// rotating the source address gains nothing; a cluster host is never
+// refused for what its neighbours guessed.
+TEST(Admission, StrangersGuessesAreBoundedTogetherAndClusterHostsAreNeverRefused) {
   AdmissionOptions o;
-  o.burst = 3;
-  o.refill = 1000ms;
+  o.stranger_burst = 3;
+  o.stranger_refill = 1000ms;
   Admission a(o);
+  a.AddClusterHost("10.0.0.1");
   const auto t0 = Admission::Clock::time_point{} + 1h;
-  for (int i = 0; i < 3; ++i) {
-    ASSERT_TRUE(a.Admit(i, "10.0.0.7", t0).admitted.ok());
-    a.NoteFailure("10.0.0.7", t0);
-    a.Forget(i);
+  for (int i = 0; i < 3; ++i) {  // admitted together, then each guesses wrong
+    ASSERT_TRUE(a.Admit(i, "192.0.2." + std::to_string(i), t0).admitted.ok());
   }
-  auto refused = a.Admit(9, "10.0.0.7", t0 + 10ms).admitted;
+  EXPECT_FALSE(a.Admit(3, "192.0.2.3", t0).admitted.ok()) << "each waiting stranger holds a guess";
+  for (int i = 0; i < 3; ++i) a.NoteFailure(i);
+  auto refused = a.Admit(9, "198.51.100.7", t0 + 10ms).admitted;
   EXPECT_EQ(refused.code(), StatusCode::kResourceExhausted);
-  EXPECT_NE(refused.message().find("too many failed authentications from 10.0.0.7"),
-            std::string::npos)
+  EXPECT_NE(refused.message().find("outside the cluster spec"), std::string::npos)
       << refused.ToString();
   EXPECT_NE(refused.message().find("990 ms"), std::string::npos) << refused.ToString();
-  EXPECT_TRUE(a.Admit(10, "10.0.0.8", t0 + 10ms).admitted.ok()) << "another host is not punished";
-  EXPECT_TRUE(a.Admit(11, "10.0.0.7", t0 + 1000ms).admitted.ok()) << "one guess refilled";
+  EXPECT_TRUE(a.Admit(11, "198.51.100.7", t0 + 1000ms).admitted.ok()) << "one guess refilled";
+  a.Forget(11);  // left without guessing: its guess is given back
+  EXPECT_TRUE(a.Admit(12, "198.51.100.8", t0 + 1000ms).admitted.ok());
+  EXPECT_EQ(a.stranger_failures(), 3u);
+  for (uint64_t c = 100; c < 200; ++c) {
+    ASSERT_TRUE(a.Admit(c, "10.0.0.1", t0 + 1001ms).admitted.ok()) << c;
+    a.NoteFailure(c);
+  }
+  EXPECT_TRUE(a.Admit(13, "10.0.0.1", t0 + 1001ms).admitted.ok());
+  EXPECT_EQ(a.cluster_host_failures(), 100u);
+}
+
+TEST(Admission, AHostThatProvedItselfIsNoStranger) {
+  AdmissionOptions o;
+  o.max_proven_hosts = 2;
+  Admission a(o);
+  const auto t0 = Admission::Clock::time_point{};
+  EXPECT_TRUE(a.IsStranger("192.0.2.1"));
+  ASSERT_TRUE(a.Admit(1, "192.0.2.1", t0).admitted.ok());
+  a.NoteProven(1, "192.0.2.1");
+  EXPECT_FALSE(a.IsStranger("192.0.2.1"));
+  a.NoteProven(2, "192.0.2.2");
+  a.NoteProven(3, "192.0.2.3");  // the longest unseen is forgotten
+  EXPECT_TRUE(a.IsStranger("192.0.2.1"));
+  EXPECT_FALSE(a.IsStranger("192.0.2.3"));
 }
 
 TEST(Admission, HostOfPeer) {
   EXPECT_EQ(server::HostOfPeer("10.0.0.1:7000"), "10.0.0.1");
   EXPECT_EQ(server::HostOfPeer("[::1]:7000"), "::1");
   EXPECT_EQ(server::HostOfPeer("fe80::1"), "fe80::1");
+  EXPECT_EQ(server::HostOfPeer("[fe80::1]:7000"), "fe80::1");
   EXPECT_EQ(server::HostOfPeer("somehost"), "somehost");
 }
 

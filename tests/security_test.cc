@@ -8,11 +8,16 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <csignal>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <future>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "tests/cluster_fixture.h"
 
@@ -312,27 +317,154 @@ TEST_P(SecurityTest, ALoopbackServerListensOnLoopbackOnly) {
   }
 }
 
-// Finding 5: failed logins were not throttled (139 a second).
-TEST_P(SecurityTest, FailedProofsAreThrottled) {
+// Finding 2: one bad proof a second from the workers' own address kept
+// both workers out (it was refused at accept, before it could prove itself).
+TEST_P(SecurityTest, AWorkerIsNeverRefusedForItsNeighboursGuesses) {
   StartServer();
-  int refused_before_proof = 0;
-  for (int i = 0; i < 20; ++i) {
+  std::atomic<bool> stop{false};
+  std::atomic<int> guesses{0};
+  auto guess = [&] {
     RawPeer guesser(spec_.tasks("ps")[0], transport_);
-    if (!guesser.connected()) continue;
+    if (!guesser.connected()) return;
     auto reply = wire::Decode<wire::Error>(guesser.Authenticate(
-        "a guess at the cluster secret #" + std::to_string(i), WorkerHello(1)));
-    if (reply.ok() && reply->message.find("too many failed authentications") != std::string::npos)
-      refused_before_proof++;
-  }
-  EXPECT_GE(refused_before_proof, 5) << "guesses were not throttled";
-  // The same host's real worker, turned away for its neighbour's guesses,
-  // tries again (with a growing pause) until its startup deadline, and gets
-  // in once the bucket refilled: one Connect, not a loop of them.
-  auto worker = Client::Connect(Options(1));
+        "a guess at the cluster secret #" + std::to_string(guesses.load()), WorkerHello(1)));
+    if (reply.ok() && reply->code == StatusCode::kPermissionDenied) guesses++;
+  };
+  for (int i = 0; i < 20; ++i) guess();
+  ASSERT_EQ(guesses.load(), 20) << "each guess was checked, and failed";
+  // The neighbour goes on guessing while the worker starts: it gets in at
+  // once, never refused, within a start-up deadline too short to wait out
+  // any refusal.
+  std::thread neighbour([&] {
+    while (!stop) guess();
+  });
+  ClientOptions opts = Options(1);
+  opts.startup_timeout = 2s;
+  auto worker = Client::Connect(opts);
+  stop = true;
+  neighbour.join();
   ASSERT_TRUE(worker.ok()) << worker.status();
+  EXPECT_GT(guesses.load(), 20);
   worker->reset();
   ServerStillServes();
 }
+
+// Finding 2: floods of strangers' connections (30,000 a second from one
+// process failed 3 of 10 worker starts; three flooders ran the ps task out
+// of descriptors and left 555 MB resident). Two flooding processes, from the
+// workers' own address or from addresses rotated through 127/8, while
+// workers join one after another; each join is timed (the promise's figure
+// is measured by bench/flood.sh, not asserted here: the machine's speed is
+// not the server's promise).
+struct Flood {
+  std::string mode;
+  bool rotate;
+};
+
+class FloodTest : public SecurityTest {
+ protected:
+  struct FlooderReport {
+    uint64_t connections = 0, guesses = 0;
+    double seconds = 0;
+  };
+  static FlooderReport RunFlooder(uint16_t port, const Flood& flood, double seconds) {
+    const char* bin = std::getenv("FLOODER");
+    FlooderReport report;
+    if (bin == nullptr) return report;
+    const std::string cmd = std::string(bin) + " --port " + std::to_string(port) + " --mode " +
+                            flood.mode + " --hold 300 --seconds " + std::to_string(seconds) +
+                            (flood.rotate ? " --rotate" : "");
+    FILE* out = popen(cmd.c_str(), "r");
+    if (out == nullptr) return report;
+    std::string text;
+    char buf[512];
+    while (fgets(buf, sizeof(buf), out) != nullptr) text += buf;
+    pclose(out);
+    auto j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded()) return report;
+    report.connections = j.value("connections", uint64_t{0});
+    report.guesses = j.value("guesses", uint64_t{0});
+    report.seconds = j.value("seconds", 0.0);
+    return report;
+  }
+  void WorkersJoinThrough(const Flood& flood);
+  static int OpenDescriptors(pid_t pid) {
+    std::error_code ec;
+    int n = 0;
+    for (auto it = std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/fd", ec);
+         !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
+      n++;
+    }
+    return n;
+  }
+};
+
+void FloodTest::WorkersJoinThrough(const Flood& flood) {
+  if (!native()) GTEST_SKIP() << "the flooder speaks Tessera's tcp; UCX's listener is UCX's own";
+  if (std::getenv("FLOODER") == nullptr) GTEST_SKIP() << "FLOODER is not set";
+  StartServer();
+  const int fds_before = OpenDescriptors(server_->pid(0));
+  constexpr double kSeconds = 6;
+  auto a = std::async(std::launch::async, [&] { return RunFlooder(port_, flood, kSeconds); });
+  auto b = std::async(std::launch::async, [&] { return RunFlooder(port_, flood, kSeconds); });
+  int joins = 0;
+  double slowest = 0;
+  int most_fds = 0;
+  long most_rss = 0;
+  while (a.wait_for(0s) != std::future_status::ready) {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto c = Client::Connect(Options(1));
+    ASSERT_TRUE(c.ok()) << "a worker did not join during the flood: " << c.status();
+    auto w = (*c)->Declare(F32("w", 1024, UpdateRule::kAdd));
+    ASSERT_TRUE(w.ok()) << w.status();
+    slowest = std::max(
+        slowest, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    joins++;
+    most_fds = std::max(most_fds, OpenDescriptors(server_->pid(0)));
+    most_rss = std::max(most_rss, testing::RssKiB(server_->pid(0)));
+  }
+  const FlooderReport ra = a.get(), rb = b.get();
+  const uint64_t connections = ra.connections + rb.connections;
+  std::printf(
+      "flood %s%s: %llu connections in %.1f s (%.0f/s), %llu guesses checked; %d workers "
+      "joined, the slowest in %.2f s; at most %d descriptors, RSS +%ld KiB\n",
+      flood.mode.c_str(), flood.rotate ? " from rotating addresses" : "",
+      static_cast<unsigned long long>(connections), ra.seconds,
+      static_cast<double>(connections) / std::max(ra.seconds, 1e-9),
+      static_cast<unsigned long long>(ra.guesses + rb.guesses), joins, slowest, most_fds,
+      most_rss - rss_before_);
+  // Not vacuous: the strangers overran the table of waiting connections.
+  EXPECT_GT(connections, 4u * ServerOptions{}.max_unauthenticated) << "the flood was too thin";
+  EXPECT_GE(joins, 1);
+  // Strangers hold at most the table and the refused ones waiting to close.
+  EXPECT_LE(most_fds, fds_before + 2 * static_cast<int>(ServerOptions{}.max_unauthenticated) + 16);
+  if (flood.rotate && flood.mode == "guess") {
+    // Every stranger address together: 100 at once, then 100 a second.
+    const double bound = 100 + 100 * std::max(ra.seconds, rb.seconds) + 2;
+    EXPECT_LE(static_cast<double>(ra.guesses + rb.guesses), bound)
+        << "strangers' guesses were not bounded together";
+  }
+  // Given back once it ended: what the server holds settles near where it began.
+  EXPECT_TRUE(
+      testing::WaitUntil([&] { return OpenDescriptors(server_->pid(0)) <= fds_before + 8; }, 20s))
+      << OpenDescriptors(server_->pid(0)) << " descriptors after the flood, " << fds_before
+      << " before";
+  constexpr long kKeptKiB = 4 * 1024;
+  EXPECT_TRUE(testing::WaitUntil(
+      [&] { return testing::RssKiB(server_->pid(0)) - rss_before_ <= kKeptKiB; }, 20s))
+      << "the server kept " << testing::RssKiB(server_->pid(0)) - rss_before_
+      << " KiB after the flood";
+  std::printf("after the flood: RSS +%ld KiB\n", testing::RssKiB(server_->pid(0)) - rss_before_);
+  ServerStillServes();
+}
+
+TEST_P(FloodTest, SilentConnectionsFromTheWorkersAddress) { WorkersJoinThrough({"silent", false}); }
+TEST_P(FloodTest, HellosFromTheWorkersAddress) { WorkersJoinThrough({"hello", false}); }
+TEST_P(FloodTest, HellosFromRotatingAddresses) { WorkersJoinThrough({"hello", true}); }
+TEST_P(FloodTest, GuessesFromTheWorkersAddress) { WorkersJoinThrough({"guess", false}); }
+TEST_P(FloodTest, GuessesFromRotatingAddresses) { WorkersJoinThrough({"guess", true}); }
+
+INSTANTIATE_TEST_SUITE_P(Transports, FloodTest, ::testing::Values("native"), ClusterTest::Name);
 
 INSTANTIATE_TEST_SUITE_P(Transports, SecurityTest,
                          ::testing::Values("native", "tcp", "posix,sysv,cma,tcp"),

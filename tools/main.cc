@@ -1,5 +1,6 @@
 // The `tessera` command: server, launch, demo.
 #include <signal.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -117,6 +118,12 @@ int RunServer(const tools::ClusterFlags& flags, ServerOptions opts, int coordina
 }  // namespace
 
 int main(int argc, char** argv) try {
+  // A task holds a socket per peer: as many descriptors as the system lets
+  // this process have, not the shell's default soft limit (often 1,024).
+  if (rlimit files{}; getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
+    files.rlim_cur = files.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &files);
+  }
   CLI::App app{"Tessera: a parameter store for distributed training over RDMA"};
   // Every option's --help shows its type and default.
   app.option_defaults()->always_capture_default();

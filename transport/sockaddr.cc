@@ -5,6 +5,7 @@
 #include <netdb.h>
 #include <netinet/in.h>
 
+#include <algorithm>
 #include <cstring>
 
 namespace tessera::transport {
@@ -18,10 +19,36 @@ std::string SockaddrToString(const sockaddr_storage& addr) {
     port = ntohs(in->sin_port);
   } else if (addr.ss_family == AF_INET6) {
     const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&addr);
-    inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof(host));
     port = ntohs(in6->sin6_port);
+    // A dual-stack listener sees IPv4 peers as ::ffff:a.b.c.d: named as
+    // IPv4, so that one host has one name.
+    if (IN6_IS_ADDR_V4MAPPED(&in6->sin6_addr)) {
+      inet_ntop(AF_INET, &in6->sin6_addr.s6_addr[12], host, sizeof(host));
+    } else {
+      inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof(host));
+      return "[" + std::string(host) + "]:" + std::to_string(port);
+    }
   }
   return std::string(host) + ":" + std::to_string(port);
+}
+
+std::vector<std::string> NumericAddressesOf(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  std::vector<std::string> out;
+  if (host.empty() || getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0) return out;
+  for (const addrinfo* a = res; a != nullptr; a = a->ai_next) {
+    sockaddr_storage s{};
+    std::memcpy(&s, a->ai_addr, a->ai_addrlen);
+    std::string name = SockaddrToString(s);
+    name.erase(name.rfind(':'));
+    if (name.front() == '[') name = name.substr(1, name.size() - 2);
+    if (std::find(out.begin(), out.end(), name) == out.end()) out.push_back(name);
+  }
+  freeaddrinfo(res);
+  return out;
 }
 
 Result<sockaddr_storage> Resolve(const std::string& host, uint16_t port) {

@@ -38,9 +38,10 @@ struct TESSERA_EXPORT ServerOptions {
   // A connection must prove it knows the secret within this time
   // (TESSERA_HELLO_TIMEOUT_MS overrides it; TESSERA_TIMEOUT_SCALE scales it).
   std::chrono::milliseconds hello_timeout{5000};
-  // At most this many connections that have not yet authenticated; a new
-  // one closes the oldest.
-  size_t max_unauthenticated = 64;
+  // At most this many connections that have not yet authenticated, a
+  // quarter of them from strangers (addresses that are no task's in the
+  // spec); a new one closes the oldest (docs/security.md, "Strangers").
+  size_t max_unauthenticated = 256;
   // Each worker's staging slot: the only memory it may write.
   size_t staging_bytes_per_worker = 32u << 20;
   // Parameters are laid out in arenas of at least this size.

@@ -400,12 +400,14 @@ void Client::Impl::ConnectShard(int shard, std::chrono::steady_clock::time_point
 void Client::Impl::OnStartHandshake(int shard, std::chrono::steady_clock::time_point deadline,
                                     const Status& st) {
   ShardConn& c = shards_[shard];
-  // No answer (the shard may never have seen this connection), or turned
-  // away for now (too many strangers waiting, or failed guesses from this
-  // address): a new connection after a while, growing, until the deadline.
-  // A wrong secret is not retried.
-  const bool again =
-      st.code() == StatusCode::kDeadlineExceeded || st.code() == StatusCode::kResourceExhausted;
+  // No answer (the shard may never have seen this connection), turned
+  // away for now (too many strangers waiting, or failed guesses from
+  // outside the cluster), or cut off mid-handshake (pushed out of the
+  // shard's table by a flood, without a reason): a new connection after a
+  // while, growing, until the deadline. A wrong secret is not retried.
+  const bool again = st.code() == StatusCode::kDeadlineExceeded ||
+                     st.code() == StatusCode::kResourceExhausted ||
+                     st.code() == StatusCode::kUnavailable;
   if (again && std::chrono::steady_clock::now() < deadline) {
     shard_of_.erase(c.ep.get());
     c.ep->Abort();

@@ -1,72 +1,129 @@
 #include "server/admission.h"
 
 #include <algorithm>
-#include <cmath>
 
 namespace tessera::server {
 
-double Admission::TokensLeft(const std::string& host, Clock::time_point now) const {
-  auto it = failures_.find(host);
-  if (it == failures_.end()) return options_.burst;
-  const Bucket& b = it->second;
-  const double refilled = std::chrono::duration<double>(now - b.updated) /
-                          std::chrono::duration<double>(options_.refill);
-  return std::min<double>(options_.burst, b.tokens + std::max(0.0, refilled));
+Admission::Admission(AdmissionOptions options)
+    : options_(options), stranger_tokens_(options.stranger_burst) {}
+
+void Admission::AddClusterHost(const std::string& host) { cluster_hosts_.insert(host); }
+
+bool Admission::IsStranger(const std::string& host) const {
+  return !cluster_hosts_.contains(host) && !proven_hosts_.contains(host);
+}
+
+double Admission::StrangerTokens(Clock::time_point now) const {
+  const double refilled = std::chrono::duration<double>(now - stranger_updated_) /
+                          std::chrono::duration<double>(options_.stranger_refill);
+  return std::min<double>(options_.stranger_burst, stranger_tokens_ + std::max(0.0, refilled));
+}
+
+Admission::ConnId Admission::OldestOf(std::initializer_list<ListId> order) const {
+  for (ListId id : order) {
+    if (!lists_[id].empty()) return lists_[id].front().conn;
+  }
+  return 0;
 }
 
 Admission::Decision Admission::Admit(ConnId conn, const std::string& host, Clock::time_point now) {
   Decision d;
-  if (const double tokens = TokensLeft(host, now); tokens < 1.0) {
-    const auto wait =
-        std::chrono::duration_cast<std::chrono::milliseconds>(options_.refill * (1.0 - tokens));
-    // ResourceExhausted: a worker told so tries again later (shard_link.cc).
-    d.admitted = Status::ResourceExhausted("too many failed authentications from " + host +
-                                           " lately; refused for another " +
-                                           std::to_string(std::max<int64_t>(1, wait.count())) +
-                                           " ms (is this task started with the cluster's secret?)");
-    return d;
+  const bool stranger = IsStranger(host);
+  std::optional<ConnId> out;
+  if (stranger) {
+    if (const double tokens = StrangerTokens(now); tokens < 1.0) {
+      const auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(
+          options_.stranger_refill * (1.0 - tokens));
+      // ResourceExhausted: a client told so tries again later (shard_link.cc).
+      d.admitted = Status::ResourceExhausted(
+          "too many failed authentications from addresses outside the cluster spec lately; " +
+          host + " is refused for another " + std::to_string(std::max<int64_t>(1, wait.count())) +
+          " ms (is this task started with the cluster's secret?)");
+      return d;
+    }
+    if (strangers() >= options_.max_strangers || index_.size() >= options_.max_unauthenticated) {
+      // A stranger makes room among strangers only.
+      if (strangers() == 0) {
+        d.admitted = Status::ResourceExhausted(
+            "too many connections from the cluster's hosts are waiting to authenticate");
+        return d;
+      }
+      out = OldestOf({kStrangerSilent, kStrangerHello});
+    }
+  } else if (index_.size() >= options_.max_unauthenticated) {
+    out = OldestOf({kStrangerSilent, kStrangerHello, kClusterSilent, kClusterHello});
   }
-  if (pending_.size() >= options_.max_unauthenticated && !pending_.empty()) {
-    d.evicted = pending_.front().conn;
-    Forget(pending_.front().conn);
+  if (out) {
+    d.tell_evicted = index_.at(*out).list == kClusterHello;
+    Forget(*out);
+    d.evicted = out;
   }
-  pending_.push_back({conn, now});
-  pending_index_[conn] = std::prev(pending_.end());
+  // A stranger holds a guess from the budget while it waits: it is spent
+  // if its proof fails and given back otherwise, so that strangers admitted
+  // together cannot guess more than the budget between them.
+  if (stranger) {
+    stranger_tokens_ = StrangerTokens(now) - 1.0;
+    stranger_updated_ = now;
+  }
+  auto& list = lists_[stranger ? kStrangerSilent : kClusterSilent];
+  list.push_back({conn, now});
+  index_[conn] = Where{stranger ? kStrangerSilent : kClusterSilent, std::prev(list.end())};
   return d;
 }
 
+void Admission::NoteHello(ConnId conn) {
+  auto it = index_.find(conn);
+  if (it == index_.end()) return;
+  Where& w = it->second;
+  const ListId to = w.list == kStrangerSilent  ? kStrangerHello
+                    : w.list == kClusterSilent ? kClusterHello
+                                               : w.list;
+  if (to == w.list) return;
+  // Appended: a handshake is pushed out after every silent connection, and
+  // after every handshake that began before it.
+  lists_[to].splice(lists_[to].end(), lists_[w.list], w.it);
+  w.list = to;
+}
+
+void Admission::NoteProven(ConnId conn, const std::string& host) {
+  Forget(conn);
+  if (cluster_hosts_.contains(host)) return;
+  proven_hosts_[host] = ++proofs_;
+  if (proven_hosts_.size() <= options_.max_proven_hosts) return;
+  auto oldest = std::min_element(proven_hosts_.begin(), proven_hosts_.end(),
+                                 [](auto& a, auto& b) { return a.second < b.second; });
+  proven_hosts_.erase(oldest);
+}
+
+bool Admission::Remove(ConnId conn) {
+  auto it = index_.find(conn);
+  if (it == index_.end()) return false;
+  const bool stranger = it->second.list == kStrangerSilent || it->second.list == kStrangerHello;
+  lists_[it->second.list].erase(it->second.it);
+  index_.erase(it);
+  return stranger;
+}
+
 void Admission::Forget(ConnId conn) {
-  auto it = pending_index_.find(conn);
-  if (it == pending_index_.end()) return;
-  pending_.erase(it->second);
-  pending_index_.erase(it);
-}
-
-void Admission::NoteFailure(const std::string& host, Clock::time_point now) {
-  const double left = TokensLeft(host, now);
-  failures_[host] = Bucket{std::max(0.0, left - 1.0), now};
-  if (failures_.size() > options_.max_tracked_hosts) TrimHosts(now);
-}
-
-void Admission::TrimHosts(Clock::time_point now) {
-  // Hosts whose bucket refilled carry no information; drop them first, then
-  // the ones that failed longest ago.
-  for (auto it = failures_.begin(); it != failures_.end();) {
-    it = TokensLeft(it->first, now) >= options_.burst ? failures_.erase(it) : std::next(it);
+  if (Remove(conn)) {
+    stranger_tokens_ = std::min<double>(options_.stranger_burst, stranger_tokens_ + 1.0);
   }
-  while (failures_.size() > options_.max_tracked_hosts) {
-    auto oldest = std::min_element(failures_.begin(), failures_.end(), [](auto& a, auto& b) {
-      return a.second.updated < b.second.updated;
-    });
-    failures_.erase(oldest);
+}
+
+void Admission::NoteFailure(ConnId conn) {
+  if (Remove(conn)) {
+    stranger_failures_++;  // the guess it held is spent
+  } else {
+    cluster_host_failures_++;
   }
 }
 
 std::vector<Admission::ConnId> Admission::Overdue(Clock::time_point now) const {
   std::vector<ConnId> out;
-  for (const auto& p : pending_) {
-    if (now - p.since < options_.hello_deadline) break;  // the rest are younger
-    out.push_back(p.conn);
+  for (const auto& list : lists_) {
+    for (const auto& p : list) {
+      if (now - p.since >= options_.hello_deadline) out.push_back(p.conn);
+    }
   }
   return out;
 }

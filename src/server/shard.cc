@@ -5,9 +5,12 @@
 // shard_status, and the coordinator's service when it is hosted here.
 #include "server/shard.h"
 
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <cstring>
 #include <future>
+#include <set>
 
 #include "core/dtype.h"
 #include "core/log.h"
@@ -16,6 +19,7 @@
 #include "gpu/cuda.h"
 #include "kernels/update.h"
 #include "transport/run_on_loop.h"
+#include "transport/sockaddr.h"
 
 namespace tessera::server {
 
@@ -46,6 +50,51 @@ std::string DescribeSessionProtection(SessionProtection protection, bool can) {
 }
 
 }  // namespace
+
+Status Shard::StartAdmission() {
+  AdmissionOptions admission;
+  admission.max_unauthenticated = std::max<size_t>(1, options_.max_unauthenticated);
+  // Room kept for the cluster's own connections (a few a task) and files:
+  // strangers may hold the table and as many refused ones waiting to close.
+  size_t num_tasks = 0;
+  for (const auto& [job, list] : options_.cluster.jobs()) num_tasks += list.size();
+  const size_t cluster_room = 4 * num_tasks + 64;
+  if (rlimit files{}; getrlimit(RLIMIT_NOFILE, &files) == 0 &&
+                      files.rlim_cur < 2 * admission.max_unauthenticated + cluster_room) {
+    const size_t fit =
+        files.rlim_cur > cluster_room + 32 ? (files.rlim_cur - cluster_room) / 2 : 16;
+    TLOG_WARN(
+        "{} descriptors allowed (ulimit -n): at most {} connections may wait to "
+        "authenticate, not {}, so that the cluster's own keep room",
+        files.rlim_cur, fit, admission.max_unauthenticated);
+    admission.max_unauthenticated = fit;
+  }
+  // Strangers get a quarter of the table: the rest is the cluster's.
+  admission.max_strangers = std::max<size_t>(1, admission.max_unauthenticated / 4);
+  auto hello_deadline = TimeoutFromEnv("TESSERA_HELLO_TIMEOUT_MS", options_.hello_timeout);
+  if (!hello_deadline.ok()) return hello_deadline.status();
+  admission.hello_deadline = *hello_deadline;
+  admission_ = std::make_unique<Admission>(admission);
+  // The spec's hosts, as their connections will name them. A name that
+  // does not resolve yet (a pod not yet scheduled) is learnt when its task
+  // first proves itself.
+  std::set<std::string> names;
+  for (const auto& [job, tasks] : options_.cluster.jobs()) {
+    for (const auto& task : tasks) names.insert(task.host);
+  }
+  size_t addresses = 0;
+  for (const auto& name : names) {
+    for (const auto& address : transport::NumericAddressesOf(name)) {
+      admission_->AddClusterHost(address);
+      addresses++;
+    }
+  }
+  TLOG_DEBUG(
+      "admission: {} addresses of {} cluster hosts; strangers may hold {} of {} waiting "
+      "connections",
+      addresses, names.size(), admission.max_strangers, admission.max_unauthenticated);
+  return Status::Ok();
+}
 
 Status Shard::Start() {
   TESSERA_RETURN_IF_ERROR(options_.cluster.Validate());
@@ -102,12 +151,7 @@ Status Shard::Start() {
   ctx_->SetDisconnectHandler(
       [this](const EndpointPtr& ep, const Status& why) { OnDisconnect(ep, why); });
   const std::string host = options_.bind_host.empty() ? addr->host : options_.bind_host;
-  AdmissionOptions admission;
-  admission.max_unauthenticated = options_.max_unauthenticated;
-  auto hello_deadline = TimeoutFromEnv("TESSERA_HELLO_TIMEOUT_MS", options_.hello_timeout);
-  if (!hello_deadline.ok()) return hello_deadline.status();
-  admission.hello_deadline = *hello_deadline;
-  admission_ = std::make_unique<Admission>(admission);
+  TESSERA_RETURN_IF_ERROR(StartAdmission());
   const uint16_t port = options_.bind_port != 0 ? options_.bind_port : addr->port;
   auto listener = ctx_->Listen(host, port, [this](const EndpointPtr& ep) { OnAccept(ep); });
   if (!listener.ok()) {

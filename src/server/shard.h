@@ -192,6 +192,7 @@ class Shard {
   // Opens the shard's memory (--memory) and decides whether the fabric
   // reaches it or values are staged through host memory.
   Status OpenMemory();
+  Status StartAdmission();
   // Same node, GPU memory: a GPU slot for `peer` and its IPC handle.
   Status OfferIpcSlot(Peer& peer, wire::Welcome* welcome);
   // Staging: refreshes the host copy workers read after the value changed.
@@ -258,6 +259,7 @@ class Shard {
   // Progress thread only.
   std::unordered_map<transport::Endpoint*, std::unique_ptr<Peer>> peers_;
   std::unique_ptr<Admission> admission_;
+  uint64_t accepted_since_trim_ = 0;  // connections since the heap was last trimmed
   bool overdue_sweep_scheduled_ = false;
   // Refused connections told why, left for the peer to close until then.
   std::deque<std::pair<EndpointPtr, std::chrono::steady_clock::time_point>> closing_;

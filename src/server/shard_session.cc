@@ -5,6 +5,9 @@
 
 #include <algorithm>
 #include <cstring>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #include <nlohmann/json.hpp>
 
 #include "core/dtype.h"
@@ -16,6 +19,18 @@
 #include "server/shard.h"
 
 namespace tessera::server {
+namespace {
+
+// Connections accepted after which the end of a flood gives memory back.
+constexpr uint64_t kFloodConnections = 1024;
+
+void TrimHeap() {
+#ifdef __GLIBC__
+  malloc_trim(0);
+#endif
+}
+
+}  // namespace
 
 void Shard::SendError(Peer& peer, uint64_t request_id, const Status& st) {
   wire::Error err{st.code(), options_.job + " task " + std::to_string(options_.task_index) + ": " +
@@ -36,8 +51,11 @@ void Shard::Drop(Peer& peer, const Status& why, uint64_t request_id, bool tell) 
                                    " more unauthenticated connections closed, not logged)");
   }
   auto ep = peer.ep;
+  const bool unproven = !peer.authenticated;
   OnDisconnect(ep, why);  // nothing more it sends is read
-  if (!tell) return ep->Close();
+  // An unproven peer gets no graceful close: that would hold its socket
+  // and buffers for the linger, which a flood turns into descriptors run out.
+  if (!tell) return unproven ? ep->Abort() : ep->Close();
   // Tell the peer why, and leave the closing to it: a close from here can
   // overtake the reason (UCX reports a disconnect over tcp while the message
   // travels through shared memory). A peer that does not close is closed
@@ -49,7 +67,7 @@ void Shard::Drop(Peer& peer, const Status& why, uint64_t request_id, bool tell) 
                         request_id));
   closing_.push_back({ep, std::chrono::steady_clock::now() + admission_->options().hello_deadline});
   if (closing_.size() > admission_->options().max_unauthenticated) {
-    closing_.front().first->Close();
+    closing_.front().first->Abort();  // told why already; the newest are kept
     closing_.pop_front();
   }
   ScheduleSweep(admission_->options().hello_deadline);
@@ -169,6 +187,7 @@ std::optional<Status> Shard::WaitUntilWorkersLeaveFor(std::chrono::milliseconds 
 }
 
 void Shard::OnAccept(const EndpointPtr& ep) {
+  accepted_since_trim_++;
   auto owned = std::make_unique<Peer>(ep, options_.secret, reader_key_);
   Peer& peer = *owned;
   peers_[ep.get()] = std::move(owned);
@@ -177,10 +196,11 @@ void Shard::OnAccept(const EndpointPtr& ep) {
   if (d.evicted) {
     auto it = peers_.find(reinterpret_cast<transport::Endpoint*>(*d.evicted));
     if (it != peers_.end()) {
-      Drop(*it->second,
-           Status::ResourceExhausted("did not authenticate, and " +
-                                     std::to_string(admission_->options().max_unauthenticated) +
-                                     " newer connections that had not either were waiting"));
+      Drop(*it->second, Status::ResourceExhausted(
+                            "did not authenticate, and the table of connections waiting to (" +
+                            std::to_string(admission_->options().max_unauthenticated) +
+                            ", of them " + std::to_string(admission_->options().max_strangers) +
+                            " from outside the cluster's hosts) was full of newer ones"));
     }
   }
   if (!d.admitted.ok()) return Drop(peer, d.admitted);
@@ -191,7 +211,7 @@ void Shard::DropOverdue() {
   overdue_sweep_scheduled_ = false;
   const auto now = std::chrono::steady_clock::now();
   while (!closing_.empty() && closing_.front().second <= now) {
-    closing_.front().first->Close();
+    closing_.front().first->Abort();  // had the hello deadline to read why and close
     closing_.pop_front();
   }
   for (auto conn : admission_->Overdue(now)) {
@@ -208,6 +228,11 @@ void Shard::DropOverdue() {
   }
   if (admission_->unauthenticated() > 0 || !closing_.empty()) {
     ScheduleSweep(admission_->options().hello_deadline / 4);
+  } else if (accepted_since_trim_ >= kFloodConnections) {
+    // A flood ended: what its connections' buffers took from the heap goes
+    // back to the system, not kept for the next one.
+    accepted_since_trim_ = 0;
+    TrimHeap();
   }
 }
 
@@ -219,6 +244,7 @@ Status Shard::OnHello(Peer& peer, const wire::Header& h, std::span<const uint8_t
   const uint32_t index =
       is_coordinator_only() ? wire::kCoordinatorIndex : static_cast<uint32_t>(options_.task_index);
   Reply(peer, h.request_id, peer.handshake.OnHello(std::move(*m), index));
+  admission_->NoteHello(reinterpret_cast<uintptr_t>(peer.ep.get()));
   return Status::Ok();
 }
 
@@ -276,10 +302,10 @@ Status Shard::OnAuth(Peer& peer, const wire::Header& h, std::span<const uint8_t>
   if (!m.ok()) return m.status();
   const auto conn = reinterpret_cast<uintptr_t>(peer.ep.get());
   if (Status proof = peer.handshake.CheckAuth(*m, peer.ep->peer()); !proof.ok()) {
-    admission_->NoteFailure(HostOfPeer(peer.ep->peer()), std::chrono::steady_clock::now());
+    admission_->NoteFailure(conn);
     return proof;
   }
-  admission_->Forget(conn);
+  admission_->NoteProven(conn, HostOfPeer(peer.ep->peer()));
   TESSERA_RETURN_IF_ERROR(CheckClaims(peer.handshake.hello()));
   peer.hello = peer.handshake.hello();
   peer.ep->MarkAuthenticated();

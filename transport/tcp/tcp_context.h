@@ -203,6 +203,8 @@ class TcpEndpoint final : public Endpoint, public std::enable_shared_from_this<T
   void ReadSome();
   // Consumes bytes from the read buffer; false once the endpoint died.
   bool Parse();
+  // After authentication: the full-size read buffer, what it held kept.
+  void GrowReadBuffer();
   Status OnPreamble();
   Status OnHeader();
   Status OnHeaderTag();
@@ -253,6 +255,7 @@ class TcpEndpoint final : public Endpoint, public std::enable_shared_from_this<T
 
   RecvState state_ = RecvState::kPreamble;
   std::unique_ptr<uint8_t[]> rbuf_;
+  size_t rbuf_size_;
   size_t rpos_ = 0, rend_ = 0;
   // A header (with its tag when protected), a preamble or a payload's tag.
   std::array<uint8_t, kFrameHeaderBytes + kSealTagBytes> hdr_{};

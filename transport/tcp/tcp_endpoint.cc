@@ -23,6 +23,10 @@ namespace {
 // Bytes read per recv into the endpoint's buffer; payloads at least
 // kDirectBytes long that are not buffered yet go straight to their place.
 constexpr size_t kReadBuffer = 64 * 1024;
+// Until the peer authenticated, a small one: a flood of strangers' connections
+// costs the listener that much each, not 64 KiB (what does not fit moves
+// through the message buffer, bounded by the limit before authentication).
+constexpr size_t kUnauthenticatedReadBuffer = 4 * 1024;
 constexpr uint64_t kDirectBytes = 16 * 1024;
 // Answers (get data, put acknowledgements) queued for a peer that does not
 // read them: beyond this, the peer is dropped rather than held in memory.
@@ -46,7 +50,8 @@ TcpEndpoint::TcpEndpoint(TcpContext* ctx, int fd, std::string peer, const Contex
       ctx_(ctx),
       fd_(fd),
       peer_(std::move(peer)),
-      rbuf_(new uint8_t[kReadBuffer]) {}
+      rbuf_(new uint8_t[kUnauthenticatedReadBuffer]),
+      rbuf_size_(kUnauthenticatedReadBuffer) {}
 
 TcpEndpoint::~TcpEndpoint() {
   if (fd_ >= 0) close(fd_);
@@ -431,12 +436,13 @@ void TcpEndpoint::ReadSome() {
       }
     } else {
       if (!buffered) rpos_ = rend_ = 0;
-      if (rend_ == kReadBuffer) {  // a partial frame at the end: move it to the front
+      if (rbuf_size_ < kReadBuffer && authenticated()) GrowReadBuffer();
+      if (rend_ == rbuf_size_) {  // a partial frame at the end: move it to the front
         std::memmove(rbuf_.get(), rbuf_.get() + rpos_, rend_ - rpos_);
         rend_ -= rpos_;
         rpos_ = 0;
       }
-      const size_t room = kReadBuffer - rend_;
+      const size_t room = rbuf_size_ - rend_;
       r = recv(fd_, rbuf_.get() + rend_, room, 0);
       if (r > 0) {
         NoteTraffic();
@@ -462,6 +468,15 @@ void TcpEndpoint::ReadSome() {
     if (r == 0) return MarkDead(Status::Unavailable("closed by " + peer_), true);
     return MarkDead(SocketError("receiving from " + peer_ + " failed", errno), true);
   }
+}
+
+void TcpEndpoint::GrowReadBuffer() {
+  std::unique_ptr<uint8_t[]> bigger(new uint8_t[kReadBuffer]);
+  std::memcpy(bigger.get(), rbuf_.get() + rpos_, rend_ - rpos_);
+  rend_ -= rpos_;
+  rpos_ = 0;
+  rbuf_ = std::move(bigger);
+  rbuf_size_ = kReadBuffer;
 }
 
 bool TcpEndpoint::Parse() {
