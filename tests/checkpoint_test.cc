@@ -485,6 +485,66 @@ TEST_F(CheckpointTest, EditedManifestsAndIndexesAreRefused) {
   EXPECT_EQ(newest->manifest.global_step, 3u);
 }
 
+// Finding 5: --no-restore into a directory of an older run mixed the two
+// runs, so a later restart restored the old run's step. Now it is refused,
+// naming the directory; --new-run moves the old checkpoints aside (kept,
+// not deleted) and a restart restores the new run's own.
+TEST_F(CheckpointTest, AFreshStartBesideAnEarlierRunIsRefusedAndANewRunMovesItAside) {
+  TensorSpec w{"w", DType::kF64, {4}, UpdateRule::kAdd, {}, -1};
+  const std::vector<double> one(4, 1.0);
+  StartCluster(1, 1);
+  {
+    Client& c = Connect(0);
+    auto t = c.Declare(w).value();
+    ASSERT_TRUE(c.Initialize().ok());
+    for (int k = 0; k < 3; ++k) ASSERT_TRUE(c.Push({PushItem::Of<double>(t, one)}).ok());
+    ASSERT_TRUE(c.SaveCheckpoint().ok());
+  }
+  StopCluster();
+  const auto earlier = ckpt::ListStepDirs(dir_.string());
+  ASSERT_EQ(earlier.size(), 1u);
+
+  NewSpec(1, 1);
+  auto o = ServerOpts(0);
+  o.restore = false;
+  auto refused = Server::Start(o);
+  ASSERT_FALSE(refused.ok()) << "started afresh beside an earlier run's checkpoints";
+  EXPECT_EQ(refused.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(
+      refused.status().message().find(dir_.string() + " holds 1 checkpoint(s) of an earlier run"),
+      std::string::npos)
+      << refused.status();
+
+  configure_server_ = [this](ServerOptions& so) {
+    so = ServerOpts(so.task_index);
+    so.new_run = true;
+  };
+  StartServers(1);
+  {
+    Client& c = Connect(0);
+    EXPECT_FALSE(c.restored_step().has_value()) << "a new run restored the earlier one";
+    auto t = c.Declare(w).value();
+    ASSERT_TRUE(c.Initialize().ok());
+    ASSERT_TRUE(c.Push({PushItem::Of<double>(t, one)}).ok());
+    ASSERT_TRUE(c.SaveCheckpoint().ok());
+  }
+  StopCluster();
+  size_t moved = 0;
+  for (const auto& e : fs::directory_iterator(dir_)) {
+    if (e.path().filename().string().rfind("earlier-run-", 0) != 0) continue;
+    EXPECT_TRUE(fs::exists(e.path() / fs::path(earlier[0]).filename())) << e.path();
+    ++moved;
+  }
+  EXPECT_EQ(moved, 1u) << "the earlier run's checkpoint was not kept aside";
+
+  StartCluster(1, 1);
+  Client& c = Connect(0);
+  auto t = c.Declare(w).value();
+  std::vector<double> got(4);
+  ASSERT_TRUE(c.Pull({PullItem::Of<double>(t, got)}).ok());
+  EXPECT_EQ(got, one) << "restored the earlier run's values";
+}
+
 // Finding 15: an unwritable checkpoint directory went unnoticed until the
 // end of training, and `tessera launch` exited 0 with no checkpoint at all.
 TEST_F(CheckpointTest, UnwritableDirectoryIsFoundAtStart) {
@@ -521,6 +581,29 @@ TEST_F(CheckpointTest, ServerExitsNonZeroWhenEveryRoundFailed) {
   ASSERT_TRUE(exit.has_value()) << "the server did not stop";
   EXPECT_TRUE(WIFEXITED(*exit) && WEXITSTATUS(*exit) == 1)
       << "a server none of whose checkpoint rounds succeeded exited " << *exit;
+}
+
+// Finding 5: a run whose checkpoints hit ENOSPC exited 0, although its
+// final state was not saved. One round written, then one that fails: the
+// run ends nonzero.
+TEST_F(CheckpointTest, ServerExitsNonZeroWhenAnyCheckpointFailed) {
+  NewSpec(1, 1);
+  const fs::path ckpt = dir_ / "ckpt";
+  testing::ShardProcesses shards(spec_, secret_, 1, {"--checkpoint-dir", ckpt.string()});
+  Client& c = Connect(0);
+  auto ts = c.DeclareMany(Model()).value();
+  ASSERT_TRUE(c.Initialize().ok());
+  ASSERT_TRUE(c.SaveCheckpoint(20s).ok());
+  fs::remove_all(ckpt);
+  std::ofstream(ckpt) << "not a directory";
+  PushGradients(c, ts, 1);  // something new to save
+  EXPECT_FALSE(c.SaveCheckpoint(20s).ok());
+  clients_.clear();
+  kill(shards.pid(0), SIGTERM);
+  auto exit = shards.WaitExit(0, 60s);
+  ASSERT_TRUE(exit.has_value()) << "the server did not stop";
+  EXPECT_TRUE(WIFEXITED(*exit) && WEXITSTATUS(*exit) == 1)
+      << "a server one of whose checkpoint rounds failed exited " << *exit;
 }
 
 // A full disk: the round that does not fit fails, saying so, and the

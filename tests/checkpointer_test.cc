@@ -53,7 +53,7 @@ class CheckpointerTest : public ::testing::Test {
       timers_.push_back(std::move(fn));
     };
     host.on_saved = [this](const SavedCheckpoint&) { saved_++; };
-    host.on_failed = [this](const Status&) { failed_++; };
+    host.on_failed = [this](Checkpointer::Reason, const Status&) { failed_++; };
     CheckpointOptions o;
     o.dir = dir_.string();
     checkpointer_ = std::make_unique<Checkpointer>(o, &coord_, "{}", host);

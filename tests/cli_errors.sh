@@ -45,11 +45,15 @@ expect_error "a secret file that is /dev/zero" "a character device, not a regula
   env -u TESSERA_SECRET TESSERA_SECRET_FILE=/dev/zero "$BIN" server --ps_hosts 127.0.0.1:1 \
   --worker_hosts 127.0.0.1:2 --job ps --task 0
 # Only damaged checkpoints: starting afresh would train from step 0 and
-# prune them; the server refuses, naming each, unless told --no-restore.
+# prune them; the server refuses, naming each, unless told --new-run.
 mkdir -p "$dir/ckpt/step-00000003" && echo garbage > "$dir/ckpt/step-00000003/tessera.json"
 expect_error "only damaged checkpoints" "every checkpoint in $dir/ckpt (1) is damaged" \
   env TESSERA_SECRET="$secret" "$BIN" server --ps_hosts 127.0.0.1:1 --worker_hosts 127.0.0.1:2 \
   --job ps --task 0 --checkpoint-dir "$dir/ckpt"
+# --no-restore beside an earlier run's checkpoints mixed the two runs.
+expect_error "--no-restore beside an earlier run" "$dir/ckpt holds 1 checkpoint(s) of an earlier run" \
+  env TESSERA_SECRET="$secret" "$BIN" server --ps_hosts 127.0.0.1:1 --worker_hosts 127.0.0.1:2 \
+  --job ps --task 0 --checkpoint-dir "$dir/ckpt" --no-restore
 expect_error "a ps address given twice" "127.0.0.1:1 is given twice in job 'ps'" \
   "$BIN" server --ps_hosts 127.0.0.1:1,127.0.0.1:1 --worker_hosts 127.0.0.1:2 --job ps --task 0
 # Session protection: a value that is none of auto, on, off; on where the

@@ -230,7 +230,10 @@ int Launch(const LaunchOptions& options) {
     server_args.insert(server_args.end(),
                        {"--keep-checkpoints", std::to_string(options.keep_checkpoints)});
   }
+  // For the run's first start only: a ps task restarted within the run
+  // restores the run's own checkpoints.
   if (options.no_restore) server_args.push_back("--no-restore");
+  if (options.new_run) server_args.push_back("--new-run");
 
   std::vector<Child> children;
   children.reserve(static_cast<size_t>(options.num_ps) + static_cast<size_t>(options.num_workers) +
@@ -313,7 +316,10 @@ int Launch(const LaunchOptions& options) {
                 DescribeExit(status).c_str(), c.restarts, options.max_restarts);
         kill(-c.pid, SIGKILL);  // whatever it started goes with it
         c.exited = false;
-        if (Spawn(c, std::vector<std::string>(c.argv), std::vector<std::string>(c.env)) < 0) {
+        std::vector<std::string> again = c.argv;
+        std::erase_if(again,
+                      [](const std::string& a) { return a == "--no-restore" || a == "--new-run"; });
+        if (Spawn(c, std::move(again), std::vector<std::string>(c.env)) < 0) {
           fprintf(stderr, "tessera launch: cannot restart %s\n", c.role.c_str());
           c.exited = true;
           if (exit_code == 0) exit_code = 1;

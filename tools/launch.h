@@ -34,6 +34,7 @@ struct LaunchOptions {
   uint64_t checkpoint_steps = 0;
   int keep_checkpoints = 0;  // 0: the server's default
   bool no_restore = false;
+  bool new_run = false;
   // The worker command; every worker runs it.
   std::vector<std::string> worker_command;
   // A task that fails is started again, with the same command and

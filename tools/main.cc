@@ -100,12 +100,17 @@ int RunServer(const tools::ClusterFlags& flags, ServerOptions opts, int coordina
   (*server)->Stop();
   if (workers_watch.joinable()) workers_watch.join();
   const ServerStats stats = (*server)->stats();
-  if (stats.checkpoint_rounds_failed > 0 && stats.checkpoints_written == 0) {
+  if (stats.checkpoint_rounds_failed > 0) {
+    // The run may look done, but what it was to save was not saved.
+    const std::string written =
+        stats.checkpoints_written == 0
+            ? "none was written to " + opts.checkpoint_dir
+            : std::to_string(stats.checkpoints_written) + " written to " + opts.checkpoint_dir;
     fprintf(stderr,
-            "tessera server: all %llu checkpoint rounds failed, none was written to %s (see the "
+            "tessera server: %llu checkpoint round(s) failed (the last, a %s); %s (see the "
             "errors above)\n",
             static_cast<unsigned long long>(stats.checkpoint_rounds_failed),
-            opts.checkpoint_dir.c_str());
+            stats.last_checkpoint_failure.c_str(), written.c_str());
     return 1;
   }
   if (sig == SIGUSR1 && workers_verdict && !workers_verdict->ok()) {
@@ -197,6 +202,9 @@ int main(int argc, char** argv) try {
       ->capture_default_str();
   server->add_flag("!--no-restore", server_opts.restore,
                    "coordinator: start afresh even if a checkpoint exists");
+  server->add_flag("--new-run", server_opts.new_run,
+                   "coordinator: start a new run in --checkpoint-dir, moving an earlier run's "
+                   "checkpoints aside (into earlier-run-<time>/) instead of restoring them");
   server->add_flag("--accept-legacy-checkpoints", server_opts.accept_legacy_checkpoints,
                    "also restore a version-1 checkpoint, which has no digest to check it by");
 
@@ -243,7 +251,11 @@ int main(int argc, char** argv) try {
                    "complete checkpoints kept (0: the server's default)")
       ->check(CLI::Range(0, 1000000));
   launch_cmd->add_flag("--no-restore", launch.no_restore,
-                       "start afresh even if the checkpoint directory holds a checkpoint");
+                       "start afresh; refused where the checkpoint directory holds checkpoints "
+                       "(see --new-run)");
+  launch_cmd->add_flag("--new-run", launch.new_run,
+                       "start a new run in --checkpoint-dir, moving an earlier run's checkpoints "
+                       "aside (into earlier-run-<time>/) instead of restoring them");
   launch_cmd
       ->add_option("--max-restarts", launch.max_restarts,
                    "restart a task that fails (a ps task that ends, a worker that exits non-zero "

@@ -80,6 +80,11 @@ struct TESSERA_EXPORT ServerOptions {
   // Also restore a version-1 checkpoint (written before digests; one edited
   // to look so is the same to a reader): refused otherwise.
   bool accept_legacy_checkpoints = false;
+  // Start a new run in checkpoint_dir: an earlier run's checkpoints there
+  // are moved aside (into earlier-run-<UTC time>/, not deleted) and nothing
+  // is restored. Without it, restore = false refuses a directory that holds
+  // checkpoints: the two runs would mix.
+  bool new_run = false;
   // A round not finished within this time is abandoned (and logged).
   std::chrono::milliseconds checkpoint_timeout{120'000};
 
@@ -109,6 +114,7 @@ struct TESSERA_EXPORT ServerStats {
   uint64_t chunks_restored = 0;           // chunks loaded from a checkpoint
   uint64_t checkpoints_written = 0;       // coordinator: complete checkpoints written
   uint64_t checkpoint_rounds_failed = 0;  // coordinator: rounds abandoned (logged as errors)
+  std::string last_checkpoint_failure;    // coordinator: what the last of them said
   // GPU memory with --allow-host-staging: bytes copied between the GPU and
   // the host copies workers reach (gradients in, values out).
   uint64_t host_staged_bytes = 0;

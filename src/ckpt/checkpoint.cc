@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -534,6 +535,30 @@ std::vector<std::string> ListStepDirs(const std::string& dir) {
   // Zero-padded, so the names sort as the steps do.
   std::sort(out.begin(), out.end(), std::greater<>());
   return out;
+}
+
+Result<std::string> MoveStepDirsAside(const std::string& dir) {
+  const std::vector<std::string> step_dirs = ListStepDirs(dir);
+  if (step_dirs.empty()) return std::string();
+  char stamp[32];
+  const std::time_t now = std::time(nullptr);
+  std::tm utc{};
+  gmtime_r(&now, &utc);
+  std::strftime(stamp, sizeof(stamp), "%Y%m%dT%H%M%SZ", &utc);
+  std::string aside = dir + "/earlier-run-" + stamp;
+  for (int n = 2; fs::exists(aside); ++n) {
+    aside = dir + "/earlier-run-" + stamp + "-" + std::to_string(n);
+  }
+  std::error_code ec;
+  fs::create_directory(aside, ec);
+  if (ec) return Status::Internal("creating " + aside + ": " + ec.message());
+  for (const auto& step_dir : step_dirs) {
+    fs::rename(step_dir, aside + "/" + fs::path(step_dir).filename().string(), ec);
+    if (ec) return Status::Internal("moving " + step_dir + " into " + aside + ": " + ec.message());
+  }
+  TESSERA_RETURN_IF_ERROR(FsyncDirectory(aside));
+  TESSERA_RETURN_IF_ERROR(FsyncDirectory(dir));
+  return aside;
 }
 
 Result<Checkpoint> FindNewestCheckpoint(const std::string& dir, bool verify_data,

@@ -139,6 +139,10 @@ struct Checkpoint {
 
 // The step directories under `dir`, newest first (complete or not).
 std::vector<std::string> ListStepDirs(const std::string& dir);
+// A new run in `dir`: its step directories (an earlier run's) are moved,
+// not deleted, into `dir`/earlier-run-<UTC time>/. Returns that directory,
+// or empty when there was nothing to move.
+Result<std::string> MoveStepDirsAside(const std::string& dir);
 // The newest checkpoint under `dir` that opens; damaged newer ones are
 // skipped with a warning naming why. NotFound when there is no step
 // directory; DataLoss naming each when there are some and none opens.

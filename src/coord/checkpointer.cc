@@ -8,10 +8,10 @@
 
 namespace tessera::coord {
 namespace {
-
 namespace fs = std::filesystem;
+}  // namespace
 
-const char* ReasonName(Checkpointer::Reason r) {
+const char* Checkpointer::ReasonName(Reason r) {
   switch (r) {
     case Checkpointer::Reason::kTimer:
       return "periodic";
@@ -24,6 +24,8 @@ const char* ReasonName(Checkpointer::Reason r) {
   }
   return "?";
 }
+
+namespace {
 
 Status Io(const std::string& what, const std::error_code& ec) {
   return Status::Internal(what + ": " + ec.message());
@@ -181,9 +183,11 @@ void Checkpointer::OnAllPrepared() {
   }
   r.step = has_sync ? max_step : coord_->global_step();
   if (r.reason == Reason::kShutdown && has_sync && min_step != max_step) {
-    return Abort(Status::FailedPrecondition(
-        "sync tensors stand between steps " + std::to_string(min_step) + " and " +
-        std::to_string(max_step) + " (workers stopped mid-step); no consistent state to save"));
+    return Abort(
+        Status::FailedPrecondition("sync tensors stand between steps " + std::to_string(min_step) +
+                                   " and " + std::to_string(max_step) +
+                                   " (workers stopped mid-step); no consistent state to save"),
+        /*failed=*/false);
   }
   r.final_dir = options_.dir + "/" + ckpt::StepDirName(r.step);
   r.tmp_dir = options_.dir + "/." + ckpt::StepDirName(r.step) + ".tmp";
@@ -383,16 +387,16 @@ void Checkpointer::Finish(const Result<SavedCheckpoint>& result) {
   next_waiters_.clear();
 }
 
-void Checkpointer::Abort(const Status& why) {
+void Checkpointer::Abort(const Status& why, bool failed) {
   Round& r = *round_;
   TLOG_ERROR("{} checkpoint round {} abandoned: {}; the previous checkpoints are untouched",
              ReasonName(r.reason), r.id, why.message());
   for (int k = 0; k < coord_->num_shards(); ++k) {
     host_.send_to_shard(k, wire::Encode(wire::CkptAbort{r.id}, 0));
   }
-  if (host_.on_failed) host_.on_failed(why);
-  const Status failed = why.WithContext("checkpoint");
-  if (r.tmp_dir.empty()) return Finish(failed);
+  if (failed && host_.on_failed) host_.on_failed(r.reason, why);
+  const Status error = why.WithContext("checkpoint");
+  if (r.tmp_dir.empty()) return Finish(error);
   // The waiters hear of the failure once nothing of the round is left on
   // disk, so that whoever sees the error sees the directory as it was. Until
   // then the round stays, abandoned: requests queue behind it and its
@@ -404,11 +408,11 @@ void Checkpointer::Abort(const Status& why) {
         fs::remove_all(tmp, ec);
         return Status::Ok();
       },
-      [this, id = r.id, failed](const Status&) {
-        if (round_ && round_->id == id) Finish(failed);
+      [this, id = r.id, error](const Status&) {
+        if (round_ && round_->id == id) Finish(error);
       });
   // A stopping progress thread may never run that callback.
-  if (stopped_) Finish(failed);
+  if (stopped_) Finish(error);
 }
 
 void Checkpointer::InBackground(std::function<Status()> work, std::function<void(Status)> then) {

@@ -48,6 +48,10 @@ struct SavedCheckpoint {
 
 class Checkpointer {
  public:
+  enum class Reason { kTimer, kSteps, kRequest, kShutdown };
+  // "periodic", "every-N-steps", "requested", "final".
+  static const char* ReasonName(Reason r);
+
   // What the host provides: a frame to shard k (false when k has not joined),
   // and running work on the progress thread (now or later).
   struct Host {
@@ -55,9 +59,9 @@ class Checkpointer {
     std::function<void(std::function<void()>)> post;
     std::function<void(std::chrono::milliseconds, std::function<void()>)> post_after;
     std::function<void(const SavedCheckpoint&)> on_saved;  // a new checkpoint is complete
-    std::function<void(const Status&)> on_failed;          // a round was abandoned
+    // A round was abandoned: the checkpoint it was for was not written.
+    std::function<void(Reason, const Status&)> on_failed;
   };
-  enum class Reason { kTimer, kSteps, kRequest, kShutdown };
   using Done = std::function<void(Result<SavedCheckpoint>)>;
 
   Checkpointer(CheckpointOptions options, Coordinator* coord, std::string cluster_json, Host host);
@@ -111,7 +115,9 @@ class Checkpointer {
   void SendWrites();
   void OnAllWritten();
   void Finish(const Result<SavedCheckpoint>& result);
-  void Abort(const Status& why);
+  // `failed`: whether the round counts as a checkpoint that could not be
+  // written (one with no consistent state to save does not).
+  void Abort(const Status& why, bool failed = true);
   // Queues `work` for the file thread (jobs run one at a time, in order),
   // then runs `then` on the progress thread with its status. Never blocks:
   // hashing a large checkpoint must not stall the progress thread.

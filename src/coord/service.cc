@@ -1,5 +1,7 @@
 #include "coord/service.h"
 
+#include <filesystem>
+
 #include "core/log.h"
 
 namespace tessera::coord {
@@ -15,7 +17,28 @@ Service::~Service() = default;
 
 Status Service::Open() {
   const std::string& dir = options_.checkpoints.dir;
-  if (dir.empty() || !options_.restore) return Status::Ok();
+  if (dir.empty()) return Status::Ok();
+  if (options_.new_run) {
+    auto aside = ckpt::MoveStepDirsAside(dir);
+    if (!aside.ok()) return aside.status().WithContext("starting a new run in " + dir);
+    if (!aside->empty()) {
+      TLOG_INFO("a new run in {}: the earlier run's checkpoints were moved to {}", dir, *aside);
+    }
+    return Status::Ok();
+  }
+  if (!options_.restore) {
+    // Starting afresh beside an earlier run's checkpoints mixes the runs: a
+    // restart restores the newest, whichever run wrote it.
+    const auto earlier = ckpt::ListStepDirs(dir);
+    if (earlier.empty()) return Status::Ok();
+    return Status::FailedPrecondition(
+        dir + " holds " + std::to_string(earlier.size()) + " checkpoint(s) of an earlier run (" +
+        std::filesystem::path(earlier.front()).filename().string() +
+        (earlier.size() > 1 ? ", ..." : "") +
+        "): starting afresh there would mix the two runs, and a restart would restore the "
+        "newest of either. Start with --new-run to move them aside (into " +
+        dir + "/earlier-run-<time>/), or give another directory");
+  }
   auto found =
       ckpt::FindNewestCheckpoint(dir, /*verify_data=*/true, options_.accept_legacy_checkpoints);
   if (found.status().code() == StatusCode::kNotFound) {
@@ -24,7 +47,7 @@ Status Service::Open() {
   }
   if (!found.ok()) {
     return found.status().WithContext(
-        "restoring (start with --no-restore to begin afresh, leaving them there)");
+        "restoring (start with --new-run to move them aside and begin afresh)");
   }
   restored_ = std::make_unique<ckpt::Checkpoint>(std::move(*found));
   restore_path_ = restored_->path;
@@ -52,7 +75,12 @@ void Service::Start() {
   host.post = host_.post;
   host.post_after = host_.post_after;
   host.on_saved = [this](const SavedCheckpoint&) { checkpoints_written_++; };
-  host.on_failed = [this](const Status&) { checkpoint_rounds_failed_++; };
+  host.on_failed = [this](Checkpointer::Reason reason, const Status& why) {
+    std::lock_guard<std::mutex> lock(failure_mu_);
+    last_checkpoint_failure_ =
+        std::string(Checkpointer::ReasonName(reason)) + " checkpoint: " + why.message();
+    checkpoint_rounds_failed_++;
+  };
   checkpointer_ =
       std::make_unique<Checkpointer>(options_.checkpoints, &coord_, options_.cluster_json, host);
   if (restored_) checkpointer_->set_latest(restored_->manifest.global_step, restored_->path);

@@ -18,6 +18,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -46,6 +47,7 @@ struct ServiceOptions {
   CheckpointOptions checkpoints;
   bool restore = true;
   bool accept_legacy_checkpoints = false;  // ServerOptions'
+  bool new_run = false;                    // ServerOptions'
   DeclareLimits limits;
   // Worker requests held while ps tasks have not joined yet.
   size_t max_waiting_requests = 4096;
@@ -110,6 +112,10 @@ class Service {
   std::vector<uint64_t> step_reports_by_shard() const { return coord_.step_reports_by_shard(); }
   uint64_t checkpoints_written() const { return checkpoints_written_.load(); }
   uint64_t checkpoint_rounds_failed() const { return checkpoint_rounds_failed_.load(); }
+  std::string last_checkpoint_failure() const {
+    std::lock_guard<std::mutex> lock(failure_mu_);
+    return last_checkpoint_failure_;
+  }
   // The restored checkpoint's path (empty: none), for the hosted ps task.
   const std::string& restore_path() const { return restore_path_; }
 
@@ -159,6 +165,8 @@ class Service {
   bool stopped_ = false;
   std::atomic<uint64_t> global_step_{0};
   std::atomic<uint64_t> checkpoints_written_{0}, checkpoint_rounds_failed_{0};
+  mutable std::mutex failure_mu_;
+  std::string last_checkpoint_failure_;  // what the last abandoned round said
 };
 
 }  // namespace tessera::coord

@@ -26,6 +26,7 @@ Status Shard::StartService() {
   o.checkpoints.keep = std::max(1, options_.keep_checkpoints);
   o.checkpoints.timeout = options_.checkpoint_timeout;
   o.restore = options_.restore;
+  o.new_run = options_.new_run;
   o.accept_legacy_checkpoints = options_.accept_legacy_checkpoints;
   coord::Service::Host host;
   host.send = [this](coord::PeerId peer, MessageBytes frame) {

@@ -79,6 +79,7 @@ ServerStats Shard::stats() const {
   if (service_) {
     s.checkpoints_written = service_->checkpoints_written();
     s.checkpoint_rounds_failed = service_->checkpoint_rounds_failed();
+    s.last_checkpoint_failure = service_->last_checkpoint_failure();
     s.step_reports_from_ps = service_->step_reports_by_shard();
   }
   s.host_staged_bytes = host_staged_bytes_;
