@@ -214,6 +214,32 @@ TEST_P(HardeningTest, DeclaresBeyondTheLimitsAreRefusedNamingThem) {
   EXPECT_TRUE((*c)->Declare(F32("small", 16)).ok()) << "the coordinator stopped serving";
 }
 
+// Finding 7: a declare of f32[2^40] (4 TiB) was accepted, and a create with
+// no declare grew a shard by 790 MB. A shard takes creates only while what
+// it holds fits its memory (here a 1 MiB limit), checked for a whole batch
+// before any chunk of it is made.
+TEST_P(HardeningTest, DeclaresBeyondTheShardsMemoryAreRefusedNamingIt) {
+  configure_server_ = [](ServerOptions& o) { o.memory_limit_bytes = 1u << 20; };
+  StartCluster(1, 1);
+  Client& c = Connect(0);
+  auto fits = c.Declare(F32("fits", 64 * 1024));  // 256 KiB
+  ASSERT_TRUE(fits.ok()) << fits.status();
+  TensorSpec adam = F32("adam", 96 * 1024);  // 384 KiB, and 768 KiB of moments
+  adam.rule = UpdateRule::kAdam;
+  auto refused = c.Declare(adam);
+  ASSERT_FALSE(refused.ok()) << "a declare past the shard's memory was accepted";
+  EXPECT_EQ(refused.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_TRUE(Contains(refused.status().message(),
+                       "needs 1179648 bytes with its optimizer state; this ps task's host memory "
+                       "holds 262144 of the 1048576 it may use"))
+      << refused.status();
+  auto huge = c.Declare(F32("huge", int64_t{1} << 40));
+  ASSERT_FALSE(huge.ok());
+  EXPECT_EQ(huge.status().code(), StatusCode::kResourceExhausted) << huge.status();
+  EXPECT_EQ(servers_[0]->stats().tensors, 1u) << "a refused batch left chunks behind";
+  EXPECT_TRUE(c.Declare(F32("small", 16)).ok()) << "the shard stopped serving";
+}
+
 // Finding 17: specs that disagree are refused at connect, naming the
 // difference, instead of "could not prove it knows the cluster secret" or a
 // late "Internal: coordinator placed a chunk on an unknown shard".

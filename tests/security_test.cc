@@ -164,6 +164,29 @@ TEST_P(SecurityTest, ArenasCannotBeWrittenWithForgedOrReadOnlyKeys) {
   ServerStillServes();
 }
 
+// Finding 7: a create with no declare grew a shard by 790 MB. Creates are
+// still taken without one (workers restore placement so after a coordinator
+// restart), but only while what the shard holds fits the memory it had free
+// at start: one chunk of 2^40 f32 is refused, naming it, allocating nothing.
+TEST_P(SecurityTest, ACreateWithoutADeclareIsBoundedByTheShardsMemory) {
+  StartServer();
+  RawPeer worker(spec_.tasks("ps")[0], transport_);
+  ASSERT_TRUE(wire::Decode<wire::Welcome>(worker.Authenticate(secret_, WorkerHello(1))).ok());
+  worker.endpoint().MarkAuthenticated();
+  wire::TensorDecl decl{"undeclared", DType::kF32, UpdateRule::kAdam, {int64_t{1} << 40}, -1,
+                        {},           {}};
+  worker.Send(wire::Create{{{decl, 0, 1, 0, uint64_t{1} << 40}}}, 4);
+  auto err = wire::Decode<wire::Error>(worker.Next());
+  ASSERT_TRUE(err.ok()) << err.status();
+  EXPECT_EQ(err->code, StatusCode::kResourceExhausted) << err->message;
+  EXPECT_NE(err->message.find("with its optimizer state; this ps task's host memory holds"),
+            std::string::npos)
+      << err->message;
+  worker.Send(wire::Ping{}, 5);
+  EXPECT_TRUE(wire::Decode<wire::Ack>(worker.Next()).ok()) << "the connection was dropped";
+  ServerStillServes();
+}
+
 // get-state and set-state (a trainer's state_dict): an authenticated worker
 // that is not the chief cannot write optimizer state, and no range, slot,
 // key or length it names makes the shard read, write or allocate beyond

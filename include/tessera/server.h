@@ -42,6 +42,9 @@ struct TESSERA_EXPORT ServerOptions {
   // quarter of them from strangers (addresses that are no task's in the
   // spec); a new one closes the oldest (docs/security.md, "Strangers").
   size_t max_unauthenticated = 256;
+  // The bytes parameters, optimizer state and step sums may take (0: what
+  // the memory had free at start). A create past it is refused, naming it.
+  uint64_t memory_limit_bytes = 0;
   // Each worker's staging slot: the only memory it may write.
   size_t staging_bytes_per_worker = 32u << 20;
   // Parameters are laid out in arenas of at least this size.

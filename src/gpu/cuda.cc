@@ -80,6 +80,15 @@ Status SetDevice(int device) {
   return Check(err, "cudaSetDevice(" + std::to_string(device) + ")");
 }
 
+Result<uint64_t> FreeDeviceMemory(int device) {
+  if (Status st = SetDevice(device); !st.ok()) return st;
+  size_t free_bytes = 0, total = 0;
+  if (Status st = Check(cudaMemGetInfo(&free_bytes, &total), "cudaMemGetInfo"); !st.ok()) {
+    return st;
+  }
+  return static_cast<uint64_t>(free_bytes);
+}
+
 Result<std::string> DescribeDevice(int device) {
   if (Status st = SetDevice(device); !st.ok()) return st;
   cudaDeviceProp prop{};

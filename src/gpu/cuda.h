@@ -33,6 +33,8 @@ Result<int> CurrentDevice();
 Status SetDevice(int device);
 // "NVIDIA H200 (device 0, sm_90, 139 GiB), CUDA runtime 13.0, driver 13.0".
 Result<std::string> DescribeDevice(int device);
+// Bytes of `device`'s memory free now (cudaMemGetInfo).
+Result<uint64_t> FreeDeviceMemory(int device);
 
 // Where a pointer lives, as CUDA sees it.
 struct PointerInfo {

@@ -25,6 +25,7 @@ Result<int> DeviceCount() { return NotBuilt(); }
 Result<int> CurrentDevice() { return NotBuilt(); }
 Status SetDevice(int) { return NotBuilt(); }
 Result<std::string> DescribeDevice(int) { return NotBuilt(); }
+Result<uint64_t> FreeDeviceMemory(int) { return NotBuilt(); }
 PointerInfo QueryPointer(const void*) { return {}; }
 bool PointersMayBeDevice() { return false; }
 

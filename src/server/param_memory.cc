@@ -3,6 +3,7 @@
 #include <cstring>
 #include <memory>
 
+#include "core/host_memory.h"
 #include "gpu/cuda.h"
 #include "tessera_config.h"
 
@@ -14,6 +15,7 @@ class HostParamMemory final : public ParamMemory {
   const MemorySpec& spec() const override { return spec_; }
   std::string Describe() const override { return "host memory"; }
   Status MakeCurrent() override { return Status::Ok(); }
+  Result<uint64_t> FreeBytes() override { return AvailableHostMemory(); }
 
   Result<StateBuffer> Allocate(size_t bytes) override {
     std::shared_ptr<uint8_t[]> owner(new (std::nothrow) uint8_t[bytes == 0 ? 1 : bytes]());

@@ -54,6 +54,8 @@ class ParamMemory {
   // made elsewhere (the transport's Allocate) to land on it.
   virtual Status MakeCurrent() = 0;
 
+  // Bytes of this memory free now (host: available to this process).
+  virtual Result<uint64_t> FreeBytes() = 0;
   // Zero-filled memory of this kind.
   virtual Result<StateBuffer> Allocate(size_t bytes) = 0;
   virtual Status Zero(void* dst, size_t bytes) = 0;

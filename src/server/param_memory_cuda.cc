@@ -19,6 +19,7 @@ class CudaParamMemory final : public ParamMemory {
   const MemorySpec& spec() const override { return spec_; }
   std::string Describe() const override { return name_; }
   Status MakeCurrent() override { return gpu::SetDevice(spec_.device); }
+  Result<uint64_t> FreeBytes() override { return gpu::FreeDeviceMemory(spec_.device); }
 
   Result<StateBuffer> Allocate(size_t bytes) override {
     auto buffer = gpu::DeviceBuffer::Allocate(bytes, spec_.device);

@@ -63,6 +63,43 @@ Result<std::vector<uint8_t>> ParamTable::ArenaIpcHandle(uint32_t arena_id) {
   return a.ipc_handle;
 }
 
+uint64_t ParamTable::FootprintOf(const wire::CreateEntry& entry) const {
+  const auto& t = entry.tensor;
+  uint64_t per_element = DTypeSize(t.dtype) * (staged() ? 2 : 1) +
+                         kernels::StateSlots(t.rule) * kernels::StateElementSize(t.dtype);
+  if (kernels::NeedsMaster(t.dtype, t.rule)) per_element += sizeof(float);
+  if (t.mode.kind == Consistency::kSync) per_element += kernels::AccumulatorElementSize(t.dtype);
+  uint64_t bytes = 0;
+  if (__builtin_mul_overflow(entry.elem_count, per_element, &bytes)) return UINT64_MAX;
+  return bytes;
+}
+
+Status ParamTable::CheckRoom(const std::vector<wire::CreateEntry>& entries, uint64_t budget,
+                             uint64_t max_chunks) const {
+  uint64_t held = held_bytes_;
+  uint64_t chunks = params_.size();
+  for (const auto& entry : entries) {
+    if (by_name_.contains({entry.tensor.name, entry.chunk_index})) continue;
+    const uint64_t need = FootprintOf(entry);
+    if (++chunks > max_chunks) {
+      return Status::ResourceExhausted("creating tensor '" + entry.tensor.name + "' chunk " +
+                                       std::to_string(entry.chunk_index) + " would exceed the " +
+                                       std::to_string(max_chunks) + " chunks a ps task holds");
+    }
+    if (need > budget || held > budget - need) {
+      return Status::ResourceExhausted(
+          "tensor '" + entry.tensor.name + "' (" +
+          DescribeTensor(entry.tensor.dtype, entry.tensor.shape) + "), chunk " +
+          std::to_string(entry.chunk_index) + " of " + std::to_string(entry.num_chunks) +
+          ", needs " + std::to_string(need) + " bytes with its optimizer state; this ps task's " +
+          memory_->Describe() + " holds " + std::to_string(held) + " of the " +
+          std::to_string(budget) + " it may use (what was free at start)");
+    }
+    held += need;
+  }
+  return Status::Ok();
+}
+
 Result<Param*> ParamTable::Create(const wire::CreateEntry& entry) {
   const auto& t = entry.tensor;
   auto key = std::make_pair(t.name, entry.chunk_index);
@@ -117,6 +154,7 @@ Result<Param*> ParamTable::Create(const wire::CreateEntry& entry) {
   if (t.mode.kind == Consistency::kBounded) p->pushed_steps.assign(t.mode.total_num_replicas, 0);
   by_name_[key] = p->key_id;
   params_.push_back(std::move(p));
+  held_bytes_ += FootprintOf(entry);
   return params_.back().get();
 }
 

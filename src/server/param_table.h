@@ -131,6 +131,15 @@ class ParamTable {
   // Creates the chunk, or returns the existing one if it matches; a mismatch
   // is an error naming both declarations.
   Result<Param*> Create(const wire::CreateEntry& entry);
+  // The bytes a chunk takes: its value, optimizer state, f32 master copy,
+  // a sync step's sum, and the host copy of a staged value.
+  uint64_t FootprintOf(const wire::CreateEntry& entry) const;
+  // Whether the chunks of `entries` not held yet fit: at most `max_chunks`
+  // held, and at most `budget` bytes of them; otherwise ResourceExhausted
+  // naming the first that does not.
+  Status CheckRoom(const std::vector<wire::CreateEntry>& entries, uint64_t budget,
+                   uint64_t max_chunks) const;
+  uint64_t held_bytes() const { return held_bytes_; }
   // Inline: every entry of every push and pull looks its key up.
   Param* Find(uint32_t key_id) { return key_id < params_.size() ? params_[key_id].get() : nullptr; }
   Param* Find(const std::string& name, uint32_t chunk_index);
@@ -170,6 +179,7 @@ class ParamTable {
   std::vector<Arena> arenas_;
   std::vector<std::unique_ptr<Param>> params_;                    // index = key_id
   std::map<std::pair<std::string, uint32_t>, uint32_t> by_name_;  // (name, chunk) -> key_id
+  uint64_t held_bytes_ = 0;                                       // FootprintOf every chunk
 };
 
 }  // namespace tessera::server

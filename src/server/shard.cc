@@ -128,6 +128,7 @@ Status Shard::Start() {
         " cannot authenticate or encrypt sessions (docs/security.md)");
   }
   TESSERA_RETURN_IF_ERROR(OpenMemory());
+  TESSERA_RETURN_IF_ERROR(SetMemoryBudget());
   table_ = std::make_unique<ParamTable>(ctx_.get(), memory_.get(), arena_kind_,
                                         options_.arena_bytes, options_.cluster.num_workers());
   if (options_.stop_when_workers_leave) {
@@ -211,6 +212,18 @@ Status Shard::OpenMemory() {
   return Status::Ok();
 }
 
+Status Shard::SetMemoryBudget() {
+  if (options_.memory_limit_bytes != 0) {
+    memory_budget_ = options_.memory_limit_bytes;
+    return Status::Ok();
+  }
+  auto free_bytes = memory_->FreeBytes();
+  if (!free_bytes.ok()) return free_bytes.status().WithContext("asking " + memory_->Describe());
+  // Unknown (0): no bound but the limits on chunks.
+  memory_budget_ = *free_bytes == 0 ? UINT64_MAX : *free_bytes;
+  return Status::Ok();
+}
+
 Status Shard::Publish(Param& p) { return apply::Publish(ApplyTarget(), p); }
 
 Status Shard::ReadValue(const Param& p, void* host_dst) const {
@@ -269,6 +282,11 @@ void Shard::OnCreate(Peer& peer, uint64_t request_id, const wire::Create& msg) {
     // What to restore is known once the coordinator answered.
     deferred_creates_.emplace_back(peer.ep, request_id, msg);
     return;
+  }
+  if (!peer.is_reader) {
+    // Before any is made: a batch that does not fit takes no memory at all.
+    Status room = table_->CheckRoom(msg.entries, memory_budget_, coord::DeclareLimits{}.max_chunks);
+    if (!room.ok()) return SendError(peer, request_id, room);
   }
   wire::CreateReply reply;
   wire::Join created;  // for the coordinator hosted here

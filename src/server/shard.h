@@ -193,6 +193,9 @@ class Shard {
   // reaches it or values are staged through host memory.
   Status OpenMemory();
   Status StartAdmission();
+  // What the chunks held may take: memory_limit_bytes, or what the memory
+  // had free at start.
+  Status SetMemoryBudget();
   // Same node, GPU memory: a GPU slot for `peer` and its IPC handle.
   Status OfferIpcSlot(Peer& peer, wire::Welcome* welcome);
   // Staging: refreshes the host copy workers read after the value changed.
@@ -259,7 +262,9 @@ class Shard {
   // Progress thread only.
   std::unordered_map<transport::Endpoint*, std::unique_ptr<Peer>> peers_;
   std::unique_ptr<Admission> admission_;
-  uint64_t accepted_since_trim_ = 0;  // connections since the heap was last trimmed
+  uint64_t accepted_since_trim_ = 0;
+  uint64_t memory_budget_ =
+      UINT64_MAX;  // SetMemoryBudget  // connections since the heap was last trimmed
   bool overdue_sweep_scheduled_ = false;
   // Refused connections told why, left for the peer to close until then.
   std::deque<std::pair<EndpointPtr, std::chrono::steady_clock::time_point>> closing_;
