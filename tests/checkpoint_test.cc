@@ -281,7 +281,7 @@ TEST_F(CheckpointTest, SyncRoundsCutAtOneStep) {
   ASSERT_FALSE(saved.empty());
   for (const auto& path : saved) {
     if (!fs::exists(path)) continue;  // pruned: only the newest 5 are kept
-    auto ck = ckpt::Checkpoint::Open(path, /*verify_data=*/true);
+    auto ck = ckpt::Checkpoint::Open(path, {.verify_data = true});
     ASSERT_TRUE(ck.ok()) << ck.status().ToString();
     const double want = 2.0 * static_cast<double>(ck->manifest.global_step);
     for (const auto& s : specs) {
@@ -362,7 +362,7 @@ TEST_F(CheckpointTest, DamagedNewestFallsBackToThePreviousOne) {
   // step 3: a file cut short; step 2: a header that lies about an offset.
   const fs::path f3 = dir_ / "step-00000003" / "model-00002-of-00002.safetensors";
   fs::resize_file(f3, fs::file_size(f3) - 10);
-  auto st3 = ckpt::Checkpoint::Open((dir_ / "step-00000003").string(), false);
+  auto st3 = ckpt::Checkpoint::Open((dir_ / "step-00000003").string(), {.verify_data = false});
   EXPECT_EQ(st3.status().code(), StatusCode::kDataLoss);
   EXPECT_NE(st3.status().message().find("model-00002-of-00002"), std::string::npos)
       << st3.status().ToString();
@@ -377,7 +377,7 @@ TEST_F(CheckpointTest, DamagedNewestFallsBackToThePreviousOne) {
     f.seekp(8 + static_cast<std::streamoff>(pos) + 16);
     f.put('9');  // [0, ...] becomes [9, ...]
   }
-  auto st2 = ckpt::Checkpoint::Open((dir_ / "step-00000002").string(), false);
+  auto st2 = ckpt::Checkpoint::Open((dir_ / "step-00000002").string(), {.verify_data = false});
   EXPECT_EQ(st2.status().code(), StatusCode::kDataLoss) << st2.status().ToString();
 
   StartCluster(2, 1);
@@ -402,7 +402,10 @@ TEST_F(CheckpointTest, EditedManifestsAndIndexesAreRefused) {
   }
   StopCluster();
   const fs::path good = dir_ / "step-00000003";
-  ASSERT_TRUE(ckpt::Checkpoint::Open(good.string(), true).ok());
+  const ckpt::CheckpointKey key = ckpt::DeriveCheckpointKey(secret_);
+  auto authentic = ckpt::Checkpoint::Open(good.string(), {.verify_data = true, .key = key});
+  ASSERT_TRUE(authentic.ok()) << authentic.status();
+  EXPECT_TRUE(authentic->authenticated);
   auto read = [](const fs::path& p) {
     std::ifstream in(p, std::ios::binary);
     return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -418,7 +421,7 @@ TEST_F(CheckpointTest, EditedManifestsAndIndexesAreRefused) {
     fs::create_directories(copy.parent_path());
     fs::copy(good, copy, fs::copy_options::recursive);
     edit(copy);
-    auto opened = ckpt::Checkpoint::Open(copy.string(), false);
+    auto opened = ckpt::Checkpoint::Open(copy.string(), {.verify_data = false, .key = key});
     EXPECT_EQ(opened.status().code(), StatusCode::kDataLoss) << "accepted: case " << n - 1;
     return opened.status().message();
   };
@@ -436,12 +439,47 @@ TEST_F(CheckpointTest, EditedManifestsAndIndexesAreRefused) {
     write(d / ckpt::kManifestDigestName,
           ckpt::Sha256OfFile((d / ckpt::kManifestName).string()).value() + "\n");
   };
-  EXPECT_NE(tampered(skip_and_cover).find("belongs in step-00002999"), std::string::npos);
+  EXPECT_NE(tampered(skip_and_cover).find("does not match its HMAC"), std::string::npos);
+  // Finding 5: the digest was unkeyed, so whoever could edit the manifest
+  // could recompute it. A tenfold learning rate with the digest recomputed:
+  // the HMAC, which needs the key, gives it away.
+  auto tenfold_and_cover = [&](const fs::path& d) {
+    std::string m = read(d / ckpt::kManifestName);
+    const std::string lr = "\"learning_rate\": ";
+    const auto at = m.find(lr);
+    ASSERT_NE(at, std::string::npos);
+    m.insert(at + lr.size(), "1");  // 0.05 -> 10.05
+    write(d / ckpt::kManifestName, m);
+    write(d / ckpt::kManifestDigestName,
+          ckpt::Sha256OfFile((d / ckpt::kManifestName).string()).value() + "\n");
+  };
+  EXPECT_NE(tampered(tenfold_and_cover)
+                .find("does not match its HMAC (tessera.json.hmac) under "
+                      "this cluster's checkpoint key"),
+            std::string::npos);
+  {
+    // Without the key, integrity is all that can be checked, and it says so.
+    const fs::path copy = dir_ / "unkeyed" / "step-00000003";
+    fs::create_directories(copy.parent_path());
+    fs::copy(good, copy, fs::copy_options::recursive);
+    tenfold_and_cover(copy);
+    auto opened = ckpt::Checkpoint::Open(copy.string(), {.verify_data = false});
+    ASSERT_TRUE(opened.ok()) << opened.status();
+    EXPECT_FALSE(opened->authenticated);
+    // Another cluster's key (another secret) does not pass either.
+    auto other = ckpt::Checkpoint::Open(
+        good.string(), {.verify_data = false, .key = ckpt::DeriveCheckpointKey("another secret")});
+    EXPECT_EQ(other.status().code(), StatusCode::kDataLoss) << "another key passed";
+  }
   EXPECT_NE(tampered([](const fs::path&) {}, "step-00000009").find("directory's name"),
             std::string::npos);
   EXPECT_NE(tampered([](const fs::path& d) {
               fs::remove(d / ckpt::kManifestDigestName);
             }).find("is missing"),
+            std::string::npos);
+  EXPECT_NE(tampered([](const fs::path& d) {
+              fs::remove(d / ckpt::kManifestHmacName);
+            }).find("tessera.json.hmac is missing"),
             std::string::npos);
   auto edit_index = [&](const std::string& from, const std::string& to) {
     return [&, from, to](const fs::path& d) {
@@ -459,28 +497,40 @@ TEST_F(CheckpointTest, EditedManifestsAndIndexesAreRefused) {
   EXPECT_NE(tampered(edit_index(total, total + "1")).find("total_size"), std::string::npos);
   // Downgraded to version 1, whose manifests had no digest: the digest
   // deleted and the learning rate made ten times larger went in this way.
+  // Version 2 (a digest, no HMAC) is as easily forged.
   auto downgrade = [&](const fs::path& d) {
     std::string m = read(d / ckpt::kManifestName);
-    const auto at = m.find("\"version\": 2");
+    const auto at = m.find("\"version\": 3");
     ASSERT_NE(at, std::string::npos);
     m.replace(at, 12, "\"version\": 1");
     write(d / ckpt::kManifestName, m);
     fs::remove(d / ckpt::kManifestDigestName);
+    fs::remove(d / ckpt::kManifestHmacName);
   };
   EXPECT_NE(tampered(downgrade).find("version-1 manifest"), std::string::npos);
+  EXPECT_NE(tampered([&](const fs::path& d) {
+              std::string m = read(d / ckpt::kManifestName);
+              m.replace(m.find("\"version\": 3"), 12, "\"version\": 2");
+              write(d / ckpt::kManifestName, m);
+              write(d / ckpt::kManifestDigestName,
+                    ckpt::Sha256OfFile((d / ckpt::kManifestName).string()).value() + "\n");
+              fs::remove(d / ckpt::kManifestHmacName);
+            }).find("version-2 manifest, which has no HMAC"),
+            std::string::npos);
   {
     const fs::path legacy = dir_ / "legacy" / "step-00000003";
     fs::create_directories(legacy.parent_path());
     fs::copy(good, legacy, fs::copy_options::recursive);
     downgrade(legacy);
-    EXPECT_TRUE(ckpt::Checkpoint::Open(legacy.string(), false, /*accept_legacy=*/true).ok())
+    EXPECT_TRUE(
+        ckpt::Checkpoint::Open(legacy.string(), {.verify_data = false, .accept_legacy = true}).ok())
         << "--accept-legacy-checkpoints did not read it";
   }
   // Finding 14: a crash halfway through a prune left a half-deleted
   // step-N that verify called BROKEN. A prune now renames first: what it
   // left behind is not a checkpoint, and hides none.
   fs::create_directories(dir_ / (std::string(ckpt::kPrunePrefix) + "step-00000001"));
-  auto newest = ckpt::FindNewestCheckpoint(dir_.string(), true);
+  auto newest = ckpt::FindNewestCheckpoint(dir_.string(), {});
   ASSERT_TRUE(newest.ok()) << newest.status();
   EXPECT_EQ(newest->manifest.global_step, 3u);
 }
@@ -634,7 +684,7 @@ TEST_F(CheckpointTest, FullDiskKeepsThePreviousCheckpoint) {
   ASSERT_FALSE(second.ok()) << "a second checkpoint fit on a disk with room for one";
   EXPECT_NE(second.status().message().find("No space left on device"), std::string::npos)
       << second.status();
-  auto newest = ckpt::FindNewestCheckpoint(dir_.string(), /*verify_data=*/true);
+  auto newest = ckpt::FindNewestCheckpoint(dir_.string(), {});
   ASSERT_TRUE(newest.ok()) << newest.status();
   EXPECT_EQ(newest->path, first->path);
   size_t entries = 0;
@@ -734,7 +784,7 @@ TEST_P(CheckpointCrashTest, PreviousCheckpointSurvives) {
     clients_.clear();
   }
   const bool renamed = point == "after-rename";
-  auto newest = ckpt::FindNewestCheckpoint(dir_.string(), /*verify_data=*/true);
+  auto newest = ckpt::FindNewestCheckpoint(dir_.string(), {});
   ASSERT_TRUE(newest.ok()) << newest.status().ToString();
   EXPECT_EQ(newest->manifest.global_step, renamed ? 2u : 1u);
 
@@ -848,7 +898,7 @@ void KilledShardRestartsAndTrainingContinues(const ClusterSpec& spec, const std:
   // checkpoint holds every tensor as the shards hold it.
   auto saved = c.SaveCheckpoint();
   ASSERT_TRUE(saved.ok()) << saved.status().ToString();
-  auto ckpt = ckpt::Checkpoint::Open(saved->path, /*verify_data=*/true);
+  auto ckpt = ckpt::Checkpoint::Open(saved->path, {.verify_data = true});
   ASSERT_TRUE(ckpt.ok()) << ckpt.status().ToString();
   std::vector<float> saved_split(32);
   ASSERT_TRUE(ckpt->ReadSlot("split", ckpt::Slot::kParam, 0, 128,
@@ -1106,7 +1156,7 @@ TEST_F(CheckpointTest, KilledStandaloneCoordinatorRestartsAndTrainingEndsExactly
   auto saved = workers[0]->SaveCheckpoint();
   ASSERT_TRUE(saved.ok()) << saved.status().ToString();
   EXPECT_EQ(saved->global_step, kSteps);
-  auto ckpt = ckpt::Checkpoint::Open(saved->path, /*verify_data=*/true);
+  auto ckpt = ckpt::Checkpoint::Open(saved->path, {.verify_data = true});
   ASSERT_TRUE(ckpt.ok()) << ckpt.status().ToString();
   std::vector<double> saved_add(kElems);
   ASSERT_TRUE(ckpt->ReadSlot("w_add", ckpt::Slot::kParam, 0, kElems * 8,

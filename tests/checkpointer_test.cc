@@ -56,6 +56,7 @@ class CheckpointerTest : public ::testing::Test {
     host.on_failed = [this](Checkpointer::Reason, const Status&) { failed_++; };
     CheckpointOptions o;
     o.dir = dir_.string();
+    o.key = ckpt::DeriveCheckpointKey("checkpointer test");
     checkpointer_ = std::make_unique<Checkpointer>(o, &coord_, "{}", host);
   }
   void TearDown() override {
@@ -164,7 +165,7 @@ TEST_F(CheckpointerTest, ARoundWritesEveryShardsChunksAndCompletes) {
   EXPECT_EQ(saved_, 1);
   EXPECT_EQ(result->global_step, 0u);
   EXPECT_EQ(checkpointer_->latest_path(), result->path);
-  auto c = ckpt::Checkpoint::Open(result->path, /*verify_data=*/true);
+  auto c = ckpt::Checkpoint::Open(result->path, {.verify_data = true});
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   std::vector<float> w(8);
   ASSERT_TRUE(
@@ -192,7 +193,12 @@ TEST_F(CheckpointerTest, PruneNeverRemovesTheCheckpointJustWritten) {
     std::ofstream(to / ckpt::kManifestDigestName, std::ios::trunc)
         << ckpt::Sha256Hex(std::span(reinterpret_cast<const uint8_t*>(text.data()), text.size()))
         << "\n";
-    ASSERT_TRUE(ckpt::Checkpoint::Open(to.string(), /*verify_data=*/false).ok());
+    std::ofstream(to / ckpt::kManifestHmacName, std::ios::trunc)
+        << ckpt::ManifestHmac(ckpt::DeriveCheckpointKey("checkpointer test"), text) << "\n";
+    ASSERT_TRUE(ckpt::Checkpoint::Open(
+                    to.string(),
+                    {.verify_data = false, .key = ckpt::DeriveCheckpointKey("checkpointer test")})
+                    .ok());
   }
   fs::remove_all(first->path);
   const auto second = Round();

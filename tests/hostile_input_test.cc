@@ -104,7 +104,7 @@ TEST_F(HostileFilesTest, ACheckpointWhoseFilesAreLinkedToDevZeroIsDamagedNotFata
   const std::string step = dir_ + "/" + ckpt::StepDirName(5);
   fs::create_directory(step);
   fs::create_symlink("/dev/zero", step + "/" + ckpt::kManifestName);
-  auto opened = ckpt::Checkpoint::Open(step, /*verify_data=*/false);
+  auto opened = ckpt::Checkpoint::Open(step, {.verify_data = false});
   ASSERT_FALSE(opened.ok());
   EXPECT_EQ(opened.status().code(), StatusCode::kDataLoss) << opened.status().ToString();
   EXPECT_NE(opened.status().message().find("a character device"), std::string::npos)

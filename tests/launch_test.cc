@@ -190,10 +190,12 @@ TEST(LaunchTest, LinearRegressionTakesItsSecretFromAFile) {
 // again, resumes from the saved global step and still converges.
 TEST(LaunchTest, LinearRegressionResumesAfterTheClusterIsKilled) {
   const std::string dir = "/tmp/tessera-linreg-" + std::to_string(getpid());
-  Shell("rm -rf " + dir, 10);
-  const std::string cmd = "env UCX_TLS=tcp " + Env("TESSERA_BIN") +
-                          " launch --ps 1 --workers 2 --checkpoint-dir " + dir +
-                          " --checkpoint-secs 0.5 -- " + Env("LINEAR_REGRESSION") + " 150 20";
+  Shell("rm -rf " + dir + " " + dir + "-config", 10);
+  // Each launch makes its own cluster secret; the checkpoints' key is kept
+  // across them (here under the test's own XDG_CONFIG_HOME).
+  const std::string cmd = "env UCX_TLS=tcp XDG_CONFIG_HOME=" + dir + "-config " +
+                          Env("TESSERA_BIN") + " launch --ps 1 --workers 2 --checkpoint-dir " +
+                          dir + " --checkpoint-secs 0.5 -- " + Env("LINEAR_REGRESSION") + " 150 20";
   // Killed once a complete checkpoint past step 0 is on disk (its manifest
   // is written last), however slow the machine: midway through the 150
   // steps of at least 20 ms.
@@ -214,8 +216,12 @@ TEST(LaunchTest, LinearRegressionResumesAfterTheClusterIsKilled) {
   EXPECT_GT(step, 0) << second.output;
   EXPECT_LT(step, 150) << second.output;
   EXPECT_NE(second.output.find("restoring checkpoint"), std::string::npos) << second.output;
+  EXPECT_NE(second.output.find("are authenticated with the key kept in " + dir +
+                               "-config/tessera/checkpoint-keys/"),
+            std::string::npos)
+      << second.output;
   EXPECT_NE(second.output.find("w 2.0"), std::string::npos) << second.output;
-  Shell("rm -rf " + dir, 10);
+  Shell("rm -rf " + dir + " " + dir + "-config", 10);
 }
 
 // --max-restarts: the ps task killed (SIGKILL) midway is started again on

@@ -3,15 +3,18 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <functional>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 
 #include "ckpt/checkpoint.h"
 #include "ckpt/safetensors.h"
+#include "core/secret.h"
 #include "kernels/update.h"
 
 namespace tessera::tools {
@@ -112,17 +115,52 @@ int Inspect(const CkptOptions& o) {
   return rc;
 }
 
+// The key to authenticate manifests with: TESSERA_CHECKPOINT_KEY_FILE's, or
+// the cluster secret's (TESSERA_SECRET / TESSERA_SECRET_FILE); none without
+// either (integrity is then all that can be checked). An error when one is
+// given but cannot be read.
+Result<std::optional<ckpt::CheckpointKey>> KeyFromEnv() {
+  const char* key_file = std::getenv("TESSERA_CHECKPOINT_KEY_FILE");
+  const bool secret_given = (std::getenv("TESSERA_SECRET") && *std::getenv("TESSERA_SECRET")) ||
+                            std::getenv("TESSERA_SECRET_FILE") != nullptr;
+  if ((key_file == nullptr || *key_file == 0) && !secret_given) {
+    return std::optional<ckpt::CheckpointKey>();
+  }
+  std::string secret;
+  if (key_file == nullptr || *key_file == 0) {
+    auto loaded = LoadSecret();
+    if (!loaded.ok()) return loaded.status();
+    secret = *loaded;
+  }
+  auto key = ckpt::CheckpointKeyFor(secret);
+  if (!key.ok()) return key.status();
+  return std::optional<ckpt::CheckpointKey>(*key);
+}
+
 int Verify(const CkptOptions& o) {
   int bad = 0, good = 0;
+  auto key = KeyFromEnv();
+  if (!key.ok()) {
+    fprintf(stderr, "tessera ckpt verify: %s\n", key.status().ToString().c_str());
+    return 2;
+  }
+  const char* checked = key->has_value()
+                            ? "authenticated: its HMAC checked under the cluster's checkpoint key"
+                            : "integrity only: no cluster secret or TESSERA_CHECKPOINT_KEY_FILE "
+                              "given, so its HMAC was not checked";
   for (const auto& path : o.paths) {
     if (auto steps = StepDirs(path); !steps.empty()) {
       // Whole checkpoints: every file against the manifest, SHA-256 included.
       for (const auto& step : steps) {
-        auto c = ckpt::Checkpoint::Open(step, /*verify_data=*/true, o.accept_legacy);
+        auto c = ckpt::Checkpoint::Open(
+            step, {.verify_data = true, .accept_legacy = o.accept_legacy, .key = *key});
         if (c.ok()) {
-          printf("ok      %s (global step %llu, %zu files, %zu tensors)\n", step.c_str(),
+          printf("ok      %s (global step %llu, %zu files, %zu tensors; %s)\n", step.c_str(),
                  static_cast<unsigned long long>(c->manifest.global_step), c->manifest.files.size(),
-                 c->manifest.tensors.size());
+                 c->manifest.tensors.size(),
+                 c->authenticated   ? checked
+                 : key->has_value() ? "a legacy manifest: integrity only"
+                                    : checked);
           good++;
         } else {
           printf("BROKEN  %s: %s\n", step.c_str(), c.status().message().c_str());
@@ -153,6 +191,7 @@ int Verify(const CkptOptions& o) {
 
 int List(const CkptOptions& o) {
   int rc = 0;
+  auto key = KeyFromEnv();  // an unreadable one: listed unauthenticated
   for (const auto& path : o.paths) {
     if (!fs::exists(path)) {
       fprintf(stderr, "%s does not exist\n", path.c_str());
@@ -163,7 +202,9 @@ int List(const CkptOptions& o) {
       // Checkpoints, newest first, from their manifests (files checked for
       // presence, size and header; `verify` also hashes them).
       for (const auto& step : steps) {
-        auto c = ckpt::Checkpoint::Open(step, /*verify_data=*/false, o.accept_legacy);
+        auto c = ckpt::Checkpoint::Open(step, {.verify_data = false,
+                                               .accept_legacy = o.accept_legacy,
+                                               .key = key.ok() ? *key : std::nullopt});
         if (!c.ok()) {
           printf("%-40s BROKEN: %s\n", step.c_str(), c.status().message().c_str());
           continue;
@@ -256,7 +297,8 @@ std::function<int()> AddCkptCommand(CLI::App* app, CkptOptions* options) {
   inspect->add_flag("--json", options->json, "machine-readable output");
   for (auto* sub : {ls, verify}) {
     sub->add_flag("--accept-legacy", options->accept_legacy,
-                  "open version-1 manifests too (they have no digest to check them by)");
+                  "open version-1 and -2 manifests too (they have no HMAC to authenticate "
+                  "them by)");
   }
   return [=]() {
     if (ls->parsed()) return List(*options);

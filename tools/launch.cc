@@ -17,6 +17,7 @@
 #include "core/ports.h"
 #include "core/secret.h"
 #include "tessera/cluster.h"
+#include "tools/checkpoint_key_file.h"
 #include "transport/sockaddr.h"
 
 namespace tessera::tools {
@@ -164,8 +165,10 @@ int Launch(const LaunchOptions& options) {
   if (options.separate_coordinator) (void)spec.AddJob("coordinator", {{options.host, ports[next]}});
 
   std::string secret;
+  bool secret_given = false;
   if (auto given = LoadSecret(); given.ok()) {
     secret = *given;
+    secret_given = true;
     fprintf(stderr, "tessera launch: using the cluster secret from %s\n",
             std::getenv("TESSERA_SECRET") && *std::getenv("TESSERA_SECRET")
                 ? "TESSERA_SECRET"
@@ -187,6 +190,22 @@ int Launch(const LaunchOptions& options) {
     return 2;
   }
   const std::string secret_env = "TESSERA_SECRET=" + secret;
+  // A secret made for this run would make this run's checkpoints unreadable
+  // to the next (their HMAC is keyed): a key kept across runs instead.
+  std::string key_env;
+  const char* key_given = std::getenv("TESSERA_CHECKPOINT_KEY_FILE");
+  if (!options.checkpoint_dir.empty() && !secret_given && (key_given == nullptr || !*key_given)) {
+    auto key_file = KeptCheckpointKeyFile(options.checkpoint_dir);
+    if (!key_file.ok()) {
+      fprintf(stderr,
+              "tessera launch: %s (give TESSERA_CHECKPOINT_KEY_FILE, or a cluster secret)\n",
+              key_file.status().ToString().c_str());
+      return 2;
+    }
+    fprintf(stderr, "tessera launch: checkpoints in %s are authenticated with the key kept in %s\n",
+            options.checkpoint_dir.c_str(), key_file->c_str());
+    key_env = "TESSERA_CHECKPOINT_KEY_FILE=" + *key_file;
+  }
 
   struct sigaction sa {};
   sa.sa_handler = OnSignal;
@@ -213,6 +232,7 @@ int Launch(const LaunchOptions& options) {
   auto task_env = [&](const TaskId& task) {
     std::vector<std::string> env = {"TF_CONFIG=" + ToTfConfigJson(spec, task), secret_env};
     env.insert(env.end(), fabric_env.begin(), fabric_env.end());
+    if (!key_env.empty()) env.push_back(key_env);
     return env;
   };
   if (!options.checkpoint_dir.empty()) {

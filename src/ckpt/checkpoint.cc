@@ -26,7 +26,7 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-constexpr int kManifestVersion = 2;
+constexpr int kManifestVersion = 3;
 
 const char* StateName(UpdateRule rule, Slot slot) {
   switch (rule) {
@@ -397,8 +397,55 @@ Status CheckpointLayout::CheckIndex(const Manifest& m, const std::string& text,
   return Status::Ok();
 }
 
-Result<Checkpoint> Checkpoint::Open(const std::string& step_dir, bool verify_data,
-                                    bool accept_legacy) {
+namespace {
+
+// A small file beside the manifest (its digest or HMAC), without line ends.
+Result<std::string> ReadSeal(const std::string& path) {
+  auto text = ReadWholeFile(path, kMaxDigestFileBytes);
+  if (!text.ok()) {
+    return Status::DataLoss(text.status().code() == StatusCode::kNotFound
+                                ? path + " is missing"
+                                : text.status().message());
+  }
+  while (!text->empty() && (text->back() == '\n' || text->back() == '\r')) text->pop_back();
+  return text;
+}
+
+// The manifest against what was written beside it: its SHA-256 always, its
+// HMAC given a key; whether the HMAC checked out.
+Result<bool> CheckManifestSeals(const std::string& step_dir, const Manifest& manifest,
+                                const std::string& text, const OpenOptions& options) {
+  const std::string manifest_path = step_dir + "/" + kManifestName;
+  if (manifest.version < 3 && !options.accept_legacy) {
+    return Status::DataLoss(
+        manifest_path + " is a version-" + std::to_string(manifest.version) +
+        " manifest, which has no HMAC to authenticate it by (or was edited to look like one): "
+        "refused; --accept-legacy-checkpoints (ckpt verify: --accept-legacy) reads it anyway");
+  }
+  if (manifest.version < 2) return false;
+  auto digest = ReadSeal(step_dir + "/" + kManifestDigestName);
+  if (!digest.ok()) return digest.status();
+  if (*digest != Sha256Hex(Bytes(text))) {
+    return Status::DataLoss(manifest_path + " was changed after it was written: its SHA-256 is " +
+                            "not the one in " + kManifestDigestName);
+  }
+  if (manifest.version < 3 || !options.key) return false;
+  auto hmac = ReadSeal(step_dir + "/" + kManifestHmacName);
+  if (!hmac.ok()) return hmac.status();
+  if (!HmacsEqual(*hmac, ManifestHmac(*options.key, text))) {
+    return Status::DataLoss(
+        manifest_path + " does not match its HMAC (" + kManifestHmacName +
+        ") under this cluster's checkpoint key: it was edited, or written under another key (a "
+        "run with another cluster secret: give that secret, or the run's "
+        "TESSERA_CHECKPOINT_KEY_FILE)");
+  }
+  return true;
+}
+
+}  // namespace
+
+Result<Checkpoint> Checkpoint::Open(const std::string& step_dir, const OpenOptions& options) {
+  const bool verify_data = options.verify_data;
   const std::string manifest_path = step_dir + "/" + kManifestName;
   auto text = ReadWholeFile(manifest_path);
   if (!text.ok() && text.status().code() != StatusCode::kNotFound) {
@@ -409,29 +456,8 @@ Result<Checkpoint> Checkpoint::Open(const std::string& step_dir, bool verify_dat
   }
   auto manifest = Manifest::FromJson(*text, manifest_path);
   if (!manifest.ok()) return manifest.status();
-  if (manifest->version < 2 && !accept_legacy) {
-    return Status::DataLoss(manifest_path +
-                            " is a version-1 manifest, which has no digest to check it by (or "
-                            "was edited to look like one): refused; --accept-legacy-checkpoints "
-                            "(ckpt verify: --accept-legacy) reads it anyway");
-  }
-  if (manifest->version >= 2) {
-    const std::string digest_path = step_dir + "/" + kManifestDigestName;
-    auto digest = ReadWholeFile(digest_path, kMaxDigestFileBytes);
-    if (!digest.ok()) {
-      return Status::DataLoss(digest.status().code() == StatusCode::kNotFound
-                                  ? digest_path + " is missing"
-                                  : digest.status().message());
-    }
-    while (!digest->empty() && (digest->back() == '\n' || digest->back() == '\r'))
-      digest->pop_back();
-    if (*digest != Sha256Hex(Bytes(*text))) {
-      return Status::DataLoss(manifest_path +
-                              " was changed after it was written: its SHA-256 is "
-                              "not the one in " +
-                              kManifestDigestName);
-    }
-  }
+  auto authenticated = CheckManifestSeals(step_dir, *manifest, *text, options);
+  if (!authenticated.ok()) return authenticated.status();
   const std::string dir_name = fs::path(step_dir).filename().string();
   if (dir_name != StepDirName(manifest->global_step)) {
     return Status::DataLoss(step_dir +
@@ -442,7 +468,7 @@ Result<Checkpoint> Checkpoint::Open(const std::string& step_dir, bool verify_dat
   }
   auto layout = PlanCheckpoint(*manifest);
   if (!layout.ok()) return layout.status().WithContext(manifest_path);
-  Checkpoint c{step_dir, std::move(*manifest), std::move(*layout)};
+  Checkpoint c{step_dir, std::move(*manifest), std::move(*layout), *authenticated};
   const std::string index_path = step_dir + "/" + kIndexName;
   auto index = ReadWholeFile(index_path);
   if (index.ok()) {
@@ -561,12 +587,11 @@ Result<std::string> MoveStepDirsAside(const std::string& dir) {
   return aside;
 }
 
-Result<Checkpoint> FindNewestCheckpoint(const std::string& dir, bool verify_data,
-                                        bool accept_legacy) {
+Result<Checkpoint> FindNewestCheckpoint(const std::string& dir, const OpenOptions& options) {
   const std::vector<std::string> step_dirs = ListStepDirs(dir);
   std::string refused;
   for (const auto& step_dir : step_dirs) {
-    auto c = Checkpoint::Open(step_dir, verify_data, accept_legacy);
+    auto c = Checkpoint::Open(step_dir, options);
     if (c.ok()) return c;
     TLOG_WARN("checkpoint {} refused: {}; trying an older one", step_dir, c.status().message());
     refused += (refused.empty() ? "" : "; ") + c.status().message();

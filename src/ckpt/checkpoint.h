@@ -15,9 +15,11 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "ckpt/checkpoint_key.h"
 #include "ckpt/safetensors.h"
 #include "tessera/status.h"
 #include "tessera/tensor.h"
@@ -63,9 +65,11 @@ struct FileRecord {
 };
 
 struct Manifest {
-  // 2: records the index file and has a digest file beside it (1: neither;
-  // read only when asked to: Checkpoint::Open).
-  int version = 2;
+  // 3: an HMAC beside it under the checkpoint key (checkpoint_key.h), and
+  // a SHA-256 digest. 2: the digest only; 1: neither, nor the index file.
+  // Versions 1 and 2 can be edited undetectably by whoever may write them:
+  // read only when asked to (OpenOptions::accept_legacy).
+  int version = 3;
   uint64_t global_step = 0;
   int64_t unix_time = 0;
   uint32_t num_shards = 0;
@@ -84,10 +88,12 @@ std::string ShardFileName(uint32_t index, uint32_t count);
 std::string StepDirName(uint64_t step);
 constexpr const char* kManifestName = "tessera.json";
 constexpr const char* kIndexName = "model.safetensors.index.json";
-// The manifest's SHA-256 in hex, written after the manifest: an edited or
-// damaged manifest no longer matches it (docs/training.md says why a digest
-// and not an HMAC under the cluster secret).
+// The manifest's SHA-256 in hex, written after the manifest: a damaged
+// manifest no longer matches it, which anyone can check.
 constexpr const char* kManifestDigestName = "tessera.json.sha256";
+// Its HMAC under the checkpoint key, in hex, written last: an edited
+// manifest no longer matches it, which only a holder of the key can fix.
+constexpr const char* kManifestHmacName = "tessera.json.hmac";
 // A checkpoint being pruned is first renamed to this prefix + its name, so
 // that a crash halfway through deleting it leaves no damaged step-N behind.
 constexpr const char* kPrunePrefix = ".pruning-";
@@ -113,24 +119,33 @@ struct CheckpointLayout {
 // Lays out the manifest's tensors (sorted by name within each file).
 Result<CheckpointLayout> PlanCheckpoint(const Manifest& manifest);
 
+struct OpenOptions {
+  bool verify_data = true;  // also every file's SHA-256 (the bytes read through)
+  // Also a manifest of version 1 or 2, which has no HMAC to check.
+  bool accept_legacy = false;
+  // The key the manifest's HMAC is checked with. None: its SHA-256 only
+  // (integrity, not authenticity), and Checkpoint::authenticated is false.
+  std::optional<CheckpointKey> key;
+};
+
 // A complete checkpoint found on disk and checked.
 struct Checkpoint {
   std::string path;  // the step directory
   Manifest manifest;
   CheckpointLayout layout;
+  bool authenticated = false;  // its HMAC checked out under OpenOptions::key
   const TensorRecord* Find(const std::string& name) const;
 
-  // Checks the manifest against its digest and the directory's name (step-N
-  // for its global step), the index against the layout (weight_map,
-  // total_size, its recorded SHA-256), and every file against the manifest:
-  // present, of the recorded size, with a header that matches the planned
-  // layout, and (verify_data) the recorded SHA-256. A damaged checkpoint is
-  // refused with an error naming the file and what is wrong. A version-1
-  // manifest (written before digests) has nothing to check it by, and one
-  // made so by editing its version looks the same: refused unless
-  // `accept_legacy`.
-  static Result<Checkpoint> Open(const std::string& step_dir, bool verify_data,
-                                 bool accept_legacy = false);
+  // Checks the manifest against its HMAC (given a key) and digest and the
+  // directory's name (step-N for its global step), the index against the
+  // layout (weight_map, total_size, its recorded SHA-256), and every file
+  // against the manifest: present, of the recorded size, with a header that
+  // matches the planned layout, and (verify_data) the recorded SHA-256. A
+  // damaged or edited checkpoint is refused with an error naming the file
+  // and what is wrong. A manifest of version 1 or 2 (written before HMACs)
+  // has nothing to authenticate it by, and one made so by editing its
+  // version looks the same: refused unless `accept_legacy`.
+  static Result<Checkpoint> Open(const std::string& step_dir, const OpenOptions& options);
 
   // Reads `len` bytes at `offset` within a tensor's slot.
   Status ReadSlot(const std::string& name, Slot slot, uint64_t offset, uint64_t len,
@@ -146,8 +161,7 @@ Result<std::string> MoveStepDirsAside(const std::string& dir);
 // The newest checkpoint under `dir` that opens; damaged newer ones are
 // skipped with a warning naming why. NotFound when there is no step
 // directory; DataLoss naming each when there are some and none opens.
-Result<Checkpoint> FindNewestCheckpoint(const std::string& dir, bool verify_data,
-                                        bool accept_legacy = false);
+Result<Checkpoint> FindNewestCheckpoint(const std::string& dir, const OpenOptions& options);
 
 // SHA-256 of a whole file, read in pieces (of bytes in memory: Sha256Hex,
 // safetensors.h).

@@ -296,7 +296,7 @@ void Checkpointer::OnAllWritten() {
   const std::string index = r.layout.IndexJson(r.manifest);
   const std::string tmp = r.tmp_dir, final_dir = r.final_dir, dir = options_.dir;
   InBackground(
-      [manifest, index, tmp, final_dir, dir]() -> Status {
+      [manifest, index, tmp, final_dir, dir, key = options_.key]() -> Status {
         for (auto& f : manifest->files) {
           const std::string path = tmp + "/" + f.name;
           auto sha = ckpt::Sha256OfFile(path);
@@ -316,10 +316,14 @@ void Checkpointer::OnAllWritten() {
         const std::string manifest_text = manifest->ToJson();
         TESSERA_RETURN_IF_ERROR(
             ckpt::WriteFileAtomically(tmp + "/" + ckpt::kManifestName, bytes(manifest_text)));
-        // Last: the digest that makes an edited manifest evident.
+        // Last: the digest that makes a damaged manifest evident, and the
+        // HMAC that makes an edited one so.
         const std::string digest = ckpt::Sha256Hex(bytes(manifest_text)) + "\n";
         TESSERA_RETURN_IF_ERROR(
             ckpt::WriteFileAtomically(tmp + "/" + ckpt::kManifestDigestName, bytes(digest)));
+        const std::string hmac = ckpt::ManifestHmac(key, manifest_text) + "\n";
+        TESSERA_RETURN_IF_ERROR(
+            ckpt::WriteFileAtomically(tmp + "/" + ckpt::kManifestHmacName, bytes(hmac)));
         ckpt::CrashPoint("before-rename");
         std::error_code ec;
         fs::rename(tmp, final_dir, ec);
@@ -354,7 +358,8 @@ void Checkpointer::Prune(const std::string& just_written) {
   int kept = 0;  // besides the one just written
   for (const auto& step_dir : ckpt::ListStepDirs(options_.dir)) {
     if (fs::path(step_dir) == fs::path(just_written)) continue;
-    const bool good = ckpt::Checkpoint::Open(step_dir, /*verify_data=*/false).ok();
+    const bool good =
+        ckpt::Checkpoint::Open(step_dir, {.verify_data = false, .key = options_.key}).ok();
     if (good && kept + 1 < options_.keep) {
       kept++;
       continue;

@@ -39,6 +39,9 @@ struct CheckpointOptions {
   uint64_t every_steps = 0;            // 0: not by global step
   int keep = 5;                        // complete checkpoints kept
   std::chrono::milliseconds timeout{120'000};
+  // What each manifest's HMAC is made with, and what a checkpoint that
+  // counts toward `keep` must pass (ckpt::CheckpointKeyFor).
+  ckpt::CheckpointKey key{};
 };
 
 struct SavedCheckpoint {

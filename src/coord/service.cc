@@ -39,8 +39,9 @@ Status Service::Open() {
         "newest of either. Start with --new-run to move them aside (into " +
         dir + "/earlier-run-<time>/), or give another directory");
   }
-  auto found =
-      ckpt::FindNewestCheckpoint(dir, /*verify_data=*/true, options_.accept_legacy_checkpoints);
+  auto found = ckpt::FindNewestCheckpoint(dir, {.verify_data = true,
+                                                .accept_legacy = options_.accept_legacy_checkpoints,
+                                                .key = options_.checkpoints.key});
   if (found.status().code() == StatusCode::kNotFound) {
     TLOG_INFO("no checkpoint in {}: starting afresh", dir);
     return Status::Ok();

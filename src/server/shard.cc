@@ -112,6 +112,9 @@ Status Shard::Start() {
         " task needs the cluster secret it was derived from");
   }
   reader_key_ = ReaderKey(options_.secret);
+  auto checkpoint_key = ckpt::CheckpointKeyFor(options_.secret);
+  if (!checkpoint_key.ok()) return checkpoint_key.status();
+  checkpoint_key_ = *checkpoint_key;
   TESSERA_RETURN_IF_ERROR(LogLevelFromEnv().status());
 
   transport::ContextOptions topts;

@@ -250,7 +250,8 @@ class Shard {
   void LogUpdate(const Param& p, const std::string& by) const;
 
   ServerOptions options_;
-  std::string reader_key_;  // ReaderKey(options_.secret): what readers prove
+  std::string reader_key_;                // ReaderKey(options_.secret): what readers prove
+  ckpt::CheckpointKey checkpoint_key_{};  // CheckpointKeyFor(options_.secret)
   std::unique_ptr<transport::Context> ctx_;
   std::unique_ptr<ParamMemory> memory_;
   transport::MemoryKind arena_kind_ = transport::MemoryKind::kHost;  // what workers reach

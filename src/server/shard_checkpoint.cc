@@ -25,6 +25,7 @@ Status Shard::StartService() {
   o.checkpoints.every_steps = options_.checkpoint_every_steps;
   o.checkpoints.keep = std::max(1, options_.keep_checkpoints);
   o.checkpoints.timeout = options_.checkpoint_timeout;
+  o.checkpoints.key = checkpoint_key_;
   o.restore = options_.restore;
   o.new_run = options_.new_run;
   o.accept_legacy_checkpoints = options_.accept_legacy_checkpoints;
@@ -282,7 +283,9 @@ void Shard::OnLinkLost(const Status& why) {
 // Restore
 
 Status Shard::OpenRestore(const std::string& path, uint64_t step) {
-  auto c = ckpt::Checkpoint::Open(path, /*verify_data=*/false, options_.accept_legacy_checkpoints);
+  auto c = ckpt::Checkpoint::Open(path, {.verify_data = false,
+                                         .accept_legacy = options_.accept_legacy_checkpoints,
+                                         .key = checkpoint_key_});
   if (!c.ok()) return c.status();
   restore_ = std::make_unique<ckpt::Checkpoint>(std::move(*c));
   restore_step_ = step;
