@@ -32,6 +32,20 @@ using testing::ShardProcesses;
 // What the server may grow by under any one attack.
 constexpr long kRssBoundKiB = 32 * 1024;
 
+// Whether this build's heap is a sanitizer's (ASan, TSan), which keeps
+// freed memory for a while: then no process gives memory back on time.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr bool kSanitizedHeap = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+constexpr bool kSanitizedHeap = true;
+#else
+constexpr bool kSanitizedHeap = false;
+#endif
+#else
+constexpr bool kSanitizedHeap = false;
+#endif
+
 class SecurityTest : public ClusterTest {
  protected:
   bool native() const { return transport_ == "tcp"; }
@@ -395,7 +409,7 @@ class FloodTest : public SecurityTest {
     FlooderReport report;
     if (bin == nullptr) return report;
     const std::string cmd = std::string(bin) + " --port " + std::to_string(port) + " --mode " +
-                            flood.mode + " --hold 300 --seconds " + std::to_string(seconds) +
+                            flood.mode + " --threads 4 --hold 75 --seconds " + std::to_string(seconds) +
                             (flood.rotate ? " --rotate" : "");
     FILE* out = popen(cmd.c_str(), "r");
     if (out == nullptr) return report;
@@ -427,7 +441,7 @@ void FloodTest::WorkersJoinThrough(const Flood& flood) {
   if (std::getenv("FLOODER") == nullptr) GTEST_SKIP() << "FLOODER is not set";
   StartServer();
   const int fds_before = OpenDescriptors(server_->pid(0));
-  constexpr double kSeconds = 6;
+  constexpr double kSeconds = 4;
   auto a = std::async(std::launch::async, [&] { return RunFlooder(port_, flood, kSeconds); });
   auto b = std::async(std::launch::async, [&] { return RunFlooder(port_, flood, kSeconds); });
   int joins = 0;
@@ -472,12 +486,19 @@ void FloodTest::WorkersJoinThrough(const Flood& flood) {
       testing::WaitUntil([&] { return OpenDescriptors(server_->pid(0)) <= fds_before + 8; }, 20s))
       << OpenDescriptors(server_->pid(0)) << " descriptors after the flood, " << fds_before
       << " before";
-  constexpr long kKeptKiB = 4 * 1024;
-  EXPECT_TRUE(testing::WaitUntil(
-      [&] { return testing::RssKiB(server_->pid(0)) - rss_before_ <= kKeptKiB; }, 20s))
-      << "the server kept " << testing::RssKiB(server_->pid(0)) - rss_before_
-      << " KiB after the flood";
-  std::printf("after the flood: RSS +%ld KiB\n", testing::RssKiB(server_->pid(0)) - rss_before_);
+  if (kSanitizedHeap) {
+    // The server is built as this test is: its freed memory waits in the
+    // sanitizer's quarantine, not in the heap malloc_trim gives back.
+    std::printf("after the flood: RSS +%ld KiB (not checked: a sanitizer holds freed memory)\n",
+                testing::RssKiB(server_->pid(0)) - rss_before_);
+  } else {
+    constexpr long kKeptKiB = 4 * 1024;
+    EXPECT_TRUE(testing::WaitUntil(
+        [&] { return testing::RssKiB(server_->pid(0)) - rss_before_ <= kKeptKiB; }, 20s))
+        << "the server kept " << testing::RssKiB(server_->pid(0)) - rss_before_
+        << " KiB after the flood";
+    std::printf("after the flood: RSS +%ld KiB\n", testing::RssKiB(server_->pid(0)) - rss_before_);
+  }
   ServerStillServes();
 }
 
