@@ -182,7 +182,7 @@ void Flood(const Options& o, Clock::time_point until, Counts& counts, unsigned s
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int main(int argc, char** argv) try {
   Options o;
   CLI::App app{"A stranger's flood of a ps task's port (for tests)"};
   app.add_option("--host", o.host);
@@ -199,6 +199,7 @@ int main(int argc, char** argv) {
   const auto until =
       start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o.seconds));
   std::vector<std::thread> threads;
+  threads.reserve(static_cast<size_t>(o.threads));
   for (int i = 0; i < o.threads; ++i) {
     threads.emplace_back([&, i] { Flood(o, until, counts, std::random_device{}() + i); });
   }
@@ -214,4 +215,7 @@ int main(int argc, char** argv) {
       static_cast<unsigned long long>(counts.refused.load()),
       static_cast<unsigned long long>(counts.failed.load()));
   return 0;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "flooder: %s\n", e.what());
+  return 1;
 }

@@ -154,9 +154,9 @@ int Launch(const LaunchOptions& options) {
   }
   ClusterSpec spec;
   std::vector<TaskAddress> ps, workers;
-  const std::vector<uint16_t> ports =
-      PickListenPorts(options.host, static_cast<size_t>(options.num_ps + options.num_workers +
-                                                        (options.separate_coordinator ? 1 : 0)));
+  const std::vector<uint16_t> ports = PickListenPorts(
+      options.host, static_cast<size_t>(options.num_ps) + static_cast<size_t>(options.num_workers) +
+                        (options.separate_coordinator ? 1 : 0));
   size_t next = 0;
   for (int i = 0; i < options.num_ps; ++i) ps.push_back({options.host, ports[next++]});
   for (int i = 0; i < options.num_workers; ++i) workers.push_back({options.host, ports[next++]});
@@ -339,7 +339,7 @@ int Launch(const LaunchOptions& options) {
         std::vector<std::string> again = c.argv;
         std::erase_if(again,
                       [](const std::string& a) { return a == "--no-restore" || a == "--new-run"; });
-        if (Spawn(c, std::move(again), std::vector<std::string>(c.env)) < 0) {
+        if (Spawn(c, again, std::vector<std::string>(c.env)) < 0) {
           fprintf(stderr, "tessera launch: cannot restart %s\n", c.role.c_str());
           c.exited = true;
           if (exit_code == 0) exit_code = 1;

@@ -1,6 +1,7 @@
 #include "ckpt/checkpoint.h"
 
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -579,8 +580,10 @@ Result<std::string> MoveStepDirsAside(const std::string& dir) {
   fs::create_directory(aside, ec);
   if (ec) return Status::Internal("creating " + aside + ": " + ec.message());
   for (const auto& step_dir : step_dirs) {
-    fs::rename(step_dir, aside + "/" + fs::path(step_dir).filename().string(), ec);
-    if (ec) return Status::Internal("moving " + step_dir + " into " + aside + ": " + ec.message());
+    fs::rename(step_dir, fs::path(aside) / fs::path(step_dir).filename(), ec);
+    if (ec) {
+      return Status::Internal(fmt::format("moving {} into {}: {}", step_dir, aside, ec.message()));
+    }
   }
   TESSERA_RETURN_IF_ERROR(FsyncDirectory(aside));
   TESSERA_RETURN_IF_ERROR(FsyncDirectory(dir));
