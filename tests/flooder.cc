@@ -90,17 +90,32 @@ std::vector<uint8_t> ReadMessage(int fd) {
   return body;
 }
 
+// Source ports above the kernel's ephemeral range (ip_local_port_range,
+// 32768-60999 by default), so that a flood of 100,000 connections does not
+// take the ports other tests on the machine pick with bind(0) and connect
+// from; and closed with a reset, so that none waits in TIME_WAIT.
+constexpr uint16_t kFirstSourcePort = 61000;
+constexpr uint16_t kSourcePorts = 4000;
+
 int Connect(const Options& o, std::minstd_rand& rng) {
   const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return -1;
-  if (o.rotate) {
-    sockaddr_in src{};
-    src.sin_family = AF_INET;
-    src.sin_addr.s_addr = htonl((127u << 24) | ((rng() % 0xfffffe) + 1));
-    if (bind(fd, reinterpret_cast<sockaddr*>(&src), sizeof(src)) != 0) {
-      close(fd);
-      return -1;
-    }
+  const int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  linger reset{1, 0};
+  setsockopt(fd, SOL_SOCKET, SO_LINGER, &reset, sizeof(reset));
+  sockaddr_in src{};
+  src.sin_family = AF_INET;
+  src.sin_addr.s_addr =
+      o.rotate ? htonl((127u << 24) | ((rng() % 0xfffffe) + 1)) : htonl(INADDR_LOOPBACK);
+  bool bound = false;
+  for (int tries = 0; tries < 8 && !bound; ++tries) {
+    src.sin_port = htons(static_cast<uint16_t>(kFirstSourcePort + rng() % kSourcePorts));
+    bound = bind(fd, reinterpret_cast<sockaddr*>(&src), sizeof(src)) == 0;
+  }
+  if (!bound) {
+    close(fd);
+    return -1;
   }
   sockaddr_in dst{};
   dst.sin_family = AF_INET;
