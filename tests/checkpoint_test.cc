@@ -73,6 +73,11 @@ class CheckpointTest : public ::testing::Test, public testing::ClusterFixture {
     return Connect(o);
   }
 
+  // A `tessera server` process whose checkpoint rounds fail once its
+  // directory is replaced by a file (`written_first`: one round saved
+  // before); its exit status once told to stop.
+  int ExitAfterFailedRounds(bool written_first);
+
   fs::path dir_;
   std::function<void(ServerOptions&)> tweak_ = [](ServerOptions&) {};
 };
@@ -614,46 +619,40 @@ TEST_F(CheckpointTest, UnwritableDirectoryIsFoundAtStart) {
       << s.status();
 }
 
-TEST_F(CheckpointTest, ServerExitsNonZeroWhenEveryRoundFailed) {
+int CheckpointTest::ExitAfterFailedRounds(bool written_first) {
   NewSpec(1, 1);
   const fs::path ckpt = dir_ / "ckpt";
   testing::ShardProcesses shards(spec_, secret_, 1, {"--checkpoint-dir", ckpt.string()});
   Client& c = Connect(0);
   auto ts = c.DeclareMany(Model()).value();
-  ASSERT_TRUE(c.Initialize().ok());
-  // The directory goes away and a file takes its name: every round fails.
+  EXPECT_TRUE(c.Initialize().ok());
+  if (written_first) {
+    EXPECT_TRUE(c.SaveCheckpoint(20s).ok());
+    PushGradients(c, ts, 1);  // something new to save
+  }
   fs::remove_all(ckpt);
   std::ofstream(ckpt) << "not a directory";
   EXPECT_FALSE(c.SaveCheckpoint(20s).ok());
   clients_.clear();
   kill(shards.pid(0), SIGTERM);
   auto exit = shards.WaitExit(0, 60s);
-  ASSERT_TRUE(exit.has_value()) << "the server did not stop";
-  EXPECT_TRUE(WIFEXITED(*exit) && WEXITSTATUS(*exit) == 1)
-      << "a server none of whose checkpoint rounds succeeded exited " << *exit;
+  EXPECT_TRUE(exit.has_value()) << "the server did not stop";
+  return exit.value_or(-1);
+}
+
+TEST_F(CheckpointTest, ServerExitsNonZeroWhenEveryRoundFailed) {
+  const int exit = ExitAfterFailedRounds(/*written_first=*/false);
+  EXPECT_TRUE(WIFEXITED(exit) && WEXITSTATUS(exit) == 1)
+      << "a server none of whose checkpoint rounds succeeded exited " << exit;
 }
 
 // Finding 5: a run whose checkpoints hit ENOSPC exited 0, although its
 // final state was not saved. One round written, then one that fails: the
 // run ends nonzero.
 TEST_F(CheckpointTest, ServerExitsNonZeroWhenAnyCheckpointFailed) {
-  NewSpec(1, 1);
-  const fs::path ckpt = dir_ / "ckpt";
-  testing::ShardProcesses shards(spec_, secret_, 1, {"--checkpoint-dir", ckpt.string()});
-  Client& c = Connect(0);
-  auto ts = c.DeclareMany(Model()).value();
-  ASSERT_TRUE(c.Initialize().ok());
-  ASSERT_TRUE(c.SaveCheckpoint(20s).ok());
-  fs::remove_all(ckpt);
-  std::ofstream(ckpt) << "not a directory";
-  PushGradients(c, ts, 1);  // something new to save
-  EXPECT_FALSE(c.SaveCheckpoint(20s).ok());
-  clients_.clear();
-  kill(shards.pid(0), SIGTERM);
-  auto exit = shards.WaitExit(0, 60s);
-  ASSERT_TRUE(exit.has_value()) << "the server did not stop";
-  EXPECT_TRUE(WIFEXITED(*exit) && WEXITSTATUS(*exit) == 1)
-      << "a server one of whose checkpoint rounds failed exited " << *exit;
+  const int exit = ExitAfterFailedRounds(/*written_first=*/true);
+  EXPECT_TRUE(WIFEXITED(exit) && WEXITSTATUS(exit) == 1)
+      << "a server one of whose checkpoint rounds failed exited " << exit;
 }
 
 // A full disk: the round that does not fit fails, saying so, and the

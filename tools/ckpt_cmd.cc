@@ -121,14 +121,14 @@ int Inspect(const CkptOptions& o) {
 // given but cannot be read.
 Result<std::optional<ckpt::CheckpointKey>> KeyFromEnv() {
   const char* key_file = std::getenv("TESSERA_CHECKPOINT_KEY_FILE");
-  const bool secret_given = (std::getenv("TESSERA_SECRET") && *std::getenv("TESSERA_SECRET")) ||
-                            std::getenv("TESSERA_SECRET_FILE") != nullptr;
-  if ((key_file == nullptr || *key_file == 0) && !secret_given) {
-    return std::optional<ckpt::CheckpointKey>();
-  }
-  std::string secret;
+  std::string secret;  // unused where the key file is given
   if (key_file == nullptr || *key_file == 0) {
     auto loaded = LoadSecret();
+    // None given at all (as launch tells them apart): no key.
+    if (loaded.status().code() == StatusCode::kNotFound &&
+        std::getenv("TESSERA_SECRET_FILE") == nullptr) {
+      return std::optional<ckpt::CheckpointKey>();
+    }
     if (!loaded.ok()) return loaded.status();
     secret = *loaded;
   }
@@ -158,9 +158,8 @@ int Verify(const CkptOptions& o) {
           printf("ok      %s (global step %llu, %zu files, %zu tensors; %s)\n", step.c_str(),
                  static_cast<unsigned long long>(c->manifest.global_step), c->manifest.files.size(),
                  c->manifest.tensors.size(),
-                 c->authenticated   ? checked
-                 : key->has_value() ? "a legacy manifest: integrity only"
-                                    : checked);
+                 !c->authenticated && key->has_value() ? "a legacy manifest: integrity only"
+                                                       : checked);
           good++;
         } else {
           printf("BROKEN  %s: %s\n", step.c_str(), c.status().message().c_str());

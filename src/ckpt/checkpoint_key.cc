@@ -6,6 +6,7 @@
 
 #include <cstdlib>
 
+#include "ckpt/safetensors.h"
 #include "core/bounded_file.h"
 #include "core/secret.h"
 
@@ -14,17 +15,6 @@ namespace {
 
 constexpr std::string_view kLabel = "tessera checkpoint key v1";
 constexpr size_t kMinKeyFileBytes = 16;
-
-std::string Hex(const uint8_t* bytes, size_t n) {
-  static constexpr char kDigits[] = "0123456789abcdef";
-  std::string out;
-  out.reserve(n * 2);
-  for (size_t i = 0; i < n; ++i) {
-    out.push_back(kDigits[bytes[i] >> 4]);
-    out.push_back(kDigits[bytes[i] & 15]);
-  }
-  return out;
-}
 
 }  // namespace
 
@@ -54,7 +44,7 @@ std::string ManifestHmac(const CheckpointKey& key, std::string_view manifest_tex
   unsigned int len = 0;
   HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
        reinterpret_cast<const uint8_t*>(manifest_text.data()), manifest_text.size(), mac, &len);
-  return Hex(mac, len);
+  return ToHex(std::span<const uint8_t>(mac, len));
 }
 
 bool HmacsEqual(std::string_view a, std::string_view b) {
