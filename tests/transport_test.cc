@@ -655,14 +655,37 @@ TEST(UcxTcpPolicy, OffLoopbackOnlyWithoutTcpOrWhenAllowed) {
 namespace tessera::transport::tcp {
 namespace {
 
+// Each AES-256-GCM library this build has; a library that cannot run here
+// is skipped by the tests, which say so.
+std::vector<GcmLibrary> Libraries() { return {GcmLibrary::kOpenSsl, GcmLibrary::kIpsecMb}; }
+
+std::string LibraryName(const ::testing::TestParamInfo<GcmLibrary>& info) {
+  return info.param == GcmLibrary::kOpenSsl ? "OpenSsl" : "IpsecMb";
+}
+
+class SessionCipherTest : public ::testing::TestWithParam<GcmLibrary> {
+ protected:
+  void SetUp() override {
+    if (GetParam() == GcmLibrary::kIpsecMb && !GcmEngine::IpsecMbRunsHere()) {
+      GTEST_SKIP() << "IPsec-MB is not built in or cannot run on this CPU; OpenSSL is used";
+    }
+  }
+  std::unique_ptr<SessionCipher> Make(const SessionKeys::Half& keys, SessionCipher::Direction d,
+                                      bool encrypt, GcmLibrary library) {
+    return SessionCipher::Create(keys, {.direction = d, .encrypt = encrypt, .library = library})
+        .value();
+  }
+};
+
 // The records a protected tcp session sends: encrypted ("on") or only
 // authenticated ("integrity"); any byte altered, or a record out of turn,
 // fails its tag.
-TEST(SessionCipherTest, RecordsAreSealedOpenedAndRefusedWhenAltered) {
+TEST_P(SessionCipherTest, RecordsAreSealedOpenedAndRefusedWhenAltered) {
+  using Direction = SessionCipher::Direction;
   for (bool encrypt : {true, false}) {
     const SessionKeys keys = TestSessionKeys(/*server=*/false, encrypt);
-    auto seal = SessionCipher::Create(keys.send, SessionCipher::Direction::kSeal, encrypt).value();
-    auto open = SessionCipher::Create(keys.send, SessionCipher::Direction::kOpen, encrypt).value();
+    auto seal = Make(keys.send, Direction::kSeal, encrypt, GetParam());
+    auto open = Make(keys.send, Direction::kOpen, encrypt, GetParam());
     std::vector<uint8_t> plain(1000);
     for (size_t i = 0; i < plain.size(); ++i) plain[i] = static_cast<uint8_t>(i * 7);
     std::vector<uint8_t> first(plain.size() + kSealTagBytes), second(first.size());
@@ -674,14 +697,55 @@ TEST(SessionCipherTest, RecordsAreSealedOpenedAndRefusedWhenAltered) {
     auto altered = first;
     altered[500] ^= 1;
     EXPECT_FALSE(open->Open(altered.data(), plain.size())) << "an altered byte passed";
+    auto bad_tag = second;
+    bad_tag[plain.size() + kSealTagBytes - 1] ^= 0x80;
     // The receiver's sequence moved on: the untouched first record is now out of turn.
     auto copy = first;  // (opening decrypts in place)
     EXPECT_FALSE(open->Open(copy.data(), plain.size())) << "a record out of turn passed";
-    auto fresh = SessionCipher::Create(keys.send, SessionCipher::Direction::kOpen, encrypt).value();
+    auto fresh = Make(keys.send, Direction::kOpen, encrypt, GetParam());
     ASSERT_TRUE(fresh->Open(first.data(), plain.size()));
     EXPECT_TRUE(std::equal(plain.begin(), plain.end(), first.begin()));
+    EXPECT_FALSE(fresh->Open(bad_tag.data(), plain.size())) << "an altered tag passed";
   }
 }
+
+// Peers need not run the same library: what one seals, in any pieces, the
+// other opens, byte for byte and tag for tag. OpenSSL is the reference.
+TEST_P(SessionCipherTest, SealsTheSameBytesAndTagsAsOpenSsl) {
+  using Direction = SessionCipher::Direction;
+  for (bool encrypt : {true, false}) {
+    const SessionKeys keys = TestSessionKeys(/*server=*/true, encrypt);
+    auto reference = Make(keys.send, Direction::kSeal, encrypt, GcmLibrary::kOpenSsl);
+    auto seal = Make(keys.send, Direction::kSeal, encrypt, GetParam());
+    auto open = Make(keys.send, Direction::kOpen, encrypt, GetParam());
+    for (size_t len :
+         {size_t{0}, size_t{1}, size_t{15}, size_t{16}, size_t{17}, size_t{4096}, size_t{65537}}) {
+      for (size_t piece : {size_t{1}, size_t{7}, size_t{16}, size_t{1000}, size_t{1} << 20}) {
+        if (piece == 1 && len > 4096) continue;
+        std::vector<uint8_t> plain(len);
+        for (size_t i = 0; i < len; ++i) plain[i] = static_cast<uint8_t>(i * 13 + 5);
+        std::vector<uint8_t> want(len + kSealTagBytes), got(len + kSealTagBytes);
+        reference->Seal(plain.data(), len, want.data());
+        seal->Begin();
+        for (size_t at = 0; at < len; at += piece) {
+          seal->Update(plain.data() + at, got.data() + at, std::min(piece, len - at));
+        }
+        seal->EndSeal(got.data() + len);
+        ASSERT_EQ(got, want) << len << " B in pieces of " << piece
+                             << (encrypt ? "" : ", integrity");
+        open->Begin();
+        for (size_t at = 0; at < len; at += piece) {
+          open->Update(got.data() + at, got.data() + at, std::min(piece, len - at));
+        }
+        ASSERT_TRUE(open->EndOpen(got.data() + len)) << len << " B in pieces of " << piece;
+        ASSERT_TRUE(std::equal(plain.begin(), plain.end(), got.begin()));
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Libraries, SessionCipherTest, ::testing::ValuesIn(Libraries()),
+                         LibraryName);
 
 }  // namespace
 }  // namespace tessera::transport::tcp

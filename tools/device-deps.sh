@@ -16,7 +16,7 @@ rm -rf "$out" && mkdir -p "$out/debs"
 # Build dependencies (headers, static and shared libraries), their runtime
 # libraries, and pkg-config itself.
 packages=(libfmt-dev libfmt9 libspdlog-dev libspdlog1.10 nlohmann-json3-dev libcli11-dev
-          libssl-dev libssl3 libucx-dev libucx0 libnuma1 libibverbs1 librdmacm1
+          libssl-dev libssl3 libipsec-mb-dev libipsec-mb1 libucx-dev libucx0 libnuma1 libibverbs1 librdmacm1
           libnl-3-200 libnl-route-3-200 libgtest-dev pkgconf pkgconf-bin libpkgconf3)
 (cd "$out/debs" && apt-get download "${packages[@]}" >/dev/null 2>&1) ||
   { echo "apt-get download failed (run apt-get update first?)" >&2; exit 1; }

@@ -49,8 +49,9 @@ tessera::SessionKeys Keys(bool server) {
 // The input's frames, each sealed as a correct peer would seal it.
 std::vector<uint8_t> Sealed(const uint8_t* data, size_t size) {
   namespace tcp = tessera::transport::tcp;
-  auto cipher =
-      tcp::SessionCipher::Create(Keys(false).send, tcp::SessionCipher::Direction::kSeal).value();
+  auto cipher = tcp::SessionCipher::Create(Keys(false).send,
+                                           {.direction = tcp::SessionCipher::Direction::kSeal})
+                    .value();
   std::vector<uint8_t> out(data, data + std::min(size, tcp::kPreamble.size()));
   size_t at = out.size();
   while (at < size) {

@@ -190,9 +190,11 @@ bool TcpEndpoint::PeerOnLoopback() const {
 }
 
 Status TcpEndpoint::ProtectSession(const SessionKeys& keys) {
-  auto seal = SessionCipher::Create(keys.send, SessionCipher::Direction::kSeal, keys.encrypt);
+  auto seal = SessionCipher::Create(
+      keys.send, {.direction = SessionCipher::Direction::kSeal, .encrypt = keys.encrypt});
   if (!seal.ok()) return seal.status();
-  auto open = SessionCipher::Create(keys.receive, SessionCipher::Direction::kOpen, keys.encrypt);
+  auto open = SessionCipher::Create(
+      keys.receive, {.direction = SessionCipher::Direction::kOpen, .encrypt = keys.encrypt});
   if (!open.ok()) return open.status();
   Run([this, seal = std::shared_ptr<SessionCipher>(std::move(*seal)),
        open = std::shared_ptr<SessionCipher>(std::move(*open))]() mutable {

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "tessera/cluster.h"
@@ -15,12 +16,18 @@
 namespace tessera::transport {
 namespace {
 
+struct SealSpeed {
+  double gbps = 0;
+  std::string library;
+};
+
 // Seals 64 MiB in 1 MiB records, as a protected session's large payloads go.
-double SealGBps() {
+SealSpeed MeasureSealing() {
   SessionKeys::Half keys;
   keys.key.fill(1);
-  auto cipher = tcp::SessionCipher::Create(keys, tcp::SessionCipher::Direction::kSeal);
-  if (!cipher.ok()) return 0;
+  auto cipher =
+      tcp::SessionCipher::Create(keys, {.direction = tcp::SessionCipher::Direction::kSeal});
+  if (!cipher.ok()) return {0, cipher.status().message()};
   constexpr size_t kRecord = 1 << 20;
   constexpr int kRecords = 64;
   std::vector<uint8_t> in(kRecord, 0x5a), out(kRecord + tcp::kSealTagBytes);
@@ -28,7 +35,7 @@ double SealGBps() {
   const auto start = std::chrono::steady_clock::now();
   for (int i = 0; i < kRecords; ++i) (*cipher)->Seal(in.data(), kRecord, out.data());
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  return s > 0 ? kRecords * static_cast<double>(kRecord) / s / 1e9 : 0;
+  return {s > 0 ? kRecords * static_cast<double>(kRecord) / s / 1e9 : 0, (*cipher)->library_name()};
 }
 
 }  // namespace
@@ -44,14 +51,15 @@ ProbeFinding ProbeSessionProtection() {
     f.fix = "set it to auto, on, integrity or off, or unset it";
     return f;
   }
-  const double gbps = SealGBps();
+  const SealSpeed sealing = MeasureSealing();
   char speed[64];
-  std::snprintf(speed, sizeof(speed), "%.1f", gbps);
+  std::snprintf(speed, sizeof(speed), "%.1f", sealing.gbps);
   f.data = {{"setting", setting},
             {"from_environment", env != nullptr && *env},
             {"cipher", "AES-256-GCM"},
+            {"cipher_library", sealing.library},
             {"openssl", OPENSSL_VERSION_TEXT},
-            {"seal_gbps_one_core", gbps}};
+            {"seal_gbps_one_core", sealing.gbps}};
   switch (*protection) {
     case SessionProtection::kOn:
       f.detail = "every tcp session is authenticated and encrypted after its handshake";
@@ -73,7 +81,7 @@ ProbeFinding ProbeSessionProtection() {
           "tcp sessions that leave the host are authenticated and encrypted after their "
           "handshake; loopback ones are not";
   }
-  f.detail += " (AES-256-GCM; this host seals " + std::string(speed) +
+  f.detail += " (AES-256-GCM by " + sealing.library + "; this host seals " + std::string(speed) +
               " GB/s on one core, which bounds a protected session's bandwidth; UCX and verbs "
               "sessions are never protected: docs/security.md)";
   return f;

@@ -1,5 +1,5 @@
 // The AEAD that protects a tcp session after its handshake: AES-256-GCM
-// (OpenSSL), one key and one base IV per direction, derived from the
+// (gcm_engine.h: IPsec-MB or OpenSSL), one key and one base IV per direction, derived from the
 // handshake (wire/handshake.h). Every record takes the next nonce of its
 // direction (base IV xor a 64-bit sequence number, as TLS 1.3 builds it),
 // so a record dropped, replayed or moved fails the next check. A message
@@ -12,22 +12,30 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "tessera/status.h"
+#include "transport/tcp/gcm_engine.h"
 #include "transport/transport.h"
 
 namespace tessera::transport::tcp {
 
-constexpr size_t kSealTagBytes = 16;
+constexpr size_t kSealTagBytes = kGcmTagBytes;
 
 class SessionCipher {
  public:
   enum class Direction : uint8_t { kSeal, kOpen };
-  // `encrypt` false: records are authenticated only (GMAC over the bytes,
-  // which travel as they are).
+  struct Options {
+    Direction direction = Direction::kSeal;
+    // false: records are authenticated only (GMAC over the bytes, which
+    // travel as they are).
+    bool encrypt = true;
+    GcmLibrary library = GcmLibrary::kFastest;
+  };
   static Result<std::unique_ptr<SessionCipher>> Create(const SessionKeys::Half& keys,
-                                                       Direction direction, bool encrypt = true);
+                                                       const Options& options);
   ~SessionCipher();
+  std::string library_name() const { return engine_->library_name(); }
   SessionCipher(const SessionCipher&) = delete;
   SessionCipher& operator=(const SessionCipher&) = delete;
 
@@ -35,9 +43,9 @@ class SessionCipher {
   // then EndSeal writes the tag or EndOpen checks it (false: the record
   // was altered, or is not the one due).
   void Begin();
-  void Update(const uint8_t* in, uint8_t* out, size_t len);
-  void EndSeal(uint8_t tag[kSealTagBytes]);
-  [[nodiscard]] bool EndOpen(const uint8_t tag[kSealTagBytes]);
+  void Update(const uint8_t* in, uint8_t* out, size_t len) { engine_->Update(in, out, len); }
+  void EndSeal(uint8_t tag[kSealTagBytes]) { engine_->EndSeal(tag); }
+  [[nodiscard]] bool EndOpen(const uint8_t tag[kSealTagBytes]) { return engine_->EndOpen(tag); }
 
   // A whole record at once: `len` bytes, then the tag after them in `out`.
   void Seal(const uint8_t* in, size_t len, uint8_t* out) {
@@ -53,14 +61,11 @@ class SessionCipher {
   }
 
  private:
-  struct Ctx;
-  SessionCipher(std::unique_ptr<Ctx> ctx, const SessionKeys::Half& keys, Direction direction,
-                bool encrypt);
+  SessionCipher(std::unique_ptr<GcmEngine> engine, const SessionKeys::Half& keys)
+      : engine_(std::move(engine)), base_iv_(keys.iv) {}
 
-  std::unique_ptr<Ctx> ctx_;
+  std::unique_ptr<GcmEngine> engine_;
   std::array<uint8_t, 12> base_iv_;
-  Direction direction_;
-  bool encrypt_;
   uint64_t sequence_ = 0;
 };
 
