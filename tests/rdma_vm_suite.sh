@@ -49,6 +49,10 @@ step "registration past a 1 MiB locked-memory limit, without CAP_IPC_LOCK"
 step "the hardening cases over verbs: strangers, limits, refused calls, stuck and failed steps"
 $T "$BUILD/tests/hardening_test" --gtest_filter='*/verbs'
 
+step "a staging slot's key writes from its worker's queue pair only (a memory window)"
+TESSERA_BIN="$BUILD/tools/tessera" $T "$BUILD/tests/security_test" \
+  --gtest_filter='*AStagingKeyWritesFromItsOwnConnectionOnly/verbs'
+
 if [ -z "$sanitized" ]; then
   step "tessera doctor sees rxe0 and tells the truth about it"
   "$BUILD/tools/tessera" doctor --json | python3 "$(dirname "$0")/doctor_check.py"

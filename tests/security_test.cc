@@ -52,11 +52,10 @@ class SecurityTest : public ClusterTest {
 
   // One `tessera server` process and two worker tasks in the spec.
   void StartServer(std::map<int, std::vector<std::string>> env = {}) {
-    ASSERT_TRUE(spec_.AddJob("ps", {{"127.0.0.1", testing::UnusedPort()}}).ok());
-    ASSERT_TRUE(spec_
-                    .AddJob("worker", {{"127.0.0.1", testing::UnusedPort()},
-                                       {"127.0.0.1", testing::UnusedPort()}})
-                    .ok());
+    ASSERT_TRUE(spec_.AddJob("ps", {{host_, testing::UnusedPort()}}).ok());
+    ASSERT_TRUE(
+        spec_.AddJob("worker", {{host_, testing::UnusedPort()}, {host_, testing::UnusedPort()}})
+            .ok());
     server_ = std::make_unique<ShardProcesses>(
         spec_, secret_, 1, std::vector<std::string>{"--staging-mib", "4"}, std::move(env));
     ASSERT_TRUE(server_->started()) << "TESSERA_BIN is not set";
@@ -284,12 +283,13 @@ TEST_P(SecurityTest, ASyncTensorNeedingMoreReplicasThanWorkersIsRefused) {
 // gradient was applied as -1000. Only Tessera's tcp can tell one
 // connection's write from another's (docs/security.md).
 TEST_P(SecurityTest, AStagingKeyWritesFromItsOwnConnectionOnly) {
-  if (!native()) {
-    GTEST_SKIP() << "UCX cannot tie a registration to one endpoint, nor (yet) Tessera's verbs "
-                    "(a memory window per queue pair): only Tessera's tcp enforces it "
+  if (!native() && transport_ != "verbs") {
+    GTEST_SKIP() << "UCX cannot tie a registration to one endpoint: Tessera's tcp and verbs (a "
+                    "memory window bound to the worker's queue pair) enforce it "
                     "(docs/security.md)";
   }
   StartServer();
+  if (HasFatalFailure()) return;
   RawPeer worker(spec_.tasks("ps")[0], transport_);
   auto welcome = wire::Decode<wire::Welcome>(worker.Authenticate(secret_, WorkerHello(1)));
   ASSERT_TRUE(welcome.ok()) << welcome.status();
@@ -502,7 +502,10 @@ void FloodTest::WorkersJoinThrough(const Flood& flood) {
     std::printf("after the flood: RSS +%ld KiB (not checked: a sanitizer holds freed memory)\n",
                 testing::RssKiB(server_->pid(0)) - rss_before_);
   } else {
-    constexpr long kKeptKiB = 4 * 1024;
+    // What malloc_trim cannot give back (pages pinned by heap fragments)
+    // varied from 0.9 to 6.7 MiB between runs of one flood; 100 bytes kept
+    // per connection would be 8 to 23 MiB after these floods.
+    constexpr long kKeptKiB = 8 * 1024;
     EXPECT_TRUE(testing::WaitUntil(
         [&] { return testing::RssKiB(server_->pid(0)) - rss_before_ <= kKeptKiB; }, 20s))
         << "the server kept " << testing::RssKiB(server_->pid(0)) - rss_before_
@@ -520,8 +523,10 @@ TEST_P(FloodTest, GuessesFromRotatingAddresses) { WorkersJoinThrough({"guess", t
 
 INSTANTIATE_TEST_SUITE_P(Transports, FloodTest, ::testing::Values("native"), ClusterTest::Name);
 
+// verbs: inside the Soft-RoCE VM only (tests/rdma_vm_suite.sh runs the
+// cases that apply to it); elsewhere they skip, saying so.
 INSTANTIATE_TEST_SUITE_P(Transports, SecurityTest,
-                         ::testing::Values("native", "tcp", "posix,sysv,cma,tcp"),
+                         ::testing::Values("native", "tcp", "posix,sysv,cma,tcp", "verbs"),
                          ClusterTest::Name);
 
 }  // namespace

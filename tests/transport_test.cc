@@ -309,6 +309,58 @@ TEST_P(TransportTest, ReadOnlyRegionCannotBeWritten) {
   EXPECT_EQ(memory, before) << "the read-only region changed";
 }
 
+// A worker's staging slot takes one-sided writes from its own connection
+// only: another connection holding the same key (a reader that captured
+// it) writes nothing. Tessera's tcp checks the writer itself; verbs binds a
+// type-2B memory window to the writer's queue pair, and the HCA refuses the
+// key on any other. UCX cannot tie a key to an endpoint (docs/security.md).
+TEST_P(TransportTest, ARegionBoundToAConnectionTakesWritesFromItOnly) {
+  auto slot = server_->Allocate(4096, MemoryKind::kHost, RemoteAccess::kWrite);
+  ASSERT_TRUE(slot.ok()) << slot.status();
+  std::memset((*slot)->data(), 0x11, 4096);
+  ASSERT_TRUE(testing::WaitUntil([&] { return Accepted(0) != nullptr; }, 20s));
+  const Status bound = (*slot)->TakeWritesOnlyFrom(*Accepted(0));
+  const bool ucx = std::string(GetParam().backend) == "ucx";
+  const bool no_windows =
+      bound.message().find("has no type-2B memory windows") != std::string::npos;
+  if (bound.code() == StatusCode::kUnimplemented && (ucx || no_windows)) {
+    GTEST_SKIP() << bound.message();
+  }
+  ASSERT_TRUE(bound.ok()) << bound;
+  const std::vector<uint8_t> desc = (*slot)->Describe();
+
+  auto mine = ep_->Attach(desc);
+  ASSERT_TRUE(mine.ok()) << mine.status();
+  std::vector<uint8_t> good(64, 0x77);
+  ASSERT_TRUE(Wait([&](Completion c) {
+                ep_->Put(good.data(), good.size(), **mine, (*mine)->base(), c);
+              }).ok());
+  ASSERT_TRUE(Wait([&](Completion c) { ep_->Flush(c); }).ok());
+  ASSERT_TRUE(testing::WaitUntil(
+      [&] { return static_cast<const uint8_t*>((*slot)->data())[63] == 0x77; }, 20s))
+      << "the owner's put never landed";
+
+  Waiter<Result<std::shared_ptr<Endpoint>>> connected;
+  client_ctx_->Connect(host_, listener_->port(), 10s, connected.callback());
+  auto other = connected.Wait();
+  ASSERT_TRUE(other.has_value() && other->ok());
+  std::shared_ptr<Endpoint> thief = other->value();
+  thief->MarkAuthenticated();
+  auto theirs = thief->Attach(desc);
+  ASSERT_TRUE(theirs.ok()) << theirs.status();
+  std::vector<uint8_t> junk(64, 0xee);
+  Status put = Wait([&](Completion c) {
+    thief->Put(junk.data(), junk.size(), **theirs, (*theirs)->base() + 128, c);
+  });
+  if (put.ok()) put = Wait([&](Completion c) { thief->Flush(c); });
+  EXPECT_FALSE(put.ok()) << "another connection's put with the slot's key completed";
+  std::printf("the other connection's put: %s\n", put.ToString().c_str());
+  const auto* bytes = static_cast<const uint8_t*>((*slot)->data());
+  EXPECT_EQ(std::count(bytes + 64, bytes + 4096, 0x11), 4096 - 64)
+      << "another connection wrote the bound slot";
+  thief->Close();
+}
+
 TEST_P(TransportTest, ConnectToDeadAddressFailsWithinTimeout) {
   Waiter<Result<std::shared_ptr<Endpoint>>> w;
   auto start = std::chrono::steady_clock::now();

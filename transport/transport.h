@@ -107,7 +107,7 @@ class Region {
   // From now on only `writer`'s one-sided writes land here, whoever else
   // holds the key (a worker's staging slot and its connection). OK where
   // the backend enforces it, Unimplemented naming why where it cannot.
-  virtual Status TakeWritesOnlyFrom(const Endpoint& writer) = 0;
+  virtual Status TakeWritesOnlyFrom(Endpoint& writer) = 0;
 };
 
 // A peer's region, attached to one endpoint.

@@ -346,8 +346,12 @@ Status Shard::OnAuth(Peer& peer, const wire::Header& h, std::span<const uint8_t>
     if (!staging.ok()) return staging.status().WithContext("staging slot for " + peer.hello.task);
     peer.staging = std::move(*staging);
     // Its key is this connection's: a copy of it used on any other writes
-    // nothing, where the fabric can tell (Tessera's tcp; docs/security.md).
+    // nothing, where the fabric can tell (Tessera's tcp; verbs with type-2B
+    // memory windows; docs/security.md).
     if (Status bound = peer.staging->TakeWritesOnlyFrom(*peer.ep); !bound.ok()) {
+      if (bound.code() != StatusCode::kUnimplemented) {
+        return bound.WithContext("staging slot for " + peer.hello.task);
+      }
       TLOG_DEBUG("staging slot for {}: {}", peer.hello.task, bound.ToString());
     }
     welcome.staging_region = peer.staging->Describe();

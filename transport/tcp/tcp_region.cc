@@ -66,7 +66,7 @@ TcpRegion::~TcpRegion() {
   if (owned_ && record_.base != nullptr) munmap(record_.base, record_.size);
 }
 
-Status TcpRegion::TakeWritesOnlyFrom(const Endpoint& writer) {
+Status TcpRegion::TakeWritesOnlyFrom(Endpoint& writer) {
   table_->SetWriter(id_, writer.serial());
   return Status::Ok();
 }

@@ -74,7 +74,7 @@ class TcpRegion final : public Region {
   size_t size() const override { return record_.size; }
   MemoryKind kind() const override { return MemoryKind::kHost; }
   std::vector<uint8_t> Describe() const override;
-  Status TakeWritesOnlyFrom(const Endpoint& writer) override;
+  Status TakeWritesOnlyFrom(Endpoint& writer) override;
 
  private:
   std::shared_ptr<RegionTable> table_;

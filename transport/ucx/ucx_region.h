@@ -37,7 +37,7 @@ class UcxRegion final : public Region {
   size_t size() const override { return size_; }
   MemoryKind kind() const override { return kind_; }
   std::vector<uint8_t> Describe() const override { return desc_; }
-  Status TakeWritesOnlyFrom(const Endpoint&) override {
+  Status TakeWritesOnlyFrom(Endpoint&) override {
     return Status::Unimplemented(
         "UCX cannot tie a registration to one endpoint: any peer holding its key may write it "
         "(docs/security.md)");

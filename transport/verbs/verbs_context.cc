@@ -114,7 +114,9 @@ Status VerbsContext::OpenDevice(ibv_context* verbs) {
   TESSERA_RETURN_IF_ERROR(SetNonBlocking(dev->channel->fd, "completion channel"));
   TESSERA_RETURN_IF_ERROR(AddToEpoll(epoll_fd_, dev->channel->fd));
   ibv_device_attr attr{};
-  const int max_cqe = ibv_query_device(verbs, &attr) == 0 ? attr.max_cqe : 4096;
+  const bool queried = ibv_query_device(verbs, &attr) == 0;
+  const int max_cqe = queried ? attr.max_cqe : 4096;
+  dev->qp_bound_windows = queried && (attr.device_cap_flags & IBV_DEVICE_MEM_WINDOW_TYPE_2B) != 0;
   dev->cq = ibv_create_cq(verbs, std::min(max_cqe, 16384), nullptr, dev->channel, 0);
   if (dev->cq == nullptr) return Status::Internal(dev->name + ": ibv_create_cq failed");
   ibv_srq_init_attr srq_attr{};

@@ -59,6 +59,9 @@ struct Device {
   std::string name;
   uint64_t node_guid = 0;
   uint32_t max_msg_size = 1u << 30;
+  // Type-2B memory windows (IBV_DEVICE_MEM_WINDOW_TYPE_2B): a window bound
+  // to one queue pair takes remote accesses from that queue pair only.
+  bool qp_bound_windows = false;
   ibv_pd* pd = nullptr;
   ibv_comp_channel* channel = nullptr;
   ibv_cq* cq = nullptr;
@@ -199,6 +202,14 @@ class VerbsEndpoint final : public Endpoint, public std::enable_shared_from_this
   // A put or get with memory no region covers registers it for that one
   // operation (PostRma), which costs far more than copying a small chunk.
   size_t GatherUpTo() const override { return 16u << 10; }
+  // The device this connection runs on, once connected.
+  Result<const Device*> device();
+  // Binds `window` (type 2, on this connection's device) to `mr`'s
+  // [addr, addr + len) for remote writes through this queue pair only, and
+  // returns the rkey that opens it. The bind goes ahead of any message
+  // posted after it, so a peer told the key finds it bound; a bind that
+  // fails ends the connection.
+  Result<uint32_t> BindWindow(ibv_mw* window, ibv_mr* mr, void* addr, size_t len);
   void Close() override { CloseWith(/*force=*/false); }
   void Abort() override { CloseWith(/*force=*/true); }
   std::string peer() const override { return peer_; }
@@ -209,7 +220,7 @@ class VerbsEndpoint final : public Endpoint, public std::enable_shared_from_this
 
   // A work request's context until its completion.
   struct Op {
-    enum Kind : uint8_t { kSend, kWrite, kRead } kind;
+    enum Kind : uint8_t { kSend, kWrite, kRead, kBind } kind;
     VerbsEndpoint* ep;
     Device::Slot* slot = nullptr;  // kSend: the send buffer
     ibv_mr* temp_mr = nullptr;     // memory registered for this operation

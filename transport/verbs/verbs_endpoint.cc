@@ -227,6 +227,43 @@ bool VerbsEndpoint::PostRma(Pending& rma) {
   return true;
 }
 
+Result<const Device*> VerbsEndpoint::device() {
+  return RunOnLoop(*ctx_, [&]() -> Result<const Device*> {
+    if (dead_ || qp_ == nullptr || dev_ == nullptr) return DeadStatus();
+    return static_cast<const Device*>(dev_);
+  });
+}
+
+Result<uint32_t> VerbsEndpoint::BindWindow(ibv_mw* window, ibv_mr* mr, void* addr, size_t len) {
+  return RunOnLoop(*ctx_, [&]() -> Result<uint32_t> {
+    if (dead_ || qp_ == nullptr) return DeadStatus();
+    if (sq_free_ == 0) {
+      return Status::Unavailable("binding a memory window: the send queue to " + peer_ +
+                                 " is full");
+    }
+    auto* op = new Op{Op::kBind, this};
+    ibv_send_wr wr{};
+    wr.wr_id = reinterpret_cast<uintptr_t>(op);
+    wr.opcode = IBV_WR_BIND_MW;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    wr.bind_mw.mw = window;
+    wr.bind_mw.rkey = ibv_inc_rkey(window->rkey);
+    wr.bind_mw.bind_info.mr = mr;
+    wr.bind_mw.bind_info.addr = reinterpret_cast<uint64_t>(addr);
+    wr.bind_mw.bind_info.length = len;
+    wr.bind_mw.bind_info.mw_access_flags = IBV_ACCESS_REMOTE_WRITE;
+    ibv_send_wr* bad = nullptr;
+    if (int err = ibv_post_send(qp_, &wr, &bad); err != 0) {
+      delete op;
+      return Status::Unavailable("binding a memory window for " + peer_ + ": " +
+                                 std::strerror(err));
+    }
+    sq_free_--;
+    outstanding_++;
+    return wr.bind_mw.rkey;
+  });
+}
+
 // ---------------------------------------------------------------------------
 // Completions
 
@@ -238,13 +275,16 @@ void VerbsEndpoint::OnCompletion(const ibv_wc& wc, Op* op) {
                         : CompletionError(wc.status, peer_,
                                           op->kind == Op::kSend    ? "send"
                                           : op->kind == Op::kWrite ? "RDMA write"
-                                                                   : "RDMA read");
+                                          : op->kind == Op::kRead  ? "RDMA read"
+                                                                   : "memory window bind");
   // The peer's side acknowledged the work request: a sign of life, one-sided
   // operations included (Endpoint::last_traffic).
   if (st.ok()) NoteTraffic();
   if (op->kind == Op::kSend) {
     dev_->free_send_slots.push_back(op->slot);
     if (op->done) op->done(st);
+  } else if (op->kind == Op::kBind) {
+    // Nothing waits on a bind: one that failed ends the connection below.
   } else {
     if (!st.ok() && op->first_error->ok()) *op->first_error = st;
     if (--*op->pieces == 0) {

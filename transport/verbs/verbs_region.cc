@@ -26,6 +26,8 @@ class VerbsRegion final : public Region {
       std::lock_guard<std::mutex> lock(devs_->regions_mu);
       devs_->regions.erase(reinterpret_cast<uintptr_t>(data_));
     }
+    // The window first: it holds its registration.
+    if (window_ != nullptr) ibv_dealloc_mw(window_);
     for (auto& [dev, mr] : mrs_) ibv_dereg_mr(mr);
     if (owned_) std::free(data_);
     // owned_gpu_, a member, is freed after this: after the deregistrations.
@@ -34,13 +36,7 @@ class VerbsRegion final : public Region {
   size_t size() const override { return size_; }
   MemoryKind kind() const override { return kind_; }
   std::vector<uint8_t> Describe() const override { return desc_; }
-  Status TakeWritesOnlyFrom(const Endpoint&) override {
-    // A type-2 memory window bound to the connection's queue pair would do
-    // it, where the HCA has them (docs/security.md): not yet.
-    return Status::Unimplemented(
-        "verbs: a registration is not tied to one queue pair yet: any connection holding its "
-        "rkey may write it (docs/security.md)");
-  }
+  Status TakeWritesOnlyFrom(Endpoint& writer) override;
 
   uint32_t lkey(const Device* dev) const {
     for (const auto& [d, mr] : mrs_) {
@@ -56,7 +52,13 @@ class VerbsRegion final : public Region {
   size_t size_;
   MemoryKind kind_;
   bool owned_;
+  // Registers the memory again on every device with `flags`, and on
+  // `writer_dev` with `writer_flags`; the new registrations, or none.
+  Result<std::vector<std::pair<const Device*, ibv_mr*>>> Reregister(const Device* writer_dev,
+                                                                    int flags, int writer_flags);
+
   std::vector<std::pair<const Device*, ibv_mr*>> mrs_;
+  ibv_mw* window_ = nullptr;  // TakeWritesOnlyFrom's, bound to the writer's queue pair
   std::vector<uint8_t> desc_;
   gpu::DeviceBuffer owned_gpu_;  // Allocate(kCuda)
 };
@@ -106,6 +108,74 @@ Result<ibv_mr*> RegisterGpuMemory(const Device& dev, void* data, size_t size, in
   return Status::Unimplemented("verbs backend: cannot register " + std::to_string(size) +
                                " bytes of GPU memory on " + dev.name + ": dmabuf: " + dmabuf_why +
                                "; peer memory: " + peer_why);
+}
+
+Result<std::vector<std::pair<const Device*, ibv_mr*>>> VerbsRegion::Reregister(
+    const Device* writer_dev, int flags, int writer_flags) {
+  std::vector<std::pair<const Device*, ibv_mr*>> fresh;
+  for (const auto& [dev, old] : mrs_) {
+    const int f = dev == writer_dev ? writer_flags : flags;
+    Result<ibv_mr*> mr = kind_ == MemoryKind::kCuda
+                             ? RegisterGpuMemory(*dev, data_, size_, f)
+                             : Result<ibv_mr*>(ibv_reg_mr(dev->pd, data_, size_, f));
+    if (mr.ok() && *mr == nullptr) mr = RegistrationError(errno, size_, "a region on " + dev->name);
+    if (!mr.ok()) {
+      for (auto& [d, m] : fresh) ibv_dereg_mr(m);
+      return mr.status();
+    }
+    fresh.push_back({dev, *mr});
+  }
+  return fresh;
+}
+
+// A slot for one writer: its memory registered again with no remote access
+// at all (the old rkeys die with the old registrations), and a type-2
+// window over it, bound to the writer's queue pair, whose rkey is the only
+// key the description then holds. The HCA refuses that rkey on any other
+// queue pair (a remote access error there).
+Status VerbsRegion::TakeWritesOnlyFrom(Endpoint& writer) {
+  auto* ep = dynamic_cast<VerbsEndpoint*>(&writer);
+  if (ep == nullptr) return Status::InvalidArgument("verbs: the writer is not a verbs connection");
+  if (window_ != nullptr) return Status::FailedPrecondition("verbs: the region has a writer");
+  auto dev = ep->device();
+  if (!dev.ok()) return dev.status();
+  if (!(*dev)->qp_bound_windows) {
+    return Status::Unimplemented(
+        "verbs: " + (*dev)->name +
+        " has no type-2B memory windows, so a registration cannot be tied to one queue pair: "
+        "any connection holding its rkey may write it (docs/security.md)");
+  }
+  auto fresh =
+      Reregister(*dev, IBV_ACCESS_LOCAL_WRITE, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND);
+  if (!fresh.ok()) return fresh.status().WithContext("verbs: registering a slot for one writer");
+  ibv_mr* writer_mr = nullptr;
+  for (const auto& [d, mr] : *fresh) {
+    if (d == *dev) writer_mr = mr;
+  }
+  ibv_mw* window = writer_mr != nullptr ? ibv_alloc_mw((*dev)->pd, IBV_MW_TYPE_2) : nullptr;
+  Result<uint32_t> rkey =
+      window != nullptr
+          ? ep->BindWindow(window, writer_mr, data_, size_)
+          : Result<uint32_t>(Status::Internal("verbs: ibv_alloc_mw on " + (*dev)->name +
+                                              " failed: " + std::strerror(errno)));
+  if (!rkey.ok()) {
+    if (window != nullptr) ibv_dealloc_mw(window);
+    for (auto& [d, mr] : *fresh) ibv_dereg_mr(mr);
+    return rkey.status();
+  }
+  auto old = std::move(mrs_);
+  {
+    std::lock_guard<std::mutex> lock(devs_->regions_mu);  // FindLkey reads the lkeys
+    mrs_ = std::move(*fresh);
+  }
+  for (auto& [d, mr] : old) ibv_dereg_mr(mr);
+  window_ = window;
+  uint8_t entry[12];
+  std::memcpy(entry, &(*dev)->node_guid, 8);
+  std::memcpy(entry + 8, &*rkey, 4);
+  desc_ = EncodeRegionDesc(BackendId::kVerbs, reinterpret_cast<uint64_t>(data_), size_,
+                           std::vector<uint8_t>(entry, entry + sizeof(entry)));
+  return Status::Ok();
 }
 
 class VerbsRemoteRegion final : public RemoteRegion {
