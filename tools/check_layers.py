@@ -5,13 +5,19 @@ The layers and their arrows are those of docs/architecture.md: a file in a
 layer may include its own layer's headers and those of the layers listed for
 it, nothing else. Outside transport/, a backend's headers (transport/ucx/,
 transport/tcp/, transport/verbs/) are private: tools and the layers above ask
-the Context interface (transport/transport.h, transport/probe.h).
+the Context interface (transport/transport.h, transport/probe.h). So are
+the libraries behind them: <ucp/...> only in transport/ucx/, <infiniband/...>
+and <rdma/...> only in transport/verbs/ (and the RDMA probe), CUDA's headers
+only in src/gpu/ and kernels/cuda/, NCCL's only in NodeGroup, IPsec-MB's only
+in transport/tcp/.
 
-  check_layers.py ROOT        check the tree at ROOT
-  check_layers.py --self-test check that a wrong-way include is caught
+  check_layers.py ROOT              check the tree at ROOT
+  check_layers.py --self-test ROOT  check that wrong-way includes planted in a
+                                    copy of the tree at ROOT are caught
 """
 import os
 import re
+import shutil
 import sys
 import tempfile
 
@@ -38,6 +44,26 @@ LAYERS = {
 }
 BACKENDS = ("transport/ucx/", "transport/tcp/", "transport/verbs/")
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
+ANGLE_INCLUDE = re.compile(r'^\s*#\s*include\s+<([^>]+)>')
+# A library's headers: (what they look like, where they may be included, whose).
+LIBRARY_HEADERS = [
+    (re.compile(r"^(ucp|uct|ucs|ucm)/"), ("transport/ucx/",), "UCX"),
+    (re.compile(r"^(infiniband|rdma)/"), ("transport/verbs/", "transport/rdma_probe.cc"),
+     "libibverbs and rdma_cm"),
+    (re.compile(r"^(cuda[A-Za-z_0-9]*\.h|cuda/|cuda_runtime|nvrtc|cublas|cufft)"),
+     ("src/gpu/", "kernels/cuda/"), "CUDA"),
+    (re.compile(r"^nccl"), ("src/client/node_group.cc",), "NCCL"),
+    (re.compile(r"^intel-ipsec-mb\.h$"), ("transport/tcp/",), "IPsec-MB"),
+]
+
+
+def library_problem(rel, number, target):
+    """The complaint about <target> included at rel:number, or None."""
+    for pattern, places, whose in LIBRARY_HEADERS:
+        if pattern.match(target) and not rel.startswith(places):
+            return (f'{rel}:{number}: includes <{target}>, {whose}\'s header, which only '
+                    f'{", ".join(places)} may include (docs/architecture.md)')
+    return None
 SOURCES = (".h", ".cc", ".cu")
 
 
@@ -52,6 +78,12 @@ def check(root):
                 rel = os.path.relpath(path, root)
                 with open(path, encoding="utf-8", errors="replace") as f:
                     for number, line in enumerate(f, 1):
+                        angle = ANGLE_INCLUDE.match(line)
+                        if angle:
+                            problem = library_problem(rel, number, angle.group(1))
+                            if problem:
+                                problems.append(problem)
+                            continue
                         m = INCLUDE.match(line)
                         if not m or "/" not in m.group(1):
                             continue
@@ -71,33 +103,50 @@ def check(root):
     return problems
 
 
-def self_test():
+def self_test(tree):
+    """Plants wrong-way includes in a copy of the tree's sources."""
     with tempfile.TemporaryDirectory() as root:
-        def write(rel, text):
-            path = os.path.join(root, rel)
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path, "w") as f:
-                f.write(text)
-        write("src/core/a.h", '#include "tessera/status.h"\n#include "core/b.h"\n')
-        write("src/client/c.cc", '#include "transport/transport.h"\n#include "wire/x.h"\n')
+        for directory, _ in LAYERS.values():
+            src = os.path.join(tree, directory)
+            if os.path.isdir(src):
+                shutil.copytree(src, os.path.join(root, directory),
+                                ignore=lambda d, names: [n for n in names if n == "__pycache__"])
         if check(root):
-            print("self-test: a tree whose arrows all point down was refused:", check(root))
+            print("self-test: the copy of the tree was refused before anything was planted:",
+                  check(root))
             return 1
-        write("src/core/bad.h", '#include "server/shard.h"\n')
-        write("tools/peek.cc", '#include "transport/ucx/ucx_context.h"\n')
-        found = check(root)
-        want = ['src/core/bad.h:1: includes "server/shard.h"', 'tools/peek.cc:1: includes "transport/ucx/']
-        for w in want:
-            if not any(p.startswith(w) for p in found):
-                print("self-test: not caught:", w, "; found:", found)
+        plants = {
+            "src/core/status.cc": '#include "server/shard.h"\n',
+            "tools/main.cc": '#include "transport/ucx/ucx_context.h"\n',
+            "tools/doctor.cc": "#include <ucp/api/ucp.h>\n",
+            "src/server/server.cc": "#include <infiniband/verbs.h>\n",
+            "src/client/client.cc": "#include <cuda_runtime_api.h>\n",
+            "transport/tcp/tcp_endpoint.cc": "#include <rdma/rdma_cma.h>\n",
+        }
+        for rel, line in plants.items():
+            path = os.path.join(root, rel)
+            if not os.path.exists(path):
+                print("self-test: no", rel, "in the tree to plant into")
                 return 1
-    print("self-test: wrong-way and backend includes are caught")
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(line + text)
+        found = check(root)
+        for rel, line in plants.items():
+            if not any(p.startswith(rel + ":1: ") for p in found):
+                print(f"self-test: not caught: {line.strip()} in {rel}; found: {found}")
+                return 1
+        if len(found) != len(plants):
+            print("self-test: more was refused than was planted:", found)
+            return 1
+    print(f"self-test: {len(plants)} wrong-way includes planted in a copy of the tree are caught")
     return 0
 
 
 def main(argv):
-    if argv[1:] == ["--self-test"]:
-        return self_test()
+    if len(argv) == 3 and argv[1] == "--self-test":
+        return self_test(argv[2])
     if len(argv) != 2:
         print(__doc__.strip(), file=sys.stderr)
         return 2
