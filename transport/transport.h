@@ -43,7 +43,9 @@ enum class PeerFailureMode : uint8_t {
 };
 
 struct ContextOptions {
-  std::string backend = "ucx";
+  // "tcp" (Tessera's own sockets), "ucx" or "verbs": the public API's
+  // default (ClientOptions, ServerOptions) is this one too.
+  std::string backend = "tcp";
   PeerFailureMode peer_failure = PeerFailureMode::kAuto;
   // Spin in the progress loop instead of sleeping on the fabric's event fd.
   bool busy_poll = false;
