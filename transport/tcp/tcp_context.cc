@@ -93,6 +93,7 @@ Status TcpContext::Init() {
                                 options_.spin_before_sleep);
   if (!loop.ok()) return loop.status();
   loop_ = std::move(*loop);
+  UseLoop(loop_.get());
   loop_->Start();
   return Status::Ok();
 }
@@ -316,9 +317,7 @@ void TcpContext::Dispatch(const std::shared_ptr<TcpEndpoint>& ep, uint16_t msg_i
 
 Counters TcpContext::counters() const {
   Counters c = counters_.Snapshot();
-  c.progress_wakeups = loop_->wakeups();
-  c.progress_nap_ends = loop_->nap_ends();
-  c.progress_long_naps = loop_->long_naps();
+  AddLoopCounters(c);
   return c;
 }
 

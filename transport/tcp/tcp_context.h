@@ -27,6 +27,7 @@
 #include "core/ring_queue.h"
 #include "transport/atomic_counters.h"
 #include "transport/event_loop.h"
+#include "transport/loop_context.h"
 #include "transport/message_handlers.h"
 #include "transport/tcp/tcp_frame.h"
 #include "transport/tcp/tcp_region.h"
@@ -37,7 +38,7 @@ namespace tessera::transport::tcp {
 
 class TcpEndpoint;
 
-class TcpContext final : public Context {
+class TcpContext final : public LoopContext {
  public:
   static Result<std::unique_ptr<Context>> Create(const ContextOptions& options);
   ~TcpContext() override;
@@ -54,15 +55,6 @@ class TcpContext final : public Context {
                                            AcceptHandler on_accept) override;
   void Connect(const std::string& host, uint16_t port, std::chrono::milliseconds timeout,
                ConnectCallback done) override;
-  void Post(Task fn) override { loop_->Post(std::move(fn)); }
-  void PostAfter(std::chrono::milliseconds delay, std::function<void()> fn) override {
-    loop_->PostAfter(delay, std::move(fn));
-  }
-  bool InProgressThread() const override { return loop_->InLoopThread(); }
-  bool Drive() override { return loop_->Drive(); }
-  bool RunHere(Task& fn) override { return loop_->RunHere(fn); }
-  void StopDriving() override { loop_->StopDriving(); }
-  void PauseDriving() override { loop_->PauseDriving(); }
   Counters counters() const override;
   std::string Describe() const override;
 

@@ -177,6 +177,7 @@ Status UcxContext::Init() {
   auto loop = EventLoop::Create(options_.name, options_.busy_poll, std::move(hooks), spin);
   if (!loop.ok()) return loop.status();
   loop_ = std::move(*loop);
+  UseLoop(loop_.get());
   loop_->Start();
   return Status::Ok();
 }
@@ -570,9 +571,7 @@ void UcxContext::Dispatch(const std::shared_ptr<UcxEndpoint>& ep, uint16_t msg_i
 
 Counters UcxContext::counters() const {
   Counters c = counters_.Snapshot();
-  c.progress_wakeups = loop_->wakeups();
-  c.progress_nap_ends = loop_->nap_ends();
-  c.progress_long_naps = loop_->long_naps();
+  AddLoopCounters(c);
   return c;
 }
 

@@ -10,6 +10,7 @@
 
 #include "transport/atomic_counters.h"
 #include "transport/event_loop.h"
+#include "transport/loop_context.h"
 #include "transport/message_handlers.h"
 #include "transport/transport.h"
 #include "transport/ucx/ucx_async_guard.h"
@@ -18,7 +19,7 @@
 
 namespace tessera::transport::ucx {
 
-class UcxContext final : public Context {
+class UcxContext final : public LoopContext {
  public:
   static Result<std::unique_ptr<Context>> Create(const ContextOptions& options);
   ~UcxContext() override;
@@ -34,15 +35,6 @@ class UcxContext final : public Context {
                                            AcceptHandler on_accept) override;
   void Connect(const std::string& host, uint16_t port, std::chrono::milliseconds timeout,
                ConnectCallback done) override;
-  void Post(Task fn) override { loop_->Post(std::move(fn)); }
-  void PostAfter(std::chrono::milliseconds delay, std::function<void()> fn) override {
-    loop_->PostAfter(delay, std::move(fn));
-  }
-  bool InProgressThread() const override { return loop_->InLoopThread(); }
-  bool Drive() override { return loop_->Drive(); }
-  bool RunHere(Task& fn) override { return loop_->RunHere(fn); }
-  void StopDriving() override { loop_->StopDriving(); }
-  void PauseDriving() override { loop_->PauseDriving(); }
   Counters counters() const override;
   std::string Describe() const override;
 

@@ -89,6 +89,7 @@ Status VerbsContext::Init() {
                                 options_.spin_before_sleep);
   if (!loop.ok()) return loop.status();
   loop_ = std::move(*loop);
+  UseLoop(loop_.get());
   loop_->Start();
   std::string names;
   for (const auto& d : devices_) names += (names.empty() ? "" : ", ") + d->name;
@@ -360,9 +361,7 @@ void VerbsContext::Dispatch(const std::shared_ptr<VerbsEndpoint>& ep, uint16_t m
 
 Counters VerbsContext::counters() const {
   Counters c = counters_.Snapshot();
-  c.progress_wakeups = loop_->wakeups();
-  c.progress_nap_ends = loop_->nap_ends();
-  c.progress_long_naps = loop_->long_naps();
+  AddLoopCounters(c);
   return c;
 }
 

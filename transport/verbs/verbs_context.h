@@ -26,6 +26,7 @@
 
 #include "transport/atomic_counters.h"
 #include "transport/event_loop.h"
+#include "transport/loop_context.h"
 #include "transport/message_handlers.h"
 #include "transport/transport.h"
 
@@ -102,7 +103,7 @@ struct DeviceSet {
 // ibv_reg_mr where a peer-memory module is loaded; else an error naming both.
 Result<ibv_mr*> RegisterGpuMemory(const Device& dev, void* data, size_t size, int flags);
 
-class VerbsContext final : public Context {
+class VerbsContext final : public LoopContext {
  public:
   // Fragment buffers and credits: 32 buffers of 16 KiB per connection.
   static constexpr uint32_t kSlotBytes = 16 * 1024;
@@ -125,15 +126,6 @@ class VerbsContext final : public Context {
                                            AcceptHandler on_accept) override;
   void Connect(const std::string& host, uint16_t port, std::chrono::milliseconds timeout,
                ConnectCallback done) override;
-  void Post(Task fn) override { loop_->Post(std::move(fn)); }
-  void PostAfter(std::chrono::milliseconds delay, std::function<void()> fn) override {
-    loop_->PostAfter(delay, std::move(fn));
-  }
-  bool InProgressThread() const override { return loop_->InLoopThread(); }
-  bool Drive() override { return loop_->Drive(); }
-  bool RunHere(Task& fn) override { return loop_->RunHere(fn); }
-  void StopDriving() override { loop_->StopDriving(); }
-  void PauseDriving() override { loop_->PauseDriving(); }
   Counters counters() const override;
   std::string Describe() const override;
 
