@@ -90,6 +90,60 @@ TEST_P(HardeningTest, SyncTensorsRefuseCallsThatWouldDropTheGradient) {
   EXPECT_EQ(c.counters().chunks_dropped_stale, 0u);
 }
 
+// Issue 44: a push's entries are applied one by one, and one could fail
+// after others were applied; the push then answered with one error and no
+// versions, so the caller could not tell what had changed (and a retry
+// would apply the others twice). Each entry now reports: refused with its
+// reason, or applied with its version.
+TEST_P(HardeningTest, APushWithARefusedEntryAccountsForEveryEntry) {
+  setenv("TESSERA_FAIL_AT", "apply-push-entry:2", 1);  // the 2nd entry of the 1st push
+  StartCluster(1, 1);
+  unsetenv("TESSERA_FAIL_AT");
+  Client& c = Connect(0);
+  std::vector<Tensor> t;
+  for (const char* name : {"a", "b", "c"}) {
+    auto h = c.Declare(F32(name, 4));
+    ASSERT_TRUE(h.ok()) << h.status();
+    t.push_back(*h);
+  }
+  ASSERT_TRUE(c.Initialize().ok());
+  std::vector<float> one(4, 1.0f);
+  Status st = c.Push({PushItem::Of<float>(t[0], one), PushItem::Of<float>(t[1], one),
+                      PushItem::Of<float>(t[2], one)});
+  EXPECT_EQ(st.code(), StatusCode::kInternal) << st;
+  EXPECT_TRUE(Contains(st.message(), "1 of 3 chunks of this push refused")) << st;
+  EXPECT_TRUE(Contains(st.message(), "'b' chunk 0: tensor 'b': failure injected")) << st;
+  EXPECT_TRUE(Contains(st.message(), "Applied: 'a' chunk 0 (version")) << st;
+  EXPECT_TRUE(Contains(st.message(), "'c' chunk 0 (version")) << st;
+  std::vector<float> a(4), b(4), cc(4);
+  ASSERT_TRUE(c.Pull({PullItem::Of<float>(t[0], a), PullItem::Of<float>(t[1], b),
+                      PullItem::Of<float>(t[2], cc)})
+                  .ok());
+  EXPECT_EQ(a, std::vector<float>(4, 1.0f)) << "an entry reported applied was not";
+  EXPECT_EQ(b, std::vector<float>(4, 0.0f)) << "the refused entry changed";
+  EXPECT_EQ(cc, std::vector<float>(4, 1.0f)) << "an entry after the refused one was not applied";
+}
+
+// The same for push_pull, whose reply would have been the weights.
+TEST_P(HardeningTest, APushPullWithARefusedEntryAccountsForEveryEntry) {
+  setenv("TESSERA_FAIL_AT", "apply-push-entry:1", 1);
+  StartCluster(1, 1);
+  unsetenv("TESSERA_FAIL_AT");
+  Client& c = Connect(0);
+  auto a = c.Declare(F32("a", 4));
+  auto b = c.Declare(F32("b", 4));
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_TRUE(c.Initialize().ok());
+  std::vector<float> one(4, 1.0f), out_a(4), out_b(4);
+  Status st = c.PushPull({{*a, one.data(), out_a.data(), 16}, {*b, one.data(), out_b.data(), 16}});
+  EXPECT_EQ(st.code(), StatusCode::kInternal) << st;
+  EXPECT_TRUE(Contains(st.message(), "1 of 2 tensors refused (tensor 'a': failure injected")) << st;
+  EXPECT_TRUE(Contains(st.message(), "the others were applied: 'b' (version")) << st;
+  std::vector<float> got_b(4);
+  ASSERT_TRUE(c.Pull({PullItem::Of<float>(*b, got_b)}).ok());
+  EXPECT_EQ(got_b, std::vector<float>(4, 1.0f));
+}
+
 // Finding 11: a sync step whose update failed was logged, and the step
 // advanced as if it had applied: its pushers, told OK when their gradients
 // were counted, never learnt. Every later pull and push of it now fails,

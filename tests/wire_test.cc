@@ -72,7 +72,11 @@ std::vector<Sample> Samples() {
       Make("create_reply", create_reply),
       Make("create_reply_ipc", create_reply_ipc),
       Make("push", push, kFlagInit),
-      Make("push_reply", PushReply{{1, 2}, {0, 1}}),
+      Make("push_reply", PushReply{{1, 2}, {0, 1}, {}}),
+      Make("push_reply_refused", PushReply{{1, 2, 3},
+                                           {0, 3, 3},
+                                           {{1, StatusCode::kInternal, "tensor 'b': out of memory"},
+                                            {2, StatusCode::kInvalidArgument, "tensor 'c': no"}}}),
       Make("pull", pull),
       Make("pull_reply", PullReply{5, {2, 3}, {}}),
       Make("pull_reply_inline", PullReply{0, {2}, {1, 2, 3, 4}}),
@@ -423,6 +427,24 @@ TEST(Wire, CreateChunkMustFitShape) {
   EXPECT_FALSE(create(0, 2, 8, 5).ok()) << "chunk past the end";
   EXPECT_FALSE(create(0, 2, ~uint64_t{0}, 2).ok()) << "offset overflow";
   EXPECT_FALSE(create(0, 2, 0, 0).ok()) << "empty chunk of a non-empty tensor";
+}
+
+// A push reply's refusals must match its refused entries one for one.
+TEST(Wire, PushRefusalsMustNameRefusedEntries) {
+  auto decode = [](const PushReply& m) {
+    auto frame = Encode(m, 1);
+    auto h = DecodeHeader(frame).value();
+    return DecodeBody<PushReply>(h, frame);
+  };
+  const PushRefusal why{0, StatusCode::kInternal, "no"};
+  EXPECT_TRUE(decode(PushReply{{1}, {3}, {why}}).ok());
+  EXPECT_FALSE(decode(PushReply{{1}, {3}, {}}).ok()) << "a refused entry with no reason";
+  EXPECT_FALSE(decode(PushReply{{1}, {0}, {why}}).ok()) << "a reason for an applied entry";
+  EXPECT_FALSE(decode(PushReply{{1, 2}, {3, 0}, {{1, StatusCode::kInternal, "x"}}}).ok())
+      << "a reason naming the wrong entry";
+  EXPECT_FALSE(decode(PushReply{{1, 2}, {3, 3}, {why, why}}).ok()) << "one entry named twice";
+  EXPECT_FALSE(decode(PushReply{{1}, {3}, {{0, StatusCode::kOk, "x"}}}).ok()) << "code 0";
+  EXPECT_FALSE(decode(PushReply{{1}, {4}, {}}).ok()) << "an unknown outcome";
 }
 
 TEST(Wire, EmptyPushAndPullRejected) {

@@ -390,6 +390,9 @@ class Client::Impl {
                       PushDone finish);
   // Counts what the shard did with each pushed chunk, and tells `op` which
   // it dropped.
+  // Ok, or the error naming each chunk the shard refused and each it
+  // applied, with its version (a batch is applied entry by entry).
+  static Status Refusals(const wire::PushReply& reply, const ChunkIo* ios);
   void NoteOutcomes(const std::vector<uint8_t>& outcomes, const ChunkIo* ios, uint64_t step,
                     Future::State* op);
   // A push message carrying its bytes (TravelsInline), copied from GPU

@@ -30,6 +30,27 @@ void Client::Impl::NoteOutcomes(const std::vector<uint8_t>& outcomes, const Chun
   }
 }
 
+Status Client::Impl::Refusals(const wire::PushReply& reply, const ChunkIo* ios) {
+  if (reply.refusals.empty()) return Status::Ok();
+  auto name = [&](size_t i) {
+    const ChunkIo& io = ios[i];
+    return "'" + io.tensor->decl.name + "' chunk " +
+           std::to_string(io.chunk - io.tensor->chunks.data());
+  };
+  std::string why = std::to_string(reply.refusals.size()) + " of " +
+                    std::to_string(reply.outcomes.size()) + " chunks of this push refused: ";
+  for (size_t i = 0; i < reply.refusals.size(); ++i) {
+    const auto& r = reply.refusals[i];
+    why += (i ? "; " : "") + name(r.index) + ": " + r.message;
+  }
+  why += ". Applied:";
+  for (size_t i = 0; i < reply.outcomes.size(); ++i) {
+    if (reply.outcomes[i] == static_cast<uint8_t>(wire::PushOutcome::kRefused)) continue;
+    why += " " + name(i) + " (version " + std::to_string(reply.versions[i]) + ")";
+  }
+  return Status(reply.refusals.front().code, why);
+}
+
 Client::Impl::ReplyFn Client::Impl::OnPushReply(ChunkIos sent, uint64_t step,
                                                 std::shared_ptr<Future::State> op,
                                                 PushDone finish) {
@@ -44,6 +65,7 @@ Client::Impl::ReplyFn Client::Impl::OnPushReply(ChunkIos sent, uint64_t step,
       return finish(Status::Internal("push reply does not match the request"), {});
     }
     NoteOutcomes(reply.outcomes, sent.data(), step, op.get());
+    if (Status refused = Refusals(reply, sent.data()); !refused.ok()) return finish(refused, {});
     finish(Status::Ok(), reply.versions);
   };
 }
@@ -319,6 +341,9 @@ void Client::Impl::PushThroughSlot(int shard, ChunkIos ios, uint32_t flags, Push
               }
               NoteOutcomes(reply.outcomes, &progress->sent[g->first], progress->step,
                            progress->op.get());
+              if (Status refused = Refusals(reply, &progress->sent[g->first]); !refused.ok()) {
+                return finish(refused, {});
+              }
               std::copy(reply.versions.begin(), reply.versions.end(),
                         progress->versions.begin() + static_cast<std::ptrdiff_t>(g->first));
               if (--progress->groups_left == 0) finish(Status::Ok(), progress->versions);

@@ -205,6 +205,9 @@ class Shard {
 
   Status ValidatePush(const Peer& peer, uint32_t flags, const wire::Push& msg);
   bool TryApplyPush(PendingPush& push);
+  // The error that tells a push_pull which of its entries were refused, and
+  // that the others were applied.
+  Status RefusalsStatus(const PendingPush& push, const wire::PushReply& reply) const;
   // Answers a push flagged kFlagThenPull with the weights after it.
   void ReplyWithWeights(const PendingPush& push, const std::vector<uint64_t>& versions);
   // The push's part that counts its worker's step (step_parts > 0) was
@@ -344,6 +347,7 @@ class Shard {
   // TESSERA_FAIL_AT=apply-step[:N]: the tests' way to make a sync step's
   // update fail.
   FailPoint apply_step_failpoint_{"apply-step"};
+  FailPoint apply_push_failpoint_{"apply-push-entry"};  // refuses one entry of a push
   // At most 10 lines a minute about refused strangers.
   LogThrottle refusal_log_{10, std::chrono::minutes(1)};
 

@@ -164,6 +164,7 @@ bool Shard::TryApplyPush(PendingPush& push) {
   wire::PushReply& reply = *borrowed;
   reply.versions.clear();
   reply.outcomes.clear();
+  reply.refusals.clear();
   reply.versions.reserve(push.msg.entries.size());
   reply.outcomes.reserve(push.msg.entries.size());
   const bool count_staged = from_slot && !from_ipc && table_->staged();
@@ -187,6 +188,7 @@ bool Shard::TryApplyPush(PendingPush& push) {
       }
     }
     if (count_staged) host_staged_bytes_ += e.byte_length;
+    if (st.ok() && !init) st = apply_push_failpoint_.Check();
     if (!st.ok()) {
       // Reported below.
     } else if (init) {
@@ -207,8 +209,11 @@ bool Shard::TryApplyPush(PendingPush& push) {
       if (p->kind == Consistency::kBounded) apply::NoteBoundedStep(*p, rank, push.msg.step);
     }
     if (!st.ok()) {
-      SendError(*push.peer, push.request_id, st.WithContext("tensor '" + p->display_name + "'"));
-      return true;
+      // This entry is refused; the batch's others still apply, and the
+      // reply accounts for each.
+      outcome = wire::PushOutcome::kRefused;
+      reply.refusals.push_back({static_cast<uint32_t>(i), st.code(),
+                                "tensor '" + p->display_name + "': " + st.message()});
     }
     p->writer_waiting = false;
     reply.versions.push_back(p->version);
@@ -219,13 +224,31 @@ bool Shard::TryApplyPush(PendingPush& push) {
     }
   }
   pushes_applied_++;
-  if (push.flags & wire::kFlagThenPull) {
+  if (!reply.refusals.empty() && (push.flags & wire::kFlagThenPull)) {
+    // A push_pull's reply is the weights: the refusals go as its error.
+    SendError(*push.peer, push.request_id, RefusalsStatus(push, reply));
+  } else if (push.flags & wire::kFlagThenPull) {
     ReplyWithWeights(push, reply.versions);
   } else {
     Reply(*push.peer, push.request_id, reply);
   }
   if (push.msg.step_parts > 0 && !init) CountStep(push, holds_sync);
   return true;
+}
+
+Status Shard::RefusalsStatus(const PendingPush& push, const wire::PushReply& reply) const {
+  std::string why = "push: " + std::to_string(reply.refusals.size()) + " of " +
+                    std::to_string(push.msg.entries.size()) + " tensors refused (";
+  for (size_t i = 0; i < reply.refusals.size(); ++i) {
+    why += (i ? "; " : "") + reply.refusals[i].message;
+  }
+  why += "); the others were applied:";
+  for (size_t i = 0; i < push.msg.entries.size(); ++i) {
+    if (reply.outcomes[i] == static_cast<uint8_t>(wire::PushOutcome::kRefused)) continue;
+    why += " '" + table_->Find(push.msg.entries[i].key_id)->display_name + "' (version " +
+           std::to_string(reply.versions[i]) + ")";
+  }
+  return Status(reply.refusals.front().code, why);
 }
 
 void Shard::ReplyWithWeights(const PendingPush& push, const std::vector<uint64_t>& versions) {

@@ -231,16 +231,27 @@ enum class PushOutcome : uint8_t {
   kApplied = 0,    // applied, or counted towards its sync step
   kStale = 1,      // sync: its step was already applied; dropped
   kDuplicate = 2,  // sync: this worker already pushed this step; dropped
+  kRefused = 3,    // could not be applied: PushReply::refusals says why
+};
+
+// Why entry `index` of a push was refused (the others were still applied).
+struct PushRefusal {
+  uint32_t index = 0;
+  StatusCode code = StatusCode::kInternal;
+  std::string message;
+  bool operator==(const PushRefusal&) const = default;
 };
 
 struct PushReply {
   static constexpr Opcode kOpcode = Opcode::kPushReply;
-  std::vector<uint64_t> versions;  // each key's version after this push
-  std::vector<uint8_t> outcomes;   // a PushOutcome per key
-  size_t EncodedSizeHint() const { return 8 + versions.size() * 9; }
+  std::vector<uint64_t> versions;     // each key's version after this push
+  std::vector<uint8_t> outcomes;      // a PushOutcome per key
+  std::vector<PushRefusal> refusals;  // one per kRefused outcome, in order
+  size_t EncodedSizeHint() const { return 12 + versions.size() * 9; }
   void EncodeBody(MessageWriter& w) const;
   static Result<PushReply> DecodeBody(ByteReader& r);
   static Status DecodeBodyInto(ByteReader& r, PushReply* m);
+  static Status DecodeRefusals(ByteReader& r, size_t refused, PushReply* m);
   bool operator==(const PushReply&) const = default;
 };
 

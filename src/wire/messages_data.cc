@@ -63,6 +63,12 @@ bool GetVersions(ByteReader& r, std::vector<uint64_t>* v) {
 void PushReply::EncodeBody(MessageWriter& w) const {
   PutVersions(w, versions);
   w.PutBytes(outcomes);
+  w.Put(static_cast<uint32_t>(refusals.size()));
+  for (const auto& r : refusals) {
+    w.Put(r.index);
+    w.Put(static_cast<uint8_t>(r.code));
+    w.PutString(r.message);
+  }
 }
 Result<PushReply> PushReply::DecodeBody(ByteReader& r) {
   PushReply m;
@@ -73,12 +79,42 @@ Status PushReply::DecodeBodyInto(ByteReader& r, PushReply* m) {
   if (!GetVersions(r, &m->versions)) return Truncated("versions");
   std::span<const uint8_t> outcomes;
   if (!r.GetBytes(m->versions.size(), &outcomes)) return Truncated("outcomes");
+  size_t refused = 0;
   for (uint8_t o : outcomes) {
-    if (o > static_cast<uint8_t>(PushOutcome::kDuplicate)) {
+    if (o > static_cast<uint8_t>(PushOutcome::kRefused)) {
       return Status::InvalidArgument("unknown push outcome " + std::to_string(o));
     }
+    refused += o == static_cast<uint8_t>(PushOutcome::kRefused);
   }
   m->outcomes.assign(outcomes.begin(), outcomes.end());
+  return DecodeRefusals(r, refused, m);
+}
+
+// One refusal per kRefused outcome, each naming such an entry, in order.
+Status PushReply::DecodeRefusals(ByteReader& r, size_t refused, PushReply* m) {
+  uint32_t count = 0;
+  if (!r.Get(&count)) return Truncated("refusals");
+  if (count != refused) {
+    return Status::InvalidArgument("push reply: " + std::to_string(count) + " refusals for " +
+                                   std::to_string(refused) + " refused entries");
+  }
+  m->refusals.resize(count);
+  for (uint32_t i = 0; i < count; ++i) {
+    PushRefusal& f = m->refusals[i];
+    uint8_t code = 0;
+    if (!r.Get(&f.index) || !r.Get(&code)) return Truncated("refusal");
+    if (f.index >= m->outcomes.size() ||
+        m->outcomes[f.index] != static_cast<uint8_t>(PushOutcome::kRefused) ||
+        (i > 0 && f.index <= m->refusals[i - 1].index)) {
+      return Status::InvalidArgument("push reply: a refusal names entry " +
+                                     std::to_string(f.index) + ", which was not refused");
+    }
+    if (code == 0 || code > static_cast<uint8_t>(StatusCode::kCancelled)) {
+      return Status::InvalidArgument("invalid status code " + std::to_string(code));
+    }
+    f.code = static_cast<StatusCode>(code);
+    if (!r.GetString(&f.message, kMaxErrorMessage)) return Truncated("refusal message");
+  }
   return Status::Ok();
 }
 

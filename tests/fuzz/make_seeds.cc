@@ -65,7 +65,8 @@ void WireSeeds(const fs::path& dir) {
   put(Encode(CreateReply{{{1, 1, 0, 128, 0}}, {{1, {9, 9}, {}}}}, 8));
   put(Encode(Push{3, {{1, 0, 128}}, {}, 2}, 9));
   put(Encode(Push{0, {{1, 0, 4}}, {1, 2, 3, 4}}, 9));
-  put(Encode(PushReply{{4}, {0}}, 10));
+  put(Encode(PushReply{{4}, {0}, {}}, 10));
+  put(Encode(PushReply{{4, 5}, {3, 0}, {{0, StatusCode::kInternal, "tensor 'w': refused"}}}, 10));
   put(Encode(Pull{{{1, 0, 3}}, 4096}, 11));
   put(Encode(PullReply{7, {4}, {}}, 12));
   put(Encode(Release{7}, 13));
