@@ -213,7 +213,7 @@ class ClusterTest : public ::testing::TestWithParam<const char*>, public Cluster
   // What worker `index` of spec_ says to a shard.
   wire::Hello WorkerHello(int index) const {
     wire::Hello hello;
-    hello.worker_rank = static_cast<uint32_t>(index);
+    hello.task_index = static_cast<uint32_t>(index);
     hello.task = TaskId{"worker", index}.ToString();
     hello.cluster = spec_.ToJson();
     return hello;

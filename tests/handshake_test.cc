@@ -21,7 +21,7 @@ const std::string kSecret = "0123456789abcdef0123456789abcdef";
 
 wire::Hello WorkerHello() {
   wire::Hello hello;
-  hello.worker_rank = 1;
+  hello.task_index = 1;
   hello.task = "/job:worker/task:1";
   hello.cluster = R"({"ps":["h:1"],"worker":["h:2","h:3"]})";
   return hello;
@@ -226,7 +226,7 @@ TEST(Handshake, ProofsBindTheHelloAndTheChallenge) {
   ClientHandshake client(kSecret, WorkerHello());
   ServerHandshake server(kSecret);
   wire::Hello altered = client.hello();
-  altered.worker_rank = 0;
+  altered.task_index = 0;
   auto challenge = server.OnHello(altered, 0);
   EXPECT_FALSE(server.CheckAuth(client.Answer(challenge), "h:9").ok());
 

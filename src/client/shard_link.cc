@@ -556,7 +556,7 @@ void Client::Impl::Handshake(int shard, std::function<void(Status)> done) {
   };
   wire::Hello hello;
   hello.role = options_.read_only ? wire::PeerRole::kReader : wire::PeerRole::kWorker;
-  hello.worker_rank = options_.read_only ? 0 : static_cast<uint32_t>(worker_rank_);
+  hello.task_index = options_.read_only ? 0 : static_cast<uint32_t>(worker_rank_);
   hello.task = task_.ToString();
   hello.node_id = ipc_node_id_;
   hello.cluster = options_.cluster.ToJson();

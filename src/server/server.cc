@@ -67,7 +67,7 @@ void Shard::OnShardPeerMessage(Peer& peer, const wire::Header& h, std::span<cons
     return;
   }
   const auto id = reinterpret_cast<coord::PeerId>(peer.ep.get());
-  Status st = service_->OnShardFrame(id, static_cast<int>(peer.hello.worker_rank), h, frame);
+  Status st = service_->OnShardFrame(id, static_cast<int>(peer.hello.task_index), h, frame);
   if (!st.ok()) Drop(peer, st.WithContext(peer.hello.task));
 }
 
@@ -89,7 +89,7 @@ void Shard::OnWorkerMessage(Peer& peer, const wire::Header& h, std::span<const u
     }
     // A reader has no rank: its hello's is not its to claim.
     const coord::WorkerRef from{reinterpret_cast<coord::PeerId>(peer.ep.get()), peer.hello.task,
-                                peer.is_reader ? coord::WorkerRef::kNoRank : peer.hello.worker_rank,
+                                peer.is_reader ? coord::WorkerRef::kNoRank : peer.hello.task_index,
                                 peer.is_reader};
     return service_->OnWorkerRequest(from, h, frame);
   }

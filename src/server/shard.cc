@@ -346,7 +346,7 @@ Result<Param*> Shard::FindForReader(const wire::CreateEntry& entry) {
 }
 
 void Shard::OnSetHyper(Peer& peer, uint64_t request_id, const wire::SetHyper& msg) {
-  if (peer.hello.worker_rank != 0) {
+  if (peer.hello.task_index != 0) {
     return SendError(peer, request_id,
                      Status::PermissionDenied(peer.hello.task + " is not the chief"));
   }

@@ -60,7 +60,7 @@ Status Shard::ValidatePush(const Peer& peer, uint32_t flags, const wire::Push& m
   }
   // Only the chief initialises: an init push overwrites values and sets a
   // sync chunk's step, which no other worker may do.
-  if ((flags & wire::kFlagInit) && peer.hello.worker_rank != 0) {
+  if ((flags & wire::kFlagInit) && peer.hello.task_index != 0) {
     return Status::PermissionDenied("an initialising push from " + peer.hello.task +
                                     ", which is not the chief (only the chief initialises)");
   }
@@ -154,7 +154,7 @@ bool Shard::TryApplyPush(PendingPush& push) {
       return false;
     }
   }
-  const uint32_t rank = push.peer->hello.worker_rank;
+  const uint32_t rank = push.peer->hello.task_index;
   const bool from_slot = push.msg.payload.empty();
   const bool from_ipc = from_slot && (push.flags & wire::kFlagIpcSlot);
   const auto* staging = !from_slot ? push.msg.payload.data()
@@ -276,7 +276,7 @@ void Shard::CountStep(const PendingPush& push, bool holds_sync) {
     step_counter_.CountAsync();
     return ScheduleStepReport();
   }
-  const uint32_t rank = push.peer->hello.worker_rank;
+  const uint32_t rank = push.peer->hello.task_index;
   for (const auto& e : push.msg.entries) {
     const auto& mode = table_->Find(e.key_id)->entry.tensor.mode;
     if (mode.kind == Consistency::kSync) {

@@ -120,7 +120,7 @@ void Shard::JoinCoordinator() {
                   coord_link_ = *ep;
                   wire::Hello hello;
                   hello.role = wire::PeerRole::kShard;
-                  hello.worker_rank = static_cast<uint32_t>(options_.task_index);
+                  hello.task_index = static_cast<uint32_t>(options_.task_index);
                   hello.task = TaskId{"ps", options_.task_index}.ToString();
                   hello.cluster = options_.cluster.ToJson();
                   hello.protection = options_.session_protection;

@@ -41,7 +41,7 @@ void Shard::OnPull(Peer& peer, uint64_t request_id, wire::Pull msg) {
 
 bool Shard::ResumeForPull(const PendingPull& pull) {
   if (pull.peer->hello.role != wire::PeerRole::kWorker) return false;
-  const uint32_t rank = pull.peer->hello.worker_rank;
+  const uint32_t rank = pull.peer->hello.task_index;
   bool moved = false;
   for (const auto& e : pull.msg.entries) {
     Param* p = table_->Find(e.key_id);

@@ -131,7 +131,7 @@ void Shard::OnDisconnect(const EndpointPtr& ep, const Status& why) {
     } else {
       TLOG_INFO("{} disconnected: {}", peer->hello.task, why.message());
     }
-    const uint32_t rank = peer->hello.worker_rank;
+    const uint32_t rank = peer->hello.task_index;
     if (--connected_ranks_[rank] == 0) {
       departed_[rank] = {peer->hello.task, std::chrono::steady_clock::now()};
       worker_departures_++;
@@ -251,7 +251,7 @@ Status Shard::OnHello(Peer& peer, const wire::Header& h, std::span<const uint8_t
 Status Shard::CheckClaims(const wire::Hello& m) const {
   if (m.task.empty()) return Status::InvalidArgument("hello without a task name");
   if (m.role == wire::PeerRole::kShard) {
-    const int k = static_cast<int>(m.worker_rank);
+    const int k = static_cast<int>(m.task_index);
     if (!hosts_coordinator()) {
       return Status::PermissionDenied(m.task + " tried to join a task that is not the coordinator");
     }
@@ -279,9 +279,9 @@ Status Shard::CheckClaims(const wire::Hello& m) const {
     return Status::FailedPrecondition(
         "the cluster spec of reader " + m.task + " (there) differs from that of " +
         TaskId{options_.job, options_.task_index}.ToString() + " (here): " + diff);
-  } else if (static_cast<int>(m.worker_rank) >= options_.cluster.num_workers()) {
+  } else if (static_cast<int>(m.task_index) >= options_.cluster.num_workers()) {
     return Status::PermissionDenied(m.task + " claims worker rank " +
-                                    std::to_string(m.worker_rank) + " but the cluster has " +
+                                    std::to_string(m.task_index) + " but the cluster has " +
                                     std::to_string(options_.cluster.num_workers()) + " workers");
   }
   auto theirs = ClusterSpec::FromJson(m.cluster);
@@ -365,9 +365,9 @@ Status Shard::OnAuth(Peer& peer, const wire::Header& h, std::span<const uint8_t>
     }
   }
   peer.authenticated = true;
-  connected_ranks_[peer.hello.worker_rank]++;
-  if (presence_) presence_->Connected(peer.hello.worker_rank, peer.hello.task);
-  departed_.erase(peer.hello.worker_rank);  // a restarted worker is back
+  connected_ranks_[peer.hello.task_index]++;
+  if (presence_) presence_->Connected(peer.hello.task_index, peer.hello.task);
+  departed_.erase(peer.hello.task_index);  // a restarted worker is back
   TLOG_INFO("{} connected from {}", peer.hello.task, peer.ep->peer());
   return SendWelcome(peer, h.request_id, welcome);
 }

@@ -66,7 +66,7 @@ void Shard::OnGetState(Peer& peer, uint64_t request_id, const wire::GetState& ms
 }
 
 void Shard::OnSetState(Peer& peer, uint64_t request_id, const wire::SetState& msg) {
-  if (!peer.is_reader && peer.hello.worker_rank != 0) {
+  if (!peer.is_reader && peer.hello.task_index != 0) {
     return SendError(peer, request_id,
                      Status::PermissionDenied(peer.hello.task +
                                               " is not the chief: only the chief sets optimizer "

@@ -53,7 +53,7 @@ Status ValidateTensorDecl(const TensorDecl& t) {
 
 void Hello::EncodeBody(MessageWriter& w) const {
   w.Put(static_cast<uint8_t>(role));
-  w.Put(worker_rank);
+  w.Put(task_index);
   w.PutString(task);
   w.PutBytes(client_nonce);
   w.PutString(node_id);
@@ -67,7 +67,7 @@ Result<Hello> Hello::DecodeBody(ByteReader& r) {
   if (role > static_cast<uint8_t>(PeerRole::kReader))
     return Status::InvalidArgument("unknown role " + std::to_string(role));
   m.role = static_cast<PeerRole>(role);
-  if (!r.Get(&m.worker_rank)) return Truncated("worker_rank");
+  if (!r.Get(&m.task_index)) return Truncated("task_index");
   if (!r.GetString(&m.task, kMaxNameLength)) return Truncated("task");
   if (HasControlCharacter(m.task)) {
     return Status::InvalidArgument("the task name holds a control character: refused");

@@ -38,8 +38,11 @@ enum class PeerRole : uint8_t { kWorker = 0, kShard = 1, kObserver = 2, kReader 
 struct Hello {
   static constexpr Opcode kOpcode = Opcode::kHello;
   PeerRole role = PeerRole::kWorker;
-  uint32_t worker_rank = 0;  // workers; a shard's task index
-  std::string task;          // "/job:worker/task:1", for messages that name it
+  // The sender's index in its role: a worker's rank (its place among the
+  // training tasks, the chief first: ClusterSpec::worker_rank), a shard's
+  // ps task index; 0 for readers and observers.
+  uint32_t task_index = 0;
+  std::string task;  // "/job:worker/task:1", for messages that name it
   Nonce client_nonce{};
   // The worker's node (NodeId) when it can use CUDA IPC, else empty: a GPU
   // shard on the same node then hands out IPC handles.

@@ -115,7 +115,7 @@ void HandshakeSeeds(const fs::path& dir) {
   using namespace wire;
   Hello hello;
   hello.task = "/job:worker/task:1";
-  hello.worker_rank = 1;
+  hello.task_index = 1;
   hello.cluster = R"({"ps":["127.0.0.1:2222"],"worker":["127.0.0.1:2223","127.0.0.1:2224"]})";
   ClientHandshake client("seed-secret-0123456789abcdef", hello);
   ServerHandshake server("seed-secret-0123456789abcdef");
