@@ -123,7 +123,7 @@ for b in json.load(open(f"{out}/memcpy.json"))["benchmarks"]:
         rows.append({"scenario": "memcpy", "transport": "host", "bytes": 64 << 20,
                      "gbps": b["bytes_per_second"] / 1e9, "shards": 0, "workers": 0})
 # Tessera's tcp figures depend on the host's congestion control (bbr over
-# veth reorders and retransmits; see PERFORMANCE.md, item 5): say which.
+# veth reorders and retransmits; see docs/PERFORMANCE.md, "Across network namespaces, and bbr"): say which.
 cc = open("/proc/sys/net/ipv4/tcp_congestion_control").read().strip()
 for r in rows:
     if r["transport"].startswith("tcp"):

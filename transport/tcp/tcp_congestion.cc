@@ -77,7 +77,7 @@ ProbeFinding ProbeTcpCongestion() {
   }
   f.detail = "Tessera's tcp sockets use the host's default, " + host;
   if (host == "bbr") {
-    // Measured: docs/PERFORMANCE.md, "Scaling across network namespaces, and bbr".
+    // Measured: docs/PERFORMANCE.md, "Across network namespaces, and bbr".
     f.level = "warn";
     f.detail +=
         ": between pods or network namespaces (veth) its paced packets arrived "

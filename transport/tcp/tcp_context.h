@@ -125,7 +125,7 @@ class TcpEndpoint final : public Endpoint, public std::enable_shared_from_this<T
   bool PutsLandBeforeLaterMessages() const override { return true; }
   // Each put or get is a frame of its own (a get two: asked, answered), with
   // its header, its completion and a turn of the peer's loop
-  // (docs/PERFORMANCE.md, "Gathered puts" and "Gathered gets").
+  // (docs/PERFORMANCE.md, "Batched small chunks").
   size_t GatherUpTo() const override { return 16u << 10; }
   Status ProtectSession(const SessionKeys& keys) override;
   bool CanProtectSession() const override { return true; }
