@@ -145,8 +145,8 @@ class EventLoop {
   // The nap's bound: a driver preempted between two Drive calls (it has not
   // handed the loop back, or paused) leaves the fabric unpolled at most this
   // long. Each nap that runs to its end is a wake-up, which on a busy core
-  // takes the core from the driver: every millisecond, that was one
-  // back-to-back tcp call in 80 delayed by 20-40 µs (their p99). So while
+  // takes the core from the driver: every millisecond, one back-to-back
+  // tcp call was delayed by a wake-up's worth (what their p99 showed). So while
   // the driver makes short calls, kShortCallsPerMs or more per millisecond
   // of the nap that just ended (counted by PauseDriving), the next nap lasts
   // kLongNapNs: a short call gains nothing from the backstop, since its

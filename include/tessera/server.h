@@ -65,8 +65,8 @@ struct TESSERA_EXPORT ServerOptions {
   bool busy_poll = false;
   // Otherwise, how long the progress thread keeps polling after its last
   // work before it sleeps. A worker's next request often follows the reply
-  // after it moved a large tensor (a 1 MiB put takes about 100 us on one
-  // host): a shard asleep by then pays a wake-up on every such push. The
+  // after it moved a large tensor, long enough for a shard to fall asleep:
+  // one asleep by then pays a wake-up on every such push. The
   // spin stops at once when the thread finds itself descheduled (a CPU hog
   // on its core), so a busy host gets its core back.
   std::chrono::microseconds spin_before_sleep{200};

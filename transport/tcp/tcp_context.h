@@ -189,8 +189,8 @@ class TcpEndpoint final : public Endpoint, public std::enable_shared_from_this<T
   // without asking epoll first; true when anything was read. A connection
   // that talks back and forth with one peer (a worker's calls to a shard)
   // then costs a recv per message, as a plain socket does, before the
-  // epoll_wait that would have reported it (0.2-0.4 us of an 11 us round
-  // trip, a tenth of a 1 MiB push, on the 2-vCPU VM; docs/PERFORMANCE.md).
+  // epoll_wait that would have reported it (a measurable share of a small
+  // round trip: docs/PERFORMANCE.md's tcp rows).
   bool ReadNow();
   void ReadSome();
   // Consumes bytes from the read buffer; false once the endpoint died.

@@ -15,9 +15,10 @@ void ApplyUcxDefaults() {
   // of the process it replaces still sit in TIME_WAIT (SO_REUSEADDR, as
   // every server sets it).
   setenv("UCX_TCP_CM_REUSEADDR", "y", /*overwrite=*/0);
-  // UCX's default 8 KiB tcp segments cap a stream near 1 GB/s here; 256 KiB
-  // ones carry 2.5-4.4 GB/s for 1-64 MiB puts, gets, pushes and pulls on
-  // loopback (docs/PERFORMANCE.md).
+  // UCX's default 8 KiB tcp segments cap a stream at a fraction of what
+  // 256 KiB ones carry for large puts, gets, pushes and pulls (measured on
+  // loopback when it was set; the figures are in docs/PERFORMANCE.md's
+  // history).
   setenv("UCX_TCP_TX_SEG_SIZE", "256k", /*overwrite=*/0);
   setenv("UCX_TCP_RX_SEG_SIZE", "256k", /*overwrite=*/0);
 }
