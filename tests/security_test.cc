@@ -19,6 +19,7 @@
 #include <sstream>
 #include <thread>
 
+#include "core/timeouts.h"
 #include "tests/cluster_fixture.h"
 
 namespace tessera {
@@ -60,7 +61,13 @@ class SecurityTest : public ClusterTest {
         spec_, secret_, 1, std::vector<std::string>{"--staging-mib", "4"}, std::move(env));
     ASSERT_TRUE(server_->started()) << "TESSERA_BIN is not set";
     port_ = spec_.tasks("ps")[0].port;
-    auto c = Client::Connect(Options(0));  // waits until the server is up
+    // Waits until the server is up: a process under ASan in the Soft-RoCE
+    // VM's emulation took 10 s to start, so the wait follows the harness's
+    // TESSERA_TIMEOUT_SCALE.
+    ClientOptions first = Options(0);
+    first.startup_timeout =
+        std::chrono::milliseconds(static_cast<int64_t>(10'000 * TimeoutScale().value()));
+    auto c = Client::Connect(first);
     ASSERT_TRUE(c.ok()) << c.status();
     chief_ = std::move(*c);
     auto w = chief_->Declare(F32("w", 1024, UpdateRule::kAdd));
