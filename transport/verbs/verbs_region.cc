@@ -110,6 +110,15 @@ Result<ibv_mr*> RegisterGpuMemory(const Device& dev, void* data, size_t size, in
                                "; peer memory: " + peer_why);
 }
 
+// A description's key for one device: its node GUID (8 bytes) and the
+// rkey (4), little endian; Attach picks the one of the connection's device.
+static void AppendKeyEntry(const Device& dev, uint32_t rkey, std::vector<uint8_t>* keys) {
+  uint8_t entry[12];
+  std::memcpy(entry, &dev.node_guid, 8);
+  std::memcpy(entry + 8, &rkey, 4);
+  keys->insert(keys->end(), entry, entry + sizeof(entry));
+}
+
 Result<std::vector<std::pair<const Device*, ibv_mr*>>> VerbsRegion::Reregister(
     const Device* writer_dev, int flags, int writer_flags) {
   std::vector<std::pair<const Device*, ibv_mr*>> fresh;
@@ -170,11 +179,9 @@ Status VerbsRegion::TakeWritesOnlyFrom(Endpoint& writer) {
   }
   for (auto& [d, mr] : old) ibv_dereg_mr(mr);
   window_ = window;
-  uint8_t entry[12];
-  std::memcpy(entry, &(*dev)->node_guid, 8);
-  std::memcpy(entry + 8, &*rkey, 4);
-  desc_ = EncodeRegionDesc(BackendId::kVerbs, reinterpret_cast<uint64_t>(data_), size_,
-                           std::vector<uint8_t>(entry, entry + sizeof(entry)));
+  std::vector<uint8_t> keys;
+  AppendKeyEntry(**dev, *rkey, &keys);
+  desc_ = EncodeRegionDesc(BackendId::kVerbs, reinterpret_cast<uint64_t>(data_), size_, keys);
   return Status::Ok();
 }
 
@@ -244,11 +251,7 @@ Result<std::unique_ptr<Region>> VerbsContext::MapRegion(void* data, size_t size,
     }
     if (mr == nullptr) return RegistrationError(errno, size, "a region on " + dev->name);
     region->mrs_.push_back({dev.get(), mr});
-    // Per device: its node GUID (8 bytes) and the rkey (4), little endian.
-    uint8_t entry[12];
-    std::memcpy(entry, &dev->node_guid, 8);
-    std::memcpy(entry + 8, &mr->rkey, 4);
-    keys.insert(keys.end(), entry, entry + sizeof(entry));
+    AppendKeyEntry(*dev, mr->rkey, &keys);
   }
   region->desc_ = EncodeRegionDesc(BackendId::kVerbs, reinterpret_cast<uint64_t>(data), size, keys);
   {
