@@ -61,8 +61,9 @@ ENGINE_PACKAGES=(openmpi-bin slurmctld slurmd slurm-client munge python3-yaml
   openjdk-17-jre-headless)
 # A CPU hog on every core for the tests that must hold on a busy host.
 LOAD_PACKAGES=(stress-ng)
-# libFuzzer: clang and its runtimes.
-FUZZ_PACKAGES=(clang libclang-rt-14-dev)
+# libFuzzer: clang and its runtimes; clang's Python binding, with which
+# tools/code_shape.py reads the classes' and functions' sizes (unit suite).
+FUZZ_PACKAGES=(clang libclang-rt-14-dev python3-clang-14)
 # For the tests on a real kernel RDMA stack (tests/rdma-vm/run): Debian's
 # kernel with Soft-RoCE, booted under qemu; rdma-core's tools and perftest.
 VM_PACKAGES=(

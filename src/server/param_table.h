@@ -20,9 +20,11 @@
 
 namespace tessera::server {
 
-// A chunk the shard holds. Its first cache line holds all that a push or
-// pull of a host chunk reads or sets (a batch of small tensors is mostly
-// these loads, one chunk after another); the declaration and the rest follow.
+// A chunk the shard holds: plain data laid out for the hot path (so it keeps
+// more fields than a class would; tools/code_shape.py reads this comment).
+// Its first cache line holds all that a push or pull of a host chunk reads or
+// sets (a batch of small tensors is mostly these loads, one chunk after
+// another); the declaration and the rest follow.
 struct alignas(64) Param {
   uint32_t key_id = 0;
   uint32_t readers = 0;  // pull leases that may be reading the bytes now
