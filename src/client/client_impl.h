@@ -381,7 +381,8 @@ class Client::Impl {
   void PushNextPart(const std::shared_ptr<PushInParts>& parts);
   // The rest of a push too large to travel inline, once `offset` in the
   // shard's staging slot is ours: into the CUDA IPC slot, or put one-sided
-  // in groups, each group's push-done sent as its puts land.
+  // in groups, each group's push-done sent as its puts land (slot_push.cc).
+  struct SlotPush;
   void PushThroughSlot(int shard, ChunkIos ios, uint32_t flags, PushStep tag,
                        const std::shared_ptr<Future::State>& op, uint64_t offset,
                        const PushDone& done);
@@ -435,7 +436,9 @@ class Client::Impl {
   // the shard answers the push with the weights it produced.
   void PushThenPullInline(int shard, const ChunkIos& gradients, ChunkIos weights, PartDone done);
   // Lands a pull reply's bytes in `ios`: copied from the reply when inline,
-  // else read one-sided under its lease, which is then released.
+  // else read out of the arenas under its lease, which is then released
+  // (arena_pull.cc).
+  struct ArenaPull;
   void AcceptPullReply(int shard, ChunkIos ios, const wire::PullReply& reply, const PartDone& done);
   Result<const TensorEntry*> Lookup(Tensor t, size_t bytes, std::optional<DType> dtype,
                                     bool check_bytes = true) const;

@@ -7,6 +7,25 @@
 #include "server/shard.h"
 
 namespace tessera::server {
+namespace {
+
+// What only a task holding tensors can answer.
+bool HoldsTensors(wire::Opcode op) {
+  switch (op) {
+    case wire::Opcode::kCreate:
+    case wire::Opcode::kPush:
+    case wire::Opcode::kPull:
+    case wire::Opcode::kRelease:
+    case wire::Opcode::kSetHyper:
+    case wire::Opcode::kGetState:
+    case wire::Opcode::kSetState:
+      return true;
+    default:
+      return false;
+  }
+}
+
+}  // namespace
 
 void Shard::OnMessage(const EndpointPtr& ep, std::span<const uint8_t> frame) {
   if (coord_link_ && ep.get() == coord_link_.get()) return OnLinkFrame(frame);
@@ -119,11 +138,7 @@ void Shard::OnWorkerMessage(Peer& peer, const wire::Header& h, std::span<const u
     }
     serve(std::move(m));
   };
-  const bool data_op = h.opcode == wire::Opcode::kCreate || h.opcode == wire::Opcode::kPush ||
-                       h.opcode == wire::Opcode::kPull || h.opcode == wire::Opcode::kRelease ||
-                       h.opcode == wire::Opcode::kSetHyper || h.opcode == wire::Opcode::kGetState ||
-                       h.opcode == wire::Opcode::kSetState;
-  if (data_op && is_coordinator_only()) {
+  if (HoldsTensors(h.opcode) && is_coordinator_only()) {
     return SendError(
         peer, h.request_id,
         Status::FailedPrecondition(std::string(wire::OpcodeName(h.opcode)) +
@@ -132,7 +147,7 @@ void Shard::OnWorkerMessage(Peer& peer, const wire::Header& h, std::span<const u
   switch (h.opcode) {
     case wire::Opcode::kCreate:
       return decoded.operator()<wire::Create>(
-          [&](wire::Create m) { OnCreate(peer, h.request_id, m); });
+          [&](const wire::Create& m) { OnCreate(peer, h.request_id, m); });
     case wire::Opcode::kPush:
       return decoded_into_spare(
           spare_pushes_, [&](wire::Push m) { OnPush(peer, h.request_id, h.flags, std::move(m)); });
@@ -141,15 +156,15 @@ void Shard::OnWorkerMessage(Peer& peer, const wire::Header& h, std::span<const u
                                 [&](wire::Pull m) { OnPull(peer, h.request_id, std::move(m)); });
     case wire::Opcode::kSetHyper:
       return decoded.operator()<wire::SetHyper>(
-          [&](wire::SetHyper m) { OnSetHyper(peer, h.request_id, m); });
+          [&](const wire::SetHyper& m) { OnSetHyper(peer, h.request_id, m); });
     case wire::Opcode::kRelease:
-      return decoded.operator()<wire::Release>([&](wire::Release m) { OnRelease(peer, m); });
+      return decoded.operator()<wire::Release>([&](const wire::Release& m) { OnRelease(peer, m); });
     case wire::Opcode::kGetState:
       return decoded.operator()<wire::GetState>(
-          [&](wire::GetState m) { OnGetState(peer, h.request_id, m); });
+          [&](const wire::GetState& m) { OnGetState(peer, h.request_id, m); });
     case wire::Opcode::kSetState:
       return decoded.operator()<wire::SetState>(
-          [&](wire::SetState m) { OnSetState(peer, h.request_id, m); });
+          [&](const wire::SetState& m) { OnSetState(peer, h.request_id, m); });
     case wire::Opcode::kSyncStep:
       return decoded.operator()<wire::SyncStep>(
           [&](wire::SyncStep) { Reply(peer, h.request_id, wire::StepReply{SyncStepReached()}); });

@@ -217,7 +217,6 @@ class Shard {
   void CountStep(const PendingPush& push, bool holds_sync);
   void ScheduleStepReport();
   void ReportSteps();
-  static bool NeedsNoLease(const Param& p, uint32_t flags);
   // Where apply:: changes values: this shard's memory, staged or not.
   apply::Target ApplyTarget() {
     return {memory_.get(), table_->staged(), &host_staged_bytes_, memory_->is_host()};

@@ -20,6 +20,75 @@
 namespace tessera::server {
 namespace {
 
+bool NeedsNoLease(const Param& p, uint32_t flags) {
+  // A sync push only adds to the step's sum; the parameter changes when the
+  // step applies (ApplyAggregated), which waits for readers itself.
+  return !(flags & wire::kFlagInit) && p.kind == Consistency::kSync;
+}
+
+// Whether a push may apply now.
+enum class Gate {
+  kApply,
+  kWait,    // a reader holds a chunk, or the push is ahead of a sync chunk's step
+  kFailed,  // a chunk's sync step failed: `*failed` says how
+};
+
+// Looks each entry's chunk up once (into `params`, for the apply loop) and
+// says whether the push may apply now. `holds_sync`: some entry is a sync
+// chunk.
+Gate CheckEntries(ParamTable& table, const wire::Push& msg, uint32_t flags,
+                  std::vector<Param*>& params, bool* holds_sync, const Param** failed) {
+  const bool init = flags & wire::kFlagInit;
+  params.resize(msg.entries.size());
+  for (size_t i = 0; i < msg.entries.size(); ++i) {
+    Param* p = params[i] = table.Find(msg.entries[i].key_id);
+    *holds_sync |= p->kind == Consistency::kSync;
+    if (p->resume_at_first_push) {
+      // A sync chunk restored without knowing the cluster's exact step
+      // resumes at the step its first push is for, when that is later.
+      if (!init && msg.step > p->step) {
+        TLOG_INFO("'{}' resumes at step {} (restored at {})", p->display_name, msg.step, p->step);
+        p->step = msg.step;
+      }
+      p->resume_at_first_push = false;
+    }
+    if (!init && p->failed) {
+      *failed = p;
+      return Gate::kFailed;
+    }
+    if (NeedsNoLease(*p, flags)) {
+      if (msg.step > p->step) return Gate::kWait;  // ahead of the cluster: wait for the step
+    } else if (p->readers > 0) {
+      return Gate::kWait;
+    }
+  }
+  return Gate::kApply;
+}
+
+struct EntryResult {
+  Status status;
+  wire::PushOutcome outcome = wire::PushOutcome::kApplied;
+  bool step_ready = false;  // sync: this push completed the chunk's step
+};
+
+// One entry's value (init) or gradient, by the chunk's consistency mode.
+EntryResult ApplyEntry(const apply::Target& target, Param& p, const void* grad, bool init,
+                       uint32_t rank, uint64_t step) {
+  if (init) return {apply::Init(target, p, grad, step)};
+  if (p.kind == Consistency::kSync) {
+    const auto part = apply::AddToSyncStep(target, p, rank, step, grad);
+    return {part.status, part.outcome, part.step_ready};
+  }
+  EntryResult result;
+  if (apply::TakesPlainGradient(target, p)) {
+    apply::PlainGradient(p, grad);
+  } else {
+    result.status = apply::Gradient(target, p, grad);
+  }
+  if (p.kind == Consistency::kBounded) apply::NoteBoundedStep(p, rank, step);
+  return result;
+}
+
 // `d`: the chunk's value, in host memory.
 std::string FormatValues(const Param& p, const uint8_t* d) {
   std::string out;
@@ -117,42 +186,21 @@ void Shard::OnPush(Peer& peer, uint64_t request_id, uint32_t flags, wire::Push m
   RetryWaiting();
 }
 
-bool Shard::NeedsNoLease(const Param& p, uint32_t flags) {
-  // A sync push only adds to the step's sum; the parameter changes when the
-  // step applies (ApplyAggregated), which waits for readers itself.
-  return !(flags & wire::kFlagInit) && p.kind == Consistency::kSync;
-}
-
 bool Shard::TryApplyPush(PendingPush& push) {
   if (frozen_) return false;  // a checkpoint round is cutting the state
   const bool init = push.flags & wire::kFlagInit;
-  // Each entry's chunk, looked up once for the loops below (and nothing
-  // they call uses this scratch list).
+  // (Nothing the loops below call uses this scratch list.)
   std::vector<Param*>& params = push_params_;
-  params.resize(push.msg.entries.size());
   bool holds_sync = false;
-  for (size_t i = 0; i < push.msg.entries.size(); ++i) {
-    Param* p = params[i] = table_->Find(push.msg.entries[i].key_id);
-    holds_sync |= p->kind == Consistency::kSync;
-    if (p->resume_at_first_push) {
-      // A sync chunk restored without knowing the cluster's exact step
-      // resumes at the step its first push is for, when that is later.
-      if (!init && push.msg.step > p->step) {
-        TLOG_INFO("'{}' resumes at step {} (restored at {})", p->display_name, push.msg.step,
-                  p->step);
-        p->step = push.msg.step;
-      }
-      p->resume_at_first_push = false;
-    }
-    if (!init && p->failed) {
-      SendError(*push.peer, push.request_id, p->failure());
-      return true;
-    }
-    if (NeedsNoLease(*p, push.flags)) {
-      if (push.msg.step > p->step) return false;  // ahead of the cluster: wait for the step
-    } else if (p->readers > 0) {
+  const Param* failed = nullptr;
+  switch (CheckEntries(*table_, push.msg, push.flags, params, &holds_sync, &failed)) {
+    case Gate::kWait:
       return false;
-    }
+    case Gate::kFailed:
+      SendError(*push.peer, push.request_id, failed->failure());
+      return true;
+    case Gate::kApply:
+      break;
   }
   const uint32_t rank = push.peer->hello.task_index;
   const bool from_slot = push.msg.payload.empty();
@@ -173,52 +221,33 @@ bool Shard::TryApplyPush(PendingPush& push) {
   for (size_t i = 0; i < push.msg.entries.size(); ++i) {
     const auto& e = push.msg.entries[i];
     Param* p = params[i];
-    auto outcome = wire::PushOutcome::kApplied;
     // The gradient where the kernels can read it (copied to the GPU when it
     // came inline or through a host staging slot; host memory reads it where
     // it is, with no call and no Status per entry).
     const void* grad = staging + e.staging_offset;
-    Status st;
+    EntryResult r;
     if (!host_memory) {
       auto reachable = memory_->Reachable(grad, e.byte_length);
-      if (reachable.ok()) {
-        grad = *reachable;
-      } else {
-        st = reachable.status();
-      }
+      if (reachable.ok()) grad = *reachable;
+      r.status = reachable.status();
     }
     if (count_staged) host_staged_bytes_ += e.byte_length;
-    if (st.ok() && !init) st = apply_push_failpoint_.Check();
-    if (!st.ok()) {
-      // Reported below.
-    } else if (init) {
-      st = apply::Init(target, *p, grad, push.msg.step);
-    } else if (p->kind == Consistency::kSync) {
-      const auto part = apply::AddToSyncStep(target, *p, rank, push.msg.step, grad);
-      st = part.status;
-      outcome = part.outcome;
-      if (outcome == wire::PushOutcome::kStale) stale_dropped_++;
-      if (outcome == wire::PushOutcome::kDuplicate) duplicate_dropped_++;
-      if (part.step_ready) pending_steps_.push_back(p->key_id);
-    } else {
-      if (apply::TakesPlainGradient(target, *p)) {
-        apply::PlainGradient(*p, grad);
-      } else {
-        st = apply::Gradient(target, *p, grad);
-      }
-      if (p->kind == Consistency::kBounded) apply::NoteBoundedStep(*p, rank, push.msg.step);
-    }
-    if (!st.ok()) {
+    if (r.status.ok() && !init) r.status = apply_push_failpoint_.Check();
+    if (r.status.ok()) r = ApplyEntry(target, *p, grad, init, rank, push.msg.step);
+    if (r.outcome == wire::PushOutcome::kStale) stale_dropped_++;
+    if (r.outcome == wire::PushOutcome::kDuplicate) duplicate_dropped_++;
+    if (r.step_ready) pending_steps_.push_back(p->key_id);
+    if (!r.status.ok()) {
       // This entry is refused; the batch's others still apply, and the
       // reply accounts for each.
-      outcome = wire::PushOutcome::kRefused;
-      reply.refusals.push_back({static_cast<uint32_t>(i), st.code(),
-                                "tensor '" + p->display_name + "': " + st.message()});
+      r.outcome = wire::PushOutcome::kRefused;
+      reply.refusals.push_back({static_cast<uint32_t>(i), r.status.code(),
+                                "tensor '" + p->display_name + "': " + r.status.message()});
     }
     p->writer_waiting = false;
     reply.versions.push_back(p->version);
-    reply.outcomes.push_back(static_cast<uint8_t>(outcome));
-    if (options_.log_updates && p->elem_count <= 8 && outcome == wire::PushOutcome::kApplied &&
+    reply.outcomes.push_back(static_cast<uint8_t>(r.outcome));
+    if (options_.log_updates && p->elem_count <= 8 && r.outcome == wire::PushOutcome::kApplied &&
         p->kind != Consistency::kSync) {
       LogUpdate(*p, push.peer->hello.task);
     }

@@ -1,0 +1,53 @@
+// One pull's chunks read out of a shard's arenas under the lease its reply
+// granted (arena_pull.cc).
+#pragma once
+
+#include "client/client_impl.h"
+
+namespace tessera {
+
+// What the gets share, from the pool: each get's completion holds only this
+// and its chunks' range, and so stays inside its Completion (no allocation
+// per get).
+struct Client::Impl::ArenaPull {
+  using Ptr = std::shared_ptr<ArenaPull>;
+
+  Impl* impl = nullptr;
+  int outstanding = 0;  // chunks not yet read
+  Status status;
+  bool finished = false;
+  int shard = 0;
+  uint64_t op_id = 0;
+  uint64_t lease = 0;
+  PartDone done;
+  // The chunks: where a gathered get's bytes are copied out to.
+  ChunkIos ios;
+  // GPU chunks read into host memory, copied up once every get is done.
+  std::vector<uint8_t> bounce;
+  std::vector<std::pair<uint8_t*, size_t>> bounce_to;  // (GPU destination, bytes)
+
+  // Runs once: when the gets are done, on a failure, or when the shard is
+  // lost.
+  void Finish(const Status& result) {
+    if (finished) return;
+    finished = true;
+    impl->shards_[shard].in_flight.erase(op_id);
+    done(result);
+  }
+  // The bytes are ours: the shard may update them again.
+  void Release() {
+    ShardConn& conn = impl->shards_[shard];
+    if (conn.dead.ok() && conn.ep) {
+      conn.ep->Send(kProtocolMsg, wire::Encode(wire::Release{lease}, 0));
+    }
+  }
+  static void Start(Impl* impl, int shard, ChunkIos ios, uint64_t lease, const PartDone& done);
+  bool AllMapped() const;
+  void FromIpcArenas();
+  std::vector<uint8_t*> PlanHostBounce();
+  void Get(const Ptr& self, const std::vector<uint8_t*>& into);
+  void Read(const Status& st, uint32_t first, uint32_t end, const uint8_t* gathered);
+  Status CopyUp();
+};
+
+}  // namespace tessera
