@@ -20,6 +20,9 @@ class FailPoint {
     if (fail_at_ == 0 || ++reached_ != fail_at_) return Status::Ok();
     return Injected();
   }
+  // Whether TESSERA_FAIL_AT named it: a loop on the hot path asks this
+  // first, and makes no Status per turn otherwise.
+  bool armed() const { return fail_at_ != 0; }
 
  private:
   Status Injected() const;

@@ -134,6 +134,13 @@ Status Shard::Start() {
   TESSERA_RETURN_IF_ERROR(SetMemoryBudget());
   table_ = std::make_unique<ParamTable>(ctx_.get(), memory_.get(), arena_kind_,
                                         options_.arena_bytes, options_.cluster.num_workers());
+  checkpoints_ = std::make_unique<CheckpointParticipant>(
+      *table_, *memory_, *ctx_,
+      CheckpointParticipant::Options{
+          .task = TaskId{"ps", options_.task_index}.ToString(),
+          .round_timeout = options_.checkpoint_timeout,
+          .send_to_coordinator = [this](MessageBytes f) { SendToCoordinator(std::move(f)); },
+          .resumed = [this] { RetryWaiting(); }});
   if (options_.stop_when_workers_leave) {
     presence_.emplace(options_.cluster.num_workers(), options_.workers_grace,
                       std::chrono::steady_clock::now());
@@ -264,7 +271,7 @@ void Shard::Stop() {
     // itself stays until the shard goes: stats() may read it meanwhile.
     if (service_) service_->Stop();
     if (coord_link_) coord_link_->Close();
-    snapshot_.reset();
+    if (checkpoints_) checkpoints_->Stop();
     for (auto& [raw, peer] : peers_) peer->ep->Close();
     for (auto& [ep, deadline] : closing_) ep->Close();
     closing_.clear();
@@ -275,8 +282,9 @@ void Shard::Stop() {
     done.set_value();
   });
   done.get_future().wait();
-  if (snapshot_writer_.joinable()) snapshot_writer_.join();
-  ctx_.reset();    // stops progress: nothing writes into the arenas any more
+  if (checkpoints_) checkpoints_->JoinWriter();
+  ctx_.reset();  // stops progress: nothing writes into the arenas any more
+  checkpoints_.reset();
   table_.reset();  // regions outlive their context safely (they hold the ucp context)
 }
 

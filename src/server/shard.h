@@ -23,6 +23,7 @@
 #include "core/spares.h"
 #include "server/admission.h"
 #include "server/apply.h"
+#include "server/checkpoint_participant.h"
 #include "server/lease_table.h"
 #include "server/param_table.h"
 #include "server/step_counter.h"
@@ -176,18 +177,8 @@ class Shard {
   Status OpenRestore(const std::string& path, uint64_t step);
   void RestoreChunk(Param& p);
 
-  // Checkpoint rounds, the shard's side (messages from the coordinator, over
-  // the link or, on ps task 0, directly).
-  void OnCoordinatorFrame(std::span<const uint8_t> frame);
+  // To the coordinator: over the link or, on ps task 0, directly.
   void SendToCoordinator(MessageBytes frame);
-  void OnCkptPrepare(const wire::CkptPrepare& m);
-  void OnCkptWrite(wire::CkptWrite m);
-  // Copies the chunk's slots into the round; false when that failed and
-  // the round was abandoned (snapshot_ is gone).
-  bool Capture(Param& p);
-  void StartSnapshotWriter();
-  void FailSnapshot(uint64_t round, const Status& st);
-  void Unfreeze();
 
   // Opens the shard's memory (--memory) and decides whether the fabric
   // reaches it or values are staged through host memory.
@@ -260,7 +251,8 @@ class Shard {
   std::unique_ptr<ParamTable> table_;
   std::unique_ptr<coord::Service> service_;  // the coordinator, when hosted here
   std::unique_ptr<transport::Listener> listener_;
-  std::thread snapshot_writer_;
+  // Checkpoint rounds, this shard's side (messages from the coordinator).
+  std::unique_ptr<CheckpointParticipant> checkpoints_;
 
   // Progress thread only.
   std::unordered_map<transport::Endpoint*, std::unique_ptr<Peer>> peers_;
@@ -328,21 +320,6 @@ class Shard {
   std::unique_ptr<ckpt::Checkpoint> restore_;
   uint64_t restore_step_ = 0;  // the step restored sync chunks resume at
 
-  // A checkpoint round in progress on this shard.
-  struct Snapshot {
-    uint64_t round = 0, step = 0;
-    std::string dir;
-    std::vector<std::string> files;
-    std::vector<wire::CkptEntry> entries;
-    std::vector<ckpt::Piece> pieces;                     // per entry
-    std::map<uint32_t, std::vector<size_t>> entries_of;  // key id -> its entries
-    std::set<uint32_t> behind;                           // sync chunks still short of `step`
-    std::vector<uint64_t> updates;                       // per parameter entry, in order
-    std::map<size_t, size_t> update_index;               // entry -> index into updates
-  };
-  std::optional<Snapshot> snapshot_;
-  bool frozen_ = false;  // between checkpoint-prepare and -write: no update applies
-  uint64_t frozen_round_ = 0;
   // TESSERA_FAIL_AT=apply-step[:N]: the tests' way to make a sync step's
   // update fail.
   FailPoint apply_step_failpoint_{"apply-step"};

@@ -65,28 +65,47 @@ Gate CheckEntries(ParamTable& table, const wire::Push& msg, uint32_t flags,
   return Gate::kApply;
 }
 
-struct EntryResult {
-  Status status;
-  wire::PushOutcome outcome = wire::PushOutcome::kApplied;
-  bool step_ready = false;  // sync: this push completed the chunk's step
-};
+// `*grad` where the kernels can read it: a shard in GPU memory copies a
+// gradient that came inline or through a host staging slot there. (Host
+// memory reads it where it is, with no call and no Status per entry.)
+Status Reach(ParamMemory& memory, const void** grad, uint64_t bytes) {
+  auto reachable = memory.Reachable(*grad, bytes);
+  if (!reachable.ok()) return reachable.status();
+  *grad = *reachable;
+  return Status::Ok();
+}
 
-// One entry's value (init) or gradient, by the chunk's consistency mode.
-EntryResult ApplyEntry(const apply::Target& target, Param& p, const void* grad, bool init,
-                       uint32_t rank, uint64_t step) {
-  if (init) return {apply::Init(target, p, grad, step)};
-  if (p.kind == Consistency::kSync) {
-    const auto part = apply::AddToSyncStep(target, p, rank, step, grad);
-    return {part.status, part.outcome, part.step_ready};
+// The reply's lists emptied for `entries` more, their capacity kept.
+void ResetReply(wire::PushReply& reply, size_t entries) {
+  reply.versions.clear();
+  reply.outcomes.clear();
+  reply.refusals.clear();
+  reply.versions.reserve(entries);
+  reply.outcomes.reserve(entries);
+}
+
+// One entry's value (init) or gradient, by the chunk's consistency mode:
+// its outcome, `*error` set only when it failed (a loop over a batch makes no
+// Status per entry), `*step_ready` when a sync step is complete.
+wire::PushOutcome ApplyEntry(const apply::Target& target, Param& p, const void* grad, bool init,
+                             uint32_t rank, uint64_t step, Status* error, bool* step_ready) {
+  if (init) {
+    *error = apply::Init(target, p, grad, step);
+    return wire::PushOutcome::kApplied;
   }
-  EntryResult result;
+  if (p.kind == Consistency::kSync) {
+    auto part = apply::AddToSyncStep(target, p, rank, step, grad);
+    if (!part.status.ok()) *error = std::move(part.status);
+    *step_ready = part.step_ready;
+    return part.outcome;
+  }
   if (apply::TakesPlainGradient(target, p)) {
     apply::PlainGradient(p, grad);
-  } else {
-    result.status = apply::Gradient(target, p, grad);
+  } else if (Status st = apply::Gradient(target, p, grad); !st.ok()) {
+    *error = std::move(st);
   }
   if (p.kind == Consistency::kBounded) apply::NoteBoundedStep(p, rank, step);
-  return result;
+  return wire::PushOutcome::kApplied;
 }
 
 // `d`: the chunk's value, in host memory.
@@ -187,7 +206,7 @@ void Shard::OnPush(Peer& peer, uint64_t request_id, uint32_t flags, wire::Push m
 }
 
 bool Shard::TryApplyPush(PendingPush& push) {
-  if (frozen_) return false;  // a checkpoint round is cutting the state
+  if (checkpoints_->frozen()) return false;  // a checkpoint round is cutting the state
   const bool init = push.flags & wire::kFlagInit;
   // (Nothing the loops below call uses this scratch list.)
   std::vector<Param*>& params = push_params_;
@@ -210,44 +229,37 @@ bool Shard::TryApplyPush(PendingPush& push) {
                                    : static_cast<const uint8_t*>(push.peer->staging->data());
   Borrowed<wire::PushReply> borrowed(push_reply_);
   wire::PushReply& reply = *borrowed;
-  reply.versions.clear();
-  reply.outcomes.clear();
-  reply.refusals.clear();
-  reply.versions.reserve(push.msg.entries.size());
-  reply.outcomes.reserve(push.msg.entries.size());
+  ResetReply(reply, push.msg.entries.size());
   const bool count_staged = from_slot && !from_ipc && table_->staged();
   const bool host_memory = memory_->is_host();
   const apply::Target target = ApplyTarget();  // once: it asks the memory its kind
   for (size_t i = 0; i < push.msg.entries.size(); ++i) {
     const auto& e = push.msg.entries[i];
     Param* p = params[i];
-    // The gradient where the kernels can read it (copied to the GPU when it
-    // came inline or through a host staging slot; host memory reads it where
-    // it is, with no call and no Status per entry).
     const void* grad = staging + e.staging_offset;
-    EntryResult r;
-    if (!host_memory) {
-      auto reachable = memory_->Reachable(grad, e.byte_length);
-      if (reachable.ok()) grad = *reachable;
-      r.status = reachable.status();
-    }
+    Status error;  // stays empty, and costs nothing more, unless this entry fails
+    if (!host_memory) error = Reach(*memory_, &grad, e.byte_length);
     if (count_staged) host_staged_bytes_ += e.byte_length;
-    if (r.status.ok() && !init) r.status = apply_push_failpoint_.Check();
-    if (r.status.ok()) r = ApplyEntry(target, *p, grad, init, rank, push.msg.step);
-    if (r.outcome == wire::PushOutcome::kStale) stale_dropped_++;
-    if (r.outcome == wire::PushOutcome::kDuplicate) duplicate_dropped_++;
-    if (r.step_ready) pending_steps_.push_back(p->key_id);
-    if (!r.status.ok()) {
+    if (error.ok() && !init && apply_push_failpoint_.armed()) error = apply_push_failpoint_.Check();
+    bool step_ready = false;
+    auto outcome = wire::PushOutcome::kRefused;
+    if (error.ok()) {
+      outcome = ApplyEntry(target, *p, grad, init, rank, push.msg.step, &error, &step_ready);
+    }
+    if (outcome == wire::PushOutcome::kStale) stale_dropped_++;
+    if (outcome == wire::PushOutcome::kDuplicate) duplicate_dropped_++;
+    if (step_ready) pending_steps_.push_back(p->key_id);
+    if (!error.ok()) {
       // This entry is refused; the batch's others still apply, and the
       // reply accounts for each.
-      r.outcome = wire::PushOutcome::kRefused;
-      reply.refusals.push_back({static_cast<uint32_t>(i), r.status.code(),
-                                "tensor '" + p->display_name + "': " + r.status.message()});
+      outcome = wire::PushOutcome::kRefused;
+      reply.refusals.push_back({static_cast<uint32_t>(i), error.code(),
+                                "tensor '" + p->display_name + "': " + error.message()});
     }
     p->writer_waiting = false;
     reply.versions.push_back(p->version);
-    reply.outcomes.push_back(static_cast<uint8_t>(r.outcome));
-    if (options_.log_updates && p->elem_count <= 8 && r.outcome == wire::PushOutcome::kApplied &&
+    reply.outcomes.push_back(static_cast<uint8_t>(outcome));
+    if (options_.log_updates && p->elem_count <= 8 && outcome == wire::PushOutcome::kApplied &&
         p->kind != Consistency::kSync) {
       LogUpdate(*p, push.peer->hello.task);
     }
@@ -345,7 +357,7 @@ void Shard::ReportSteps() {
 }
 
 bool Shard::TryApplyStep(Param& p) {
-  if (p.readers > 0 || frozen_) return false;
+  if (p.readers > 0 || checkpoints_->frozen()) return false;
   const auto& mode = p.entry.tensor.mode;
   // Who pushed the step, for its error: ApplySyncStep starts the next step.
   step_pushers_ = p.contributed;
@@ -365,10 +377,7 @@ bool Shard::TryApplyStep(Param& p) {
     TLOG_ERROR("{}", p.failure().message());
   }
   steps_applied_++;
-  if (snapshot_ && p.step == snapshot_->step && snapshot_->behind.erase(p.key_id) > 0) {
-    // This chunk just reached the checkpoint's step.
-    if (Capture(p) && snapshot_->behind.empty()) StartSnapshotWriter();
-  }
+  checkpoints_->StepApplied(p);
   if (options_.log_updates && p.entry.elem_count <= 8) {
     LogUpdate(p, "step " + std::to_string(p.step - 1) + " of " +
                      std::to_string(mode.replicas_to_aggregate) + " workers");

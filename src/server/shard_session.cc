@@ -280,8 +280,8 @@ Status Shard::CheckClaims(const wire::Hello& m) const {
         "the cluster spec of reader " + m.task + " (there) differs from that of " +
         TaskId{options_.job, options_.task_index}.ToString() + " (here): " + diff);
   } else if (static_cast<int>(m.task_index) >= options_.cluster.num_workers()) {
-    return Status::PermissionDenied(m.task + " claims worker rank " +
-                                    std::to_string(m.task_index) + " but the cluster has " +
+    return Status::PermissionDenied(m.task + " claims worker rank " + std::to_string(m.task_index) +
+                                    " but the cluster has " +
                                     std::to_string(options_.cluster.num_workers()) + " workers");
   }
   auto theirs = ClusterSpec::FromJson(m.cluster);

@@ -74,7 +74,7 @@ void Shard::OnSetState(Peer& peer, uint64_t request_id, const wire::SetState& ms
   }
   auto buffer = StateRange(peer, msg.key_id, msg.slot, msg.offset, msg.data.size());
   if (!buffer.ok()) return SendError(peer, request_id, buffer.status());
-  if (frozen_) {
+  if (checkpoints_->frozen()) {
     return SendError(peer, request_id,
                      Status::Unavailable("a checkpoint round is cutting the state: set it again "
                                          "once it is written"));
