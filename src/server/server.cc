@@ -28,7 +28,7 @@ bool HoldsTensors(wire::Opcode op) {
 }  // namespace
 
 void Shard::OnMessage(const EndpointPtr& ep, std::span<const uint8_t> frame) {
-  if (coord_link_ && ep.get() == coord_link_.get()) return OnLinkFrame(frame);
+  if (link_ && link_->carries(ep.get())) return link_->OnFrame(frame);
   auto it = peers_.find(ep.get());
   if (it == peers_.end()) return;
   Peer& peer = *it->second;

@@ -163,6 +163,7 @@ Status Shard::Start() {
       [this](const EndpointPtr& ep, const Status& why) { OnDisconnect(ep, why); });
   const std::string host = options_.bind_host.empty() ? addr->host : options_.bind_host;
   TESSERA_RETURN_IF_ERROR(StartAdmission());
+  if (!hosts_coordinator()) OpenCoordinatorLink();
   const uint16_t port = options_.bind_port != 0 ? options_.bind_port : addr->port;
   auto listener = ctx_->Listen(host, port, [this](const EndpointPtr& ep) { OnAccept(ep); });
   if (!listener.ok()) {
@@ -176,7 +177,7 @@ Status Shard::Start() {
       if (!is_coordinator_only()) JoinLocalService();
     });
   } else {
-    ctx_->Post([this] { JoinCoordinator(); });
+    ctx_->Post([this] { link_->Connect(); });
   }
   // A job whose workers never come ends too, after the grace time.
   if (presence_) ctx_->Post([this] { CheckPresence(); });
@@ -270,7 +271,7 @@ void Shard::Stop() {
     // On this thread: its checkpointer's callbacks run here. The service
     // itself stays until the shard goes: stats() may read it meanwhile.
     if (service_) service_->Stop();
-    if (coord_link_) coord_link_->Close();
+    if (link_) link_->Stop();
     if (checkpoints_) checkpoints_->Stop();
     for (auto& [raw, peer] : peers_) peer->ep->Close();
     for (auto& [ep, deadline] : closing_) ep->Close();
@@ -284,6 +285,7 @@ void Shard::Stop() {
   done.get_future().wait();
   if (checkpoints_) checkpoints_->JoinWriter();
   ctx_.reset();  // stops progress: nothing writes into the arenas any more
+  link_.reset();
   checkpoints_.reset();
   table_.reset();  // regions outlive their context safely (they hold the ucp context)
 }

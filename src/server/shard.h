@@ -24,6 +24,7 @@
 #include "server/admission.h"
 #include "server/apply.h"
 #include "server/checkpoint_participant.h"
+#include "server/coordinator_link.h"
 #include "server/lease_table.h"
 #include "server/param_table.h"
 #include "server/step_counter.h"
@@ -158,16 +159,14 @@ class Shard {
   // job), and what it is told of this task.
   Status StartService();
   void JoinLocalService();
-  // This task's chunks, as joins that say more follows: a restarted
-  // coordinator learns placement back from them.
-  std::vector<wire::Join> JoinMessages() const;
+  // This task's join, as frames: its chunks (a restarted coordinator learns
+  // placement back from them), the last sync steps it reported and those
+  // counted since, then the join's end.
+  std::vector<MessageBytes> JoinFrames();
   // The furthest step this task's sync chunks applied (0: none).
   uint64_t SyncStepReached() const;
-  void JoinCoordinator();
-  void OnLinkFrame(std::span<const uint8_t> frame);
-  void OnLinkLost(const Status& why);
-  // The handshake with the coordinator failed: close the link, retry later.
-  void RefuseCoordinator(const Status& why);
+  // The link to a coordinator another task hosts (link_).
+  void OpenCoordinatorLink();
   void OnJoined(const wire::JoinReply& reply);
   // The first join's answer: what to restore; then the creates that waited.
   void FirstJoined(const wire::JoinReply& reply);
@@ -304,19 +303,16 @@ class Shard {
   bool coordinator_stopped_ = false;  // under verdict_mu_
 
   // Membership and restore (progress thread).
-  EndpointPtr coord_link_;  // a ps task's link to the coordinator
-  std::optional<wire::ClientHandshake> link_handshake_;
-  bool joined_ = false;       // creates are served (restore known)
-  bool link_joined_ = false;  // the link is up and joined: reports may go
+  // A ps task's link to the coordinator, when another task hosts it.
+  std::unique_ptr<CoordinatorLink> link_;
+  bool joined_ = false;  // creates are served (restore known)
   StepCounter step_counter_;
   bool step_report_posted_ = false;
-  bool coordinator_said_bye_ = false;  // the link's end is a stop, not a loss
   // The connections whose ack of SayBye's bye is still awaited, and who
   // waits for them.
   std::vector<const transport::Endpoint*> bye_acks_awaited_;
   std::shared_ptr<std::promise<void>> bye_answered_;
   std::deque<std::tuple<EndpointPtr, uint64_t, wire::Create>> deferred_creates_;
-  std::chrono::steady_clock::time_point next_join_report_;
   std::unique_ptr<ckpt::Checkpoint> restore_;
   uint64_t restore_step_ = 0;  // the step restored sync chunks resume at
 

@@ -344,14 +344,14 @@ void Shard::ReportSteps() {
   if (stopping_ || !step_counter_.has_reports()) return;
   // Without a joined link the steps wait in the counter, and go when it
   // (re)joins.
-  if (!hosts_coordinator() && (!coord_link_ || !link_joined_)) return;
+  if (!hosts_coordinator() && !link_->joined()) return;
   Borrowed<std::vector<wire::StepsApplied>> reports(step_reports_);
   step_counter_.TakeReportsInto(&*reports);
   for (const auto& report : *reports) {
     if (hosts_coordinator()) {
       service_->OnLocalSteps(report);
     } else {
-      coord_link_->Send(kProtocolMsg, wire::Encode(report, 0));
+      link_->Send(wire::Encode(report, 0));
     }
   }
 }

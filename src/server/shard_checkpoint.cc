@@ -78,7 +78,7 @@ uint64_t Shard::SyncStepReached() const {
   return step;
 }
 
-std::vector<wire::Join> Shard::JoinMessages() const {
+std::vector<MessageBytes> Shard::JoinFrames() {
   std::vector<wire::Join> joins(1);
   joins.back().more = true;  // the join's end follows them
   table_->ForEach([&](const Param& p) {
@@ -91,138 +91,53 @@ std::vector<wire::Join> Shard::JoinMessages() const {
     joins.back().chunks.push_back(std::move(e));
     joins.back().initialized.push_back(p.initialized ? 1 : 0);
   });
-  return joins;
+  // The chunks, then the last sync steps reported (a restarted coordinator
+  // counts the global step from them; one that lived ignores steps it
+  // counted) and those counted while the link was down, then the join's
+  // end: the coordinator answers workers once every ps task got that far,
+  // so its global step is whole by then.
+  std::vector<MessageBytes> frames;
+  for (const auto& join : joins) frames.push_back(wire::Encode(join, 3));
+  for (const auto& report : step_counter_.Recent()) frames.push_back(wire::Encode(report, 0));
+  for (const auto& report : step_counter_.TakeReports()) frames.push_back(wire::Encode(report, 0));
+  wire::Join end;
+  end.sync_step = SyncStepReached();
+  frames.push_back(wire::Encode(end, 3));
+  return frames;
 }
 
 // ---------------------------------------------------------------------------
 // A ps task's link to the coordinator
 
-void Shard::JoinCoordinator() {
-  if (stopping_ || coord_link_) return;
-  const TaskId coord_task = options_.cluster.coordinator();
-  const TaskAddress addr = options_.cluster.address(coord_task).value();
-  ctx_->Connect(addr.host, addr.port, 2000ms,
-                [this, coord_task, addr](Result<std::shared_ptr<transport::Endpoint>> ep) {
-                  if (stopping_) {
-                    if (ep.ok()) (*ep)->Close();
-                    return;
-                  }
-                  if (!ep.ok()) {
-                    const auto now = std::chrono::steady_clock::now();
-                    if (now >= next_join_report_) {
-                      TLOG_INFO("waiting for the coordinator {} at {}: {}", coord_task.ToString(),
-                                addr.ToString(), ep.status().message());
-                      next_join_report_ = now + 10s;
-                    }
-                    ctx_->PostAfter(300ms, [this] { JoinCoordinator(); });
-                    return;
-                  }
-                  coord_link_ = *ep;
-                  wire::Hello hello;
-                  hello.role = wire::PeerRole::kShard;
-                  hello.task_index = static_cast<uint32_t>(options_.task_index);
-                  hello.task = TaskId{"ps", options_.task_index}.ToString();
-                  hello.cluster = options_.cluster.ToJson();
-                  hello.protection = options_.session_protection;
-                  link_handshake_.emplace(options_.secret, std::move(hello));
-                  coord_link_->Send(kProtocolMsg, wire::Encode(link_handshake_->hello(), 1));
-                  // No welcome by the hello deadline (the coordinator's own):
-                  // it may never have seen this connection. A new one.
-                  std::weak_ptr<transport::Endpoint> sent_on = coord_link_;
-                  const auto limit = admission_->options().hello_deadline;
-                  ctx_->PostAfter(limit, [this, sent_on, limit] {
-                    if (stopping_ || !link_handshake_ || coord_link_ != sent_on.lock()) return;
-                    TLOG_WARN(
-                        "the coordinator took the connection but did not finish the handshake "
-                        "within {} ms; joining again",
-                        limit.count());
-                    link_handshake_.reset();
-                    auto link = std::move(coord_link_);
-                    link->Abort();
-                    JoinCoordinator();
-                  });
-                });
-}
-
-void Shard::OnLinkFrame(std::span<const uint8_t> frame) {
-  auto h = wire::DecodeHeader(frame);
-  if (!h.ok()) {
-    auto link = coord_link_;
-    OnLinkLost(h.status().WithContext("bad message from the coordinator"));
-    link->Close();
-    return;
-  }
-  switch (h->opcode) {
-    case wire::Opcode::kChallenge:
-    case wire::Opcode::kWelcome: {
-      if (!link_handshake_) return RefuseCoordinator(Status::Internal("handshake out of turn"));
-      const uint32_t expect =
-          options_.cluster.separate_coordinator() ? wire::kCoordinatorIndex : 0u;
-      auto next = link_handshake_->OnFrame(frame, expect, "the coordinator");
-      if (!next.ok()) return RefuseCoordinator(next.status());
-      if (const auto* auth = std::get_if<wire::Auth>(&*next)) {
-        coord_link_->Send(kProtocolMsg, wire::Encode(*auth, 2));
-        return;
-      }
-      if (std::get<wire::Welcome>(*next).session_protected()) {
-        // Before anything else is sent: the coordinator seals all after its welcome.
-        if (Status sealed = coord_link_->ProtectSession(link_handshake_->Keys()); !sealed.ok()) {
-          return RefuseCoordinator(sealed);
-        }
-      }
-      link_handshake_.reset();
-      coord_link_->MarkAuthenticated();
-      // The chunks, then the last sync steps reported (a restarted
-      // coordinator counts the global step from them; one that lived
-      // ignores steps it counted) and those counted while the link was
-      // down, then the join's end: the coordinator answers workers once
-      // every ps task got that far, so its global step is whole by then.
-      for (const auto& join : JoinMessages()) {
-        coord_link_->Send(kProtocolMsg, wire::Encode(join, 3));
-      }
-      for (const auto& report : step_counter_.Recent()) {
-        coord_link_->Send(kProtocolMsg, wire::Encode(report, 0));
-      }
-      for (const auto& report : step_counter_.TakeReports()) {
-        coord_link_->Send(kProtocolMsg, wire::Encode(report, 0));
-      }
-      wire::Join end;
-      end.sync_step = SyncStepReached();
-      coord_link_->Send(kProtocolMsg, wire::Encode(end, 3));
-      return;
-    }
-    case wire::Opcode::kJoinReply: {
-      auto m = wire::DecodeBody<wire::JoinReply>(*h, frame);
-      if (m.ok()) OnJoined(*m);
-      return;
-    }
-    case wire::Opcode::kCkptPrepare:
-    case wire::Opcode::kCkptWrite:
-    case wire::Opcode::kCkptAbort:
-      return checkpoints_->OnFrame(frame);
-    case wire::Opcode::kBye:
-      coordinator_said_bye_ = true;
-      coord_link_->Send(kProtocolMsg, wire::Encode(wire::Ack{}, h->request_id));
-      NoteCoordinatorStopped();
-      CheckPresence();  // this task's end may have waited for the coordinator's
-      return;
-    case wire::Opcode::kAck:
-      if (h->request_id == kByeRequestId) OnByeAnswered(coord_link_.get());
-      return;
-    case wire::Opcode::kError: {
-      auto err = wire::DecodeBody<wire::Error>(*h, frame);
-      Status st = err.ok() ? Status(err->code, err->message) : err.status();
-      if (link_handshake_) return RefuseCoordinator(st);  // it refused this task
-      TLOG_ERROR("the coordinator: {}", st.message());
-      return;
-    }
-    default:
-      return;
-  }
+void Shard::OpenCoordinatorLink() {
+  CoordinatorLink::Options o{.cluster = options_.cluster,
+                             .task_index = options_.task_index,
+                             .secret = options_.secret,
+                             .protection = options_.session_protection,
+                             .hello_deadline = admission_->options().hello_deadline};
+  CoordinatorLink::Events events{
+      .join = [this] { return JoinFrames(); },
+      .joined = [this](const wire::JoinReply& reply) { OnJoined(reply); },
+      .checkpoint = [this](std::span<const uint8_t> frame) { checkpoints_->OnFrame(frame); },
+      .coordinator_stops =
+          [this] {
+            NoteCoordinatorStopped();
+            CheckPresence();  // this task's end may have waited for the coordinator's
+          },
+      .acked =
+          [this](uint64_t request_id) {
+            if (request_id == kByeRequestId) OnByeAnswered(link_->endpoint());
+          },
+      .closed =
+          [this] {
+            NoteCoordinatorStopped();  // whoever waits for its stop waits no more
+            if (!stopping_) checkpoints_->Abandon();
+          },
+  };
+  link_ = std::make_unique<CoordinatorLink>(*ctx_, std::move(o), std::move(events));
 }
 
 void Shard::OnJoined(const wire::JoinReply& reply) {
-  link_joined_ = true;
   ReportSteps();  // what was counted since the join went
   if (joined_) {
     TLOG_INFO("rejoined the coordinator");
@@ -241,15 +156,6 @@ void Shard::ServeDeferredCreates() {
   }
 }
 
-void Shard::RefuseCoordinator(const Status& why) {
-  TLOG_ERROR("could not join the coordinator: {}; trying again in 5 s", why.message());
-  link_handshake_.reset();
-  link_joined_ = false;
-  auto link = std::move(coord_link_);
-  if (link) link->Close();
-  if (!stopping_) ctx_->PostAfter(5s, [this] { JoinCoordinator(); });
-}
-
 void Shard::NoteCoordinatorStopped() {
   std::lock_guard<std::mutex> lock(verdict_mu_);
   coordinator_stopped_ = true;
@@ -260,22 +166,6 @@ bool Shard::WaitForCoordinatorToStop(std::chrono::milliseconds limit) {
   if (hosts_coordinator()) return true;
   std::unique_lock<std::mutex> lock(verdict_mu_);
   return verdict_cv_.wait_for(lock, limit, [&] { return coordinator_stopped_; });
-}
-
-void Shard::OnLinkLost(const Status& why) {
-  if (!coord_link_) return;
-  coord_link_.reset();
-  link_joined_ = false;
-  NoteCoordinatorStopped();  // whoever waits for its stop waits no more
-  if (stopping_) return;
-  if (coordinator_said_bye_) {
-    TLOG_INFO("the coordinator stopped; joining it again when it is back");
-  } else {
-    TLOG_WARN("lost the coordinator: {}; rejoining", why.message());
-  }
-  coordinator_said_bye_ = false;
-  checkpoints_->Abandon();
-  ctx_->PostAfter(1s, [this] { JoinCoordinator(); });
 }
 
 // ---------------------------------------------------------------------------
@@ -367,7 +257,7 @@ void Shard::SendToCoordinator(MessageBytes frame) {
     });
     return;
   }
-  if (coord_link_) coord_link_->Send(kProtocolMsg, std::move(frame));
+  if (link_) link_->Send(std::move(frame));
 }
 
 }  // namespace tessera::server

@@ -86,9 +86,9 @@ void Shard::SayBye() {
     bye_acks_awaited_.clear();
     bye_answered_ = answered;
     const auto bye = wire::Encode(wire::Bye{}, kByeRequestId);
-    if (coord_link_ && joined_) {
-      coord_link_->Send(kProtocolMsg, bye);
-      bye_acks_awaited_.push_back(coord_link_.get());
+    if (link_ && link_->endpoint() != nullptr && joined_) {
+      link_->Send(bye);
+      bye_acks_awaited_.push_back(link_->endpoint());
     }
     for (auto& [raw, peer] : peers_) {
       if (!peer->is_shard) continue;
@@ -111,7 +111,7 @@ void Shard::OnByeAnswered(const transport::Endpoint* from) {
 
 void Shard::OnDisconnect(const EndpointPtr& ep, const Status& why) {
   if (bye_answered_) OnByeAnswered(ep.get());
-  if (coord_link_ && ep.get() == coord_link_.get()) return OnLinkLost(why);
+  if (link_ && link_->carries(ep.get())) return link_->OnClosed(why);
   std::erase_if(closing_, [&](const auto& c) { return c.first == ep; });
   auto it = peers_.find(ep.get());
   if (it == peers_.end()) return;
@@ -157,7 +157,8 @@ void Shard::CheckPresence() {
   std::optional<Status> verdict = presence_->Verdict(now);
   // Off the coordinator, the end waits for the coordinator's: its final
   // checkpoint needs this task serving.
-  const bool coordinator_gone = hosts_coordinator() || coordinator_said_bye_ || !link_joined_;
+  const bool coordinator_gone =
+      hosts_coordinator() || link_->coordinator_said_bye() || !link_->joined();
   if (verdict && coordinator_gone) {
     std::lock_guard<std::mutex> lock(verdict_mu_);
     if (!verdict_) {
