@@ -70,6 +70,8 @@ def compile_args(entry):
     """The compiler's arguments of a compile_commands.json entry, without
     what only makes output (-o, -c, dependency files) and the source."""
     args = entry["arguments"] if "arguments" in entry else shlex.split(entry["command"])
+    if os.path.basename(args[0]) in ("ccache", "sccache"):
+        args = args[1:]  # the compiler it wraps
     keep, skip = [], False
     for a in args[1:]:
         if skip:
