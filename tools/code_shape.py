@@ -16,6 +16,10 @@ counted as the compiler sees them, not guessed from text.
 - A function is every function defined in PATH_SOURCES, lambdas inside it
   counted as its lines.
 
+It also writes docs/architecture.md's index of where each class lives (every
+class at namespace scope in a header of include/, src/ or transport/, or in
+a path source), and fails when that index no longer matches the code.
+
 What is over the limits today is listed in tools/code_shape_baseline.txt.
 The check fails when something over a limit is not listed there, when a
 listed one grew, or when one shrank or went under the limits and the list
@@ -62,8 +66,16 @@ PATH_SOURCES = [
     "src/wire/field_codec.cc",
 ]
 
+# Where classes are read: all of them go into architecture.md's index; those
+# in src/ are held to the limits.
+INDEXED = ("include/", "src/", "transport/")
+LIMITED = "src/"
+
 HERE = Path(__file__).resolve().parent
 BASELINE = HERE / "code_shape_baseline.txt"
+ARCHITECTURE = HERE.parent / "docs/architecture.md"
+INDEX_BEGIN = "<!-- class-index: written by tools/code_shape.py --update; the code-shape test fails when it is stale -->"
+INDEX_END = "<!-- class-index end -->"
 
 
 def compile_args(entry):
@@ -107,6 +119,9 @@ class Reader:
         self.classes = {}  # qualified name -> (file, line, methods, members, exempt)
         self.functions = {}  # (file, qualified name) -> lines
         self.unread = []  # what this build does not compile, so clang cannot read
+        # Each header's classes outside any other class: docs/architecture.md's
+        # index of where each class lives.
+        self.header_classes = defaultdict(set)
 
     def rel(self, cursor):
         f = cursor.location.file
@@ -138,14 +153,17 @@ class Reader:
 
     def read_headers(self, only_dir=None):
         by_dir = defaultdict(list)
-        headers = set((self.root / "src").rglob("*.h"))
+        headers = {h for top in INDEXED for h in (self.root / top).rglob("*.h")}
         headers |= {p for p in self.planted if p.suffix == ".h"}
         for h in sorted(headers):
             by_dir[h.parent].append(h)
         for directory, headers in by_dir.items():
             if only_dir and directory != only_dir:
                 continue
-            entry = self.entry_in(directory)
+            # A backend's headers are read as the transport's sources see
+            # them; the public headers as the core's.
+            entry = (self.entry_in(directory) or self.entry_in(directory.parent)
+                     or self.entry_in(self.root / "src/core"))
             if entry is None:  # headers of code this build does not compile
                 self.unread.append(directory.relative_to(self.root).as_posix())
                 continue
@@ -183,7 +201,7 @@ class Reader:
             if kind is None:
                 continue
             rel = self.rel(c)
-            if rel is None or not rel.startswith("src/") or (only and rel != only):
+            if rel is None or not rel.startswith(INDEXED) or (only and rel != only):
                 continue
             if kind in class_kinds and c.is_definition():
                 self.add_class(c, rel)
@@ -209,7 +227,12 @@ class Reader:
             elif kind == K.FIELD_DECL:
                 members += 1
         exempt = "plain data" in (c.raw_comment or "").lower()
-        self.classes[qualified(c)] = (rel, c.location.line, methods, members, exempt)
+        name = qualified(c)
+        self.classes[name] = (rel, c.location.line, methods, members, exempt)
+        # At namespace scope where it is defined (Client::Impl included).
+        parent = self.kind(c.lexical_parent)
+        if parent == K.NAMESPACE and "(anonymous)" not in name:
+            self.header_classes[rel].add(name.removeprefix("tessera::"))
 
 
 def qualified(c):
@@ -224,7 +247,7 @@ def findings(reader):
     """Every figure over its limit: {(what, name): figure}."""
     found = {}
     for name, (rel, line, methods, members, exempt) in reader.classes.items():
-        if exempt:
+        if exempt or not rel.startswith(LIMITED):
             continue
         if methods > MAX_METHODS:
             found[("methods", name)] = methods
@@ -234,6 +257,32 @@ def findings(reader):
         if lines > MAX_FUNCTION_LINES:
             found[("lines", f"{rel}:{name}")] = lines
     return found
+
+
+def class_index(reader):
+    """docs/architecture.md's list of where each class lives: every class
+    defined at namespace scope in a header (or a push and pull path
+    source), by file."""
+    rows = []
+    for rel in sorted(reader.header_classes):
+        names = ", ".join(f"`{n}`" for n in sorted(reader.header_classes[rel]))
+        rows.append(f"- `{rel}`: {names}")
+    return "\n".join(rows)
+
+
+def index_in(doc):
+    """The class index architecture.md holds now, or None without markers."""
+    text = doc.read_text()
+    if INDEX_BEGIN not in text or INDEX_END not in text:
+        return None
+    return text.split(INDEX_BEGIN, 1)[1].split(INDEX_END, 1)[0].strip("\n")
+
+
+def write_index(doc, index):
+    text = doc.read_text()
+    head, rest = text.split(INDEX_BEGIN, 1)
+    tail = rest.split(INDEX_END, 1)[1]
+    doc.write_text(head + INDEX_BEGIN + "\n" + index + "\n" + INDEX_END + tail)
 
 
 def read_baseline(path):
@@ -261,11 +310,22 @@ def check(root, build, baseline, update):
         raise SystemExit("code_shape: read no class or no function: the build's "
                          "compile_commands.json does not cover src/")
     found = findings(reader)
+    index = class_index(reader)
     if update:
         write_baseline(baseline, found)
-        print(f"code_shape: {baseline} lists {len(found)} figures over the limits")
+        write_index(ARCHITECTURE, index)
+        print(f"code_shape: {baseline} lists {len(found)} figures over the limits; "
+              f"{ARCHITECTURE.name}'s class index written")
         return 0
     problems = compare(found, read_baseline(baseline))
+    held = index_in(ARCHITECTURE)
+    if held is None:
+        problems.append(f"{ARCHITECTURE.name} has no class index between its markers")
+    elif held != index:
+        old, new = set(held.splitlines()), set(index.splitlines())
+        changed = sorted(new - old) + [f"(no longer) {r}" for r in sorted(old - new)]
+        problems.append(f"{ARCHITECTURE.name}'s class index is stale (run --update): "
+                        + "; ".join(changed))
     print(f"code_shape: {len(reader.classes)} classes, {len(reader.functions)} functions on the "
           f"push and pull paths read; {len(found)} figures over the limits")
     if reader.unread:
