@@ -162,8 +162,9 @@ class Reader:
                 continue
             # A backend's headers are read as the transport's sources see
             # them; the public headers as the core's.
-            entry = (self.entry_in(directory) or self.entry_in(directory.parent)
-                     or self.entry_in(self.root / "src/core"))
+            entry = self.entry_in(directory) or self.entry_in(directory.parent)
+            if directory.is_relative_to(self.root / "include"):
+                entry = self.entry_in(self.root / "src/core")
             if entry is None:  # headers of code this build does not compile
                 self.unread.append(directory.relative_to(self.root).as_posix())
                 continue
