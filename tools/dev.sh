@@ -166,6 +166,8 @@ run_suite() {  # run_suite DIR [meson test options...]
   failed=$(grep -Ec '"result": "(FAIL|TIMEOUT|ERROR|UNEXPECTEDPASS)"' "$log" || true)
   skipped=$(grep -c '"result": "SKIP"' "$log" || true)
   echo "$dir: $passed passed, $failed failed, $skipped skipped"
+  # CI shows the tail: the failed assertions last, where it is seen.
+  if [ "$failed" != 0 ]; then /usr/bin/python3 tools/test_failures.py "$log" || true; fi
   return $rc
 }
 
