@@ -512,7 +512,8 @@ void FloodTest::WorkersJoinThrough(const Flood& flood) {
   EXPECT_GT(connections, 4u * ServerOptions{}.max_unauthenticated) << "the flood was too thin";
   EXPECT_GE(joins, 1);
   // Strangers hold at most the table and the refused ones waiting to close.
-  EXPECT_LE(most_fds.load(), fds_before + 2 * static_cast<int>(ServerOptions{}.max_unauthenticated) + 16);
+  EXPECT_LE(most_fds.load(),
+            fds_before + 2 * static_cast<int>(ServerOptions{}.max_unauthenticated) + 16);
   if (flood.rotate && flood.mode == "guess") {
     // Every stranger address together: 100 at once, then 100 a second.
     const double bound = 100 + 100 * flood_seconds + 1;

@@ -9,7 +9,8 @@ the Context interface (transport/transport.h, transport/probe.h). So are
 the libraries behind them: <ucp/...> only in transport/ucx/, <infiniband/...>
 and <rdma/...> only in transport/verbs/ (and the RDMA probe), CUDA's headers
 only in src/gpu/ and kernels/cuda/, NCCL's only in NodeGroup, IPsec-MB's only
-in transport/tcp/.
+in transport/tcp/. Inside server/, only HostedCoordinator includes coord/:
+the shard reaches the coordinator through server/coordinator_port.h.
 
   check_layers.py ROOT              check the tree at ROOT
   check_layers.py --self-test ROOT  check that wrong-way includes planted in a
@@ -65,6 +66,20 @@ def library_problem(rel, number, target):
                     f'{", ".join(places)} may include (docs/architecture.md)')
     return None
 SOURCES = (".h", ".cc", ".cu")
+# Inside a layer: (the files, the include they may not make unless they are
+# one of `except`, why).
+INNER_WALLS = [
+    ("src/server/", "coord/", ("src/server/hosted_coordinator.",),
+     "only HostedCoordinator hosts coord/; the shard reaches the coordinator through "
+     "server/coordinator_port.h"),
+]
+
+
+def inner_wall_problem(rel, number, target):
+    for files, forbidden, allowed, why in INNER_WALLS:
+        if rel.startswith(files) and target.startswith(forbidden) and not rel.startswith(allowed):
+            return f'{rel}:{number}: includes "{target}": {why} (docs/architecture.md)'
+    return None
 
 
 def check(root):
@@ -88,6 +103,10 @@ def check(root):
                         if not m or "/" not in m.group(1):
                             continue
                         target = m.group(1)
+                        wall = inner_wall_problem(rel, number, target)
+                        if wall:
+                            problems.append(wall)
+                            continue
                         to = target.split("/", 1)[0]
                         if to not in LAYERS:
                             continue
@@ -122,6 +141,7 @@ def self_test(tree):
             "src/server/server.cc": "#include <infiniband/verbs.h>\n",
             "src/client/client.cc": "#include <cuda_runtime_api.h>\n",
             "transport/tcp/tcp_endpoint.cc": "#include <rdma/rdma_cma.h>\n",
+            "src/server/shard.h": '#include "coord/service.h"\n',
         }
         for rel, line in plants.items():
             path = os.path.join(root, rel)

@@ -16,19 +16,14 @@
 #include "core/placement.h"
 #include "core/pool_allocator.h"
 #include "tessera/cluster.h"
+#include "wire/limits.h"
 #include "wire/messages.h"
 
 namespace tessera::coord {
 
-// What one cluster may declare. A declare is an authenticated worker's
-// request, but its sizes are still the peer's word: these bound the records
-// the coordinator builds for it, so no declare can exhaust its memory.
-struct DeclareLimits {
-  uint64_t max_chunks_per_tensor = 1u << 16;
-  uint64_t max_tensors = 1u << 18;
-  uint64_t max_chunks = 1u << 21;
-  uint64_t max_tensor_bytes = uint64_t{1} << 44;  // 16 TiB
-};
+// What one cluster may declare (wire/limits.h: the ps tasks bound their
+// chunks by it too).
+using DeclareLimits = wire::DeclareLimits;
 
 class Coordinator {
  public:

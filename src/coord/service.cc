@@ -108,19 +108,7 @@ void Service::Stop() {
   waiting_bytes_ = 0;
 }
 
-bool Service::Serves(wire::Opcode op) {
-  switch (op) {
-    case wire::Opcode::kDeclare:
-    case wire::Opcode::kGetStep:
-    case wire::Opcode::kUpdateHyper:
-    case wire::Opcode::kSaveCheckpoint:
-    case wire::Opcode::kInitDone:
-    case wire::Opcode::kWaitInit:
-      return true;
-    default:
-      return false;
-  }
-}
+bool Service::Serves(wire::Opcode op) { return wire::AddressesCoordinator(op); }
 
 bool Service::AllJoined() const {
   for (bool joined : joined_once_) {

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/bytes.h"
+#include "server/coordinator_port.h"
 #include "tessera/cluster.h"
 #include "transport/transport.h"
 #include "wire/handshake.h"
@@ -21,7 +22,7 @@
 
 namespace tessera::server {
 
-class CoordinatorLink {
+class CoordinatorLink final : public CoordinatorPort {
  public:
   struct Options {
     ClusterSpec cluster;
@@ -57,13 +58,17 @@ class CoordinatorLink {
   const transport::Endpoint* endpoint() const { return link_.get(); }
   void OnFrame(std::span<const uint8_t> frame);
   void OnClosed(const Status& why);
-  // Up and joined: step reports may go.
-  bool joined() const { return joined_; }
+  // CoordinatorPort. Up and joined: step reports may go.
+  bool hosted() const override { return false; }
+  bool joined() const override { return joined_; }
   // The coordinator said it stops: the link's end is no loss.
   bool coordinator_said_bye() const { return said_bye_; }
   // Sends over the connection, if there is one (a join resends what
   // matters after a new one).
-  void Send(MessageBytes frame);
+  void Send(MessageBytes frame) override;
+  void ReportSteps(const wire::StepsApplied& report) override { Send(wire::Encode(report, 0)); }
+  // The coordinator learns this task's chunks from its next join.
+  void ChunksCreated(const wire::Join&) override {}
   // The shard stops: the connection is closed and none is made again.
   void Stop();
 

@@ -4,6 +4,7 @@
 // task's link goes to the coordinator's service, an observer gets status,
 // and a worker's requests go to the service or to the shard by opcode.
 #include "core/log.h"
+#include "server/hosted_coordinator.h"
 #include "server/shard.h"
 
 namespace tessera::server {
@@ -29,25 +30,12 @@ bool HoldsTensors(wire::Opcode op) {
 
 void Shard::OnMessage(const EndpointPtr& ep, std::span<const uint8_t> frame) {
   if (link_ && link_->carries(ep.get())) return link_->OnFrame(frame);
-  auto it = peers_.find(ep.get());
-  if (it == peers_.end()) return;
-  Peer& peer = *it->second;
+  Peer* found = sessions_->Find(ep.get());
+  if (found == nullptr) return;
+  Peer& peer = *found;
   auto h = wire::DecodeHeader(frame);
-  if (!h.ok()) return Drop(peer, h.status());
-
-  if (!peer.authenticated) {
-    Status st;
-    if (h->opcode == wire::Opcode::kHello && !peer.handshake.said_hello()) {
-      st = OnHello(peer, *h, frame);
-    } else if (h->opcode == wire::Opcode::kAuth && peer.handshake.said_hello()) {
-      st = OnAuth(peer, *h, frame);
-    } else {
-      st = Status::PermissionDenied(std::string(wire::OpcodeName(h->opcode)) +
-                                    " before authentication");
-    }
-    if (!st.ok()) Drop(peer, st, h->request_id);
-    return;
-  }
+  if (!h.ok()) return sessions_->Drop(peer, h.status());
+  if (!peer.authenticated) return sessions_->OnHandshakeFrame(peer, *h, frame);
   // Anyone authenticated may ping; a worker or ps task may say it leaves
   // on purpose (its disconnect is then no loss).
   if (h->opcode == wire::Opcode::kPing) return Reply(peer, h->request_id, wire::Ack{});
@@ -59,7 +47,7 @@ void Shard::OnMessage(const EndpointPtr& ep, std::span<const uint8_t> frame) {
   if (peer.is_observer) return OnObserverMessage(peer, *h);
   if (peer.is_reader) {
     if (Status may = ReaderMay(peer, h->opcode); !may.ok()) {
-      return SendError(peer, h->request_id, may);
+      return sessions_->SendError(peer, h->request_id, may);
     }
   }
   OnWorkerMessage(peer, *h, frame);
@@ -85,32 +73,36 @@ void Shard::OnShardPeerMessage(Peer& peer, const wire::Header& h, std::span<cons
     if (h.request_id == kByeRequestId) OnByeAnswered(peer.ep.get());
     return;
   }
-  const auto id = reinterpret_cast<coord::PeerId>(peer.ep.get());
-  Status st = service_->OnShardFrame(id, static_cast<int>(peer.hello.task_index), h, frame);
-  if (!st.ok()) Drop(peer, st.WithContext(peer.hello.task));
+  const auto id = reinterpret_cast<CoordinatorHost::PeerId>(peer.ep.get());
+  Status st = hosted_->OnLinkFrame(id, static_cast<int>(peer.hello.task_index), h, frame);
+  if (!st.ok()) sessions_->Drop(peer, st.WithContext(peer.hello.task));
 }
 
 void Shard::OnObserverMessage(Peer& peer, const wire::Header& h) {
   if (h.opcode == wire::Opcode::kStatus) {
     return Reply(peer, h.request_id, wire::StatusReply{StatusJson()});
   }
-  SendError(peer, h.request_id,
-            Status::PermissionDenied(std::string(wire::OpcodeName(h.opcode)) +
-                                     " from an observer, which may only ask for status"));
+  sessions_->SendError(
+      peer, h.request_id,
+      Status::PermissionDenied(std::string(wire::OpcodeName(h.opcode)) +
+                               " from an observer, which may only ask for status"));
 }
 
 void Shard::OnWorkerMessage(Peer& peer, const wire::Header& h, std::span<const uint8_t> frame) {
-  if (coord::Service::Serves(h.opcode)) {
-    if (!service_) {
-      return SendError(peer, h.request_id,
-                       Status::FailedPrecondition(std::string(wire::OpcodeName(h.opcode)) +
-                                                  " sent to a shard that is not the coordinator"));
+  if (wire::AddressesCoordinator(h.opcode)) {
+    if (!hosted_) {
+      return sessions_->SendError(
+          peer, h.request_id,
+          Status::FailedPrecondition(std::string(wire::OpcodeName(h.opcode)) +
+                                     " sent to a shard that is not the coordinator"));
     }
     // A reader has no rank: its hello's is not its to claim.
-    const coord::WorkerRef from{reinterpret_cast<coord::PeerId>(peer.ep.get()), peer.hello.task,
-                                peer.is_reader ? coord::WorkerRef::kNoRank : peer.hello.task_index,
-                                peer.is_reader};
-    return service_->OnWorkerRequest(from, h, frame);
+    const CoordinatorHost::Worker from{
+        .peer = reinterpret_cast<CoordinatorHost::PeerId>(peer.ep.get()),
+        .task = peer.hello.task,
+        .reader = peer.is_reader,
+        .rank = peer.hello.task_index};
+    return hosted_->OnWorkerRequest(from, h, frame);
   }
   // The transport delimits messages, so a body this shard cannot accept
   // (malformed, or valid bytes that say something invalid) costs the
@@ -120,7 +112,7 @@ void Shard::OnWorkerMessage(Peer& peer, const wire::Header& h, std::span<const u
   auto decoded = [&]<typename Msg>(auto serve) {
     auto m = wire::DecodeBody<Msg>(h, frame);
     if (!m.ok()) {
-      return SendError(
+      return sessions_->SendError(
           peer, h.request_id,
           m.status().WithContext(std::string(wire::OpcodeName(h.opcode)) + " refused"));
     }
@@ -133,13 +125,13 @@ void Shard::OnWorkerMessage(Peer& peer, const wire::Header& h, std::span<const u
     Status st = wire::DecodeBodyInto(h, frame, &m);
     if (!st.ok()) {
       spares.Give(std::move(m));
-      return SendError(peer, h.request_id,
-                       st.WithContext(std::string(wire::OpcodeName(h.opcode)) + " refused"));
+      return sessions_->SendError(
+          peer, h.request_id, st.WithContext(std::string(wire::OpcodeName(h.opcode)) + " refused"));
     }
     serve(std::move(m));
   };
   if (HoldsTensors(h.opcode) && is_coordinator_only()) {
-    return SendError(
+    return sessions_->SendError(
         peer, h.request_id,
         Status::FailedPrecondition(std::string(wire::OpcodeName(h.opcode)) +
                                    " sent to the coordinator, which holds no tensors"));
@@ -171,10 +163,10 @@ void Shard::OnWorkerMessage(Peer& peer, const wire::Header& h, std::span<const u
     default:
       // The shards count steps: a worker has no step to report.
       if (h.opcode == wire::Opcode::kStepsApplied) step_messages_from_workers_++;
-      return Drop(peer,
-                  Status::InvalidArgument(std::string("unexpected ") + wire::OpcodeName(h.opcode) +
-                                          " from a worker"),
-                  h.request_id);
+      return sessions_->Drop(peer,
+                             Status::InvalidArgument(std::string("unexpected ") +
+                                                     wire::OpcodeName(h.opcode) + " from a worker"),
+                             h.request_id);
   }
 }
 
@@ -182,9 +174,19 @@ void Shard::OnWorkerMessage(Peer& peer, const wire::Header& h, std::span<const u
 
 namespace tessera {
 
+// The server composes its roles (server/role.h): the coordinator where
+// this task hosts it, and the shard.
 class Server::Impl {
  public:
-  explicit Impl(ServerOptions options) : shard(std::move(options)) {}
+  explicit Impl(const ServerOptions& options)
+      : role(server::RoleOf(options)),
+        coordinator(HostsCoordinator(role)
+                        ? std::make_unique<server::HostedCoordinator>(options, role)
+                        : nullptr),
+        shard(options, coordinator.get()) {}
+  const server::Role role;
+  // Declared before the shard: the shard that reaches it goes first.
+  std::unique_ptr<server::HostedCoordinator> coordinator;
   server::Shard shard;
 };
 

@@ -20,6 +20,7 @@
 #include "kernels/update.h"
 #include "transport/run_on_loop.h"
 #include "transport/sockaddr.h"
+#include "wire/limits.h"
 
 namespace tessera::server {
 
@@ -51,49 +52,19 @@ std::string DescribeSessionProtection(SessionProtection protection, bool can) {
 
 }  // namespace
 
-Status Shard::StartAdmission() {
-  AdmissionOptions admission;
-  admission.max_unauthenticated = std::max<size_t>(1, options_.max_unauthenticated);
-  // Room kept for the cluster's own connections (a few a task) and files:
-  // strangers may hold the table and as many refused ones waiting to close.
-  size_t num_tasks = 0;
-  for (const auto& [job, list] : options_.cluster.jobs()) num_tasks += list.size();
-  const size_t cluster_room = 4 * num_tasks + 64;
-  if (rlimit files{}; getrlimit(RLIMIT_NOFILE, &files) == 0 &&
-                      files.rlim_cur < 2 * admission.max_unauthenticated + cluster_room) {
-    const size_t fit =
-        files.rlim_cur > cluster_room + 32 ? (files.rlim_cur - cluster_room) / 2 : 16;
-    TLOG_WARN(
-        "{} descriptors allowed (ulimit -n): at most {} connections may wait to "
-        "authenticate, not {}, so that the cluster's own keep room",
-        files.rlim_cur, fit, admission.max_unauthenticated);
-    admission.max_unauthenticated = fit;
-  }
-  // Strangers get a quarter of the table: the rest is the cluster's.
-  admission.max_strangers = std::max<size_t>(1, admission.max_unauthenticated / 4);
-  auto hello_deadline = TimeoutFromEnv("TESSERA_HELLO_TIMEOUT_MS", options_.hello_timeout);
-  if (!hello_deadline.ok()) return hello_deadline.status();
-  admission.hello_deadline = *hello_deadline;
-  admission_ = std::make_unique<Admission>(admission);
-  // The spec's hosts, as their connections will name them. A name that
-  // does not resolve yet (a pod not yet scheduled) is learnt when its task
-  // first proves itself.
-  std::set<std::string> names;
-  for (const auto& [job, tasks] : options_.cluster.jobs()) {
-    for (const auto& task : tasks) names.insert(task.host);
-  }
-  size_t addresses = 0;
-  for (const auto& name : names) {
-    for (const auto& address : transport::NumericAddressesOf(name)) {
-      admission_->AddClusterHost(address);
-      addresses++;
-    }
-  }
-  TLOG_DEBUG(
-      "admission: {} addresses of {} cluster hosts; strangers may hold {} of {} waiting "
-      "connections",
-      addresses, names.size(), admission.max_strangers, admission.max_unauthenticated);
-  return Status::Ok();
+Status Shard::OpenSessions() {
+  PeerSessions::Options o{.server = &options_,
+                          .reader_key = ReaderKey(options_.secret),
+                          .hello_index = is_coordinator_only()
+                                             ? wire::kCoordinatorIndex
+                                             : static_cast<uint32_t>(options_.task_index),
+                          .hosts_coordinator = hosts_coordinator()};
+  PeerSessions::Events events{
+      .worker_joins = [this](Peer& peer,
+                             wire::Welcome* welcome) { return OnWorkerJoins(peer, welcome); },
+      .ended = [this](const EndpointPtr& ep, const Status& why) { OnDisconnect(ep, why); }};
+  sessions_ = std::make_unique<PeerSessions>(*ctx_, std::move(o), std::move(events));
+  return sessions_->Open();
 }
 
 Status Shard::Start() {
@@ -111,7 +82,6 @@ Status Shard::Start() {
         "the secret given is a reader key, which lets read-only clients in; a " + options_.job +
         " task needs the cluster secret it was derived from");
   }
-  reader_key_ = ReaderKey(options_.secret);
   auto checkpoint_key = ckpt::CheckpointKeyFor(options_.secret);
   if (!checkpoint_key.ok()) return checkpoint_key.status();
   checkpoint_key_ = *checkpoint_key;
@@ -151,10 +121,10 @@ Status Shard::Start() {
     // until the end of training).
     TESSERA_RETURN_IF_ERROR(ckpt::CheckWritableDirectory(options_.checkpoint_dir));
   }
-  if (is_coordinator_only() ||
-      (!options_.cluster.separate_coordinator() && options_.task_index == 0)) {
-    TESSERA_RETURN_IF_ERROR(StartService());
+  if (HostsCoordinator(role_) != (hosted_ != nullptr)) {
+    return Status::Internal(self.ToString() + ": the server's roles and its coordinator disagree");
   }
+  if (hosted_) TESSERA_RETURN_IF_ERROR(OpenHostedCoordinator());
 
   ctx_->SetHandler(kProtocolMsg, [this](const EndpointPtr& ep, std::span<const uint8_t> frame) {
     OnMessage(ep, frame);
@@ -162,10 +132,11 @@ Status Shard::Start() {
   ctx_->SetDisconnectHandler(
       [this](const EndpointPtr& ep, const Status& why) { OnDisconnect(ep, why); });
   const std::string host = options_.bind_host.empty() ? addr->host : options_.bind_host;
-  TESSERA_RETURN_IF_ERROR(StartAdmission());
+  TESSERA_RETURN_IF_ERROR(OpenSessions());
   if (!hosts_coordinator()) OpenCoordinatorLink();
   const uint16_t port = options_.bind_port != 0 ? options_.bind_port : addr->port;
-  auto listener = ctx_->Listen(host, port, [this](const EndpointPtr& ep) { OnAccept(ep); });
+  auto listener =
+      ctx_->Listen(host, port, [this](const EndpointPtr& ep) { sessions_->Accept(ep); });
   if (!listener.ok()) {
     return listener.status().WithContext(self.ToString());
   }
@@ -173,8 +144,10 @@ Status Shard::Start() {
   ctx_->PostAfter(LeaseCheckInterval(), [this] { RevokeExpiredLeases(); });
   if (hosts_coordinator()) {
     ctx_->Post([this] {
-      service_->Start();
-      if (!is_coordinator_only()) JoinLocalService();
+      if (is_coordinator_only()) return hosted_->Start(nullptr);
+      hosted_->Start([this](const wire::JoinReply& reply) {
+        if (!stopping_) FirstJoined(reply);
+      });
     });
   } else {
     ctx_->Post([this] { link_->Connect(); });
@@ -248,35 +221,30 @@ Status Shard::ReadValue(const Param& p, void* host_dst) const {
 void Shard::Stop() {
   {
     // Whoever waits for the workers to leave hears of the stop instead.
-    std::lock_guard<std::mutex> lock(verdict_mu_);
-    if (!verdict_) verdict_ = Status::Aborted("the server was stopped");
-    verdict_cv_.notify_all();
+    end_.Decide(Status::Aborted("the server was stopped"));
   }
   if (!ctx_) return;
-  if (service_ && !options_.checkpoint_dir.empty()) {
+  if (hosted_ && !options_.checkpoint_dir.empty()) {
     // The final checkpoint, while the other shards still serve (`tessera
     // launch` stops the coordinator first).
     auto done = std::make_shared<std::promise<void>>();
-    ctx_->Post([this, done] { service_->SaveFinal([done] { done->set_value(); }); });
+    ctx_->Post([this, done] { hosted_->SaveFinal([done] { done->set_value(); }); });
     done->get_future().wait_for(options_.checkpoint_timeout + std::chrono::seconds(5));
   }
   SayBye();
   listener_.reset();
   // Peers' staging slots are freed only after the progress thread stopped:
   // over tcp a put arriving late is written by that thread.
-  std::unordered_map<transport::Endpoint*, std::unique_ptr<Peer>> peers;
+  std::unordered_map<transport::Endpoint*, std::unique_ptr<Peer>> peers;  // freed last
   std::promise<void> done;
   ctx_->Post([this, &done, &peers] {
     stopping_ = true;
     // On this thread: its checkpointer's callbacks run here. The service
     // itself stays until the shard goes: stats() may read it meanwhile.
-    if (service_) service_->Stop();
+    if (hosted_) hosted_->Stop();
     if (link_) link_->Stop();
     if (checkpoints_) checkpoints_->Stop();
-    for (auto& [raw, peer] : peers_) peer->ep->Close();
-    for (auto& [ep, deadline] : closing_) ep->Close();
-    closing_.clear();
-    peers.swap(peers_);
+    if (sessions_) peers = sessions_->CloseAll();
     leases_.Clear();
     blocked_pushes_.clear();
     waiting_pulls_.clear();
@@ -298,16 +266,17 @@ void Shard::OnCreate(Peer& peer, uint64_t request_id, const wire::Create& msg) {
   }
   if (!peer.is_reader) {
     // Before any is made: a batch that does not fit takes no memory at all.
-    Status room = table_->CheckRoom(msg.entries, memory_budget_, coord::DeclareLimits{}.max_chunks);
-    if (!room.ok()) return SendError(peer, request_id, room);
+    Status room = table_->CheckRoom(msg.entries, memory_budget_, wire::DeclareLimits{}.max_chunks);
+    if (!room.ok()) return sessions_->SendError(peer, request_id, room);
   }
   wire::CreateReply reply;
   wire::Join created;  // for the coordinator hosted here
+  const bool tell_coordinator = coordinator()->hosted();
   for (const auto& entry : msg.entries) {
     auto p = peer.is_reader ? FindForReader(entry) : table_->Create(entry);
-    if (!p.ok()) return SendError(peer, request_id, p.status());
+    if (!p.ok()) return sessions_->SendError(peer, request_id, p.status());
     if (restore_ && !(*p)->initialized && (*p)->version == 0) RestoreChunk(**p);
-    if (service_) {
+    if (tell_coordinator) {
       created.chunks.push_back((*p)->entry);
       created.initialized.push_back((*p)->initialized ? 1 : 0);
     }
@@ -329,7 +298,7 @@ void Shard::OnCreate(Peer& peer, uint64_t request_id, const wire::Create& msg) {
   }
   tensors_ = table_->size();
   // A coordinator restarted with this task learns its placement back here.
-  if (service_) service_->OnLocalChunksCreated(created);
+  if (tell_coordinator) coordinator()->ChunksCreated(created);
   Reply(peer, request_id, reply);
 }
 
@@ -357,13 +326,14 @@ Result<Param*> Shard::FindForReader(const wire::CreateEntry& entry) {
 
 void Shard::OnSetHyper(Peer& peer, uint64_t request_id, const wire::SetHyper& msg) {
   if (peer.hello.task_index != 0) {
-    return SendError(peer, request_id,
-                     Status::PermissionDenied(peer.hello.task + " is not the chief"));
+    return sessions_->SendError(peer, request_id,
+                                Status::PermissionDenied(peer.hello.task + " is not the chief"));
   }
   for (uint32_t key : msg.key_ids) {
     if (table_->Find(key) == nullptr) {
-      return SendError(peer, request_id,
-                       Status::NotFound("set-hyper for unknown key id " + std::to_string(key)));
+      return sessions_->SendError(
+          peer, request_id,
+          Status::NotFound("set-hyper for unknown key id " + std::to_string(key)));
     }
   }
   for (uint32_t key : msg.key_ids) {

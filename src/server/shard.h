@@ -16,7 +16,6 @@
 #include <vector>
 
 #include "ckpt/checkpoint.h"
-#include "coord/service.h"
 #include "core/borrowed.h"
 #include "core/failpoint.h"
 #include "core/log_throttle.h"
@@ -24,9 +23,14 @@
 #include "server/admission.h"
 #include "server/apply.h"
 #include "server/checkpoint_participant.h"
+#include "server/coordinator_host.h"
 #include "server/coordinator_link.h"
+#include "server/end_signals.h"
 #include "server/lease_table.h"
 #include "server/param_table.h"
+#include "server/peer.h"
+#include "server/peer_sessions.h"
+#include "server/role.h"
 #include "server/step_counter.h"
 #include "server/worker_presence.h"
 #include "tessera/server.h"
@@ -39,13 +43,16 @@ using wire::kProtocolMsg;
 
 class Shard {
  public:
-  explicit Shard(ServerOptions options) : options_(std::move(options)) {}
+  // `hosted`: the coordinator this process hosts, if its role says it does
+  // (the server owns it; it outlives the shard).
+  Shard(ServerOptions options, CoordinatorHost* hosted)
+      : options_(std::move(options)), role_(RoleOf(options_)), hosted_(hosted) {}
   ~Shard();
   Status Start();
   void Stop();
   uint16_t port() const { return listener_ ? listener_->port() : 0; }
   ServerStats stats() const;
-  bool is_coordinator_only() const { return options_.job == "coordinator"; }
+  bool is_coordinator_only() const { return role_ == Role::kCoordinator; }
   // ServerOptions::stop_when_workers_leave (any thread): the verdict, if it
   // came within `limit`.
   std::optional<Status> WaitUntilWorkersLeaveFor(std::chrono::milliseconds limit);
@@ -54,29 +61,6 @@ class Shard {
   bool WaitForCoordinatorToStop(std::chrono::milliseconds limit);
 
  private:
-  using EndpointPtr = std::shared_ptr<transport::Endpoint>;
-  struct Peer {
-    Peer(EndpointPtr endpoint, const std::string& secret, const std::string& reader_key)
-        : ep(std::move(endpoint)), handshake(secret, reader_key) {}
-    EndpointPtr ep;
-    bool authenticated = false;
-    wire::ServerHandshake handshake;
-    wire::Hello hello;  // the peer's, once it authenticated
-    std::unique_ptr<transport::Region> staging;
-    // A worker on this node of a GPU shard maps the arenas and a GPU slot of
-    // the staging slot's size with CUDA IPC. ipc_slot: that slot, set only
-    // for such a worker (the staging region itself where the fabric reaches
-    // GPU memory, else ipc_slot_owner).
-    uint8_t* ipc_slot = nullptr;
-    StateBuffer ipc_slot_owner;
-    std::set<uint32_t> known_arenas;
-    bool is_shard = false;     // a ps task's link to this coordinator
-    bool is_observer = false;  // `tessera status`: asks for status, nothing else
-    // A read-only client (it proved the reader key): looks tensors up and
-    // pulls them; no staging slot, no worker rank, never writes.
-    bool is_reader = false;
-    bool said_bye = false;  // leaves on purpose: its disconnect is no loss
-  };
   struct PendingPush {
     Peer* peer;
     uint64_t request_id;
@@ -96,7 +80,6 @@ class Shard {
   // one (and, off the coordinator, once the coordinator stopped), else
   // schedules the next look when the grace time may bring one.
   void CheckPresence();
-  void NoteCoordinatorStopped();
   void OnDisconnect(const EndpointPtr& ep, const Status& why);
   // Stopping on purpose: a ps task tells its coordinator, and a coordinator
   // its ps tasks, and waits briefly for their acks, so that none of them
@@ -106,24 +89,14 @@ class Shard {
   void OnByeAnswered(const transport::Endpoint* from);
   // The request id of such a bye: its ack is told from any other by it.
   static constexpr uint64_t kByeRequestId = ~uint64_t{0};
-  // Refuses the peer: forgets it and, when `tell`, sends it `why` first.
-  void Drop(Peer& peer, const Status& why, uint64_t request_id = 0, bool tell = true);
-  void ScheduleSweep(std::chrono::milliseconds after);
-  void SendError(Peer& peer, uint64_t request_id, const Status& st);
   template <typename Msg>
   void Reply(Peer& peer, uint64_t request_id, const Msg& msg) {
     peer.ep->Send(kProtocolMsg, wire::Encode(msg, request_id));
   }
 
-  void OnAccept(const EndpointPtr& ep);
-  // Closes connections that did not authenticate in time.
-  void DropOverdue();
-  Status OnHello(Peer& peer, const wire::Header& h, std::span<const uint8_t> frame);
-  Status OnAuth(Peer& peer, const wire::Header& h, std::span<const uint8_t> frame);
-  // Sends the welcome, then seals the session where the welcome says so.
-  Status SendWelcome(Peer& peer, uint64_t request_id, const wire::Welcome& welcome);
-  // Whether an authenticated hello may join as what it claims.
-  Status CheckClaims(const wire::Hello& hello) const;
+  // An authenticated worker (PeerSessions): its staging slot (and CUDA IPC
+  // slot) into the welcome, and its arrival counted.
+  Status OnWorkerJoins(Peer& peer, wire::Welcome* welcome);
   void OnCreate(Peer& peer, uint64_t request_id, const wire::Create& msg);
   // A reader's create: the keys of chunks that exist as it describes them;
   // nothing is created.
@@ -154,11 +127,10 @@ class Shard {
 
   // Membership: a ps task that is not the coordinator joins it (retrying
   // until it answers) and learns what to restore; creates wait for that.
-  bool hosts_coordinator() const { return service_ != nullptr; }
+  bool hosts_coordinator() const { return hosted_ != nullptr; }
   // The coordinator hosted here, when it is (ps task 0 or the coordinator
-  // job), and what it is told of this task.
-  Status StartService();
-  void JoinLocalService();
+  // job): what it lends it of this server.
+  Status OpenHostedCoordinator();
   // This task's join, as frames: its chunks (a restarted coordinator learns
   // placement back from them), the last sync steps it reported and those
   // counted since, then the join's end.
@@ -176,13 +148,19 @@ class Shard {
   Status OpenRestore(const std::string& path, uint64_t step);
   void RestoreChunk(Param& p);
 
+  // The coordinator, as this task's shard reaches it: hosted here, or over
+  // the link (from Start on).
+  CoordinatorPort* coordinator() {
+    return hosted_ != nullptr ? static_cast<CoordinatorPort*>(hosted_) : link_.get();
+  }
   // To the coordinator: over the link or, on ps task 0, directly.
   void SendToCoordinator(MessageBytes frame);
 
   // Opens the shard's memory (--memory) and decides whether the fabric
   // reaches it or values are staged through host memory.
   Status OpenMemory();
-  Status StartAdmission();
+  // The peers' sessions: admission, handshake, refusals.
+  Status OpenSessions();
   // What the chunks held may take: memory_limit_bytes, or what the memory
   // had free at start.
   Status SetMemoryBudget();
@@ -242,26 +220,20 @@ class Shard {
   void LogUpdate(const Param& p, const std::string& by) const;
 
   ServerOptions options_;
-  std::string reader_key_;                // ReaderKey(options_.secret): what readers prove
+  const Role role_;
+  CoordinatorHost* const hosted_;         // the coordinator hosted here, or null
   ckpt::CheckpointKey checkpoint_key_{};  // CheckpointKeyFor(options_.secret)
   std::unique_ptr<transport::Context> ctx_;
   std::unique_ptr<ParamMemory> memory_;
   transport::MemoryKind arena_kind_ = transport::MemoryKind::kHost;  // what workers reach
   std::unique_ptr<ParamTable> table_;
-  std::unique_ptr<coord::Service> service_;  // the coordinator, when hosted here
   std::unique_ptr<transport::Listener> listener_;
   // Checkpoint rounds, this shard's side (messages from the coordinator).
   std::unique_ptr<CheckpointParticipant> checkpoints_;
 
   // Progress thread only.
-  std::unordered_map<transport::Endpoint*, std::unique_ptr<Peer>> peers_;
-  std::unique_ptr<Admission> admission_;
-  uint64_t accepted_since_trim_ = 0;
-  uint64_t memory_budget_ =
-      UINT64_MAX;  // SetMemoryBudget  // connections since the heap was last trimmed
-  bool overdue_sweep_scheduled_ = false;
-  // Refused connections told why, left for the peer to close until then.
-  std::deque<std::pair<EndpointPtr, std::chrono::steady_clock::time_point>> closing_;
+  std::unique_ptr<PeerSessions> sessions_;
+  uint64_t memory_budget_ = UINT64_MAX;  // SetMemoryBudget
   LeaseTable leases_;
   // Vectors, not deques: a deque frees and allocates a block as its
   // elements pass through it; these keep their storage.
@@ -296,11 +268,8 @@ class Shard {
   std::map<uint32_t, Departed> departed_;
   std::optional<WorkerPresence> presence_;  // stop_when_workers_leave only
   bool presence_check_scheduled_ = false;
-  // The verdict, for WaitUntilWorkersLeave (any thread).
-  std::mutex verdict_mu_;
-  std::condition_variable verdict_cv_;
-  std::optional<Status> verdict_;
-  bool coordinator_stopped_ = false;  // under verdict_mu_
+  // The verdict, for WaitUntilWorkersLeave, and the coordinator's stop (any thread).
+  EndSignals end_;
 
   // Membership and restore (progress thread).
   // A ps task's link to the coordinator, when another task hosts it.
@@ -320,13 +289,11 @@ class Shard {
   // update fail.
   FailPoint apply_step_failpoint_{"apply-step"};
   FailPoint apply_push_failpoint_{"apply-push-entry"};  // refuses one entry of a push
-  // At most 10 lines a minute about refused strangers.
-  LogThrottle refusal_log_{10, std::chrono::minutes(1)};
 
-  std::atomic<uint64_t> pushes_applied_{0}, pulls_served_{0}, refused_{0}, tensors_{0},
-      leases_revoked_{0}, steps_applied_{0}, stale_dropped_{0}, duplicate_dropped_{0},
-      chunks_restored_{0}, host_staged_bytes_{0}, cuda_ipc_workers_{0},
-      step_messages_from_workers_{0}, worker_departures_{0};
+  std::atomic<uint64_t> pushes_applied_{0}, pulls_served_{0}, tensors_{0}, leases_revoked_{0},
+      steps_applied_{0}, stale_dropped_{0}, duplicate_dropped_{0}, chunks_restored_{0},
+      host_staged_bytes_{0}, cuda_ipc_workers_{0}, step_messages_from_workers_{0},
+      worker_departures_{0};
 };
 
 }  // namespace tessera::server

@@ -194,7 +194,7 @@ Status Shard::ValidatePush(const Peer& peer, uint32_t flags, const wire::Push& m
 
 void Shard::OnPush(Peer& peer, uint64_t request_id, uint32_t flags, wire::Push msg) {
   Status st = ValidatePush(peer, flags, msg);
-  if (!st.ok()) return SendError(peer, request_id, st);
+  if (!st.ok()) return sessions_->SendError(peer, request_id, st);
   PendingPush push{&peer, request_id, flags, std::move(msg)};
   if (!TryApplyPush(push)) {
     blocked_pushes_.push_back(std::move(push));
@@ -216,7 +216,7 @@ bool Shard::TryApplyPush(PendingPush& push) {
     case Gate::kWait:
       return false;
     case Gate::kFailed:
-      SendError(*push.peer, push.request_id, failed->failure());
+      sessions_->SendError(*push.peer, push.request_id, failed->failure());
       return true;
     case Gate::kApply:
       break;
@@ -267,7 +267,7 @@ bool Shard::TryApplyPush(PendingPush& push) {
   pushes_applied_++;
   if (!reply.refusals.empty() && (push.flags & wire::kFlagThenPull)) {
     // A push_pull's reply is the weights: the refusals go as its error.
-    SendError(*push.peer, push.request_id, RefusalsStatus(push, reply));
+    sessions_->SendError(*push.peer, push.request_id, RefusalsStatus(push, reply));
   } else if (push.flags & wire::kFlagThenPull) {
     ReplyWithWeights(push, reply.versions);
   } else {
@@ -329,7 +329,7 @@ void Shard::CountStep(const PendingPush& push, bool holds_sync) {
 
 void Shard::ScheduleStepReport() {
   // The coordinator hosted here hears at once: a call, no message to save.
-  if (hosts_coordinator()) return ReportSteps();
+  if (coordinator()->hosted()) return ReportSteps();
   // Once per turn of the loop: the async steps of every push handled in
   // this turn travel in one report.
   if (step_report_posted_) return;
@@ -344,16 +344,10 @@ void Shard::ReportSteps() {
   if (stopping_ || !step_counter_.has_reports()) return;
   // Without a joined link the steps wait in the counter, and go when it
   // (re)joins.
-  if (!hosts_coordinator() && !link_->joined()) return;
+  if (!coordinator()->joined()) return;
   Borrowed<std::vector<wire::StepsApplied>> reports(step_reports_);
   step_counter_.TakeReportsInto(&*reports);
-  for (const auto& report : *reports) {
-    if (hosts_coordinator()) {
-      service_->OnLocalSteps(report);
-    } else {
-      link_->Send(wire::Encode(report, 0));
-    }
-  }
+  for (const auto& report : *reports) coordinator()->ReportSteps(report);
 }
 
 bool Shard::TryApplyStep(Param& p) {

@@ -13,48 +13,21 @@ using namespace std::chrono_literals;
 // ---------------------------------------------------------------------------
 // The coordinator's side
 
-Status Shard::StartService() {
-  coord::ServiceOptions o;
-  o.name = options_.job + " task " + std::to_string(options_.task_index);
-  o.num_shards = options_.cluster.num_tasks("ps");
-  o.num_workers = options_.cluster.num_workers();
-  o.local_shard = is_coordinator_only() ? -1 : options_.task_index;
-  o.cluster_json = options_.cluster.ToJson();
-  o.checkpoints.dir = options_.checkpoint_dir;
-  o.checkpoints.every = options_.checkpoint_every;
-  o.checkpoints.every_steps = options_.checkpoint_every_steps;
-  o.checkpoints.keep = std::max(1, options_.keep_checkpoints);
-  o.checkpoints.timeout = options_.checkpoint_timeout;
-  o.checkpoints.key = checkpoint_key_;
-  o.restore = options_.restore;
-  o.new_run = options_.new_run;
-  o.accept_legacy_checkpoints = options_.accept_legacy_checkpoints;
-  coord::Service::Host host;
-  host.send = [this](coord::PeerId peer, MessageBytes frame) {
+Status Shard::OpenHostedCoordinator() {
+  CoordinatorHost::Hooks hooks;
+  hooks.ctx = ctx_.get();
+  hooks.checkpoint_key = checkpoint_key_;
+  hooks.send_to_peer = [this](CoordinatorHost::PeerId peer, MessageBytes frame) {
     // A peer that left meanwhile (a worker waiting for a round) is skipped.
-    auto it = peers_.find(reinterpret_cast<transport::Endpoint*>(peer));
-    if (it != peers_.end()) it->second->ep->Send(kProtocolMsg, std::move(frame));
+    Peer* to = sessions_->Find(reinterpret_cast<transport::Endpoint*>(peer));
+    if (to != nullptr) to->ep->Send(kProtocolMsg, std::move(frame));
   };
-  host.send_to_local_shard = [this](MessageBytes frame) {
-    ctx_->Post([this, f = std::move(frame)] {
-      if (!stopping_) checkpoints_->OnFrame(f);
-    });
-  };
-  host.post = [this](std::function<void()> fn) { ctx_->Post(std::move(fn)); };
-  host.post_after = [this](std::chrono::milliseconds d, std::function<void()> fn) {
-    ctx_->PostAfter(d, std::move(fn));
-  };
-  service_ = std::make_unique<coord::Service>(std::move(o), std::move(host));
-  return service_->Open();
-}
-
-void Shard::JoinLocalService() {
-  // This task's table is empty here (it just started): the join says so.
-  // The answer comes once every ps task joined: what to restore, and the
-  // global step (rebuilt, after a restart) its sync tensors resume at.
-  service_->JoinLocal(wire::Join{}, [this](const wire::JoinReply& reply) {
-    if (!stopping_) FirstJoined(reply);
-  });
+  if (!is_coordinator_only()) {
+    hooks.to_local_shard = [this](MessageBytes frame) {
+      if (!stopping_) checkpoints_->OnFrame(frame);
+    };
+  }
+  return hosted_->Open(std::move(hooks));
 }
 
 void Shard::FirstJoined(const wire::JoinReply& reply) {
@@ -114,14 +87,14 @@ void Shard::OpenCoordinatorLink() {
                              .task_index = options_.task_index,
                              .secret = options_.secret,
                              .protection = options_.session_protection,
-                             .hello_deadline = admission_->options().hello_deadline};
+                             .hello_deadline = sessions_->hello_deadline()};
   CoordinatorLink::Events events{
       .join = [this] { return JoinFrames(); },
       .joined = [this](const wire::JoinReply& reply) { OnJoined(reply); },
       .checkpoint = [this](std::span<const uint8_t> frame) { checkpoints_->OnFrame(frame); },
       .coordinator_stops =
           [this] {
-            NoteCoordinatorStopped();
+            end_.NoteCoordinatorStopped();
             CheckPresence();  // this task's end may have waited for the coordinator's
           },
       .acked =
@@ -130,7 +103,7 @@ void Shard::OpenCoordinatorLink() {
           },
       .closed =
           [this] {
-            NoteCoordinatorStopped();  // whoever waits for its stop waits no more
+            end_.NoteCoordinatorStopped();  // whoever waits for its stop waits no more
             if (!stopping_) checkpoints_->Abandon();
           },
   };
@@ -151,21 +124,13 @@ void Shard::ServeDeferredCreates() {
   auto deferred = std::move(deferred_creates_);
   deferred_creates_.clear();
   for (auto& [ep, request_id, msg] : deferred) {
-    auto it = peers_.find(ep.get());
-    if (it != peers_.end()) OnCreate(*it->second, request_id, msg);
+    if (Peer* peer = sessions_->Find(ep.get())) OnCreate(*peer, request_id, msg);
   }
-}
-
-void Shard::NoteCoordinatorStopped() {
-  std::lock_guard<std::mutex> lock(verdict_mu_);
-  coordinator_stopped_ = true;
-  verdict_cv_.notify_all();
 }
 
 bool Shard::WaitForCoordinatorToStop(std::chrono::milliseconds limit) {
   if (hosts_coordinator()) return true;
-  std::unique_lock<std::mutex> lock(verdict_mu_);
-  return verdict_cv_.wait_for(lock, limit, [&] { return coordinator_stopped_; });
+  return end_.WaitForCoordinatorStop(limit);
 }
 
 // ---------------------------------------------------------------------------
@@ -251,13 +216,7 @@ void Shard::RestoreChunk(Param& p) {
 // Messages to the coordinator (checkpoint rounds: checkpoint_participant.h)
 
 void Shard::SendToCoordinator(MessageBytes frame) {
-  if (hosts_coordinator()) {
-    ctx_->Post([this, f = std::move(frame)] {
-      if (!stopping_ && service_) service_->OnLocalShardFrame(f);
-    });
-    return;
-  }
-  if (link_) link_->Send(std::move(frame));
+  if (coordinator() != nullptr) coordinator()->Send(std::move(frame));
 }
 
 }  // namespace tessera::server

@@ -20,8 +20,8 @@ namespace tessera::server {
 void Shard::OnPull(Peer& peer, uint64_t request_id, wire::Pull msg) {
   for (const auto& e : msg.entries) {
     if (table_->Find(e.key_id) == nullptr) {
-      return SendError(peer, request_id,
-                       Status::NotFound("pull of unknown key id " + std::to_string(e.key_id)));
+      return sessions_->SendError(
+          peer, request_id, Status::NotFound("pull of unknown key id " + std::to_string(e.key_id)));
     }
   }
   PendingPull pull{&peer, request_id, std::move(msg)};
@@ -31,7 +31,7 @@ void Shard::OnPull(Peer& peer, uint64_t request_id, wire::Pull msg) {
     return;
   }
   Status st = StepReachable(pull);
-  if (!st.ok()) return SendError(peer, request_id, st);
+  if (!st.ok()) return sessions_->SendError(peer, request_id, st);
   if (pull.msg.wait_ms > 0) {
     pull.deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(pull.msg.wait_ms);
   }
@@ -96,7 +96,7 @@ void Shard::SweepWaitingPulls() {
     }
     const std::string what = WhatPullWaitsFor(*it);
     TLOG_WARN("{}'s pull waited {} ms: {}", it->peer->hello.task, it->msg.wait_ms, what);
-    SendError(
+    sessions_->SendError(
         *it->peer, it->request_id,
         Status::DeadlineExceeded("waited " + std::to_string(it->msg.wait_ms) + " ms: " + what));
     spare_pulls_.Give(std::move(it->msg));
@@ -206,7 +206,7 @@ bool Shard::TryGrantPull(PendingPull& pull) {
     const Param* p = table_->Find(e.key_id);
     total += p->bytes;
     if (p->failed) {
-      SendError(*pull.peer, pull.request_id, p->failure());
+      sessions_->SendError(*pull.peer, pull.request_id, p->failure());
       return true;
     }
     if (!p->initialized || p->version < e.min_version || p->StepReached() < e.min_step ||
@@ -233,7 +233,8 @@ bool Shard::TryGrantPull(PendingPull& pull) {
       if (plain_host) {
         std::memcpy(reply.data.data() + at, p->data, p->bytes);
       } else if (Status st = ReadValue(*p, reply.data.data() + at); !st.ok()) {
-        SendError(*pull.peer, pull.request_id, st.WithContext("reading '" + p->display_name + "'"));
+        sessions_->SendError(*pull.peer, pull.request_id,
+                             st.WithContext("reading '" + p->display_name + "'"));
         return true;
       }
       at += p->bytes;
@@ -250,7 +251,7 @@ bool Shard::TryGrantPull(PendingPull& pull) {
   for (const auto& e : pull.msg.entries) lease.keys.push_back(e.key_id);
   auto id = leases_.Grant(std::move(lease));
   if (!id.ok()) {
-    SendError(*pull.peer, pull.request_id, id.status());
+    sessions_->SendError(*pull.peer, pull.request_id, id.status());
     return true;
   }
   reply.lease_id = *id;
@@ -321,7 +322,7 @@ void Shard::RetryWaiting() {
     // who is gone, instead of leaving them to time out.
     Status st = StepReachable(*it);
     if (!st.ok()) {
-      SendError(*it->peer, it->request_id, st);
+      sessions_->SendError(*it->peer, it->request_id, st);
       spare_pulls_.Give(std::move(it->msg));
       it = waiting_pulls_.erase(it);
       continue;

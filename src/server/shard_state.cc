@@ -56,32 +56,34 @@ Result<StateBuffer*> Shard::StateRange(const Peer& peer, uint32_t key_id, wire::
 
 void Shard::OnGetState(Peer& peer, uint64_t request_id, const wire::GetState& msg) {
   auto buffer = StateRange(peer, msg.key_id, msg.slot, msg.offset, msg.length);
-  if (!buffer.ok()) return SendError(peer, request_id, buffer.status());
+  if (!buffer.ok()) return sessions_->SendError(peer, request_id, buffer.status());
   wire::StateReply reply;
   reply.updates = table_->Find(msg.key_id)->updates;
   reply.data.resize(msg.length);
   Status st = memory_->ToHost(reply.data.data(), (*buffer)->data() + msg.offset, msg.length);
-  if (!st.ok()) return SendError(peer, request_id, st.WithContext("get-state"));
+  if (!st.ok()) return sessions_->SendError(peer, request_id, st.WithContext("get-state"));
   Reply(peer, request_id, reply);
 }
 
 void Shard::OnSetState(Peer& peer, uint64_t request_id, const wire::SetState& msg) {
   if (!peer.is_reader && peer.hello.task_index != 0) {
-    return SendError(peer, request_id,
-                     Status::PermissionDenied(peer.hello.task +
-                                              " is not the chief: only the chief sets optimizer "
-                                              "state"));
+    return sessions_->SendError(
+        peer, request_id,
+        Status::PermissionDenied(peer.hello.task +
+                                 " is not the chief: only the chief sets optimizer "
+                                 "state"));
   }
   auto buffer = StateRange(peer, msg.key_id, msg.slot, msg.offset, msg.data.size());
-  if (!buffer.ok()) return SendError(peer, request_id, buffer.status());
+  if (!buffer.ok()) return sessions_->SendError(peer, request_id, buffer.status());
   if (checkpoints_->frozen()) {
-    return SendError(peer, request_id,
-                     Status::Unavailable("a checkpoint round is cutting the state: set it again "
-                                         "once it is written"));
+    return sessions_->SendError(
+        peer, request_id,
+        Status::Unavailable("a checkpoint round is cutting the state: set it again "
+                            "once it is written"));
   }
   Param* p = table_->Find(msg.key_id);
   Status st = memory_->FromHost((*buffer)->data() + msg.offset, msg.data.data(), msg.data.size());
-  if (!st.ok()) return SendError(peer, request_id, st.WithContext("set-state"));
+  if (!st.ok()) return sessions_->SendError(peer, request_id, st.WithContext("set-state"));
   p->updates = msg.updates;
   Reply(peer, request_id, wire::Ack{});
 }

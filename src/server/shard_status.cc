@@ -21,16 +21,16 @@ std::string Shard::StatusJson() const {
   const ServerStats s = stats();
   nlohmann::json workers = nlohmann::json::array();
   nlohmann::json readers = nlohmann::json::array();
-  for (const auto& [raw, peer] : peers_) {
-    if (!peer->authenticated || peer->is_shard || peer->is_observer) continue;
-    if (peer->is_reader) {
-      readers.push_back({{"task", peer->hello.task}, {"address", peer->ep->peer()}});
-      continue;
+  sessions_->ForEach([&](const Peer& peer) {
+    if (!peer.authenticated || peer.is_shard || peer.is_observer) return;
+    if (peer.is_reader) {
+      readers.push_back({{"task", peer.hello.task}, {"address", peer.ep->peer()}});
+      return;
     }
-    workers.push_back({{"task", peer->hello.task},
-                       {"address", peer->ep->peer()},
-                       {"cuda_ipc", peer->ipc_slot != nullptr}});
-  }
+    workers.push_back({{"task", peer.hello.task},
+                       {"address", peer.ep->peer()},
+                       {"cuda_ipc", peer.ipc_slot != nullptr}});
+  });
   nlohmann::json j = {{"task", TaskId{options_.job, options_.task_index}.ToString()},
                       {"coordinator", hosts_coordinator()},
                       {"transport", ctx_->Describe()},
@@ -55,11 +55,11 @@ std::string Shard::StatusJson() const {
   // Only where the process counts them (the `tessera` tool does): the
   // bench's figure of the shard's allocations per call.
   if (const auto allocations = HeapAllocationsSoFar()) j["heap_allocations"] = *allocations;
-  if (service_) {
-    j["global_step"] = service_->global_step();
+  if (hosted_) {
+    j["global_step"] = hosted_->global_step();
     // What the coordinator was told of steps, and by whom: the shards count
     // them, at most one report per ps task per sync step; workers say none.
-    j["step_reports"] = {{"from_ps_tasks", service_->step_reports_by_shard()},
+    j["step_reports"] = {{"from_ps_tasks", s.step_reports_from_ps},
                          {"from_workers", step_messages_from_workers_.load()}};
   }
   return j.dump();
@@ -70,18 +70,13 @@ ServerStats Shard::stats() const {
   s.tensors = tensors_;
   s.pushes_applied = pushes_applied_;
   s.pulls_served = pulls_served_;
-  s.connections_refused = refused_;
+  s.connections_refused = sessions_ ? sessions_->refused() : 0;
   s.leases_revoked = leases_revoked_;
   s.sync_steps_applied = steps_applied_;
   s.stale_pushes_dropped = stale_dropped_;
   s.duplicate_pushes_dropped = duplicate_dropped_;
   s.chunks_restored = chunks_restored_;
-  if (service_) {
-    s.checkpoints_written = service_->checkpoints_written();
-    s.checkpoint_rounds_failed = service_->checkpoint_rounds_failed();
-    s.last_checkpoint_failure = service_->last_checkpoint_failure();
-    s.step_reports_from_ps = service_->step_reports_by_shard();
-  }
+  if (hosted_) hosted_->AddStats(&s);
   s.host_staged_bytes = host_staged_bytes_;
   s.cuda_ipc_workers = cuda_ipc_workers_;
   s.step_messages_from_workers = step_messages_from_workers_;

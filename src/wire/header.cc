@@ -142,4 +142,18 @@ Result<Header> DecodeHeader(std::span<const uint8_t> frame) {
   return h;
 }
 
+bool AddressesCoordinator(Opcode op) {
+  switch (op) {
+    case Opcode::kDeclare:
+    case Opcode::kGetStep:
+    case Opcode::kUpdateHyper:
+    case Opcode::kSaveCheckpoint:
+    case Opcode::kInitDone:
+    case Opcode::kWaitInit:
+      return true;
+    default:
+      return false;
+  }
+}
+
 }  // namespace tessera::wire

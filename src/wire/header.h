@@ -76,6 +76,9 @@ enum class Opcode : uint16_t {
 };
 constexpr uint16_t kMaxOpcode = 39;
 const char* OpcodeName(Opcode op);
+// A worker's request that the coordinator answers, wherever it runs (the
+// others a worker sends are a ps task's to answer).
+bool AddressesCoordinator(Opcode op);
 
 // Header flags.
 constexpr uint32_t kFlagInit = 1u << 0;  // a push that initialises (the chief's)
