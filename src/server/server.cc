@@ -26,6 +26,15 @@ bool HoldsTensors(wire::Opcode op) {
   }
 }
 
+// A worker as the coordinator knows it. A reader has no rank: its hello's
+// is not its to claim (the coordinator reads none for it).
+CoordinatorHost::Worker AsWorker(const Peer& peer) {
+  return {.peer = reinterpret_cast<CoordinatorHost::PeerId>(peer.ep.get()),
+          .task = peer.hello.task,
+          .reader = peer.is_reader,
+          .rank = peer.hello.task_index};
+}
+
 }  // namespace
 
 void Shard::OnMessage(const EndpointPtr& ep, std::span<const uint8_t> frame) {
@@ -96,13 +105,7 @@ void Shard::OnWorkerMessage(Peer& peer, const wire::Header& h, std::span<const u
           Status::FailedPrecondition(std::string(wire::OpcodeName(h.opcode)) +
                                      " sent to a shard that is not the coordinator"));
     }
-    // A reader has no rank: its hello's is not its to claim.
-    const CoordinatorHost::Worker from{
-        .peer = reinterpret_cast<CoordinatorHost::PeerId>(peer.ep.get()),
-        .task = peer.hello.task,
-        .reader = peer.is_reader,
-        .rank = peer.hello.task_index};
-    return hosted_->OnWorkerRequest(from, h, frame);
+    return hosted_->OnWorkerRequest(AsWorker(peer), h, frame);
   }
   // The transport delimits messages, so a body this shard cannot accept
   // (malformed, or valid bytes that say something invalid) costs the

@@ -33,6 +33,7 @@
 #include "server/role.h"
 #include "server/step_counter.h"
 #include "server/worker_presence.h"
+#include "server/worker_roster.h"
 #include "tessera/server.h"
 #include "transport/transport.h"
 #include "wire/handshake.h"
@@ -258,14 +259,8 @@ class Shard {
   std::vector<bool> step_pushers_;
   std::vector<wire::StepsApplied> step_reports_;
   bool stopping_ = false;
-  std::map<uint32_t, int> connected_ranks_;  // authenticated connections per worker rank
-  // Ranks with no connection left: who, and since when (a rank is awaited
-  // for worker_rejoin_grace after it left, StepReachable).
-  struct Departed {
-    std::string task;
-    std::chrono::steady_clock::time_point since;
-  };
-  std::map<uint32_t, Departed> departed_;
+  // Worker ranks connected, and those awaited back (StepReachable).
+  WorkerRoster roster_{options_.worker_rejoin_grace};
   std::optional<WorkerPresence> presence_;  // stop_when_workers_leave only
   bool presence_check_scheduled_ = false;
   // The verdict, for WaitUntilWorkersLeave, and the coordinator's stop (any thread).
@@ -292,8 +287,7 @@ class Shard {
 
   std::atomic<uint64_t> pushes_applied_{0}, pulls_served_{0}, tensors_{0}, leases_revoked_{0},
       steps_applied_{0}, stale_dropped_{0}, duplicate_dropped_{0}, chunks_restored_{0},
-      host_staged_bytes_{0}, cuda_ipc_workers_{0}, step_messages_from_workers_{0},
-      worker_departures_{0};
+      host_staged_bytes_{0}, cuda_ipc_workers_{0}, step_messages_from_workers_{0};
 };
 
 }  // namespace tessera::server

@@ -152,11 +152,7 @@ std::string Shard::WhatPullWaitsFor(const PendingPull& pull) const {
 void Shard::RecheckAfterRejoinGrace() {
   if (stopping_ || rejoin_recheck_scheduled_) return;
   const auto now = std::chrono::steady_clock::now();
-  std::optional<std::chrono::steady_clock::time_point> earliest;
-  for (const auto& [rank, d] : departed_) {
-    const auto until = d.since + options_.worker_rejoin_grace;
-    if (until > now && (!earliest || until < *earliest)) earliest = until;
-  }
+  const auto earliest = roster_.NextRejoinDeadline(now);
   if (!earliest) return;
   rejoin_recheck_scheduled_ = true;
   ctx_->PostAfter(std::chrono::duration_cast<std::chrono::milliseconds>(*earliest - now) +
@@ -182,11 +178,10 @@ Status Shard::StepReachable(const PendingPull& pull) const {
     std::string gone;
     for (uint32_t rank = 0; rank < mode.total_num_replicas; ++rank) {
       if (rank < p->contributed.size() && p->contributed[rank]) continue;
-      auto d = departed_.find(rank);
-      if (d == departed_.end() || now - d->second.since < options_.worker_rejoin_grace) {
+      if (std::string task; roster_.MayStillPush(rank, now, &task)) {
         possible++;
       } else {
-        gone += (gone.empty() ? "" : ", ") + d->second.task;
+        gone += (gone.empty() ? "" : ", ") + task;
       }
     }
     const uint32_t needed = mode.replicas_to_aggregate - p->agg_count;

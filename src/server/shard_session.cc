@@ -71,9 +71,7 @@ void Shard::OnDisconnect(const EndpointPtr& ep, const Status& why) {
       TLOG_INFO("{} disconnected: {}", peer->hello.task, why.message());
     }
     const uint32_t rank = peer->hello.task_index;
-    if (--connected_ranks_[rank] == 0) {
-      departed_[rank] = {peer->hello.task, std::chrono::steady_clock::now()};
-      worker_departures_++;
+    if (roster_.Left(rank, peer->hello.task, std::chrono::steady_clock::now())) {
       RecheckAfterRejoinGrace();
     }
     if (presence_) {
@@ -144,9 +142,8 @@ Status Shard::OnWorkerJoins(Peer& peer, wire::Welcome* welcome) {
       }
     }
   }
-  connected_ranks_[peer.hello.task_index]++;
+  roster_.Joined(peer.hello.task_index);
   if (presence_) presence_->Connected(peer.hello.task_index, peer.hello.task);
-  departed_.erase(peer.hello.task_index);  // a restarted worker is back
   return Status::Ok();
 }
 

@@ -80,7 +80,7 @@ ServerStats Shard::stats() const {
   s.host_staged_bytes = host_staged_bytes_;
   s.cuda_ipc_workers = cuda_ipc_workers_;
   s.step_messages_from_workers = step_messages_from_workers_;
-  s.worker_departures = worker_departures_;
+  s.worker_departures = roster_.departures();
   return s;
 }
 
