@@ -1,6 +1,7 @@
-// The shard: authenticates workers, holds the parameter table, applies pushed
-// updates and grants pull leases. All its state lives on the transport's
-// progress thread.
+// The shard: holds the parameter table, applies pushed updates and grants
+// pull leases to the workers its PeerSessions authenticated. It reaches the
+// coordinator through a CoordinatorPort (hosted in this process, or over its
+// CoordinatorLink). All its state lives on the transport's progress thread.
 #pragma once
 
 #include <condition_variable>
