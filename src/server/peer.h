@@ -38,8 +38,6 @@ struct Peer {
   // pulls them; no staging slot, no worker rank, never writes.
   bool is_reader = false;
   bool said_bye = false;  // leaves on purpose: its disconnect is no loss
-  // A worker, once authenticated (none of the above).
-  bool is_worker() const { return authenticated && !is_shard && !is_observer && !is_reader; }
 };
 
 }  // namespace tessera::server

@@ -4,12 +4,10 @@
 // CoordinatorLink). All its state lives on the transport's progress thread.
 #pragma once
 
-#include <condition_variable>
 #include <deque>
 #include <future>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <thread>
@@ -19,9 +17,7 @@
 #include "ckpt/checkpoint.h"
 #include "core/borrowed.h"
 #include "core/failpoint.h"
-#include "core/log_throttle.h"
 #include "core/spares.h"
-#include "server/admission.h"
 #include "server/apply.h"
 #include "server/checkpoint_participant.h"
 #include "server/coordinator_host.h"
