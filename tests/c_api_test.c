@@ -522,9 +522,16 @@ int main(int argc, char** argv) {
   CHECK(counters.host_staged_bytes == 0 && counters.cuda_ipc_bytes == 0);
 
   /* Five sync steps were completed by both workers (the async pushes count
-   * too, in whatever order they came). */
-  uint64_t step;
-  OK(step = tessera_client_global_step(c, &err));
+   * too, in whatever order they came). The shards report steps after they
+   * answered the pulls (docs/training.md), so the count may arrive after
+   * this worker's last pull: wait for it, bounded. */
+  uint64_t step = 0;
+  const struct timespec tick = {0, 1000000};
+  for (int i = 0; i < 120000; ++i) {
+    OK(step = tessera_client_global_step(c, &err));
+    if (step >= 5) break;
+    nanosleep(&tick, NULL);
+  }
   CHECK(step >= 5);
   if (tessera_client_is_chief(c)) {
     char* path = NULL;
