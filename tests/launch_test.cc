@@ -148,6 +148,7 @@ TEST(LaunchTest, StatusShowsAtMostOneStepReportPerShardPerStep) {
     ASSERT_FALSE(t.contains("error")) << t.dump();
     if (!t.value("coordinator", false)) continue;
     coordinators++;
+    EXPECT_EQ(t.at("roles"), nlohmann::json({"shard", "coordinator"})) << "ps task 0 hosts it";
     EXPECT_EQ(t.at("global_step").get<uint64_t>(), 100u) << t.dump();
     const auto& reports = t.at("step_reports");
     ASSERT_EQ(reports.at("from_ps_tasks").size(), 2u) << t.dump();
@@ -158,6 +159,42 @@ TEST(LaunchTest, StatusShowsAtMostOneStepReportPerShardPerStep) {
     EXPECT_EQ(reports.at("from_workers").get<uint64_t>(), 0u) << t.dump();
   }
   EXPECT_EQ(coordinators, 1) << tasks.dump();
+}
+
+// A coordinator task of its own builds no shard (docs/architecture.md):
+// `tessera status --json` on a launched cluster with --coordinator shows it
+// with the coordinator's role only, holding no parameters, and each ps task
+// with a shard and no coordinator.
+TEST(LaunchTest, ACoordinatorTaskOfItsOwnHoldsNoShard) {
+  const std::string out = ::testing::TempDir() + "tessera-roles-" + std::to_string(getpid());
+  auto run = Shell("env UCX_TLS=tcp " + Env("TESSERA_BIN") + " launch --coordinator --ps 2 " +
+                       "--workers 2 -- " + Env("INTEGRATION_WORKER") + " --sync-steps 5 " +
+                       "--status-json " + out,
+                   300);
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  std::ifstream in(out);
+  const auto tasks = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  std::remove(out.c_str());
+  ASSERT_TRUE(tasks.is_array()) << "no status JSON in " << out;
+  int coordinators = 0, shards = 0;
+  for (const auto& t : tasks) {
+    ASSERT_FALSE(t.contains("error")) << t.dump();
+    const auto roles = t.at("roles").get<std::vector<std::string>>();
+    if (t.at("task").get<std::string>().starts_with("/job:coordinator/")) {
+      coordinators++;
+      EXPECT_EQ(roles, std::vector<std::string>{"coordinator"}) << t.dump();
+      EXPECT_FALSE(t.contains("memory")) << "a coordinator of its own holds no parameters";
+      EXPECT_EQ(t.at("stats").at("tensors").get<uint64_t>(), 0u) << t.dump();
+      EXPECT_EQ(t.at("global_step").get<uint64_t>(), 5u) << t.dump();
+    } else {
+      shards++;
+      EXPECT_EQ(roles, std::vector<std::string>{"shard"}) << t.dump();
+      EXPECT_EQ(t.at("memory").get<std::string>(), "host memory") << t.dump();
+      EXPECT_GT(t.at("stats").at("tensors").get<uint64_t>(), 0u) << t.dump();
+    }
+  }
+  EXPECT_EQ(coordinators, 1) << tasks.dump();
+  EXPECT_EQ(shards, 2) << tasks.dump();
 }
 
 // The example trains y = 2x + noise with synchronous SGD and converges.

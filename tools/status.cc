@@ -68,8 +68,12 @@ int RunStatus(const StatusOptions& o) {
           continue;
         }
         const auto& s = j.at("stats");
-        printf("  parameters: %s%s\n", j.at("memory").get<std::string>().c_str(),
-               j.at("staged_through_host").get<bool>() ? ", staged through host memory" : "");
+        if (j.contains("memory")) {
+          printf("  parameters: %s%s\n", j.at("memory").get<std::string>().c_str(),
+                 j.at("staged_through_host").get<bool>() ? ", staged through host memory" : "");
+        } else {
+          printf("  parameters: none (the coordinator alone)\n");
+        }
         printf("  transport:  %s\n", j.at("transport").get<std::string>().c_str());
         printf("  workers:    %s\n", Workers(j).c_str());
         printf("  tensors %llu, pushes %llu, pulls %llu, sync steps %llu, host-staged bytes %llu\n",

@@ -113,9 +113,10 @@ Result<uint64_t> Client::Impl::StepToStartAt() {
   auto global = GlobalStep();
   if (!global.ok()) return global.status();
   uint64_t step = *global;
-  for (size_t s = 0; s < shards_.size(); ++s) {
-    auto reached = Call<wire::SyncStep, wire::StepReply>(static_cast<int>(s), wire::SyncStep{},
-                                                         options_.op_timeout);
+  // The ps tasks only: a coordinator of its own holds no tensors.
+  const int num_ps = options_.cluster.num_tasks("ps");
+  for (int s = 0; s < num_ps; ++s) {
+    auto reached = Call<wire::SyncStep, wire::StepReply>(s, wire::SyncStep{}, options_.op_timeout);
     if (!reached.ok()) return reached.status();
     step = std::max(step, reached->step);
   }

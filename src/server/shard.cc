@@ -1,8 +1,8 @@
-// The shard's life (start, stop), its memory, creates and hyper-parameters.
-// server.cc routes each peer's messages to the parts that serve them:
-// shard_session (admission, handshake), shard_apply (pushes), shard_pull
-// (pulls, leases), shard_checkpoint (joins, restore, checkpoint rounds),
-// shard_status, and the coordinator's service when it is hosted here.
+// The shard's life (open, serve, stop), its memory, its requests by opcode,
+// creates and hyper-parameters. The rest of the shard: shard_workers (a
+// worker's arrival and end), shard_apply (pushes), shard_pull (pulls,
+// leases), shard_state (optimizer state), shard_checkpoint (joins, restore,
+// checkpoint rounds), shard_status.
 #include "server/shard.h"
 
 #include <sys/resource.h>
@@ -29,81 +29,13 @@ std::chrono::milliseconds Shard::LeaseCheckInterval() const {
                     std::chrono::milliseconds(1000));
 }
 
-Shard::~Shard() { Stop(); }
+Shard::~Shard() = default;
 
-namespace {
-
-std::string DescribeSessionProtection(SessionProtection protection, bool can) {
-  if (!can) return "sessions unprotected: this fabric cannot protect them (docs/security.md)";
-  switch (protection) {
-    case SessionProtection::kOn:
-      return "every session authenticated and encrypted after its handshake "
-             "(session protection on)";
-    case SessionProtection::kOff:
-      return "sessions unprotected (session protection off)";
-    case SessionProtection::kIntegrity:
-      return "every session authenticated, not encrypted, after its handshake "
-             "(session protection integrity)";
-    default:
-      return "sessions that leave the host authenticated and encrypted, loopback ones not "
-             "(session protection auto)";
-  }
-}
-
-}  // namespace
-
-Status Shard::OpenSessions() {
-  PeerSessions::Options o{.server = &options_,
-                          .reader_key = ReaderKey(options_.secret),
-                          .hello_index = is_coordinator_only()
-                                             ? wire::kCoordinatorIndex
-                                             : static_cast<uint32_t>(options_.task_index),
-                          .hosts_coordinator = hosts_coordinator()};
-  PeerSessions::Events events{
-      .worker_joins = [this](Peer& peer,
-                             wire::Welcome* welcome) { return OnWorkerJoins(peer, welcome); },
-      .ended = [this](const EndpointPtr& ep, const Status& why) { OnDisconnect(ep, why); }};
-  sessions_ = std::make_unique<PeerSessions>(*ctx_, std::move(o), std::move(events));
-  return sessions_->Open();
-}
-
-Status Shard::Start() {
-  TESSERA_RETURN_IF_ERROR(options_.cluster.Validate());
-  if (options_.job != "ps" && options_.job != "coordinator") {
-    return Status::InvalidArgument("a server runs a ps or coordinator task, not '" + options_.job +
-                                   "'");
-  }
-  const TaskId self{options_.job, options_.task_index};
-  auto addr = options_.cluster.address(self);
-  if (!addr.ok()) return addr.status();
-  TESSERA_RETURN_IF_ERROR(CheckSecretStrength(options_.secret, options_.allow_weak_secret));
-  if (IsReaderKey(options_.secret)) {
-    return Status::InvalidArgument(
-        "the secret given is a reader key, which lets read-only clients in; a " + options_.job +
-        " task needs the cluster secret it was derived from");
-  }
-  auto checkpoint_key = ckpt::CheckpointKeyFor(options_.secret);
-  if (!checkpoint_key.ok()) return checkpoint_key.status();
-  checkpoint_key_ = *checkpoint_key;
-  TESSERA_RETURN_IF_ERROR(LogLevelFromEnv().status());
-
-  transport::ContextOptions topts;
-  topts.backend = options_.transport;
-  topts.name = options_.job + std::to_string(options_.task_index);
-  topts.busy_poll = options_.busy_poll;
-  topts.spin_before_sleep = options_.spin_before_sleep;
-  auto ctx = transport::Context::Open(topts);
-  if (!ctx.ok()) return ctx.status();
-  ctx_ = std::move(*ctx);
-  if (options_.session_protection == SessionProtection::kOn && !ctx_->CanProtectSessions()) {
-    return Status::FailedPrecondition(
-        "session protection on needs --transport tcp: " + ctx_->Describe() +
-        " cannot authenticate or encrypt sessions (docs/security.md)");
-  }
+Status Shard::Open() {
   TESSERA_RETURN_IF_ERROR(OpenMemory());
   TESSERA_RETURN_IF_ERROR(SetMemoryBudget());
-  table_ = std::make_unique<ParamTable>(ctx_.get(), memory_.get(), arena_kind_,
-                                        options_.arena_bytes, options_.cluster.num_workers());
+  table_ = std::make_unique<ParamTable>(ctx_, memory_.get(), arena_kind_, options_.arena_bytes,
+                                        options_.cluster.num_workers());
   checkpoints_ = std::make_unique<CheckpointParticipant>(
       *table_, *memory_, *ctx_,
       CheckpointParticipant::Options{
@@ -111,61 +43,103 @@ Status Shard::Start() {
           .round_timeout = options_.checkpoint_timeout,
           .send_to_coordinator = [this](MessageBytes f) { SendToCoordinator(std::move(f)); },
           .resumed = [this] { RetryWaiting(); }});
-  if (options_.stop_when_workers_leave) {
-    presence_.emplace(options_.cluster.num_workers(), options_.workers_grace,
-                      std::chrono::steady_clock::now());
-  }
   if (!options_.checkpoint_dir.empty()) {
     // Every ps task writes its own file there: found out now, not when the
     // first round fails (a read-only or missing mount used to go unnoticed
     // until the end of training).
     TESSERA_RETURN_IF_ERROR(ckpt::CheckWritableDirectory(options_.checkpoint_dir));
   }
-  if (HostsCoordinator(role_) != (hosted_ != nullptr)) {
-    return Status::Internal(self.ToString() + ": the server's roles and its coordinator disagree");
-  }
-  if (hosted_) TESSERA_RETURN_IF_ERROR(OpenHostedCoordinator());
-
-  ctx_->SetHandler(kProtocolMsg, [this](const EndpointPtr& ep, std::span<const uint8_t> frame) {
-    OnMessage(ep, frame);
-  });
-  ctx_->SetDisconnectHandler(
-      [this](const EndpointPtr& ep, const Status& why) { OnDisconnect(ep, why); });
-  const std::string host = options_.bind_host.empty() ? addr->host : options_.bind_host;
-  TESSERA_RETURN_IF_ERROR(OpenSessions());
-  if (!hosts_coordinator()) OpenCoordinatorLink();
-  const uint16_t port = options_.bind_port != 0 ? options_.bind_port : addr->port;
-  auto listener =
-      ctx_->Listen(host, port, [this](const EndpointPtr& ep) { sessions_->Accept(ep); });
-  if (!listener.ok()) {
-    return listener.status().WithContext(self.ToString());
-  }
-  listener_ = std::move(*listener);
-  ctx_->PostAfter(LeaseCheckInterval(), [this] { RevokeExpiredLeases(); });
-  if (hosts_coordinator()) {
-    ctx_->Post([this] {
-      if (is_coordinator_only()) return hosted_->Start(nullptr);
-      hosted_->Start([this](const wire::JoinReply& reply) {
-        if (!stopping_) FirstJoined(reply);
-      });
-    });
-  } else {
-    ctx_->Post([this] { link_->Connect(); });
-  }
-  // A job whose workers never come ends too, after the grace time.
-  if (presence_) ctx_->Post([this] { CheckPresence(); });
-  TLOG_INFO("{} serving on {}:{} over {}{}; parameters in {}{}; {}", self.ToString(), host,
-            listener_->port(), ctx_->Describe(),
-            hosts_coordinator() && !is_coordinator_only() ? " (and the coordinator)" : "",
-            memory_->Describe(), table_->staged() ? ", staged through host memory" : "",
-            DescribeSessionProtection(options_.session_protection, ctx_->CanProtectSessions()));
+  if (lent_.hosted == nullptr) OpenCoordinatorLink();
+  steps_.emplace(*ctx_, *coordinator());
   return Status::Ok();
+}
+
+void Shard::Begin() {
+  ctx_->PostAfter(LeaseCheckInterval(), [this] { RevokeExpiredLeases(); });
+  if (link_) ctx_->Post([this] { link_->Connect(); });
+}
+
+std::string Shard::DescribeMemory() const {
+  return memory_->Describe() + (table_->staged() ? ", staged through host memory" : "");
+}
+
+bool Shard::Serves(wire::Opcode op) {
+  switch (op) {
+    case wire::Opcode::kCreate:
+    case wire::Opcode::kPush:
+    case wire::Opcode::kPull:
+    case wire::Opcode::kRelease:
+    case wire::Opcode::kSetHyper:
+    case wire::Opcode::kGetState:
+    case wire::Opcode::kSetState:
+    case wire::Opcode::kSyncStep:
+      return true;
+    default:
+      return false;
+  }
+}
+
+void Shard::OnRequest(Peer& peer, const wire::Header& h, std::span<const uint8_t> frame) {
+  // The transport delimits messages, so a body this shard cannot accept
+  // (malformed, or valid bytes that say something invalid) costs the
+  // authenticated peer that request only: it gets the error, and the
+  // connection stays usable.
+  auto refused = [&](const Status& st) {
+    sessions_->SendError(peer, h.request_id,
+                         st.WithContext(std::string(wire::OpcodeName(h.opcode)) + " refused"));
+  };
+  // The body decoded as Msg and handed to `serve`, or its error.
+  auto decoded = [&]<typename Msg>(auto serve) {
+    auto m = wire::DecodeBody<Msg>(h, frame);
+    if (!m.ok()) return refused(m.status());
+    serve(std::move(*m));
+  };
+  // The same, decoded into a message an earlier call of its kind handed
+  // back (`spares`), so that its vectors keep their capacity.
+  auto decoded_into_spare = [&]<typename Msg>(Spares<Msg>& spares, auto serve) {
+    Msg m = spares.Take();
+    Status st = wire::DecodeBodyInto(h, frame, &m);
+    if (!st.ok()) {
+      spares.Give(std::move(m));
+      return refused(st);
+    }
+    serve(std::move(m));
+  };
+  switch (h.opcode) {
+    case wire::Opcode::kCreate:
+      return decoded.operator()<wire::Create>(
+          [&](const wire::Create& m) { OnCreate(peer, h.request_id, m); });
+    case wire::Opcode::kPush:
+      return decoded_into_spare(
+          spare_pushes_, [&](wire::Push m) { OnPush(peer, h.request_id, h.flags, std::move(m)); });
+    case wire::Opcode::kPull:
+      return decoded_into_spare(spare_pulls_,
+                                [&](wire::Pull m) { OnPull(peer, h.request_id, std::move(m)); });
+    case wire::Opcode::kSetHyper:
+      return decoded.operator()<wire::SetHyper>(
+          [&](const wire::SetHyper& m) { OnSetHyper(peer, h.request_id, m); });
+    case wire::Opcode::kRelease:
+      return decoded.operator()<wire::Release>([&](const wire::Release& m) { OnRelease(peer, m); });
+    case wire::Opcode::kGetState:
+      return decoded.operator()<wire::GetState>(
+          [&](const wire::GetState& m) { OnGetState(peer, h.request_id, m); });
+    case wire::Opcode::kSetState:
+      return decoded.operator()<wire::SetState>(
+          [&](const wire::SetState& m) { OnSetState(peer, h.request_id, m); });
+    case wire::Opcode::kSyncStep:
+      return decoded.operator()<wire::SyncStep>(
+          [&](wire::SyncStep) { Reply(peer, h.request_id, wire::StepReply{SyncStepReached()}); });
+    default:
+      return sessions_->Drop(peer,
+                             Status::Internal(std::string(wire::OpcodeName(h.opcode)) +
+                                              " routed to the shard, which does not serve it"),
+                             h.request_id);
+  }
 }
 
 Status Shard::OpenMemory() {
   auto spec = ParseMemorySpec(options_.memory);
   if (!spec.ok()) return spec.status();
-  if (is_coordinator_only()) spec = MemorySpec{};  // it holds no parameters
   auto memory = ParamMemory::Open(*spec);
   if (!memory.ok()) return memory.status();
   memory_ = std::move(*memory);
@@ -218,41 +192,21 @@ Status Shard::ReadValue(const Param& p, void* host_dst) const {
   return memory_->ToHost(host_dst, p.data, p.bytes);
 }
 
-void Shard::Stop() {
-  {
-    // Whoever waits for the workers to leave hears of the stop instead.
-    end_.Decide(Status::Aborted("the server was stopped"));
-  }
-  if (!ctx_) return;
-  if (hosted_ && !options_.checkpoint_dir.empty()) {
-    // The final checkpoint, while the other shards still serve (`tessera
-    // launch` stops the coordinator first).
-    auto done = std::make_shared<std::promise<void>>();
-    ctx_->Post([this, done] { hosted_->SaveFinal([done] { done->set_value(); }); });
-    done->get_future().wait_for(options_.checkpoint_timeout + std::chrono::seconds(5));
-  }
-  SayBye();
-  listener_.reset();
-  // Peers' staging slots are freed only after the progress thread stopped:
-  // over tcp a put arriving late is written by that thread.
-  std::unordered_map<transport::Endpoint*, std::unique_ptr<Peer>> peers;  // freed last
-  std::promise<void> done;
-  ctx_->Post([this, &done, &peers] {
-    stopping_ = true;
-    // On this thread: its checkpointer's callbacks run here. The service
-    // itself stays until the shard goes: stats() may read it meanwhile.
-    if (hosted_) hosted_->Stop();
-    if (link_) link_->Stop();
-    if (checkpoints_) checkpoints_->Stop();
-    if (sessions_) peers = sessions_->CloseAll();
-    leases_.Clear();
-    blocked_pushes_.clear();
-    waiting_pulls_.clear();
-    done.set_value();
-  });
-  done.get_future().wait();
+void Shard::StopServing() {
+  stopping_ = true;
+  if (steps_) steps_->Stop();
+  if (link_) link_->Stop();
+  if (checkpoints_) checkpoints_->Stop();
+  leases_.Clear();
+  blocked_pushes_.clear();
+  waiting_pulls_.clear();
+}
+
+void Shard::JoinWriter() {
   if (checkpoints_) checkpoints_->JoinWriter();
-  ctx_.reset();  // stops progress: nothing writes into the arenas any more
+}
+
+void Shard::Release() {
   link_.reset();
   checkpoints_.reset();
   table_.reset();  // regions outlive their context safely (they hold the ucp context)

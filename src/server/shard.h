@@ -1,6 +1,7 @@
 // The shard: holds the parameter table, applies pushed updates and grants
-// pull leases to the workers its PeerSessions authenticated. It reaches the
-// coordinator through a CoordinatorPort (hosted in this process, or over its
+// pull leases to the workers the server's PeerSessions authenticated (the
+// server's Router hands it their requests). It reaches the coordinator
+// through a CoordinatorPort (hosted in this process, or over its
 // CoordinatorLink). All its state lives on the transport's progress thread.
 #pragma once
 
@@ -8,6 +9,7 @@
 #include <future>
 #include <map>
 #include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <set>
 #include <thread>
@@ -19,17 +21,15 @@
 #include "core/failpoint.h"
 #include "core/spares.h"
 #include "server/apply.h"
+#include "server/bye_round.h"
 #include "server/checkpoint_participant.h"
-#include "server/coordinator_host.h"
 #include "server/coordinator_link.h"
-#include "server/end_signals.h"
+#include "server/coordinator_port.h"
 #include "server/lease_table.h"
 #include "server/param_table.h"
 #include "server/peer.h"
 #include "server/peer_sessions.h"
-#include "server/role.h"
-#include "server/step_counter.h"
-#include "server/worker_presence.h"
+#include "server/step_reporter.h"
 #include "server/worker_roster.h"
 #include "tessera/server.h"
 #include "transport/transport.h"
@@ -41,22 +41,66 @@ using wire::kProtocolMsg;
 
 class Shard {
  public:
-  // `hosted`: the coordinator this process hosts, if its role says it does
-  // (the server owns it; it outlives the shard).
-  Shard(ServerOptions options, CoordinatorHost* hosted)
-      : options_(std::move(options)), role_(RoleOf(options_)), hosted_(hosted) {}
+  // What the server lends the shard; each outlives it.
+  struct Lent {
+    transport::Context* ctx = nullptr;
+    PeerSessions* sessions = nullptr;      // the workers it serves
+    const WorkerRoster* roster = nullptr;  // which of them may still push
+    ByeRound* bye = nullptr;               // a clean stop's farewell
+    ckpt::CheckpointKey checkpoint_key{};  // what restored checkpoints are checked with
+    // The coordinator hosted in this process, or null: the shard joins the
+    // one another task hosts over its CoordinatorLink.
+    CoordinatorPort* hosted = nullptr;
+    // The coordinator said it stops, or the link to it ended.
+    std::function<void()> coordinator_stopped;
+  };
+  Shard(const ServerOptions& options, Lent lent)
+      : options_(options), lent_(std::move(lent)), ctx_(lent_.ctx), sessions_(lent_.sessions) {}
   ~Shard();
-  Status Start();
-  void Stop();
-  uint16_t port() const { return listener_ ? listener_->port() : 0; }
-  ServerStats stats() const;
-  bool is_coordinator_only() const { return role_ == Role::kCoordinator; }
-  // ServerOptions::stop_when_workers_leave (any thread): the verdict, if it
-  // came within `limit`.
-  std::optional<Status> WaitUntilWorkersLeaveFor(std::chrono::milliseconds limit);
-  // Off the coordinator (any thread): until the coordinator said it stops,
-  // or the link to it is gone, at most `limit`; whether it did.
-  bool WaitForCoordinatorToStop(std::chrono::milliseconds limit);
+  Shard(const Shard&) = delete;
+  Shard& operator=(const Shard&) = delete;
+
+  // Its memory, parameter table, checkpoint rounds and link (not yet
+  // connected), before the server listens.
+  Status Open();
+  // Serves: the lease timer and, off the coordinator, the link's first join.
+  void Begin();
+  // What the parameters are held in, for the server's first log line.
+  std::string DescribeMemory() const;
+
+  // The opcodes a shard serves (creates, pushes, pulls, optimizer state).
+  static bool Serves(wire::Opcode op);
+  // Progress thread from here on.
+  // An authenticated peer's request of an opcode it Serves.
+  void OnRequest(Peer& peer, const wire::Header& h, std::span<const uint8_t> frame);
+  // Whether `ep` is its link to the coordinator, then handled here.
+  bool OnLinkFrame(const transport::Endpoint* ep, std::span<const uint8_t> frame);
+  bool OnLinkClosed(const transport::Endpoint* ep, const Status& why);
+  // An authenticated worker: its staging slot (and CUDA IPC slot) into the
+  // welcome.
+  Status OnWorkerJoins(Peer& peer, wire::Welcome* welcome);
+  // A peer's connection ended: its leases, waiting pushes and pulls go.
+  // `rank_departed`: its worker rank lost its last connection.
+  void OnPeerGone(const Peer& peer, bool rank_departed);
+  // From the coordinator hosted here: a checkpoint round's frame, and what
+  // to restore once every ps task joined.
+  void OnCheckpointFrame(std::span<const uint8_t> frame);
+  void OnHostedJoined(const wire::JoinReply& reply);
+  // A clean stop: the bye to the coordinator over the link, if joined.
+  void SayByeToCoordinator();
+  // Whether the coordinator stopped or cannot be reached (true where it is
+  // hosted here).
+  bool coordinator_gone() const;
+  // Serves no more; then, once the progress thread stopped, JoinWriter and
+  // Release.
+  void StopServing();
+  void JoinWriter();
+  void Release();
+
+  // Any thread.
+  void AddStats(ServerStats* stats) const;
+  // Its part of `tessera status`: memory and staging.
+  void AddStatus(nlohmann::json* status) const;
 
  private:
   struct PendingPush {
@@ -73,28 +117,11 @@ class Shard {
     std::optional<std::chrono::steady_clock::time_point> deadline;
   };
 
-  void OnMessage(const EndpointPtr& ep, std::span<const uint8_t> frame);
-  // stop_when_workers_leave: publishes the workers' verdict once there is
-  // one (and, off the coordinator, once the coordinator stopped), else
-  // schedules the next look when the grace time may bring one.
-  void CheckPresence();
-  void OnDisconnect(const EndpointPtr& ep, const Status& why);
-  // Stopping on purpose: a ps task tells its coordinator, and a coordinator
-  // its ps tasks, and waits briefly for their acks, so that none of them
-  // logs a lost peer (or tries to rejoin loudly).
-  void SayBye();
-  // `from` acked the bye, or its connection ended (it cannot ack any more).
-  void OnByeAnswered(const transport::Endpoint* from);
-  // The request id of such a bye: its ack is told from any other by it.
-  static constexpr uint64_t kByeRequestId = ~uint64_t{0};
   template <typename Msg>
   void Reply(Peer& peer, uint64_t request_id, const Msg& msg) {
     peer.ep->Send(kProtocolMsg, wire::Encode(msg, request_id));
   }
 
-  // An authenticated worker (PeerSessions): its staging slot (and CUDA IPC
-  // slot) into the welcome, and its arrival counted.
-  Status OnWorkerJoins(Peer& peer, wire::Welcome* welcome);
   void OnCreate(Peer& peer, uint64_t request_id, const wire::Create& msg);
   // A reader's create: the keys of chunks that exist as it describes them;
   // nothing is created.
@@ -113,22 +140,8 @@ class Shard {
   std::string WorkerName(uint32_t rank) const;
   void OnRelease(Peer& peer, const wire::Release& msg);
   void OnSetHyper(Peer& peer, uint64_t request_id, const wire::SetHyper& msg);
-  // What an authenticated peer sends, by its role: a ps task's link (to the
-  // coordinator this task hosts), an observer, or a worker.
-  void OnShardPeerMessage(Peer& peer, const wire::Header& h, std::span<const uint8_t> frame);
-  void OnObserverMessage(Peer& peer, const wire::Header& h);
-  // What a reader may not ask for, refused by name; OK for what it may.
-  static Status ReaderMay(const Peer& peer, wire::Opcode op);
-  void OnWorkerMessage(Peer& peer, const wire::Header& h, std::span<const uint8_t> frame);
-  // What `tessera status` shows of this task, as JSON.
-  std::string StatusJson() const;
-
   // Membership: a ps task that is not the coordinator joins it (retrying
   // until it answers) and learns what to restore; creates wait for that.
-  bool hosts_coordinator() const { return hosted_ != nullptr; }
-  // The coordinator hosted here, when it is (ps task 0 or the coordinator
-  // job): what it lends it of this server.
-  Status OpenHostedCoordinator();
   // This task's join, as frames: its chunks (a restarted coordinator learns
   // placement back from them), the last sync steps it reported and those
   // counted since, then the join's end.
@@ -148,8 +161,8 @@ class Shard {
 
   // The coordinator, as this task's shard reaches it: hosted here, or over
   // the link (from Start on).
-  CoordinatorPort* coordinator() {
-    return hosted_ != nullptr ? static_cast<CoordinatorPort*>(hosted_) : link_.get();
+  CoordinatorPort* coordinator() const {
+    return lent_.hosted != nullptr ? lent_.hosted : static_cast<CoordinatorPort*>(link_.get());
   }
   // To the coordinator: over the link or, on ps task 0, directly.
   void SendToCoordinator(MessageBytes frame);
@@ -157,8 +170,6 @@ class Shard {
   // Opens the shard's memory (--memory) and decides whether the fabric
   // reaches it or values are staged through host memory.
   Status OpenMemory();
-  // The peers' sessions: admission, handshake, refusals.
-  Status OpenSessions();
   // What the chunks held may take: memory_limit_bytes, or what the memory
   // had free at start.
   Status SetMemoryBudget();
@@ -177,12 +188,9 @@ class Shard {
   // Answers a push flagged kFlagThenPull with the weights after it.
   void ReplyWithWeights(const PendingPush& push, const std::vector<uint64_t>& versions);
   // The push's part that counts its worker's step (step_parts > 0) was
-  // accepted: the step is counted here and reported to the coordinator
-  // (ReportSteps), batched. `holds_sync`: some entry is a sync chunk, so the
-  // push counts a sync step.
+  // accepted: the step is counted and reported (steps_). `holds_sync`: some
+  // entry is a sync chunk, so the push counts a sync step.
   void CountStep(const PendingPush& push, bool holds_sync);
-  void ScheduleStepReport();
-  void ReportSteps();
   // Where apply:: changes values: this shard's memory, staged or not.
   apply::Target ApplyTarget() {
     return {memory_.get(), table_->staged(), &host_staged_bytes_, memory_->is_host()};
@@ -217,20 +225,17 @@ class Shard {
   std::chrono::milliseconds LeaseCheckInterval() const;
   void LogUpdate(const Param& p, const std::string& by) const;
 
-  ServerOptions options_;
-  const Role role_;
-  CoordinatorHost* const hosted_;         // the coordinator hosted here, or null
-  ckpt::CheckpointKey checkpoint_key_{};  // CheckpointKeyFor(options_.secret)
-  std::unique_ptr<transport::Context> ctx_;
+  const ServerOptions& options_;  // the server's
+  const Lent lent_;
+  transport::Context* const ctx_;
+  PeerSessions* const sessions_;
   std::unique_ptr<ParamMemory> memory_;
   transport::MemoryKind arena_kind_ = transport::MemoryKind::kHost;  // what workers reach
   std::unique_ptr<ParamTable> table_;
-  std::unique_ptr<transport::Listener> listener_;
   // Checkpoint rounds, this shard's side (messages from the coordinator).
   std::unique_ptr<CheckpointParticipant> checkpoints_;
 
   // Progress thread only.
-  std::unique_ptr<PeerSessions> sessions_;
   uint64_t memory_budget_ = UINT64_MAX;  // SetMemoryBudget
   LeaseTable leases_;
   // Vectors, not deques: a deque frees and allocates a block as its
@@ -254,25 +259,12 @@ class Shard {
   // Who contributed to the step being applied, for its error (TryApplyStep);
   // kept so that its bits need no allocation per step.
   std::vector<bool> step_pushers_;
-  std::vector<wire::StepsApplied> step_reports_;
   bool stopping_ = false;
-  // Worker ranks connected, and those awaited back (StepReachable).
-  WorkerRoster roster_{options_.worker_rejoin_grace};
-  std::optional<WorkerPresence> presence_;  // stop_when_workers_leave only
-  bool presence_check_scheduled_ = false;
-  // The verdict, for WaitUntilWorkersLeave, and the coordinator's stop (any thread).
-  EndSignals end_;
-
   // Membership and restore (progress thread).
   // A ps task's link to the coordinator, when another task hosts it.
   std::unique_ptr<CoordinatorLink> link_;
-  bool joined_ = false;  // creates are served (restore known)
-  StepCounter step_counter_;
-  bool step_report_posted_ = false;
-  // The connections whose ack of SayBye's bye is still awaited, and who
-  // waits for them.
-  std::vector<const transport::Endpoint*> bye_acks_awaited_;
-  std::shared_ptr<std::promise<void>> bye_answered_;
+  bool joined_ = false;                // creates are served (restore known)
+  std::optional<StepReporter> steps_;  // from Open on
   std::deque<std::tuple<EndpointPtr, uint64_t, wire::Create>> deferred_creates_;
   std::unique_ptr<ckpt::Checkpoint> restore_;
   uint64_t restore_step_ = 0;  // the step restored sync chunks resume at
@@ -284,7 +276,7 @@ class Shard {
 
   std::atomic<uint64_t> pushes_applied_{0}, pulls_served_{0}, tensors_{0}, leases_revoked_{0},
       steps_applied_{0}, stale_dropped_{0}, duplicate_dropped_{0}, chunks_restored_{0},
-      host_staged_bytes_{0}, cuda_ipc_workers_{0}, step_messages_from_workers_{0};
+      host_staged_bytes_{0}, cuda_ipc_workers_{0};
 };
 
 }  // namespace tessera::server

@@ -313,41 +313,15 @@ void Shard::ReplyWithWeights(const PendingPush& push, const std::vector<uint64_t
 }
 
 void Shard::CountStep(const PendingPush& push, bool holds_sync) {
-  if (!holds_sync) {
-    step_counter_.CountAsync();
-    return ScheduleStepReport();
-  }
+  if (!holds_sync) return steps_->CountAsync();
   const uint32_t rank = push.peer->hello.task_index;
   for (const auto& e : push.msg.entries) {
     const auto& mode = table_->Find(e.key_id)->entry.tensor.mode;
     if (mode.kind == Consistency::kSync) {
-      step_counter_.CountSync(rank, push.msg.step, mode.replicas_to_aggregate, push.msg.step_parts);
-      return ScheduleStepReport();
+      return steps_->CountSync(rank, push.msg.step, mode.replicas_to_aggregate,
+                               push.msg.step_parts);
     }
   }
-}
-
-void Shard::ScheduleStepReport() {
-  // The coordinator hosted here hears at once: a call, no message to save.
-  if (coordinator()->hosted()) return ReportSteps();
-  // Once per turn of the loop: the async steps of every push handled in
-  // this turn travel in one report.
-  if (step_report_posted_) return;
-  step_report_posted_ = true;
-  ctx_->Post([this] {
-    step_report_posted_ = false;
-    ReportSteps();
-  });
-}
-
-void Shard::ReportSteps() {
-  if (stopping_ || !step_counter_.has_reports()) return;
-  // Without a joined link the steps wait in the counter, and go when it
-  // (re)joins.
-  if (!coordinator()->joined()) return;
-  Borrowed<std::vector<wire::StepsApplied>> reports(step_reports_);
-  step_counter_.TakeReportsInto(&*reports);
-  for (const auto& report : *reports) coordinator()->ReportSteps(report);
 }
 
 bool Shard::TryApplyStep(Param& p) {

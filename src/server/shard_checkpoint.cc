@@ -13,21 +13,12 @@ using namespace std::chrono_literals;
 // ---------------------------------------------------------------------------
 // The coordinator's side
 
-Status Shard::OpenHostedCoordinator() {
-  CoordinatorHost::Hooks hooks;
-  hooks.ctx = ctx_.get();
-  hooks.checkpoint_key = checkpoint_key_;
-  hooks.send_to_peer = [this](CoordinatorHost::PeerId peer, MessageBytes frame) {
-    // A peer that left meanwhile (a worker waiting for a round) is skipped.
-    Peer* to = sessions_->Find(reinterpret_cast<transport::Endpoint*>(peer));
-    if (to != nullptr) to->ep->Send(kProtocolMsg, std::move(frame));
-  };
-  if (!is_coordinator_only()) {
-    hooks.to_local_shard = [this](MessageBytes frame) {
-      if (!stopping_) checkpoints_->OnFrame(frame);
-    };
-  }
-  return hosted_->Open(std::move(hooks));
+void Shard::OnCheckpointFrame(std::span<const uint8_t> frame) {
+  if (!stopping_) checkpoints_->OnFrame(frame);
+}
+
+void Shard::OnHostedJoined(const wire::JoinReply& reply) {
+  if (!stopping_) FirstJoined(reply);
 }
 
 void Shard::FirstJoined(const wire::JoinReply& reply) {
@@ -71,8 +62,7 @@ std::vector<MessageBytes> Shard::JoinFrames() {
   // so its global step is whole by then.
   std::vector<MessageBytes> frames;
   for (const auto& join : joins) frames.push_back(wire::Encode(join, 3));
-  for (const auto& report : step_counter_.Recent()) frames.push_back(wire::Encode(report, 0));
-  for (const auto& report : step_counter_.TakeReports()) frames.push_back(wire::Encode(report, 0));
+  steps_->AppendJoinFrames(&frames);
   wire::Join end;
   end.sync_step = SyncStepReached();
   frames.push_back(wire::Encode(end, 3));
@@ -92,18 +82,16 @@ void Shard::OpenCoordinatorLink() {
       .join = [this] { return JoinFrames(); },
       .joined = [this](const wire::JoinReply& reply) { OnJoined(reply); },
       .checkpoint = [this](std::span<const uint8_t> frame) { checkpoints_->OnFrame(frame); },
-      .coordinator_stops =
-          [this] {
-            end_.NoteCoordinatorStopped();
-            CheckPresence();  // this task's end may have waited for the coordinator's
-          },
+      // This task's end may have waited for the coordinator's, and whoever
+      // waits for its stop waits no more.
+      .coordinator_stops = [this] { lent_.coordinator_stopped(); },
       .acked =
           [this](uint64_t request_id) {
-            if (request_id == kByeRequestId) OnByeAnswered(link_->endpoint());
+            if (request_id == ByeRound::kRequestId) lent_.bye->Answered(link_->endpoint());
           },
       .closed =
           [this] {
-            end_.NoteCoordinatorStopped();  // whoever waits for its stop waits no more
+            lent_.coordinator_stopped();
             if (!stopping_) checkpoints_->Abandon();
           },
   };
@@ -111,7 +99,7 @@ void Shard::OpenCoordinatorLink() {
 }
 
 void Shard::OnJoined(const wire::JoinReply& reply) {
-  ReportSteps();  // what was counted since the join went
+  steps_->Flush();  // what was counted since the join went
   if (joined_) {
     TLOG_INFO("rejoined the coordinator");
     return;
@@ -128,9 +116,26 @@ void Shard::ServeDeferredCreates() {
   }
 }
 
-bool Shard::WaitForCoordinatorToStop(std::chrono::milliseconds limit) {
-  if (hosts_coordinator()) return true;
-  return end_.WaitForCoordinatorStop(limit);
+bool Shard::OnLinkFrame(const transport::Endpoint* ep, std::span<const uint8_t> frame) {
+  if (!link_ || !link_->carries(ep)) return false;
+  link_->OnFrame(frame);
+  return true;
+}
+
+bool Shard::OnLinkClosed(const transport::Endpoint* ep, const Status& why) {
+  if (!link_ || !link_->carries(ep)) return false;
+  link_->OnClosed(why);
+  return true;
+}
+
+void Shard::SayByeToCoordinator() {
+  if (!link_ || link_->endpoint() == nullptr || !joined_) return;
+  link_->Send(wire::Encode(wire::Bye{}, ByeRound::kRequestId));
+  lent_.bye->Await(link_->endpoint());
+}
+
+bool Shard::coordinator_gone() const {
+  return !link_ || link_->coordinator_said_bye() || !link_->joined();
 }
 
 // ---------------------------------------------------------------------------
@@ -139,7 +144,7 @@ bool Shard::WaitForCoordinatorToStop(std::chrono::milliseconds limit) {
 Status Shard::OpenRestore(const std::string& path, uint64_t step) {
   auto c = ckpt::Checkpoint::Open(path, {.verify_data = false,
                                          .accept_legacy = options_.accept_legacy_checkpoints,
-                                         .key = checkpoint_key_});
+                                         .key = lent_.checkpoint_key});
   if (!c.ok()) return c.status();
   restore_ = std::make_unique<ckpt::Checkpoint>(std::move(*c));
   restore_step_ = step;

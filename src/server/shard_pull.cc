@@ -152,7 +152,7 @@ std::string Shard::WhatPullWaitsFor(const PendingPull& pull) const {
 void Shard::RecheckAfterRejoinGrace() {
   if (stopping_ || rejoin_recheck_scheduled_) return;
   const auto now = std::chrono::steady_clock::now();
-  const auto earliest = roster_.NextRejoinDeadline(now);
+  const auto earliest = lent_.roster->NextRejoinDeadline(now);
   if (!earliest) return;
   rejoin_recheck_scheduled_ = true;
   ctx_->PostAfter(std::chrono::duration_cast<std::chrono::milliseconds>(*earliest - now) +
@@ -178,7 +178,7 @@ Status Shard::StepReachable(const PendingPull& pull) const {
     std::string gone;
     for (uint32_t rank = 0; rank < mode.total_num_replicas; ++rank) {
       if (rank < p->contributed.size() && p->contributed[rank]) continue;
-      if (std::string task; roster_.MayStillPush(rank, now, &task)) {
+      if (std::string task; lent_.roster->MayStillPush(rank, now, &task)) {
         possible++;
       } else {
         gone += (gone.empty() ? "" : ", ") + task;
