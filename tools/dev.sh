@@ -166,6 +166,12 @@ run_suite() {  # run_suite DIR [meson test options...]
   failed=$(grep -Ec '"result": "(FAIL|TIMEOUT|ERROR|UNEXPECTEDPASS)"' "$log" || true)
   skipped=$(grep -c '"result": "SKIP"' "$log" || true)
   echo "$dir: $passed passed, $failed failed, $skipped skipped"
+  # Where a stage's time went, for whoever makes CI faster.
+  /usr/bin/python3 -c 'import json, sys
+tests = [json.loads(line) for line in open(sys.argv[1])]
+tests.sort(key=lambda t: -t["duration"])
+print("slowest: " + ", ".join("%s %.0f s" % (t["name"].split(" / ")[-1], t["duration"]) for t in tests[:6]))' \
+    "$log" || true
   # CI shows the tail: the failed assertions last, where it is seen.
   if [ "$failed" != 0 ]; then /usr/bin/python3 tools/test_failures.py "$log" || true; fi
   return $rc
@@ -321,10 +327,15 @@ case "${1:-}" in
     # ThreadSanitizer over the unit and integration suites. UCX's memory
     # hooks (libucm) are off: they intercept madvise when a thread exits,
     # after TSan has torn down that thread's state, and crash there.
+    # The engines' jobs are left out: what they add to the other suites is
+    # each engine's variables and host lists, run by one thread; the threads
+    # of `tessera run` (its rendezvous served on a thread while rank 0 joins)
+    # are the rendezvous suite's, which TSan runs.
     stage "build: TSan" wait_build build-tsan
     UCX_MEM_MMAP_HOOK_MODE=none UCX_MEM_MALLOC_HOOKS=no \
       TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
-      stage "tests: TSan" run_suite build-tsan --suite unit --suite integration --no-rebuild
+      stage "tests: TSan" run_suite build-tsan --suite unit --suite integration \
+      --no-suite engines --no-rebuild
     # The same code against another UCX (1.22, with CUDA modules; no GPU
     # here, so it reports host memory and the GPU tests skip saying so).
     # Only what UCX carries: the engines' jobs and the cases of Tessera's
