@@ -229,7 +229,10 @@ void Shard::OnCreate(Peer& peer, uint64_t request_id, const wire::Create& msg) {
   for (const auto& entry : msg.entries) {
     auto p = peer.is_reader ? FindForReader(entry) : table_->Create(entry);
     if (!p.ok()) return sessions_->SendError(peer, request_id, p.status());
-    if (restore_ && !(*p)->initialized && (*p)->version == 0) RestoreChunk(**p);
+    if (restorer_ && !(*p)->initialized && (*p)->version == 0 &&
+        restorer_->Restore(**p, ApplyTarget())) {
+      chunks_restored_++;
+    }
     if (tell_coordinator) {
       created.chunks.push_back((*p)->entry);
       created.initialized.push_back((*p)->initialized ? 1 : 0);

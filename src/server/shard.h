@@ -23,6 +23,7 @@
 #include "server/apply.h"
 #include "server/bye_round.h"
 #include "server/checkpoint_participant.h"
+#include "server/chunk_restorer.h"
 #include "server/coordinator_link.h"
 #include "server/coordinator_port.h"
 #include "server/lease_table.h"
@@ -155,9 +156,8 @@ class Shard {
   void FirstJoined(const wire::JoinReply& reply);
   void ServeDeferredCreates();
   // Restore: a chunk created while a checkpoint is being restored loads its
-  // value and optimizer state from it.
+  // value and optimizer state from it (restorer_).
   Status OpenRestore(const std::string& path, uint64_t step);
-  void RestoreChunk(Param& p);
 
   // The coordinator, as this task's shard reaches it: hosted here, or over
   // the link (from Start on).
@@ -266,8 +266,7 @@ class Shard {
   bool joined_ = false;                // creates are served (restore known)
   std::optional<StepReporter> steps_;  // from Open on
   std::deque<std::tuple<EndpointPtr, uint64_t, wire::Create>> deferred_creates_;
-  std::unique_ptr<ckpt::Checkpoint> restore_;
-  uint64_t restore_step_ = 0;  // the step restored sync chunks resume at
+  std::unique_ptr<ChunkRestorer> restorer_;  // while a checkpoint is restored
 
   // TESSERA_FAIL_AT=apply-step[:N]: the tests' way to make a sync step's
   // update fail.

@@ -142,79 +142,15 @@ bool Shard::coordinator_gone() const {
 // Restore
 
 Status Shard::OpenRestore(const std::string& path, uint64_t step) {
-  auto c = ckpt::Checkpoint::Open(path, {.verify_data = false,
-                                         .accept_legacy = options_.accept_legacy_checkpoints,
-                                         .key = lent_.checkpoint_key});
-  if (!c.ok()) return c.status();
-  restore_ = std::make_unique<ckpt::Checkpoint>(std::move(*c));
-  restore_step_ = step;
+  auto restorer = ChunkRestorer::Open(path, step,
+                                      {.verify_data = false,
+                                       .accept_legacy = options_.accept_legacy_checkpoints,
+                                       .key = lent_.checkpoint_key});
+  if (!restorer.ok()) return restorer.status();
+  restorer_ = std::move(*restorer);
   TLOG_INFO("tensors are restored from {} as they are created (sync tensors resume at step {})",
             path, step);
   return Status::Ok();
-}
-
-void Shard::RestoreChunk(Param& p) {
-  const auto& t = p.entry.tensor;
-  const ckpt::TensorRecord* rec = restore_->Find(t.name);
-  if (rec == nullptr) return;
-  if (rec->dtype != t.dtype || rec->shape != t.shape) {
-    TLOG_WARN("'{}' is {} in {} but is now declared {}: not restored (the chief initialises it)",
-              t.name, DescribeTensor(rec->dtype, rec->shape), restore_->path,
-              DescribeTensor(t.dtype, t.shape));
-    return;
-  }
-  const uint64_t first = p.entry.elem_offset;
-  // Reads a slot into the shard's memory: directly into host memory, through
-  // a host buffer into a GPU's.
-  std::vector<uint8_t> host;
-  auto read = [&](ckpt::Slot slot, uint64_t offset, uint64_t bytes, uint8_t* dst) -> Status {
-    if (memory_->is_host()) return restore_->ReadSlot(t.name, slot, offset, bytes, dst);
-    host.resize(bytes);
-    TESSERA_RETURN_IF_ERROR(restore_->ReadSlot(t.name, slot, offset, bytes, host.data()));
-    return memory_->FromHost(dst, host.data(), bytes);
-  };
-  Status st = read(ckpt::Slot::kParam, first * DTypeSize(t.dtype), p.bytes, p.data);
-  const bool same_rule = rec->rule == t.rule;
-  if (st.ok() && same_rule) {
-    const uint64_t ssize = kernels::StateElementSize(t.dtype);
-    if (st.ok() && !p.state0.empty())
-      st = read(ckpt::Slot::kState0, first * ssize, p.state0.size(), p.state0.data());
-    if (st.ok() && !p.state1.empty())
-      st = read(ckpt::Slot::kState1, first * ssize, p.state1.size(), p.state1.data());
-    if (st.ok() && !p.master.empty())
-      st = read(ckpt::Slot::kMaster, first * 4, p.master.size(), p.master.data());
-  }
-  if (st.ok()) st = Publish(p);
-  if (!st.ok()) {
-    TLOG_ERROR("'{}' not restored: {}", p.display_name, st.message());
-    Status zeroed = memory_->Zero(p.data, p.bytes);
-    if (zeroed.ok()) zeroed = Publish(p);
-    if (!zeroed.ok()) TLOG_ERROR("'{}': {}", p.display_name, zeroed.message());
-    return;
-  }
-  if (same_rule) {
-    p.updates = rec->updates;
-  } else {
-    TLOG_WARN(
-        "'{}' was saved with rule {} and is now declared with {}: its value is restored, "
-        "its optimizer state starts afresh",
-        t.name, UpdateRuleName(rec->rule), UpdateRuleName(t.rule));
-    if (Status reset = memory_->ResetRuleState(t.rule, p.hyper, t.dtype, p.data, p.entry.elem_count,
-                                               p.rule_state());
-        !reset.ok()) {
-      TLOG_ERROR("'{}': optimizer state not reset: {}", p.display_name, reset.message());
-    }
-    p.updates = 0;
-  }
-  p.version = 1;
-  p.initialized = true;
-  if (t.mode.kind == Consistency::kSync) {
-    p.step = restore_step_;
-    p.resume_at_first_push = true;
-    p.resuming = true;
-  }
-  std::fill(p.pushed_steps.begin(), p.pushed_steps.end(), restore_step_);
-  chunks_restored_++;
 }
 
 // ---------------------------------------------------------------------------
