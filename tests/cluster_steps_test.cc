@@ -321,6 +321,7 @@ TEST_P(ClusterTest, SyncStepFailsNamingTheMissingWorker) {
   Status st = waiting.WaitFor(10s);
   EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.ToString();
   EXPECT_NE(st.message().find("/job:worker/task:2"), std::string::npos) << st.ToString();
+  EXPECT_NE(st.message().find("not back within 200 ms"), std::string::npos) << st.ToString();
   // A new pull for that step fails at once.
   st = c1.Pull({PullItem::AfterStep<float>(t1, got, 1)});
   EXPECT_NE(st.message().find("/job:worker/task:2"), std::string::npos) << st.ToString();

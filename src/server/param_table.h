@@ -144,6 +144,9 @@ class ParamTable {
   uint64_t held_bytes() const { return held_bytes_; }
   // Inline: every entry of every push and pull looks its key up.
   Param* Find(uint32_t key_id) { return key_id < params_.size() ? params_[key_id].get() : nullptr; }
+  const Param* Find(uint32_t key_id) const {
+    return key_id < params_.size() ? params_[key_id].get() : nullptr;
+  }
   Param* Find(const std::string& name, uint32_t chunk_index);
   template <typename Fn>
   void ForEach(Fn fn) {

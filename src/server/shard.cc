@@ -36,6 +36,7 @@ Status Shard::Open() {
   TESSERA_RETURN_IF_ERROR(SetMemoryBudget());
   table_ = std::make_unique<ParamTable>(ctx_, memory_.get(), arena_kind_, options_.arena_bytes,
                                         options_.cluster.num_workers());
+  waits_.emplace(*table_, *lent_.roster, options_.cluster);
   checkpoints_ = std::make_unique<CheckpointParticipant>(
       *table_, *memory_, *ctx_,
       CheckpointParticipant::Options{
@@ -209,6 +210,7 @@ void Shard::JoinWriter() {
 void Shard::Release() {
   link_.reset();
   checkpoints_.reset();
+  waits_.reset();
   table_.reset();  // regions outlive their context safely (they hold the ucp context)
 }
 

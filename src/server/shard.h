@@ -30,6 +30,7 @@
 #include "server/param_table.h"
 #include "server/peer.h"
 #include "server/peer_sessions.h"
+#include "server/pull_waits.h"
 #include "server/step_reporter.h"
 #include "server/worker_roster.h"
 #include "tessera/server.h"
@@ -135,10 +136,6 @@ class Shard {
   // as long as the peer's wait_ms says.
   void SweepWaitingPulls();
   void ScheduleWaitSweep();
-  // What a pull still waits for, naming the tensor, the step and the workers
-  // that have and have not pushed it.
-  std::string WhatPullWaitsFor(const PendingPull& pull) const;
-  std::string WorkerName(uint32_t rank) const;
   void OnRelease(Peer& peer, const wire::Release& msg);
   void OnSetHyper(Peer& peer, uint64_t request_id, const wire::SetHyper& msg);
   // Membership: a ps task that is not the coordinator joins it (retrying
@@ -211,9 +208,6 @@ class Shard {
   // that step again (it retries only what failed). The chunk moves on to S
   // instead of waiting for it for ever. Whether any chunk moved.
   bool ResumeForPull(const PendingPull& pull);
-  // An error if a pull waits for a sync step that can no longer complete
-  // because the workers it needs disconnected.
-  Status StepReachable(const PendingPull& pull) const;
   // The waiting pulls are judged again when the earliest departed worker
   // still awaited stops being awaited (worker_rejoin_grace): one timer at a
   // time, however often workers come and go.
@@ -232,6 +226,7 @@ class Shard {
   std::unique_ptr<ParamMemory> memory_;
   transport::MemoryKind arena_kind_ = transport::MemoryKind::kHost;  // what workers reach
   std::unique_ptr<ParamTable> table_;
+  std::optional<PullWaits> waits_;  // over table_, from Open on
   // Checkpoint rounds, this shard's side (messages from the coordinator).
   std::unique_ptr<CheckpointParticipant> checkpoints_;
 

@@ -335,7 +335,7 @@ bool Shard::TryApplyStep(Param& p) {
     for (size_t rank = 0; rank < step_pushers_.size(); ++rank) {
       if (!step_pushers_[rank]) continue;
       if (!pushers.empty()) pushers += ", ";
-      pushers += WorkerName(static_cast<uint32_t>(rank));
+      pushers += waits_->WorkerName(static_cast<uint32_t>(rank));
     }
     p.SetFailure(Status(
         st.code(), "tensor '" + p.display_name + "': sync step " + std::to_string(p.step - 1) +

@@ -30,7 +30,7 @@ void Shard::OnPull(Peer& peer, uint64_t request_id, wire::Pull msg) {
     spare_pulls_.Give(std::move(pull.msg));
     return;
   }
-  Status st = StepReachable(pull);
+  Status st = waits_->Reachable(pull.msg);
   if (!st.ok()) return sessions_->SendError(peer, request_id, st);
   if (pull.msg.wait_ms > 0) {
     pull.deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(pull.msg.wait_ms);
@@ -94,7 +94,7 @@ void Shard::SweepWaitingPulls() {
       ++it;
       continue;
     }
-    const std::string what = WhatPullWaitsFor(*it);
+    const std::string what = waits_->WhatItWaitsFor(it->msg);
     TLOG_WARN("{}'s pull waited {} ms: {}", it->peer->hello.task, it->msg.wait_ms, what);
     sessions_->SendError(
         *it->peer, it->request_id,
@@ -103,50 +103,6 @@ void Shard::SweepWaitingPulls() {
     it = waiting_pulls_.erase(it);
   }
   ScheduleWaitSweep();
-}
-
-std::string Shard::WorkerName(uint32_t rank) const {
-  auto task = options_.cluster.worker_task(static_cast<int>(rank));
-  return task.ok() ? task->ToString() : "worker rank " + std::to_string(rank);
-}
-
-std::string Shard::WhatPullWaitsFor(const PendingPull& pull) const {
-  for (const auto& e : pull.msg.entries) {
-    const Param* p = table_->Find(e.key_id);
-    const std::string name = "tensor '" + p->display_name + "'";
-    if (!p->initialized) return name + " is not initialised yet (the chief has not pushed it)";
-    const auto& mode = p->entry.tensor.mode;
-    if (mode.kind == Consistency::kSync && p->step < e.min_step) {
-      std::string pushed, missing;
-      for (uint32_t rank = 0; rank < mode.total_num_replicas; ++rank) {
-        std::string& list = rank < p->contributed.size() && p->contributed[rank] ? pushed : missing;
-        list += (list.empty() ? "" : ", ") + WorkerName(rank);
-      }
-      return name + ": sync step " + std::to_string(p->step) + " has " +
-             std::to_string(p->agg_count) + " of the " +
-             std::to_string(mode.replicas_to_aggregate) + " gradients it needs; pushed by " +
-             (pushed.empty() ? "no worker" : pushed) + "; not pushed by " +
-             (missing.empty() ? "none" : missing) +
-             (p->agg_count >= mode.replicas_to_aggregate ? " (it waits for readers to finish)"
-                                                         : "");
-    }
-    if (mode.kind == Consistency::kBounded && p->StepReached() < e.min_step) {
-      std::string behind;
-      for (uint32_t rank = 0; rank < p->pushed_steps.size(); ++rank) {
-        if (p->pushed_steps[rank] >= e.min_step) continue;
-        if (!behind.empty()) behind += ", ";
-        behind += fmt::format("{} has pushed {} steps", WorkerName(rank), p->pushed_steps[rank]);
-      }
-      return fmt::format("{}: step {} is not yet pushed by every worker ({})", name, e.min_step,
-                         behind);
-    }
-    if (p->version < e.min_version) {
-      return name + " is at version " + std::to_string(p->version) + ", not yet " +
-             std::to_string(e.min_version);
-    }
-    if (p->writer_waiting) return name + " has an update waiting for readers to finish";
-  }
-  return "nothing (it was about to be answered)";
 }
 
 void Shard::RecheckAfterRejoinGrace() {
@@ -163,36 +119,6 @@ void Shard::RecheckAfterRejoinGrace() {
                     RetryWaiting();
                     RecheckAfterRejoinGrace();  // the next departure still awaited
                   });
-}
-
-Status Shard::StepReachable(const PendingPull& pull) const {
-  const auto now = std::chrono::steady_clock::now();
-  for (const auto& e : pull.msg.entries) {
-    const Param* p = table_->Find(e.key_id);
-    const auto& mode = p->entry.tensor.mode;
-    if (mode.kind != Consistency::kSync || p->StepReached() >= e.min_step) continue;
-    if (p->agg_count >= mode.replicas_to_aggregate) continue;  // complete, waiting for readers
-    // Workers that may still push this step: not yet counted, and not
-    // gone for longer than a restart may take.
-    uint32_t possible = 0;
-    std::string gone;
-    for (uint32_t rank = 0; rank < mode.total_num_replicas; ++rank) {
-      if (rank < p->contributed.size() && p->contributed[rank]) continue;
-      if (std::string task; lent_.roster->MayStillPush(rank, now, &task)) {
-        possible++;
-      } else {
-        gone += (gone.empty() ? "" : ", ") + task;
-      }
-    }
-    const uint32_t needed = mode.replicas_to_aggregate - p->agg_count;
-    if (possible < needed) {
-      return Status::Unavailable("step " + std::to_string(p->step) + " of '" + p->display_name +
-                                 "' cannot complete: it needs " + std::to_string(needed) +
-                                 " more worker(s) and " + gone + " disconnected (not back within " +
-                                 std::to_string(options_.worker_rejoin_grace.count()) + " ms)");
-    }
-  }
-  return Status::Ok();
 }
 
 bool Shard::TryGrantPull(PendingPull& pull) {
@@ -315,7 +241,7 @@ void Shard::RetryWaiting() {
     }
     // A sync step that lost the workers it needs fails its waiters, naming
     // who is gone, instead of leaving them to time out.
-    Status st = StepReachable(*it);
+    Status st = waits_->Reachable(it->msg);
     if (!st.ok()) {
       sessions_->SendError(*it->peer, it->request_id, st);
       spare_pulls_.Give(std::move(it->msg));
