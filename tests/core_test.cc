@@ -7,9 +7,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <future>
 #include <iostream>
 #include <random>
+#include <set>
 #include <sstream>
+#include <thread>
 
 #include <spdlog/sinks/ostream_sink.h>
 
@@ -20,6 +23,7 @@
 #include "core/placement.h"
 #include "core/ports.h"
 #include "core/secret.h"
+#include "core/serial_worker.h"
 #include "kernels/cpu/halves_cpu.h"
 #include "kernels/update.h"
 #include "tessera/client.h"
@@ -476,3 +480,30 @@ TEST(Logging, BadLevelIsAnErrorNamingIt) {
 
 }  // namespace
 }  // namespace tessera
+
+// File work runs in the order it was given, on one thread that is not the
+// caller's, and what is still queued when the worker goes runs before it is
+// gone.
+TEST(SerialWorker, RunsJobsInOrderOnOneThreadAndFinishesThemWhenDestroyed) {
+  std::mutex mu;
+  std::vector<int> order;
+  std::set<std::thread::id> threads;
+  {
+    tessera::SerialWorker worker;
+    std::promise<void> release;
+    std::shared_future<void> gate = release.get_future().share();
+    worker.Run([gate] { gate.wait(); });  // the jobs below queue behind it
+    for (int i = 0; i < 100; ++i) {
+      worker.Run([&, i] {
+        std::lock_guard<std::mutex> lock(mu);
+        order.push_back(i);
+        threads.insert(std::this_thread::get_id());
+      });
+    }
+    release.set_value();
+  }
+  ASSERT_EQ(order.size(), 100u) << "queued jobs run before the worker is gone";
+  EXPECT_TRUE(std::is_sorted(order.begin(), order.end()));
+  ASSERT_EQ(threads.size(), 1u);
+  EXPECT_NE(*threads.begin(), std::this_thread::get_id());
+}

@@ -40,14 +40,7 @@ Checkpointer::Checkpointer(CheckpointOptions options, Coordinator* coord, std::s
       cluster_json_(std::move(cluster_json)),
       host_(std::move(host)) {}
 
-Checkpointer::~Checkpointer() {
-  {
-    std::lock_guard<std::mutex> lock(jobs_mu_);
-    jobs_done_ = true;  // the queued jobs (e.g. removing an aborted round) still run
-  }
-  jobs_cv_.notify_one();
-  if (worker_.joinable()) worker_.join();
-}
+Checkpointer::~Checkpointer() = default;
 
 void Checkpointer::Start() {
   if (options_.every.count() > 0) PostAfter(options_.every, [this] { Tick(); });
@@ -421,28 +414,10 @@ void Checkpointer::Abort(const Status& why, bool failed) {
 }
 
 void Checkpointer::InBackground(std::function<Status()> work, std::function<void(Status)> then) {
-  {
-    std::lock_guard<std::mutex> lock(jobs_mu_);
-    jobs_.push_back([this, work = std::move(work), then = std::move(then)] {
-      Status st = work();
-      Post([then, st] { then(st); });
-    });
-  }
-  jobs_cv_.notify_one();
-  if (!worker_.joinable()) worker_ = std::thread([this] { FileThread(); });
-}
-
-void Checkpointer::FileThread() {
-  std::unique_lock<std::mutex> lock(jobs_mu_);
-  while (true) {
-    jobs_cv_.wait(lock, [this] { return jobs_done_ || !jobs_.empty(); });
-    if (jobs_.empty()) return;  // done, and nothing left to run
-    auto job = std::move(jobs_.front());
-    jobs_.pop_front();
-    lock.unlock();
-    job();
-    lock.lock();
-  }
+  files_.Run([this, work = std::move(work), then = std::move(then)] {
+    Status st = work();
+    Post([then, st] { then(st); });
+  });
 }
 
 void Checkpointer::Post(std::function<void()> fn) {

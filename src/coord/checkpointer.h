@@ -17,18 +17,15 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
-#include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "ckpt/checkpoint.h"
 #include "coord/coordinator.h"
+#include "core/serial_worker.h"
 #include "wire/messages.h"
 
 namespace tessera::coord {
@@ -125,7 +122,6 @@ class Checkpointer {
   // then runs `then` on the progress thread with its status. Never blocks:
   // hashing a large checkpoint must not stall the progress thread.
   void InBackground(std::function<Status()> work, std::function<void(Status)> then);
-  void FileThread();
   void Prune(const std::string& just_written);
   // Progress-thread callbacks that do nothing once this object is gone (it
   // is destroyed on the progress thread).
@@ -136,12 +132,6 @@ class Checkpointer {
   Coordinator* coord_;
   std::string cluster_json_;
   Host host_;
-  // The file thread and its queue.
-  std::thread worker_;
-  std::mutex jobs_mu_;
-  std::condition_variable jobs_cv_;
-  std::deque<std::function<void()>> jobs_;
-  bool jobs_done_ = false;
   std::optional<Round> round_;
   std::vector<Done> next_waiters_;  // requests made while a round ran
   std::optional<Reason> next_reason_;
@@ -151,6 +141,10 @@ class Checkpointer {
   std::string latest_path_;
   bool stopped_ = false;
   std::shared_ptr<int> alive_ = std::make_shared<int>(0);
+  // The file work, in order. Declared last, so destroyed first: what is
+  // queued runs (e.g. removing an aborted round) while the members its jobs
+  // read are still there.
+  SerialWorker files_;
 };
 
 }  // namespace tessera::coord

@@ -79,12 +79,13 @@ void Router::OnObserverMessage(Peer& peer, const wire::Header& h) {
 }
 
 void Router::OnWorkerMessage(Peer& peer, const wire::Header& h, std::span<const uint8_t> frame) {
-  const std::string op = wire::OpcodeName(h.opcode);
+  // Named only in an error: no string is built per request.
+  auto op = [&h] { return std::string(wire::OpcodeName(h.opcode)); };
   if (wire::AddressesCoordinator(h.opcode)) {
     if (parts_.coordinator == nullptr) {
       return parts_.sessions->SendError(
           peer, h.request_id,
-          Status::FailedPrecondition(op + " sent to a shard that is not the coordinator"));
+          Status::FailedPrecondition(op() + " sent to a shard that is not the coordinator"));
     }
     return parts_.coordinator->OnWorkerRequest(AsWorker(peer), h, frame);
   }
@@ -92,7 +93,7 @@ void Router::OnWorkerMessage(Peer& peer, const wire::Header& h, std::span<const 
     if (parts_.shard == nullptr) {
       return parts_.sessions->SendError(
           peer, h.request_id,
-          Status::FailedPrecondition(op + " sent to the coordinator, which holds no tensors"));
+          Status::FailedPrecondition(op() + " sent to the coordinator, which holds no tensors"));
     }
     return parts_.shard->OnRequest(peer, h, frame);
   }
@@ -100,7 +101,7 @@ void Router::OnWorkerMessage(Peer& peer, const wire::Header& h, std::span<const 
   if (h.opcode == wire::Opcode::kStepsApplied) {
     step_messages_from_workers_.fetch_add(1, std::memory_order_relaxed);
   }
-  parts_.sessions->Drop(peer, Status::InvalidArgument("unexpected " + op + " from a worker"),
+  parts_.sessions->Drop(peer, Status::InvalidArgument("unexpected " + op() + " from a worker"),
                         h.request_id);
 }
 
