@@ -16,11 +16,11 @@ void Client::Impl::ArenaPull::Start(Impl* impl, int shard, ChunkIos ios, uint64_
   pull->impl = impl;
   pull->outstanding = static_cast<int>(ios.size());
   pull->shard = shard;
-  pull->op_id = s.next_op++;
+  pull->op_id = s.in_flight.next_id++;
   pull->lease = lease;
   pull->done = done;
   pull->ios = std::move(ios);
-  s.in_flight[pull->op_id] = [pull](const Status& why) { pull->Finish(why); };
+  s.in_flight.ops[pull->op_id] = [pull](const Status& why) { pull->Finish(why); };
   if (pull->AllMapped()) return pull->FromIpcArenas();
   std::vector<uint8_t*> into;  // where each get lands, when some go through host memory
   if (!impl->fabric_gpu_.ok()) into = pull->PlanHostBounce();
@@ -30,7 +30,7 @@ void Client::Impl::ArenaPull::Start(Impl* impl, int shard, ChunkIos ios, uint64_
 bool Client::Impl::ArenaPull::AllMapped() const {
   const ShardConn& s = impl->shards_[shard];
   bool all = !ios.empty();
-  for (const auto& io : ios) all &= s.ipc_arenas.count(io.chunk->arena_id) > 0;
+  for (const auto& io : ios) all &= s.ipc.arenas.count(io.chunk->arena_id) > 0;
   return all;
 }
 
@@ -40,7 +40,7 @@ void Client::Impl::ArenaPull::FromIpcArenas() {
   Status copied;
   uint64_t bytes = 0;
   for (const auto& io : ios) {
-    const uint8_t* src = s.ipc_arenas.at(io.chunk->arena_id).data() + io.chunk->arena_offset;
+    const uint8_t* src = s.ipc.arenas.at(io.chunk->arena_id).data() + io.chunk->arena_offset;
     if (copied.ok()) copied = impl->GpuCopyAsync(io.local, src, io.chunk->bytes);
     bytes += io.chunk->bytes;
   }

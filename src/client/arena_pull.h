@@ -31,7 +31,7 @@ struct Client::Impl::ArenaPull {
   void Finish(const Status& result) {
     if (finished) return;
     finished = true;
-    impl->shards_[shard].in_flight.erase(op_id);
+    impl->shards_[shard].in_flight.ops.erase(op_id);
     done(result);
   }
   // The bytes are ours: the shard may update them again.

@@ -167,38 +167,52 @@ class Client::Impl {
   struct RetriedPart;
 
   struct ShardConn {
+    // Joining the shard, at the start and after it was lost (loop thread).
+    struct Joining {
+      int attempts = 0;           // turned away or unanswered so far
+      uint64_t request = 0;       // the handshake's request waiting, if any
+      bool reconnecting = false;  // a restarted shard is being joined again
+      std::chrono::steady_clock::time_point next_reconnect;
+    };
+    // A GPU shard on this node: its slot for this worker and its arenas,
+    // mapped with CUDA IPC (pushes and pulls are device copies then).
+    struct IpcMaps {
+      gpu::IpcMapping slot;
+      std::unordered_map<uint32_t, gpu::IpcMapping> arenas;
+    };
+    // One-sided work in flight, failed by OnShardLost: a fabric may never
+    // complete operations towards a peer that hangs. An entry per large
+    // call: its node from the pool, its abort held in place.
+    struct InFlight {
+      using Abort = InlineFunction<void(const Status&), 160>;
+      std::unordered_map<uint64_t, Abort, std::hash<uint64_t>, std::equal_to<>,
+                         PoolAllocator<std::pair<const uint64_t, Abort>>>
+          ops;
+      uint64_t next_id = 1;
+    };
+    // Parts that failed because this shard was lost, held until it is back
+    // (ClientOptions::retry_lost_shard_within), in the order they failed.
+    struct Parked {
+      std::deque<std::shared_ptr<RetriedPart>> parts;
+      bool sweep_scheduled = false;  // SweepParked is
+    };
+
     TaskId task;
     TaskAddress addr;
     std::shared_ptr<transport::Endpoint> ep;
-    int handshake_attempts = 0;      // turned away or unanswered so far (loop thread)
-    uint64_t handshake_request = 0;  // the handshake's request waiting, if any
+    Joining joining;
     std::unique_ptr<transport::RemoteRegion> staging;
     client::StagingAllocator alloc;
     // Where small chunks are gathered into one put (loop thread).
     client::GatherBuffer gather;
     std::unordered_map<uint32_t, std::unique_ptr<transport::RemoteRegion>> arenas;
-    // A GPU shard on this node: its slot for this worker and its arenas,
-    // mapped with CUDA IPC (pushes and pulls are device copies then).
-    gpu::IpcMapping ipc_slot;
-    std::unordered_map<uint32_t, gpu::IpcMapping> ipc_arenas;
+    IpcMaps ipc;
     std::deque<std::function<void()>> waiting_for_staging;
-    Status dead;                // non-OK once the connection is gone
-    bool reconnecting = false;  // a restarted shard is being joined again
-    std::chrono::steady_clock::time_point next_reconnect;
+    Status dead;  // non-OK once the connection is gone
     // Listening time without any traffic from the shard (heartbeats).
     SilenceMeter silence;
-    // One-sided work in flight, failed by OnShardLost: a fabric may never
-    // complete operations towards a peer that hangs. An entry per large
-    // call: its node from the pool, its abort held in place.
-    using AbortInFlight = InlineFunction<void(const Status&), 160>;
-    std::unordered_map<uint64_t, AbortInFlight, std::hash<uint64_t>, std::equal_to<>,
-                       PoolAllocator<std::pair<const uint64_t, AbortInFlight>>>
-        in_flight;
-    uint64_t next_op = 1;
-    // Parts that failed because this shard was lost, held until it is back
-    // (ClientOptions::retry_lost_shard_within), in the order they failed.
-    std::deque<std::shared_ptr<RetriedPart>> parked;
-    bool parked_sweep = false;  // SweepParked is scheduled
+    InFlight in_flight;
+    Parked parked;
     std::string name() const { return task.ToString() + " (" + addr.ToString() + ")"; }
   };
 
@@ -506,7 +520,7 @@ template <typename Msg>
 uint64_t Client::Impl::Request(int shard, const Msg& msg, uint32_t flags, ReplyFn fn) {
   ShardConn& s = shards_[shard];
   wire::Header none;
-  if ((!s.dead.ok() && !s.reconnecting) || !s.ep) {
+  if ((!s.dead.ok() && !s.joining.reconnecting) || !s.ep) {
     if (!s.dead.ok()) Reconnect(shard);  // fails this call; a later one may succeed
     fn(s.dead.ok() ? Status::Unavailable(s.name() + " is not connected") : s.dead, none, {});
     return 0;

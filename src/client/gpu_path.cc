@@ -34,7 +34,7 @@ Status Client::Impl::GpuWait() {
 }
 
 Status Client::Impl::GpuPathTo(const ShardConn& s, const ChunkIos& ios) const {
-  if (s.ipc_slot.data() != nullptr || fabric_gpu_.ok() || options_.allow_host_staging) {
+  if (s.ipc.slot.data() != nullptr || fabric_gpu_.ok() || options_.allow_host_staging) {
     return Status::Ok();
   }
   for (const auto& io : ios) {
@@ -79,20 +79,20 @@ Status Client::Impl::OrderOnStream(void* stream, const std::shared_ptr<Future::S
 }
 
 void Client::Impl::MapArena(ShardConn& s, const wire::ArenaKey& a) {
-  if (a.ipc.empty() || s.ipc_slot.data() == nullptr) return;
+  if (a.ipc.empty() || s.ipc.slot.data() == nullptr) return;
   auto m = gpu::IpcMapping::Open(a.ipc.data(), a.ipc.size(), options_.cuda_device);
   if (!m.ok()) {
     TLOG_WARN("{}: arena {} not mapped with CUDA IPC ({}): pulls use the fabric", s.name(),
               a.arena_id, m.status().message());
     return;
   }
-  s.ipc_arenas[a.arena_id] = std::move(*m);
+  s.ipc.arenas[a.arena_id] = std::move(*m);
 }
 
 void Client::Impl::UnmapShard(ShardConn& s) {
-  if (s.ipc_slot.data() != nullptr) ipc_shards_--;
-  s.ipc_slot = gpu::IpcMapping{};
-  s.ipc_arenas.clear();
+  if (s.ipc.slot.data() != nullptr) ipc_shards_--;
+  s.ipc.slot = gpu::IpcMapping{};
+  s.ipc.arenas.clear();
 }
 
 }  // namespace tessera

@@ -83,14 +83,14 @@ void Client::Impl::OnRetriedPartDone(const std::shared_ptr<RetriedPart>& part, c
                        std::to_string(options_.retry_lost_shard_within.count()) +
                        " ms; lost first: " + part->lost.message() + ")"));
   }
-  s.parked.push_back(part);
+  s.parked.parts.push_back(part);
   Reconnect(part->shard);
   SweepParked(part->shard);
 }
 
 void Client::Impl::ReissueParked(int shard) {
-  auto parked = std::move(shards_[shard].parked);
-  shards_[shard].parked.clear();
+  auto parked = std::move(shards_[shard].parked.parts);
+  shards_[shard].parked.parts.clear();
   if (!parked.empty()) {
     TLOG_INFO("{}: {} call part(s) that failed when it was lost are issued again",
               shards_[shard].name(), parked.size());
@@ -100,11 +100,11 @@ void Client::Impl::ReissueParked(int shard) {
 
 void Client::Impl::SweepParked(int shard) {
   ShardConn& s = shards_[shard];
-  if (s.parked_sweep || stopping_) return;
+  if (s.parked.sweep_scheduled || stopping_) return;
   const auto now = std::chrono::steady_clock::now();
   std::deque<std::shared_ptr<RetriedPart>> waiting;
   std::optional<std::chrono::steady_clock::time_point> earliest;
-  for (auto& part : s.parked) {
+  for (auto& part : s.parked.parts) {
     if (now < *part->deadline) {
       earliest = std::min(earliest.value_or(*part->deadline), *part->deadline);
       waiting.push_back(std::move(part));
@@ -114,23 +114,23 @@ void Client::Impl::SweepParked(int shard) {
         part->lost.WithContext("not back within retry_lost_shard_within (" +
                                std::to_string(options_.retry_lost_shard_within.count()) + " ms)"));
   }
-  s.parked = std::move(waiting);
+  s.parked.parts = std::move(waiting);
   if (!earliest) return;
   // Heartbeats try a lost shard again each interval; without them nothing
   // else would while the calls only wait. Reconnect paces its own attempts.
   Reconnect(shard);
-  s.parked_sweep = true;
+  s.parked.sweep_scheduled = true;
   const auto until = std::chrono::duration_cast<std::chrono::milliseconds>(*earliest - now);
   ctx_->PostAfter(std::clamp(until, std::chrono::milliseconds(1), std::chrono::milliseconds(500)),
                   [this, shard] {
-                    shards_[shard].parked_sweep = false;
+                    shards_[shard].parked.sweep_scheduled = false;
                     SweepParked(shard);
                   });
 }
 
 void Client::Impl::FailParked(int shard, const Status& why) {
-  auto parked = std::move(shards_[shard].parked);
-  shards_[shard].parked.clear();
+  auto parked = std::move(shards_[shard].parked.parts);
+  shards_[shard].parked.parts.clear();
   for (const auto& part : parked) part->op->Finish(why);
 }
 

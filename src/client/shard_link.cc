@@ -35,8 +35,8 @@ Client::Impl::~Impl() {
     for (auto& s : shards_) {
       // One-sided operations still in flight are cancelled (Abort), so that
       // none writes into a caller's buffer after its call failed.
-      if (s.ep && s.in_flight.empty()) s.ep->Close();
-      if (s.ep && !s.in_flight.empty()) s.ep->Abort();
+      if (s.ep && s.in_flight.ops.empty()) s.ep->Close();
+      if (s.ep && !s.in_flight.ops.empty()) s.ep->Abort();
     }
     // Calls still running fail now, rather than leave their futures (which
     // may outlive the client, e.g. through the C API) waiting out the
@@ -107,8 +107,8 @@ void Client::Impl::OnFrame(const std::shared_ptr<transport::Endpoint>& ep,
       // A refusal the shard sent on accepting the connection, before it read
       // the hello (request 0), answers the handshake under way.
       ShardConn& conn = shards_[sit->second];
-      if (h->request_id == 0 && conn.handshake_request != 0 &&
-          pending_.Take(conn.handshake_request, &fn)) {
+      if (h->request_id == 0 && conn.joining.request != 0 &&
+          pending_.Take(conn.joining.request, &fn)) {
         return fn(err.ok() ? err->ToStatus() : err.status(), *h, frame);
       }
       TLOG_WARN("{}: {}", conn.name(), err.ok() ? err->message : "malformed error");
@@ -148,8 +148,8 @@ void Client::Impl::FailCallsOf(int shard, const Status& why) {
   std::vector<ReplyFn> fail;
   pending_.TakeAllOf(shard, &fail);
   for (auto& fn : fail) fn(why, wire::Header{}, {});
-  auto in_flight = std::move(s.in_flight);
-  s.in_flight.clear();
+  auto in_flight = std::move(s.in_flight.ops);
+  s.in_flight.ops.clear();
   for (auto& [id, abort] : in_flight) abort(why);
   auto waiting = std::move(s.waiting_for_staging);
   for (auto& fn : waiting) fn();
@@ -416,12 +416,12 @@ void Client::Impl::OnStartHandshake(int shard, std::chrono::steady_clock::time_p
       std::lock_guard<std::mutex> lock(start_mu_);
       start_error_[shard] = st.message();
     }
-    const auto pause = HandshakeBackoff(c.handshake_attempts++);
+    const auto pause = HandshakeBackoff(c.joining.attempts++);
     TLOG_WARN("{} {}; connecting again in {} ms", c.name(), st.message(), pause.count());
     ctx_->PostAfter(pause, [this, shard, deadline] { ConnectShard(shard, deadline); });
     return;
   }
-  c.handshake_attempts = 0;
+  c.joining.attempts = 0;
   {
     std::lock_guard<std::mutex> lock(start_mu_);
     start_state_[shard] = st.ok() ? 1 : -1;
@@ -438,16 +438,16 @@ void Client::Impl::OnStartHandshake(int shard, std::chrono::steady_clock::time_p
 void Client::Impl::Reconnect(int shard) {
   ShardConn& s = shards_[shard];
   const auto now = std::chrono::steady_clock::now();
-  if (stopping_ || s.reconnecting || s.dead.ok() || now < s.next_reconnect) {
+  if (stopping_ || s.joining.reconnecting || s.dead.ok() || now < s.joining.next_reconnect) {
     return;
   }
-  s.next_reconnect = now + std::chrono::seconds(1);
-  s.reconnecting = true;
+  s.joining.next_reconnect = now + std::chrono::seconds(1);
+  s.joining.reconnecting = true;
   ctx_->Connect(s.addr.host, s.addr.port, std::chrono::milliseconds(2000),
                 [this, shard](Result<std::shared_ptr<transport::Endpoint>> ep) {
                   ShardConn& conn = shards_[shard];
                   if (!ep.ok() || stopping_) {
-                    conn.reconnecting = false;
+                    conn.joining.reconnecting = false;
                     return;
                   }
                   // The old connection's regions go with it.
@@ -466,7 +466,7 @@ void Client::Impl::Reconnect(int shard) {
                         TLOG_WARN("{} answers again but refused this worker: {}",
                                   shards_[shard].name(), st.message());
                       }
-                      shards_[shard].reconnecting = false;
+                      shards_[shard].joining.reconnecting = false;
                       if (shards_[shard].ep) shards_[shard].ep->Abort();
                       return;
                     }
@@ -497,7 +497,7 @@ void Client::Impl::ReCreate(int shard) {
   }
   auto finish = [this, shard](const Status& st) {
     ShardConn& conn = shards_[shard];
-    conn.reconnecting = false;
+    conn.joining.reconnecting = false;
     if (!st.ok()) {
       TLOG_WARN("{}: re-creating this worker's tensors failed: {}", conn.name(), st.message());
       if (conn.ep) conn.ep->Abort();
@@ -549,7 +549,7 @@ void Client::Impl::Handshake(int shard, std::function<void(Status)> done) {
   auto turn = std::make_shared<Turn>(Turn{std::move(done), 0});
   auto fail = [this, shard, turn](const Status& st) {
     if (!turn->done) return;
-    shards_[shard].handshake_request = 0;
+    shards_[shard].joining.request = 0;
     auto call = std::move(turn->done);
     turn->done = nullptr;
     call(st);
@@ -581,7 +581,7 @@ void Client::Impl::Handshake(int shard, std::function<void(Status)> done) {
     fail(Status::DeadlineExceeded("took the connection but did not finish the handshake within " +
                                   std::to_string(handshake_timeout_.count()) + " ms"));
   });
-  shards_[shard].handshake_request = turn->request = Request(
+  shards_[shard].joining.request = turn->request = Request(
       shard, handshake->hello(), 0,
       [this, shard, read, fail, turn, handshake](const Status& st, const wire::Header&,
                                                  std::span<const uint8_t> frame) {
@@ -590,7 +590,7 @@ void Client::Impl::Handshake(int shard, std::function<void(Status)> done) {
         if (!std::holds_alternative<wire::Auth>(*auth)) {
           return fail(Status::Internal("a welcome before the challenge"));
         }
-        shards_[shard].handshake_request = turn->request = Request(
+        shards_[shard].joining.request = turn->request = Request(
             shard, std::get<wire::Auth>(*auth), 0,
             [this, shard, read, fail, handshake](const Status& st2, const wire::Header&,
                                                  std::span<const uint8_t> f2) {
@@ -625,7 +625,7 @@ void Client::Impl::Handshake(int shard, std::function<void(Status)> done) {
                   auto slot = gpu::IpcMapping::Open(w->staging_ipc.data(), w->staging_ipc.size(),
                                                     options_.cuda_device);
                   if (slot.ok()) {
-                    s.ipc_slot = std::move(*slot);
+                    s.ipc.slot = std::move(*slot);
                     ipc_shards_++;
                     TLOG_INFO("{} shares this node: reached through CUDA IPC", s.name());
                   } else {

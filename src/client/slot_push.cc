@@ -51,7 +51,7 @@ struct Client::Impl::SlotPush {
     if (finished) return;
     finished = true;
     ShardConn& conn = impl->shards_[shard];
-    conn.in_flight.erase(op_id);
+    conn.in_flight.ops.erase(op_id);
     conn.alloc.Free(offset);
     if (!conn.waiting_for_staging.empty()) {
       auto next = std::move(conn.waiting_for_staging.front());
@@ -77,14 +77,14 @@ void Client::Impl::PushThroughSlot(int shard, ChunkIos ios, uint32_t flags, Push
   push->shard = shard;
   push->flags = flags;
   push->tag = tag;
-  push->op_id = s.next_op++;
+  push->op_id = s.in_flight.next_id++;
   push->offset = offset;
   push->op = op;
   push->done = done;
   push->versions.resize(ios.size());
   push->sent = std::move(ios);
-  s.in_flight[push->op_id] = [push](const Status& why) { push->Finish(why, {}); };
-  if (s.ipc_slot.data() != nullptr) return push->IntoIpcSlot(push);
+  s.in_flight.ops[push->op_id] = [push](const Status& why) { push->Finish(why, {}); };
+  if (s.ipc.slot.data() != nullptr) return push->IntoIpcSlot(push);
   if (!fabric_gpu_.ok()) {
     if (Status st = push->StageThroughHost(); !st.ok()) return push->Finish(st, {});
   }
@@ -105,7 +105,7 @@ void Client::Impl::SlotPush::IntoIpcSlot(const Ptr& self) {
   Status st;
   for (const auto& io : sent) {
     msg.entries.push_back({io.chunk->key_id, rel, io.chunk->bytes});
-    if (st.ok()) st = impl->GpuCopyAsync(s.ipc_slot.data() + rel, io.local, io.chunk->bytes);
+    if (st.ok()) st = impl->GpuCopyAsync(s.ipc.slot.data() + rel, io.local, io.chunk->bytes);
     rel += AlignUp(io.chunk->bytes, 64);
     bytes += io.chunk->bytes;
   }
