@@ -5,13 +5,28 @@
 #include "core/log.h"
 
 namespace tessera::coord {
+namespace {
+
+template <typename Msg>
+void Reply(const Service::Host& host, PeerId peer, uint64_t request_id, const Msg& msg) {
+  host.send(peer, wire::Encode(msg, request_id));
+}
+
+// The error a request gets, prefixed with this task's name.
+void SendError(const Service::Host& host, const std::string& name, PeerId peer, uint64_t request_id,
+               const Status& st) {
+  Reply(host, peer, request_id, wire::Error{st.code(), name + ": " + st.message()});
+}
+
+}  // namespace
 
 Service::Service(ServiceOptions options, Host host)
     : options_(std::move(options)),
       host_(std::move(host)),
       coord_(options_.num_shards, options_.num_workers, options_.limits),
       links_(static_cast<size_t>(options_.num_shards), 0),
-      joined_once_(static_cast<size_t>(options_.num_shards), false) {}
+      joins_(options_.num_shards),
+      held_(options_.max_waiting_requests, options_.max_waiting_bytes) {}
 
 Service::~Service() = default;
 
@@ -75,12 +90,9 @@ void Service::Start() {
   };
   host.post = host_.post;
   host.post_after = host_.post_after;
-  host.on_saved = [this](const SavedCheckpoint&) { checkpoints_written_++; };
+  host.on_saved = [this](const SavedCheckpoint&) { rounds_.Written(); };
   host.on_failed = [this](Checkpointer::Reason reason, const Status& why) {
-    std::lock_guard<std::mutex> lock(failure_mu_);
-    last_checkpoint_failure_ =
-        std::string(Checkpointer::ReasonName(reason)) + " checkpoint: " + why.message();
-    checkpoint_rounds_failed_++;
+    rounds_.Failed(std::string(Checkpointer::ReasonName(reason)) + " checkpoint: " + why.message());
   };
   checkpointer_ =
       std::make_unique<Checkpointer>(options_.checkpoints, &coord_, options_.cluster_json, host);
@@ -104,35 +116,23 @@ void Service::Stop() {
     checkpointer_.reset();  // on the progress thread: its callbacks run there
   }
   init_waiters_.clear();
-  waiting_.clear();
-  waiting_bytes_ = 0;
+  held_.Clear();
 }
 
 bool Service::Serves(wire::Opcode op) { return wire::AddressesCoordinator(op); }
 
-bool Service::AllJoined() const {
-  for (bool joined : joined_once_) {
-    if (!joined) return false;
-  }
-  return true;
-}
-
 void Service::CheckReady() {
-  if (!joins_answered_ && AllJoined()) {
+  if (!joins_.open() && joins_.all_joined()) {
     // The global step is rebuilt: the joins may hear where restored sync
     // chunks resume. (A restarted ps task 0 learns its own chunks back only
     // from the creates its answer lets in.)
-    joins_answered_ = true;
+    JoinGate::Held held = joins_.Open();
     const wire::JoinReply answer = JoinAnswer();
-    for (const auto& [shard, waiter] : join_waiters_) Reply(waiter.first, waiter.second, answer);
-    join_waiters_.clear();
-    if (local_join_waiter_) {
-      auto waiter = std::move(local_join_waiter_);
-      local_join_waiter_ = nullptr;
-      waiter(answer);
-    }
+    for (const auto& [shard, waiter] : held.remote)
+      Reply(host_, waiter.first, waiter.second, answer);
+    if (held.local) held.local(answer);
   }
-  if (!ready_ && joins_answered_ && coord_.placement_known()) {
+  if (!ready_ && joins_.open() && coord_.placement_known()) {
     ready_ = true;
     coord_.AdoptionDone();
     if (coord_.num_tensors() > 0) {
@@ -141,53 +141,38 @@ void Service::CheckReady() {
                 coord_.initialized() ? ", initialised" : "");
     }
   }
-  while (ready_ && !waiting_.empty() && !stopped_) {
-    Waiting w = std::move(waiting_.front());
-    waiting_.pop_front();
-    waiting_bytes_ -= w.frame.size();
-    Serve(w.from, w.header, w.frame);
+  while (ready_ && !held_.empty() && !stopped_) {
+    HeldRequests::Request r = held_.Take();
+    Serve(r.from, r.header, r.frame);
   }
-}
-
-void Service::SendError(PeerId peer, uint64_t request_id, const Status& st) {
-  Reply(peer, request_id, wire::Error{st.code(), options_.name + ": " + st.message()});
 }
 
 void Service::OnWorkerRequest(const WorkerRef& from, const wire::Header& h,
                               std::span<const uint8_t> frame) {
   if (stopped_) return;
-  if (ready_ && waiting_.empty()) return Serve(from, h, frame);
-  // Held frames are the peers' bytes: bounded in number and in size.
-  if (waiting_.size() >= options_.max_waiting_requests ||
-      waiting_bytes_ + frame.size() > options_.max_waiting_bytes) {
-    return SendError(from.peer, h.request_id,
-                     Status::Unavailable("the coordinator is waiting for ps tasks to join, and " +
-                                         std::to_string(waiting_.size()) + " requests (" +
-                                         std::to_string(waiting_bytes_) + " bytes) wait already"));
+  if (ready_ && held_.empty()) return Serve(from, h, frame);
+  const bool first = held_.empty();
+  if (Status held = held_.Hold(from, h, frame); !held.ok()) {
+    return SendError(host_, options_.name, from.peer, h.request_id, held);
   }
-  if (waiting_.empty()) {
-    std::string missing;
-    for (size_t k = 0; k < joined_once_.size(); ++k) {
-      if (!joined_once_[k]) missing += (missing.empty() ? "ps " : ", ps ") + std::to_string(k);
-    }
+  if (first) {
+    const std::string missing = joins_.Missing();
     TLOG_INFO("{}'s {} waits until {}", from.task, wire::OpcodeName(h.opcode),
               missing.empty() ? "every tensor's chunks are known again"
                               : missing + " joined the coordinator");
   }
-  waiting_bytes_ += frame.size();
-  waiting_.push_back({from, h, CopyToMessage(frame)});
 }
 
 void Service::Serve(const WorkerRef& from, const wire::Header& h, std::span<const uint8_t> frame) {
   auto bad = [&](const Status& st) {
-    SendError(from.peer, h.request_id,
+    SendError(host_, options_.name, from.peer, h.request_id,
               st.WithContext(std::string(wire::OpcodeName(h.opcode)) + " refused"));
   };
   const bool reader_may = h.opcode == wire::Opcode::kDeclare ||
                           h.opcode == wire::Opcode::kGetStep || h.opcode == wire::Opcode::kWaitInit;
   if (from.reader && !reader_may) {
     return SendError(
-        from.peer, h.request_id,
+        host_, options_.name, from.peer, h.request_id,
         Status::PermissionDenied(std::string(wire::OpcodeName(h.opcode)) + " from reader " +
                                  from.task + ", a read-only client"));
   }
@@ -197,21 +182,22 @@ void Service::Serve(const WorkerRef& from, const wire::Header& h, std::span<cons
       if (!m.ok()) return bad(m.status());
       auto reply = from.reader ? coord_.Lookup(*m, from.task)
                                : coord_.Declare(*m, from.task, from.rank == 0);
-      if (!reply.ok()) return SendError(from.peer, h.request_id, reply.status());
-      return Reply(from.peer, h.request_id, *reply);
+      if (!reply.ok())
+        return SendError(host_, options_.name, from.peer, h.request_id, reply.status());
+      return Reply(host_, from.peer, h.request_id, *reply);
     }
     case wire::Opcode::kGetStep:
-      return Reply(from.peer, h.request_id, wire::StepReply{coord_.global_step()});
+      return Reply(host_, from.peer, h.request_id, wire::StepReply{coord_.global_step()});
     case wire::Opcode::kUpdateHyper: {
       if (from.rank != 0) {
-        return SendError(from.peer, h.request_id,
+        return SendError(host_, options_.name, from.peer, h.request_id,
                          Status::PermissionDenied(from.task + " is not the chief"));
       }
       auto m = wire::DecodeBody<wire::UpdateHyper>(h, frame);
       if (!m.ok()) return bad(m.status());
       Status st = coord_.UpdateHyper(*m);
-      if (!st.ok()) return SendError(from.peer, h.request_id, st);
-      return Reply(from.peer, h.request_id, wire::Ack{});
+      if (!st.ok()) return SendError(host_, options_.name, from.peer, h.request_id, st);
+      return Reply(host_, from.peer, h.request_id, wire::Ack{});
     }
     case wire::Opcode::kSaveCheckpoint:
       return OnSaveCheckpoint(from, h.request_id);
@@ -222,12 +208,13 @@ void Service::Serve(const WorkerRef& from, const wire::Header& h, std::span<cons
     }
     case wire::Opcode::kWaitInit:
       if (coord_.EveryTensorInitialized()) {
-        return Reply(from.peer, h.request_id, wire::StepReply{coord_.StartStepForLateWorker()});
+        return Reply(host_, from.peer, h.request_id,
+                     wire::StepReply{coord_.StartStepForLateWorker()});
       }
       init_waiters_.emplace_back(from.peer, h.request_id);
       return;
     default:
-      return SendError(from.peer, h.request_id,
+      return SendError(host_, options_.name, from.peer, h.request_id,
                        Status::InvalidArgument(std::string(wire::OpcodeName(h.opcode)) +
                                                " is not a request to the coordinator"));
   }
@@ -235,35 +222,36 @@ void Service::Serve(const WorkerRef& from, const wire::Header& h, std::span<cons
 
 void Service::OnInitDone(const WorkerRef& from, uint64_t request_id, const wire::InitDone& done) {
   if (from.rank != 0) {
-    return SendError(from.peer, request_id,
+    return SendError(host_, options_.name, from.peer, request_id,
                      Status::PermissionDenied(from.task + " is not the chief"));
   }
   TLOG_INFO("chief {} initialised the parameters (sync tensors start at step {})", from.task,
             done.start_step);
   coord_.MarkInitialized(done.start_step);
-  Reply(from.peer, request_id, wire::Ack{});
+  Reply(host_, from.peer, request_id, wire::Ack{});
   // Those who waited get the chief's number itself: the global step may
   // have moved on since the chief read it (the shards' reports of earlier
   // steps arrive after the fact), and every worker must start where the
   // fresh tensors are.
-  for (auto& [waiter, req] : init_waiters_) Reply(waiter, req, wire::StepReply{done.start_step});
+  for (auto& [waiter, req] : init_waiters_)
+    Reply(host_, waiter, req, wire::StepReply{done.start_step});
   init_waiters_.clear();
 }
 
 void Service::OnSaveCheckpoint(const WorkerRef& from, uint64_t request_id) {
   if (!checkpointer_) {
-    return SendError(from.peer, request_id,
+    return SendError(host_, options_.name, from.peer, request_id,
                      Status::FailedPrecondition(
                          "checkpoints are off: start the coordinator with a checkpoint directory "
                          "(--checkpoint-dir)"));
   }
   // The worker may be gone when the round ends: the host drops frames to
   // connections it no longer has.
-  checkpointer_->Save(Checkpointer::Reason::kRequest,
-                      [this, peer = from.peer, request_id](Result<SavedCheckpoint> r) {
-                        if (!r.ok()) return SendError(peer, request_id, r.status());
-                        Reply(peer, request_id, wire::CheckpointSaved{r->global_step, r->path});
-                      });
+  checkpointer_->Save(Checkpointer::Reason::kRequest, [this, peer = from.peer,
+                                                       request_id](Result<SavedCheckpoint> r) {
+    if (!r.ok()) return SendError(host_, options_.name, peer, request_id, r.status());
+    Reply(host_, peer, request_id, wire::CheckpointSaved{r->global_step, r->path});
+  });
 }
 
 Status Service::Join(int shard, const wire::Join& join) {
@@ -274,7 +262,7 @@ Status Service::Join(int shard, const wire::Join& join) {
   if (join.more) return Status::Ok();
   coord_.NoteSyncStepReached(join.sync_step);
   global_step_ = coord_.global_step();
-  joined_once_[static_cast<size_t>(shard)] = true;
+  joins_.Joined(shard);
   CheckReady();
   return Status::Ok();
 }
@@ -285,7 +273,7 @@ wire::JoinReply Service::JoinAnswer() const {
 
 void Service::JoinLocal(const wire::Join& join,
                         std::function<void(const wire::JoinReply&)> answer) {
-  local_join_waiter_ = std::move(answer);
+  joins_.HoldLocal(std::move(answer));
   Status st = Join(options_.local_shard, join);  // answers it when all is known
   if (!st.ok()) TLOG_ERROR("ps task {}'s own chunks: {}", options_.local_shard, st.message());
 }
@@ -312,11 +300,11 @@ Status Service::OnShardFrame(PeerId from, int shard, const wire::Header& h,
       if (m->more) return Status::Ok();
       links_[static_cast<size_t>(shard)] = from;
       TLOG_INFO("ps task {} joined", shard);
-      if (!joins_answered_) {
-        join_waiters_[shard] = {from, h.request_id};
+      if (!joins_.open()) {
+        joins_.HoldRemote(shard, from, h.request_id);
         return Status::Ok();
       }
-      Reply(from, h.request_id, JoinAnswer());
+      Reply(host_, from, h.request_id, JoinAnswer());
       return Status::Ok();
     }
     case wire::Opcode::kStepsApplied: {
@@ -368,12 +356,8 @@ void Service::OnPeerGone(PeerId peer) {
     if (checkpointer_) checkpointer_->OnShardLost(static_cast<int>(k));
   }
   std::erase_if(init_waiters_, [&](const auto& w) { return w.first == peer; });
-  std::erase_if(join_waiters_, [&](const auto& w) { return w.second.first == peer; });
-  std::erase_if(waiting_, [&](const Waiting& w) {
-    if (w.from.peer != peer) return false;
-    waiting_bytes_ -= w.frame.size();
-    return true;
-  });
+  joins_.Forget(peer);
+  held_.Forget(peer);
 }
 
 }  // namespace tessera::coord

@@ -27,12 +27,13 @@
 #include "ckpt/checkpoint.h"
 #include "coord/checkpointer.h"
 #include "coord/coordinator.h"
+#include "coord/held_requests.h"
+#include "coord/join_gate.h"
+#include "coord/peer_ref.h"
+#include "coord/round_tally.h"
 #include "wire/messages.h"
 
 namespace tessera::coord {
-
-// A connection as the hosting server knows it; opaque here.
-using PeerId = uintptr_t;
 
 struct ServiceOptions {
   // Prefixed to the errors it sends ("coordinator task 0", "ps task 0").
@@ -52,15 +53,6 @@ struct ServiceOptions {
   // Worker requests held while ps tasks have not joined yet.
   size_t max_waiting_requests = 4096;
   size_t max_waiting_bytes = size_t{64} << 20;  // their frames, all together
-};
-
-// A worker that addresses the coordinator, as authenticated by the host.
-struct WorkerRef {
-  static constexpr uint32_t kNoRank = ~uint32_t{0};
-  PeerId peer = 0;
-  std::string task;
-  uint32_t rank = 0;    // kNoRank for a reader
-  bool reader = false;  // a read-only client: looks tensors up, waits, reads the step
 };
 
 class Service {
@@ -110,25 +102,14 @@ class Service {
   // Any thread.
   uint64_t global_step() const { return global_step_.load(std::memory_order_relaxed); }
   std::vector<uint64_t> step_reports_by_shard() const { return coord_.step_reports_by_shard(); }
-  uint64_t checkpoints_written() const { return checkpoints_written_.load(); }
-  uint64_t checkpoint_rounds_failed() const { return checkpoint_rounds_failed_.load(); }
-  std::string last_checkpoint_failure() const {
-    std::lock_guard<std::mutex> lock(failure_mu_);
-    return last_checkpoint_failure_;
-  }
+  const RoundTally& checkpoint_rounds() const { return rounds_; }
   // The restored checkpoint's path (empty: none), for the hosted ps task.
   const std::string& restore_path() const { return restore_path_; }
 
  private:
-  struct Waiting {
-    WorkerRef from;
-    wire::Header header;
-    MessageBytes frame;
-  };
-  // Joins are answered once every ps task joined once (joins_answered_);
-  // worker requests once, besides, every known tensor's chunks are placed
-  // (ready_). Both latch.
-  bool AllJoined() const;
+  // Joins are answered once every ps task joined once (joins_); worker
+  // requests once, besides, every known tensor's chunks are placed (ready_).
+  // Both latch.
   void CheckReady();
   void Serve(const WorkerRef& from, const wire::Header& h, std::span<const uint8_t> frame);
   void OnSaveCheckpoint(const WorkerRef& from, uint64_t request_id);
@@ -136,11 +117,6 @@ class Service {
   Status Join(int shard, const wire::Join& join);
   wire::JoinReply JoinAnswer() const;
   Status OnStepsApplied(int shard, const wire::StepsApplied& report);
-  template <typename Msg>
-  void Reply(PeerId peer, uint64_t request_id, const Msg& msg) {
-    host_.send(peer, wire::Encode(msg, request_id));
-  }
-  void SendError(PeerId peer, uint64_t request_id, const Status& st);
 
   ServiceOptions options_;
   Host host_;
@@ -148,25 +124,15 @@ class Service {
   std::unique_ptr<ckpt::Checkpoint> restored_;
   std::string restore_path_;
   std::unique_ptr<Checkpointer> checkpointer_;
-  // Per ps task: its link (0 when it is the local one or not joined), and
-  // whether it joined since this service started.
+  // Per ps task: its link (0 when it is the local one or not joined).
   std::vector<PeerId> links_;
-  std::vector<bool> joined_once_;
+  JoinGate joins_;
   std::vector<std::pair<PeerId, uint64_t>> init_waiters_;
-  // Joins answered once all is known: ps task links (and their request ids),
-  // and the hosted task's.
-  // At most one per ps task (a task's newer join replaces its older one).
-  std::map<int, std::pair<PeerId, uint64_t>> join_waiters_;
-  std::function<void(const wire::JoinReply&)> local_join_waiter_;
-  std::deque<Waiting> waiting_;
-  size_t waiting_bytes_ = 0;
-  bool joins_answered_ = false;
+  HeldRequests held_;  // until ready_
   bool ready_ = false;
   bool stopped_ = false;
   std::atomic<uint64_t> global_step_{0};
-  std::atomic<uint64_t> checkpoints_written_{0}, checkpoint_rounds_failed_{0};
-  mutable std::mutex failure_mu_;
-  std::string last_checkpoint_failure_;  // what the last abandoned round said
+  RoundTally rounds_;
 };
 
 }  // namespace tessera::coord

@@ -87,9 +87,9 @@ void HostedCoordinator::Send(MessageBytes frame) {
 
 void HostedCoordinator::AddStats(ServerStats* s) const {
   if (!service_) return;
-  s->checkpoints_written = service_->checkpoints_written();
-  s->checkpoint_rounds_failed = service_->checkpoint_rounds_failed();
-  s->last_checkpoint_failure = service_->last_checkpoint_failure();
+  s->checkpoints_written = service_->checkpoint_rounds().written();
+  s->checkpoint_rounds_failed = service_->checkpoint_rounds().failed();
+  s->last_checkpoint_failure = service_->checkpoint_rounds().last_failure();
   s->step_reports_from_ps = service_->step_reports_by_shard();
 }
 
