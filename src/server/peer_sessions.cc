@@ -44,9 +44,12 @@ std::string PeerSessions::Self() const {
   return server().job + " task " + std::to_string(server().task_index);
 }
 
+MessageBytes PeerSessions::ErrorFrame(const Status& st, uint64_t request_id) const {
+  return wire::Encode(wire::Error{st.code(), Self() + ": " + st.message()}, request_id);
+}
+
 void PeerSessions::SendError(Peer& peer, uint64_t request_id, const Status& st) {
-  wire::Error err{st.code(), Self() + ": " + st.message()};
-  Reply(peer, request_id, err);
+  peer.ep->Send(wire::kProtocolMsg, ErrorFrame(st, request_id));
 }
 
 void PeerSessions::Drop(Peer& peer, const Status& why, uint64_t request_id, bool tell) {
@@ -71,8 +74,7 @@ void PeerSessions::Drop(Peer& peer, const Status& why, uint64_t request_id, bool
   // overtake the reason (UCX reports a disconnect over tcp while the message
   // travels through shared memory). A peer that does not close is closed
   // after the hello deadline, or sooner when too many linger.
-  ep->Send(wire::kProtocolMsg,
-           wire::Encode(wire::Error{why.code(), Self() + ": " + why.message()}, request_id));
+  ep->Send(wire::kProtocolMsg, ErrorFrame(why, request_id));
   closing_.push_back({ep, std::chrono::steady_clock::now() + admission_->options().hello_deadline});
   if (closing_.size() > admission_->options().max_unauthenticated) {
     closing_.front().first->Abort();  // told why already; the newest are kept

@@ -83,6 +83,8 @@ class PeerSessions {
   // Closes connections that did not authenticate in time.
   void DropOverdue();
   std::string Self() const;  // "ps task 0", as errors name this task
+  // An error for the peer, named by this task.
+  MessageBytes ErrorFrame(const Status& st, uint64_t request_id) const;
   const ServerOptions& server() const { return *options_.server; }
 
   transport::Context& ctx_;

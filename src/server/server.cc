@@ -106,7 +106,7 @@ Status Server::Impl::Start() {
   if (HostsCoordinator(role_)) {
     coordinator_ = std::make_unique<server::HostedCoordinator>(options_, role_);
   }
-  if (role_ != Role::kCoordinator) {
+  if (HoldsTensors(role_)) {
     shard_ = std::make_unique<server::Shard>(options_,
                                              server::Shard::Lent{.ctx = ctx_.get(),
                                                                  .sessions = sessions_.get(),
