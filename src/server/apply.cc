@@ -1,6 +1,7 @@
 #include "server/apply.h"
 
 #include <algorithm>
+#include <cstring>
 
 namespace tessera::server::apply {
 
@@ -8,6 +9,14 @@ Status Publish(const Target& t, Param& p) {
   if (!t.staged) return Status::Ok();
   if (t.staged_bytes != nullptr) *t.staged_bytes += p.bytes;
   return t.memory->ToHost(p.published, p.data, p.bytes);
+}
+
+Status ReadValue(const Target& t, const Param& p, void* host_dst) {
+  if (t.staged) {
+    std::memcpy(host_dst, p.published, p.bytes);
+    return Status::Ok();
+  }
+  return t.memory->ToHost(host_dst, p.data, p.bytes);
 }
 
 Status Init(const Target& t, Param& p, const void* value, uint64_t cluster_step) {

@@ -25,6 +25,9 @@ struct Target {
 
 // The host copy workers read follows the value (staging only).
 Status Publish(const Target& t, Param& p);
+// The chunk's value into host memory (an inline pull, a log line): the host
+// copy where values are staged, else from the memory.
+Status ReadValue(const Target& t, const Param& p, void* host_dst);
 
 // The chief's initial value (or a restored one): assigned, the optimizer
 // state starts afresh, any failed sync step is forgotten. Version + 1. A

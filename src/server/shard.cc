@@ -1,8 +1,8 @@
-// The shard's life (open, serve, stop), its memory, its requests by opcode,
-// creates and hyper-parameters. The rest of the shard: shard_workers (a
-// worker's arrival and end), shard_apply (pushes), shard_pull (pulls,
-// leases), shard_state (optimizer state), shard_checkpoint (joins, restore,
-// checkpoint rounds), shard_status.
+// The shard's life (open, serve, stop), its requests by opcode, creates and
+// hyper-parameters. The rest of the shard: shard_workers (a worker's arrival
+// and end), shard_checkpoint (joins, restore, checkpoint rounds),
+// shard_status; its units: ShardMemory, PushApplier, PullServer,
+// OptimizerStateAccess, CheckpointParticipant.
 #include "server/shard.h"
 
 #include <sys/resource.h>
@@ -24,26 +24,22 @@
 
 namespace tessera::server {
 
-std::chrono::milliseconds Shard::LeaseCheckInterval() const {
-  return std::clamp(options_.lease_timeout / 4, std::chrono::milliseconds(10),
-                    std::chrono::milliseconds(1000));
-}
-
 Shard::~Shard() = default;
 
 Status Shard::Open() {
-  TESSERA_RETURN_IF_ERROR(OpenMemory());
-  TESSERA_RETURN_IF_ERROR(SetMemoryBudget());
-  table_ = std::make_unique<ParamTable>(ctx_, memory_.get(), arena_kind_, options_.arena_bytes,
-                                        options_.cluster.num_workers());
-  waits_.emplace(*table_, *lent_.roster, options_.cluster);
+  auto memory = ShardMemory::Open(options_, *ctx_);
+  if (!memory.ok()) return memory.status();
+  memory_ = std::move(*memory);
+  table_ = std::make_unique<ParamTable>(ctx_, &memory_->memory(), memory_->arena_kind(),
+                                        options_.arena_bytes, options_.cluster.num_workers());
   checkpoints_ = std::make_unique<CheckpointParticipant>(
-      *table_, *memory_, *ctx_,
+      *table_, memory_->memory(), *ctx_,
       CheckpointParticipant::Options{
           .task = TaskId{"ps", options_.task_index}.ToString(),
           .round_timeout = options_.checkpoint_timeout,
           .send_to_coordinator = [this](MessageBytes f) { SendToCoordinator(std::move(f)); },
           .resumed = [this] { RetryWaiting(); }});
+  state_.emplace(*table_, memory_->memory(), *sessions_, *checkpoints_);
   if (!options_.checkpoint_dir.empty()) {
     // Every ps task writes its own file there: found out now, not when the
     // first round fails (a read-only or missing mount used to go unnoticed
@@ -52,17 +48,29 @@ Status Shard::Open() {
   }
   if (lent_.hosted == nullptr) OpenCoordinatorLink();
   steps_.emplace(*ctx_, *coordinator());
+  pulls_.emplace(PullServer::Lent{.ctx = ctx_,
+                                  .sessions = sessions_,
+                                  .table = table_.get(),
+                                  .target = memory_->target(),
+                                  .lease_timeout = options_.lease_timeout,
+                                  .readers_left = [this] { RetryWaiting(); }},
+                 *lent_.roster, options_.cluster);
+  pushes_.emplace(PushApplier::Lent{.options = &options_,
+                                    .sessions = sessions_,
+                                    .table = table_.get(),
+                                    .target = memory_->target(),
+                                    .checkpoints = checkpoints_.get(),
+                                    .steps = &*steps_,
+                                    .pulls = &*pulls_});
   return Status::Ok();
 }
 
 void Shard::Begin() {
-  ctx_->PostAfter(LeaseCheckInterval(), [this] { RevokeExpiredLeases(); });
+  pulls_->Begin();
   if (link_) ctx_->Post([this] { link_->Connect(); });
 }
 
-std::string Shard::DescribeMemory() const {
-  return memory_->Describe() + (table_->staged() ? ", staged through host memory" : "");
-}
+std::string Shard::DescribeMemory() const { return memory_->Describe(); }
 
 bool Shard::Serves(wire::Opcode op) {
   switch (op) {
@@ -111,22 +119,25 @@ void Shard::OnRequest(Peer& peer, const wire::Header& h, std::span<const uint8_t
       return decoded.operator()<wire::Create>(
           [&](const wire::Create& m) { OnCreate(peer, h.request_id, m); });
     case wire::Opcode::kPush:
-      return decoded_into_spare(
-          spare_pushes_, [&](wire::Push m) { OnPush(peer, h.request_id, h.flags, std::move(m)); });
+      return decoded_into_spare(pushes_->spares(), [&](wire::Push m) {
+        if (pushes_->Serve(peer, h.request_id, h.flags, std::move(m))) RetryWaiting();
+      });
     case wire::Opcode::kPull:
-      return decoded_into_spare(spare_pulls_,
+      return decoded_into_spare(pulls_->spares(),
                                 [&](wire::Pull m) { OnPull(peer, h.request_id, std::move(m)); });
     case wire::Opcode::kSetHyper:
       return decoded.operator()<wire::SetHyper>(
           [&](const wire::SetHyper& m) { OnSetHyper(peer, h.request_id, m); });
     case wire::Opcode::kRelease:
-      return decoded.operator()<wire::Release>([&](const wire::Release& m) { OnRelease(peer, m); });
+      return decoded.operator()<wire::Release>([&](const wire::Release& m) {
+        if (pulls_->Release(peer, m)) RetryWaiting();
+      });
     case wire::Opcode::kGetState:
       return decoded.operator()<wire::GetState>(
-          [&](const wire::GetState& m) { OnGetState(peer, h.request_id, m); });
+          [&](const wire::GetState& m) { state_->Get(peer, h.request_id, m); });
     case wire::Opcode::kSetState:
       return decoded.operator()<wire::SetState>(
-          [&](const wire::SetState& m) { OnSetState(peer, h.request_id, m); });
+          [&](const wire::SetState& m) { state_->Set(peer, h.request_id, m); });
     case wire::Opcode::kSyncStep:
       return decoded.operator()<wire::SyncStep>(
           [&](wire::SyncStep) { Reply(peer, h.request_id, wire::StepReply{SyncStepReached()}); });
@@ -138,69 +149,13 @@ void Shard::OnRequest(Peer& peer, const wire::Header& h, std::span<const uint8_t
   }
 }
 
-Status Shard::OpenMemory() {
-  auto spec = ParseMemorySpec(options_.memory);
-  if (!spec.ok()) return spec.status();
-  auto memory = ParamMemory::Open(*spec);
-  if (!memory.ok()) return memory.status();
-  memory_ = std::move(*memory);
-  arena_kind_ = spec->kind;
-  if (memory_->is_host()) return Status::Ok();
-  // Kernels run on the progress thread: the GPU must be current there.
-  Status current = RunOnLoop(*ctx_, [this] { return memory_->MakeCurrent(); });
-  if (!current.ok()) return current;
-  // Can the fabric reach this GPU's memory? Asking is not enough (verbs
-  // learns it from a registration): register a small allocation.
-  Status reach = ctx_->CanRegister(transport::MemoryKind::kCuda);
-  if (reach.ok()) reach = memory_->MakeCurrent();
-  if (reach.ok()) {
-    auto probe = ctx_->Allocate(4096, transport::MemoryKind::kCuda, transport::RemoteAccess::kRead);
-    reach = probe.status();
-  }
-  if (reach.ok()) return Status::Ok();
-  if (!options_.allow_host_staging) {
-    return Status::FailedPrecondition(
-        "memory " + spec->ToString() + ": the fabric cannot reach GPU memory: " + reach.message() +
-        ". Allow staging through host memory (--allow-host-staging; every staged byte is "
-        "counted), or use a fabric that can (docs/gpu.md)");
-  }
-  arena_kind_ = transport::MemoryKind::kHost;
-  TLOG_WARN(
-      "parameters in {}, but workers reach them through host memory (--allow-host-staging): {}",
-      memory_->Describe(), reach.message());
-  return Status::Ok();
-}
-
-Status Shard::SetMemoryBudget() {
-  if (options_.memory_limit_bytes != 0) {
-    memory_budget_ = options_.memory_limit_bytes;
-    return Status::Ok();
-  }
-  auto free_bytes = memory_->FreeBytes();
-  if (!free_bytes.ok()) return free_bytes.status().WithContext("asking " + memory_->Describe());
-  // Unknown (0): no bound but the limits on chunks.
-  memory_budget_ = *free_bytes == 0 ? UINT64_MAX : *free_bytes;
-  return Status::Ok();
-}
-
-Status Shard::Publish(Param& p) { return apply::Publish(ApplyTarget(), p); }
-
-Status Shard::ReadValue(const Param& p, void* host_dst) const {
-  if (table_->staged()) {
-    std::memcpy(host_dst, p.published, p.bytes);
-    return Status::Ok();
-  }
-  return memory_->ToHost(host_dst, p.data, p.bytes);
-}
-
 void Shard::StopServing() {
   stopping_ = true;
   if (steps_) steps_->Stop();
   if (link_) link_->Stop();
   if (checkpoints_) checkpoints_->Stop();
-  leases_.Clear();
-  blocked_pushes_.clear();
-  waiting_pulls_.clear();
+  if (pulls_) pulls_->Stop();
+  if (pushes_) pushes_->Stop();
 }
 
 void Shard::JoinWriter() {
@@ -210,7 +165,8 @@ void Shard::JoinWriter() {
 void Shard::Release() {
   link_.reset();
   checkpoints_.reset();
-  waits_.reset();
+  // The push applier and pull server stay, holding nothing but their
+  // counters: stats() may read them after the server stopped.
   table_.reset();  // regions outlive their context safely (they hold the ucp context)
 }
 
@@ -222,7 +178,8 @@ void Shard::OnCreate(Peer& peer, uint64_t request_id, const wire::Create& msg) {
   }
   if (!peer.is_reader) {
     // Before any is made: a batch that does not fit takes no memory at all.
-    Status room = table_->CheckRoom(msg.entries, memory_budget_, wire::DeclareLimits{}.max_chunks);
+    Status room =
+        table_->CheckRoom(msg.entries, memory_->budget(), wire::DeclareLimits{}.max_chunks);
     if (!room.ok()) return sessions_->SendError(peer, request_id, room);
   }
   wire::CreateReply reply;
@@ -232,7 +189,7 @@ void Shard::OnCreate(Peer& peer, uint64_t request_id, const wire::Create& msg) {
     auto p = peer.is_reader ? FindForReader(entry) : table_->Create(entry);
     if (!p.ok()) return sessions_->SendError(peer, request_id, p.status());
     if (restorer_ && !(*p)->initialized && (*p)->version == 0 &&
-        restorer_->Restore(**p, ApplyTarget())) {
+        restorer_->Restore(**p, memory_->target())) {
       chunks_restored_++;
     }
     if (tell_coordinator) {
@@ -281,6 +238,20 @@ Result<Param*> Shard::FindForReader(const wire::CreateEntry& entry) {
         DescribeTensor(t.dtype, t.shape) + " in " + std::to_string(entry.num_chunks));
   }
   return p;
+}
+
+void Shard::OnPull(Peer& peer, uint64_t request_id, wire::Pull msg) {
+  if (Status st = pulls_->CheckKeys(msg); !st.ok()) {
+    pulls_->spares().Give(std::move(msg));
+    return sessions_->SendError(peer, request_id, st);
+  }
+  if (pushes_->ResumeForPull(peer, msg)) RetryWaiting();  // what waits for that step
+  pulls_->Serve(peer, request_id, std::move(msg));
+}
+
+void Shard::RetryWaiting() {
+  pushes_->ApplyWaiting();
+  pulls_->GrantWaiting();
 }
 
 void Shard::OnSetHyper(Peer& peer, uint64_t request_id, const wire::SetHyper& msg) {

@@ -1,21 +1,13 @@
-// Pushes: validated against the table and the sender's slot, then applied by
-// the consistency mode (assign and init, async, bounded, sync aggregation);
-// the steps they count go to the coordinator.
+#include "server/push_applier.h"
 
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cstring>
-#include <nlohmann/json.hpp>
+#include <string>
 
+#include "core/borrowed.h"
 #include "core/dtype.h"
 #include "core/log.h"
-#include "core/node_id.h"
-#include "core/timeouts.h"
-#include "gpu/cuda.h"
-#include "kernels/update.h"
-#include "server/apply.h"
-#include "server/shard.h"
 
 namespace tessera::server {
 namespace {
@@ -139,7 +131,85 @@ std::string FormatValues(const Param& p, const uint8_t* d) {
 
 }  // namespace
 
-Status Shard::ValidatePush(const Peer& peer, uint32_t flags, const wire::Push& msg) {
+bool PushApplier::Serve(Peer& peer, uint64_t request_id, uint32_t flags, wire::Push msg) {
+  Status st = Validate(peer, flags, msg);
+  if (!st.ok()) {
+    lent_.sessions->SendError(peer, request_id, st);
+    return false;
+  }
+  Held push{&peer, request_id, flags, std::move(msg)};
+  if (!TryApply(push)) {
+    held_.push_back(std::move(push));
+    MarkWaitingWriters();
+    return false;
+  }
+  spares_.Give(std::move(push.msg));
+  return true;
+}
+
+bool PushApplier::ResumeForPull(const Peer& peer, const wire::Pull& pull) {
+  if (peer.hello.role != wire::PeerRole::kWorker) return false;
+  const uint32_t rank = peer.hello.task_index;
+  bool moved = false;
+  for (const auto& e : pull.entries) {
+    Param* p = lent_.table->Find(e.key_id);
+    if (!p->resuming || p->kind != Consistency::kSync || e.min_step <= p->step) continue;
+    // The step after the one its lost push was for, or one more where the
+    // restored step is the coordinator's estimate, one short (param_table.h).
+    // Further is no lost push but a pull for a later step: it waits.
+    if (e.min_step - p->step > 2) continue;
+    if (rank >= p->contributed.size() || p->contributed[rank]) continue;  // it waits for its step
+    if (p->agg_count >= p->entry.tensor.mode.replicas_to_aggregate) continue;  // about to apply
+    // What the step gathered since the restore is dropped with it: this
+    // shard's updates since its checkpoint are lost (training.md), and now
+    // this step's too. Pushes of the skipped steps are dropped as stale.
+    TLOG_WARN(
+        "'{}' resumes at step {} (restored at {}, {} of its gradients dropped): {} pulls it "
+        "without pushing step {} again, which it pushed before this task restarted",
+        p->display_name, e.min_step, p->step, p->agg_count, peer.hello.task, p->step);
+    p->step = e.min_step;
+    p->ResetAggregation();
+    p->resuming = false;
+    p->resume_at_first_push = false;
+    moved = true;
+  }
+  return moved;
+}
+
+void PushApplier::PeerGone(const Peer& peer) {
+  std::erase_if(held_, [&](const Held& p) { return p.peer == &peer; });
+}
+
+void PushApplier::ApplyWaiting() {
+  // Updates first (writers have priority), then the pulls they unblock. An
+  // applied sync step can unblock pushes for the next step, which can
+  // complete that one: repeat until nothing moves.
+  bool moved = true;
+  while (moved) {
+    moved = false;
+    for (auto it = pending_steps_.begin(); it != pending_steps_.end();) {
+      bool applied = TryApplyStep(*lent_.table->Find(*it));
+      moved |= applied;
+      it = applied ? pending_steps_.erase(it) : std::next(it);
+    }
+    for (auto it = held_.begin(); it != held_.end();) {
+      bool applied = TryApply(*it);
+      moved |= applied;
+      if (applied) spares_.Give(std::move(it->msg));
+      it = applied ? held_.erase(it) : std::next(it);
+    }
+  }
+  MarkWaitingWriters();
+}
+
+void PushApplier::AddStats(ServerStats* s) const {
+  s->pushes_applied = applied_;
+  s->sync_steps_applied = steps_applied_;
+  s->stale_pushes_dropped = stale_dropped_;
+  s->duplicate_pushes_dropped = duplicate_dropped_;
+}
+
+Status PushApplier::Validate(const Peer& peer, uint32_t flags, const wire::Push& msg) const {
   // The bytes are inline, or in the sender's staging slot (fabric or IPC).
   const bool inline_bytes = !msg.payload.empty();
   if (!inline_bytes && (flags & wire::kFlagIpcSlot) && peer.ipc_slot == nullptr) {
@@ -158,14 +228,15 @@ Status Shard::ValidatePush(const Peer& peer, uint32_t flags, const wire::Push& m
         "a push answered with the weights (push_pull) must carry its bytes inline and not "
         "initialise");
   }
-  if (msg.step_parts > static_cast<uint32_t>(options_.cluster.num_tasks("ps"))) {
+  if (msg.step_parts > static_cast<uint32_t>(lent_.options->cluster.num_tasks("ps"))) {
     return Status::InvalidArgument("push whose step spans " + std::to_string(msg.step_parts) +
                                    " shards, but the cluster has " +
-                                   std::to_string(options_.cluster.num_tasks("ps")) + " ps tasks");
+                                   std::to_string(lent_.options->cluster.num_tasks("ps")) +
+                                   " ps tasks");
   }
   const uint64_t slot = inline_bytes ? msg.payload.size() : peer.staging->size();
   for (const auto& e : msg.entries) {
-    const Param* p = table_->Find(e.key_id);
+    const Param* p = lent_.table->Find(e.key_id);
     if (p == nullptr) return Status::NotFound("push to unknown key id " + std::to_string(e.key_id));
     if (e.byte_length != p->bytes) {
       return Status::InvalidArgument("push to tensor '" + p->display_name + "' (" +
@@ -192,31 +263,18 @@ Status Shard::ValidatePush(const Peer& peer, uint32_t flags, const wire::Push& m
   return Status::Ok();
 }
 
-void Shard::OnPush(Peer& peer, uint64_t request_id, uint32_t flags, wire::Push msg) {
-  Status st = ValidatePush(peer, flags, msg);
-  if (!st.ok()) return sessions_->SendError(peer, request_id, st);
-  PendingPush push{&peer, request_id, flags, std::move(msg)};
-  if (!TryApplyPush(push)) {
-    blocked_pushes_.push_back(std::move(push));
-    MarkWaitingWriters();
-    return;
-  }
-  spare_pushes_.Give(std::move(push.msg));
-  RetryWaiting();
-}
-
-bool Shard::TryApplyPush(PendingPush& push) {
-  if (checkpoints_->frozen()) return false;  // a checkpoint round is cutting the state
+bool PushApplier::TryApply(Held& push) {
+  if (lent_.checkpoints->frozen()) return false;  // a checkpoint round is cutting the state
   const bool init = push.flags & wire::kFlagInit;
   // (Nothing the loops below call uses this scratch list.)
-  std::vector<Param*>& params = push_params_;
+  std::vector<Param*>& params = params_;
   bool holds_sync = false;
   const Param* failed = nullptr;
-  switch (CheckEntries(*table_, push.msg, push.flags, params, &holds_sync, &failed)) {
+  switch (CheckEntries(*lent_.table, push.msg, push.flags, params, &holds_sync, &failed)) {
     case Gate::kWait:
       return false;
     case Gate::kFailed:
-      sessions_->SendError(*push.peer, push.request_id, failed->failure());
+      lent_.sessions->SendError(*push.peer, push.request_id, failed->failure());
       return true;
     case Gate::kApply:
       break;
@@ -227,20 +285,20 @@ bool Shard::TryApplyPush(PendingPush& push) {
   const auto* staging = !from_slot ? push.msg.payload.data()
                         : from_ipc ? push.peer->ipc_slot
                                    : static_cast<const uint8_t*>(push.peer->staging->data());
-  Borrowed<wire::PushReply> borrowed(push_reply_);
+  Borrowed<wire::PushReply> borrowed(reply_);
   wire::PushReply& reply = *borrowed;
   ResetReply(reply, push.msg.entries.size());
-  const bool count_staged = from_slot && !from_ipc && table_->staged();
-  const bool host_memory = memory_->is_host();
-  const apply::Target target = ApplyTarget();  // once: it asks the memory its kind
+  const bool count_staged = from_slot && !from_ipc && lent_.table->staged();
+  const apply::Target& target = lent_.target;
+  const bool host_memory = target.host;
   for (size_t i = 0; i < push.msg.entries.size(); ++i) {
     const auto& e = push.msg.entries[i];
     Param* p = params[i];
     const void* grad = staging + e.staging_offset;
     Status error;  // stays empty, and costs nothing more, unless this entry fails
-    if (!host_memory) error = Reach(*memory_, &grad, e.byte_length);
-    if (count_staged) host_staged_bytes_ += e.byte_length;
-    if (error.ok() && !init && apply_push_failpoint_.armed()) error = apply_push_failpoint_.Check();
+    if (!host_memory) error = Reach(*target.memory, &grad, e.byte_length);
+    if (count_staged) *target.staged_bytes += e.byte_length;
+    if (error.ok() && !init && entry_failpoint_.armed()) error = entry_failpoint_.Check();
     bool step_ready = false;
     auto outcome = wire::PushOutcome::kRefused;
     if (error.ok()) {
@@ -259,25 +317,29 @@ bool Shard::TryApplyPush(PendingPush& push) {
     p->writer_waiting = false;
     reply.versions.push_back(p->version);
     reply.outcomes.push_back(static_cast<uint8_t>(outcome));
-    if (options_.log_updates && p->elem_count <= 8 && outcome == wire::PushOutcome::kApplied &&
-        p->kind != Consistency::kSync) {
+    if (lent_.options->log_updates && p->elem_count <= 8 &&
+        outcome == wire::PushOutcome::kApplied && p->kind != Consistency::kSync) {
       LogUpdate(*p, push.peer->hello.task);
     }
   }
-  pushes_applied_++;
-  if (!reply.refusals.empty() && (push.flags & wire::kFlagThenPull)) {
-    // A push_pull's reply is the weights: the refusals go as its error.
-    sessions_->SendError(*push.peer, push.request_id, RefusalsStatus(push, reply));
-  } else if (push.flags & wire::kFlagThenPull) {
-    ReplyWithWeights(push, reply.versions);
-  } else {
-    Reply(*push.peer, push.request_id, reply);
-  }
+  applied_++;
+  Answer(push, reply);
   if (push.msg.step_parts > 0 && !init) CountStep(push, holds_sync);
   return true;
 }
 
-Status Shard::RefusalsStatus(const PendingPush& push, const wire::PushReply& reply) const {
+void PushApplier::Answer(const Held& push, const wire::PushReply& reply) {
+  if (!(push.flags & wire::kFlagThenPull)) {
+    push.peer->ep->Send(wire::kProtocolMsg, wire::Encode(reply, push.request_id));
+  } else if (reply.refusals.empty()) {
+    lent_.pulls->ServeWeights(*push.peer, push.request_id, push.msg, reply.versions);
+  } else {
+    // A push_pull's reply is the weights: the refusals go as its error.
+    lent_.sessions->SendError(*push.peer, push.request_id, RefusalsStatus(push, reply));
+  }
+}
+
+Status PushApplier::RefusalsStatus(const Held& push, const wire::PushReply& reply) const {
   std::string why = "push: " + std::to_string(reply.refusals.size()) + " of " +
                     std::to_string(push.msg.entries.size()) + " tensors refused (";
   for (size_t i = 0; i < reply.refusals.size(); ++i) {
@@ -286,56 +348,36 @@ Status Shard::RefusalsStatus(const PendingPush& push, const wire::PushReply& rep
   why += "); the others were applied:";
   for (size_t i = 0; i < push.msg.entries.size(); ++i) {
     if (reply.outcomes[i] == static_cast<uint8_t>(wire::PushOutcome::kRefused)) continue;
-    why += " '" + table_->Find(push.msg.entries[i].key_id)->display_name + "' (version " +
+    why += " '" + lent_.table->Find(push.msg.entries[i].key_id)->display_name + "' (version " +
            std::to_string(reply.versions[i]) + ")";
   }
   return Status(reply.refusals.front().code, why);
 }
 
-void Shard::ReplyWithWeights(const PendingPush& push, const std::vector<uint64_t>& versions) {
-  // The pull half of a push_pull: the weights this push produced, inline
-  // (the gradients came inline, and weights are as large).
-  // Built in the spare pull message (server.cc), whose vector keeps its
-  // capacity, and handed back when granted at once.
-  PendingPull pull{push.peer, push.request_id, spare_pulls_.Take(), std::nullopt};
-  pull.msg.entries.clear();
-  pull.msg.wait_ms = 0;
-  pull.msg.inline_max = static_cast<uint32_t>(push.msg.payload.size());
-  pull.msg.entries.reserve(push.msg.entries.size());
-  for (size_t i = 0; i < push.msg.entries.size(); ++i) {
-    pull.msg.entries.push_back({push.msg.entries[i].key_id, versions[i], 0});
-  }
-  if (TryGrantPull(pull)) {
-    spare_pulls_.Give(std::move(pull.msg));
-  } else {
-    waiting_pulls_.push_back(std::move(pull));
-  }
-}
-
-void Shard::CountStep(const PendingPush& push, bool holds_sync) {
-  if (!holds_sync) return steps_->CountAsync();
+void PushApplier::CountStep(const Held& push, bool holds_sync) {
+  if (!holds_sync) return lent_.steps->CountAsync();
   const uint32_t rank = push.peer->hello.task_index;
   for (const auto& e : push.msg.entries) {
-    const auto& mode = table_->Find(e.key_id)->entry.tensor.mode;
+    const auto& mode = lent_.table->Find(e.key_id)->entry.tensor.mode;
     if (mode.kind == Consistency::kSync) {
-      return steps_->CountSync(rank, push.msg.step, mode.replicas_to_aggregate,
-                               push.msg.step_parts);
+      return lent_.steps->CountSync(rank, push.msg.step, mode.replicas_to_aggregate,
+                                    push.msg.step_parts);
     }
   }
 }
 
-bool Shard::TryApplyStep(Param& p) {
-  if (p.readers > 0 || checkpoints_->frozen()) return false;
+bool PushApplier::TryApplyStep(Param& p) {
+  if (p.readers > 0 || lent_.checkpoints->frozen()) return false;
   const auto& mode = p.entry.tensor.mode;
   // Who pushed the step, for its error: ApplySyncStep starts the next step.
   step_pushers_ = p.contributed;
-  Status st = apply::ApplySyncStep(ApplyTarget(), p, apply_step_failpoint_.Check());
+  Status st = apply::ApplySyncStep(lent_.target, p, step_failpoint_.Check());
   if (!st.ok()) {
     std::string pushers;
     for (size_t rank = 0; rank < step_pushers_.size(); ++rank) {
       if (!step_pushers_[rank]) continue;
       if (!pushers.empty()) pushers += ", ";
-      pushers += waits_->WorkerName(static_cast<uint32_t>(rank));
+      pushers += lent_.pulls->waits().WorkerName(static_cast<uint32_t>(rank));
     }
     p.SetFailure(Status(
         st.code(), "tensor '" + p.display_name + "': sync step " + std::to_string(p.step - 1) +
@@ -345,29 +387,29 @@ bool Shard::TryApplyStep(Param& p) {
     TLOG_ERROR("{}", p.failure().message());
   }
   steps_applied_++;
-  checkpoints_->StepApplied(p);
-  if (options_.log_updates && p.entry.elem_count <= 8) {
+  lent_.checkpoints->StepApplied(p);
+  if (lent_.options->log_updates && p.entry.elem_count <= 8) {
     LogUpdate(p, "step " + std::to_string(p.step - 1) + " of " +
                      std::to_string(mode.replicas_to_aggregate) + " workers");
   }
   return true;
 }
 
-void Shard::MarkWaitingWriters() {
+void PushApplier::MarkWaitingWriters() {
   // Writers have priority: a tensor with an update waiting for its readers
   // takes no new readers.
-  for (const auto& push : blocked_pushes_) {
+  for (const auto& push : held_) {
     for (const auto& e : push.msg.entries) {
-      Param* p = table_->Find(e.key_id);
+      Param* p = lent_.table->Find(e.key_id);
       if (!NeedsNoLease(*p, push.flags)) p->writer_waiting = true;
     }
   }
-  for (uint32_t key : pending_steps_) table_->Find(key)->writer_waiting = true;
+  for (uint32_t key : pending_steps_) lent_.table->Find(key)->writer_waiting = true;
 }
 
-void Shard::LogUpdate(const Param& p, const std::string& by) const {
+void PushApplier::LogUpdate(const Param& p, const std::string& by) const {
   std::vector<uint8_t> value(p.bytes);
-  if (Status st = ReadValue(p, value.data()); !st.ok()) {
+  if (Status st = apply::ReadValue(lent_.target, p, value.data()); !st.ok()) {
     TLOG_WARN("{}: cannot read its value to log it: {}", p.display_name, st.message());
     return;
   }

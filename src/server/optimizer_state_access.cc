@@ -1,13 +1,8 @@
-// A chunk's optimizer state read and written by a worker (get-state and
-// set-state): what a trainer's state_dict() and load_state_dict() move.
-// The loop thread runs these between updates, so a read never sees half a
-// step; a write waits for no step either, and is refused while a checkpoint
-// round cuts the state.
+#include "server/optimizer_state_access.h"
 
 #include <string>
 
-#include "core/log.h"
-#include "server/shard.h"
+#include "core/dtype.h"
 
 namespace tessera::server {
 namespace {
@@ -26,13 +21,14 @@ const char* SlotName(wire::StateSlotId slot) {
 
 }  // namespace
 
-Result<StateBuffer*> Shard::StateRange(const Peer& peer, uint32_t key_id, wire::StateSlotId slot,
-                                       uint64_t offset, uint64_t length) {
+Result<StateBuffer*> OptimizerStateAccess::Range(const Peer& peer, uint32_t key_id,
+                                                 wire::StateSlotId slot, uint64_t offset,
+                                                 uint64_t length) {
   if (peer.is_reader) {
     return Status::PermissionDenied("optimizer state asked by reader " + peer.hello.task +
                                     ", a read-only client");
   }
-  Param* p = table_->Find(key_id);
+  Param* p = table_.Find(key_id);
   if (p == nullptr) return Status::NotFound("state of unknown key id " + std::to_string(key_id));
   if (!p->initialized) {
     return Status::FailedPrecondition("tensor '" + p->display_name +
@@ -54,38 +50,38 @@ Result<StateBuffer*> Shard::StateRange(const Peer& peer, uint32_t key_id, wire::
   return buffer;
 }
 
-void Shard::OnGetState(Peer& peer, uint64_t request_id, const wire::GetState& msg) {
-  auto buffer = StateRange(peer, msg.key_id, msg.slot, msg.offset, msg.length);
-  if (!buffer.ok()) return sessions_->SendError(peer, request_id, buffer.status());
+void OptimizerStateAccess::Get(Peer& peer, uint64_t request_id, const wire::GetState& msg) {
+  auto buffer = Range(peer, msg.key_id, msg.slot, msg.offset, msg.length);
+  if (!buffer.ok()) return sessions_.SendError(peer, request_id, buffer.status());
   wire::StateReply reply;
-  reply.updates = table_->Find(msg.key_id)->updates;
+  reply.updates = table_.Find(msg.key_id)->updates;
   reply.data.resize(msg.length);
-  Status st = memory_->ToHost(reply.data.data(), (*buffer)->data() + msg.offset, msg.length);
-  if (!st.ok()) return sessions_->SendError(peer, request_id, st.WithContext("get-state"));
-  Reply(peer, request_id, reply);
+  Status st = memory_.ToHost(reply.data.data(), (*buffer)->data() + msg.offset, msg.length);
+  if (!st.ok()) return sessions_.SendError(peer, request_id, st.WithContext("get-state"));
+  peer.ep->Send(wire::kProtocolMsg, wire::Encode(reply, request_id));
 }
 
-void Shard::OnSetState(Peer& peer, uint64_t request_id, const wire::SetState& msg) {
+void OptimizerStateAccess::Set(Peer& peer, uint64_t request_id, const wire::SetState& msg) {
   if (!peer.is_reader && peer.hello.task_index != 0) {
-    return sessions_->SendError(
+    return sessions_.SendError(
         peer, request_id,
         Status::PermissionDenied(peer.hello.task +
                                  " is not the chief: only the chief sets optimizer "
                                  "state"));
   }
-  auto buffer = StateRange(peer, msg.key_id, msg.slot, msg.offset, msg.data.size());
-  if (!buffer.ok()) return sessions_->SendError(peer, request_id, buffer.status());
-  if (checkpoints_->frozen()) {
-    return sessions_->SendError(
+  auto buffer = Range(peer, msg.key_id, msg.slot, msg.offset, msg.data.size());
+  if (!buffer.ok()) return sessions_.SendError(peer, request_id, buffer.status());
+  if (checkpoints_.frozen()) {
+    return sessions_.SendError(
         peer, request_id,
         Status::Unavailable("a checkpoint round is cutting the state: set it again "
                             "once it is written"));
   }
-  Param* p = table_->Find(msg.key_id);
-  Status st = memory_->FromHost((*buffer)->data() + msg.offset, msg.data.data(), msg.data.size());
-  if (!st.ok()) return sessions_->SendError(peer, request_id, st.WithContext("set-state"));
+  Param* p = table_.Find(msg.key_id);
+  Status st = memory_.FromHost((*buffer)->data() + msg.offset, msg.data.data(), msg.data.size());
+  if (!st.ok()) return sessions_.SendError(peer, request_id, st.WithContext("set-state"));
   p->updates = msg.updates;
-  Reply(peer, request_id, wire::Ack{});
+  peer.ep->Send(wire::kProtocolMsg, wire::Encode(wire::Ack{}, request_id));
 }
 
 }  // namespace tessera::server
