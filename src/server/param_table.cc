@@ -163,4 +163,14 @@ Param* ParamTable::Find(const std::string& name, uint32_t chunk_index) {
   return it == by_name_.end() ? nullptr : params_[it->second].get();
 }
 
+uint64_t ParamTable::SyncStepReached() const {
+  uint64_t step = 0;
+  for (const auto& p : params_) {
+    if (p->initialized && p->entry.tensor.mode.kind == Consistency::kSync) {
+      step = std::max(step, p->step);
+    }
+  }
+  return step;
+}
+
 }  // namespace tessera::server

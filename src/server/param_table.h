@@ -152,7 +152,13 @@ class ParamTable {
   void ForEach(Fn fn) {
     for (auto& p : params_) fn(*p);
   }
+  template <typename Fn>
+  void ForEach(Fn fn) const {
+    for (const auto& p : params_) fn(static_cast<const Param&>(*p));
+  }
   size_t size() const { return params_.size(); }
+  // The furthest step this table's initialised sync chunks reached (0: none).
+  uint64_t SyncStepReached() const;
   size_t num_arenas() const { return arenas_.size(); }
   std::vector<uint8_t> DescribeArena(uint32_t arena_id) const {
     return arenas_[arena_id].region->Describe();

@@ -1,8 +1,6 @@
-// The shard's life (open, serve, stop), its requests by opcode, creates and
+// The shard's life (open, serve, stop), its requests by opcode, and
 // hyper-parameters. The rest of the shard: shard_workers (a worker's arrival
-// and end), shard_checkpoint (joins, restore, checkpoint rounds),
-// shard_status; its units: ShardMemory, PushApplier, PullServer,
-// OptimizerStateAccess, CheckpointParticipant.
+// and end), shard_status; its units (shard.h) hold the rest.
 #include "server/shard.h"
 
 #include <sys/resource.h>
@@ -30,44 +28,44 @@ Status Shard::Open() {
   auto memory = ShardMemory::Open(options_, *ctx_);
   if (!memory.ok()) return memory.status();
   memory_ = std::move(*memory);
-  table_ = std::make_unique<ParamTable>(ctx_, &memory_->memory(), memory_->arena_kind(),
-                                        options_.arena_bytes, options_.cluster.num_workers());
-  checkpoints_ = std::make_unique<CheckpointParticipant>(
-      *table_, memory_->memory(), *ctx_,
-      CheckpointParticipant::Options{
-          .task = TaskId{"ps", options_.task_index}.ToString(),
-          .round_timeout = options_.checkpoint_timeout,
-          .send_to_coordinator = [this](MessageBytes f) { SendToCoordinator(std::move(f)); },
-          .resumed = [this] { RetryWaiting(); }});
-  state_.emplace(*table_, memory_->memory(), *sessions_, *checkpoints_);
   if (!options_.checkpoint_dir.empty()) {
     // Every ps task writes its own file there: found out now, not when the
     // first round fails (a read-only or missing mount used to go unnoticed
     // until the end of training).
     TESSERA_RETURN_IF_ERROR(ckpt::CheckWritableDirectory(options_.checkpoint_dir));
   }
-  if (lent_.hosted == nullptr) OpenCoordinatorLink();
-  steps_.emplace(*ctx_, *coordinator());
-  pulls_.emplace(PullServer::Lent{.ctx = ctx_,
-                                  .sessions = sessions_,
-                                  .table = table_.get(),
-                                  .target = memory_->target(),
-                                  .lease_timeout = options_.lease_timeout,
-                                  .readers_left = [this] { RetryWaiting(); }},
+  table_ = std::make_unique<ParamTable>(ctx_, &memory_->memory(), memory_->arena_kind(),
+                                        options_.arena_bytes, options_.cluster.num_workers());
+  membership_.emplace(
+      CoordinatorMembership::Lent{ctx_, &options_, sessions_, table_.get(), lent_.bye,
+                                  lent_.hosted},
+      CoordinatorMembership::Events{
+          .first_joined = [this](const wire::JoinReply& reply) { creates_->Ready(reply); },
+          .checkpoint = [this](std::span<const uint8_t> frame) { checkpoints_->OnFrame(frame); },
+          .coordinator_stopped = [this] { lent_.coordinator_stopped(); },
+          .link_closed = [this] { checkpoints_->Abandon(); }});
+  checkpoints_ = std::make_unique<CheckpointParticipant>(
+      *table_, memory_->memory(), *ctx_,
+      CheckpointParticipant::Options{
+          .task = TaskId{"ps", options_.task_index}.ToString(),
+          .round_timeout = options_.checkpoint_timeout,
+          .send_to_coordinator =
+              [this](MessageBytes f) { membership_->coordinator().Send(std::move(f)); },
+          .resumed = [this] { RetryWaiting(); }});
+  state_.emplace(*table_, memory_->memory(), *sessions_, *checkpoints_);
+  creates_.emplace(ChunkCreator::Lent{&options_, sessions_, table_.get(), memory_.get(),
+                                      lent_.hosted, lent_.checkpoint_key});
+  pulls_.emplace(PullServer::Lent{ctx_, sessions_, table_.get(), memory_->target(),
+                                  options_.lease_timeout, [this] { RetryWaiting(); }},
                  *lent_.roster, options_.cluster);
-  pushes_.emplace(PushApplier::Lent{.options = &options_,
-                                    .sessions = sessions_,
-                                    .table = table_.get(),
-                                    .target = memory_->target(),
-                                    .checkpoints = checkpoints_.get(),
-                                    .steps = &*steps_,
-                                    .pulls = &*pulls_});
+  pushes_.emplace(PushApplier::Lent{&options_, sessions_, table_.get(), memory_->target(),
+                                    checkpoints_.get(), &membership_->steps(), &*pulls_});
   return Status::Ok();
 }
 
 void Shard::Begin() {
   pulls_->Begin();
-  if (link_) ctx_->Post([this] { link_->Connect(); });
+  membership_->Begin();
 }
 
 std::string Shard::DescribeMemory() const { return memory_->Describe(); }
@@ -117,7 +115,7 @@ void Shard::OnRequest(Peer& peer, const wire::Header& h, std::span<const uint8_t
   switch (h.opcode) {
     case wire::Opcode::kCreate:
       return decoded.operator()<wire::Create>(
-          [&](const wire::Create& m) { OnCreate(peer, h.request_id, m); });
+          [&](const wire::Create& m) { creates_->Serve(peer, h.request_id, m); });
     case wire::Opcode::kPush:
       return decoded_into_spare(pushes_->spares(), [&](wire::Push m) {
         if (pushes_->Serve(peer, h.request_id, h.flags, std::move(m))) RetryWaiting();
@@ -139,8 +137,10 @@ void Shard::OnRequest(Peer& peer, const wire::Header& h, std::span<const uint8_t
       return decoded.operator()<wire::SetState>(
           [&](const wire::SetState& m) { state_->Set(peer, h.request_id, m); });
     case wire::Opcode::kSyncStep:
-      return decoded.operator()<wire::SyncStep>(
-          [&](wire::SyncStep) { Reply(peer, h.request_id, wire::StepReply{SyncStepReached()}); });
+      return decoded.operator()<wire::SyncStep>([&](wire::SyncStep) {
+        peer.ep->Send(wire::kProtocolMsg,
+                      wire::Encode(wire::StepReply{table_->SyncStepReached()}, h.request_id));
+      });
     default:
       return sessions_->Drop(peer,
                              Status::Internal(std::string(wire::OpcodeName(h.opcode)) +
@@ -149,10 +149,31 @@ void Shard::OnRequest(Peer& peer, const wire::Header& h, std::span<const uint8_t
   }
 }
 
+bool Shard::OnLinkFrame(const transport::Endpoint* ep, std::span<const uint8_t> frame) {
+  return membership_ && membership_->OnLinkFrame(ep, frame);
+}
+
+bool Shard::OnLinkClosed(const transport::Endpoint* ep, const Status& why) {
+  return membership_ && membership_->OnLinkClosed(ep, why);
+}
+
+void Shard::OnCheckpointFrame(std::span<const uint8_t> frame) {
+  if (!stopping_) checkpoints_->OnFrame(frame);
+}
+
+void Shard::OnHostedJoined(const wire::JoinReply& reply) {
+  if (!stopping_) membership_->OnHostedJoined(reply);
+}
+
+void Shard::SayByeToCoordinator() {
+  if (membership_) membership_->SayBye();
+}
+
+bool Shard::coordinator_gone() const { return !membership_ || membership_->coordinator_gone(); }
+
 void Shard::StopServing() {
   stopping_ = true;
-  if (steps_) steps_->Stop();
-  if (link_) link_->Stop();
+  if (membership_) membership_->Stop();
   if (checkpoints_) checkpoints_->Stop();
   if (pulls_) pulls_->Stop();
   if (pushes_) pushes_->Stop();
@@ -163,81 +184,11 @@ void Shard::JoinWriter() {
 }
 
 void Shard::Release() {
-  link_.reset();
+  // The units that hold nothing but their counters stay: stats() may read
+  // them after the server stopped.
+  membership_.reset();
   checkpoints_.reset();
-  // The push applier and pull server stay, holding nothing but their
-  // counters: stats() may read them after the server stopped.
   table_.reset();  // regions outlive their context safely (they hold the ucp context)
-}
-
-void Shard::OnCreate(Peer& peer, uint64_t request_id, const wire::Create& msg) {
-  if (!joined_) {
-    // What to restore is known once the coordinator answered.
-    deferred_creates_.emplace_back(peer.ep, request_id, msg);
-    return;
-  }
-  if (!peer.is_reader) {
-    // Before any is made: a batch that does not fit takes no memory at all.
-    Status room =
-        table_->CheckRoom(msg.entries, memory_->budget(), wire::DeclareLimits{}.max_chunks);
-    if (!room.ok()) return sessions_->SendError(peer, request_id, room);
-  }
-  wire::CreateReply reply;
-  wire::Join created;  // for the coordinator hosted here
-  const bool tell_coordinator = coordinator()->hosted();
-  for (const auto& entry : msg.entries) {
-    auto p = peer.is_reader ? FindForReader(entry) : table_->Create(entry);
-    if (!p.ok()) return sessions_->SendError(peer, request_id, p.status());
-    if (restorer_ && !(*p)->initialized && (*p)->version == 0 &&
-        restorer_->Restore(**p, memory_->target())) {
-      chunks_restored_++;
-    }
-    if (tell_coordinator) {
-      created.chunks.push_back((*p)->entry);
-      created.initialized.push_back((*p)->initialized ? 1 : 0);
-    }
-    reply.keys.push_back(
-        {(*p)->key_id, (*p)->arena_id, (*p)->arena_offset, (*p)->bytes, (*p)->version});
-    if (peer.known_arenas.insert((*p)->arena_id).second) {
-      wire::ArenaKey key{(*p)->arena_id, table_->DescribeArena((*p)->arena_id), {}};
-      if (peer.ipc_slot != nullptr) {
-        auto ipc = table_->ArenaIpcHandle((*p)->arena_id);
-        if (ipc.ok()) {
-          key.ipc = std::move(*ipc);
-        } else {
-          TLOG_WARN("arena {}: no CUDA IPC handle for {}: {}", (*p)->arena_id, peer.hello.task,
-                    ipc.status().message());
-        }
-      }
-      reply.arenas.push_back(std::move(key));
-    }
-  }
-  tensors_ = table_->size();
-  // A coordinator restarted with this task learns its placement back here.
-  if (tell_coordinator) coordinator()->ChunksCreated(created);
-  Reply(peer, request_id, reply);
-}
-
-Result<Param*> Shard::FindForReader(const wire::CreateEntry& entry) {
-  const auto& t = entry.tensor;
-  Param* p = table_->Find(t.name, entry.chunk_index);
-  if (p == nullptr) {
-    return Status::NotFound("tensor '" + t.name + "' chunk " + std::to_string(entry.chunk_index) +
-                            " is not held by " +
-                            TaskId{options_.job, options_.task_index}.ToString() +
-                            " (a reader finds tensors; it creates none)");
-  }
-  const auto& have = p->entry;
-  if (have.tensor.dtype != t.dtype || have.tensor.shape != t.shape ||
-      have.num_chunks != entry.num_chunks || have.elem_offset != entry.elem_offset ||
-      have.elem_count != entry.elem_count) {
-    return Status::FailedPrecondition(
-        "tensor '" + t.name + "' is held as " +
-        DescribeTensor(have.tensor.dtype, have.tensor.shape) + " in " +
-        std::to_string(have.num_chunks) + " chunks, but a reader asked for " +
-        DescribeTensor(t.dtype, t.shape) + " in " + std::to_string(entry.num_chunks));
-  }
-  return p;
 }
 
 void Shard::OnPull(Peer& peer, uint64_t request_id, wire::Pull msg) {
@@ -272,7 +223,7 @@ void Shard::OnSetHyper(Peer& peer, uint64_t request_id, const wire::SetHyper& ms
     TLOG_INFO("{}: learning rate {} from update {} on", p->display_name, msg.hyper.learning_rate,
               p->updates + 1);
   }
-  Reply(peer, request_id, wire::Ack{});
+  peer.ep->Send(wire::kProtocolMsg, wire::Encode(wire::Ack{}, request_id));
 }
 
 }  // namespace tessera::server

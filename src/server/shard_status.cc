@@ -8,14 +8,13 @@ namespace tessera::server {
 
 void Shard::AddStatus(nlohmann::json* status) const {
   (*status)["memory"] = memory_->memory().Describe();
-  (*status)["staged_through_host"] = table_->staged();
+  (*status)["staged_through_host"] = memory_->staged();
 }
 
 void Shard::AddStats(ServerStats* s) const {
-  s->tensors = tensors_;
+  if (creates_) creates_->AddStats(s);
   if (pushes_) pushes_->AddStats(s);
   if (pulls_) pulls_->AddStats(s);
-  s->chunks_restored = chunks_restored_;
   if (memory_) memory_->AddStats(s);
 }
 
