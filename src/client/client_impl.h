@@ -20,11 +20,13 @@
 #include <vector>
 
 #include "client/control_queue.h"
+#include "client/coordinator_reach.h"
 #include "client/future_state.h"
 #include "client/gather_buffer.h"
 #include "client/pending_requests.h"
 #include "client/silence_meter.h"
 #include "client/staging_allocator.h"
+#include "client/startup_waiter.h"
 #include "core/inline_function.h"
 #include "core/log.h"
 #include "core/pool_allocator.h"
@@ -241,6 +243,10 @@ class Client::Impl {
     return s.dead.ok() ? st.WithContext(s.name()) : s.dead;
   }
   void Handshake(int shard, std::function<void(Status)> done);
+  // The handshake's last step: the shard's welcome (its staging slot, the
+  // session's protection, a CUDA IPC slot) taken.
+  Status AcceptWelcome(int shard, const wire::Welcome& welcome,
+                       const wire::ClientHandshake& handshake);
   // A lost ps task or coordinator is tried again now and then; once it
   // answers, this worker's chunks are created on it again (a restarted
   // shard restores them from the newest checkpoint) and calls succeed again.
@@ -261,8 +267,6 @@ class Client::Impl {
   // and is sent once more. Every coordinator request may be repeated.
   template <typename Msg, typename ReplyMsg>
   Result<ReplyMsg> CallCoordinator(const Msg& msg, std::chrono::milliseconds timeout);
-  // Loop thread: the coordinator was lost, or reached (again).
-  void NoteCoordinator(bool up);
 
   struct ChunkIo {
     const Chunk* chunk;
@@ -484,12 +488,7 @@ class Client::Impl {
   // and address are fixed by Start(); the rest belongs to the loop thread.
   std::vector<ShardConn> shards_;
   int coord_index_ = 0;
-  // Whether the coordinator is reached, and how often it was (any thread).
-  std::mutex coord_mu_;
-  std::condition_variable coord_cv_;
-  bool coord_up_ = false;
-  uint64_t coord_reached_ = 0;
-  bool closing_ = false;  // the client is being destroyed: nobody waits for the coordinator
+  client::CoordinatorReach coordinator_;
   std::unordered_map<transport::Endpoint*, int> shard_of_;
   client::PendingRequests<ReplyFn> pending_;
   // Loop thread: the last push and pull built and the last replies to
@@ -502,13 +501,8 @@ class Client::Impl {
   wire::Pull pull_scratch_;
   wire::PullReply pull_reply_scratch_;
 
-  // Start-up progress, shared with the thread in Start().
-  std::mutex start_mu_;
-  std::condition_variable start_cv_;
-  std::vector<int> start_state_;          // 0 connecting, 1 ready, -1 failed for good
-  std::vector<std::string> start_error_;  // the last attempt's, or kNoAnswerYet
-  static constexpr const char* kNoAnswerYet = "no answer yet";
-  StatusCode start_code_ = StatusCode::kUnavailable;
+  // What Start waits for; it stays while the loop may still report to it.
+  std::unique_ptr<client::StartupWaiter> startup_;
   bool stopping_ = false;
   // How long a shard may take to answer the handshake: the shard's own
   // hello deadline (TESSERA_HELLO_TIMEOUT_MS), after which it would have
@@ -568,24 +562,23 @@ Result<ReplyMsg> Client::Impl::Call(int shard, const Msg& msg, std::chrono::mill
 template <typename Msg, typename ReplyMsg>
 Result<ReplyMsg> Client::Impl::CallCoordinator(const Msg& msg, std::chrono::milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
+  using Wait = client::CoordinatorReach::Wait;
   while (true) {
-    uint64_t reached = 0;
-    {
-      std::lock_guard<std::mutex> lock(coord_mu_);
-      reached = coord_reached_;
-    }
+    const uint64_t reached = coordinator_.reached();
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());
     auto r = Call<Msg, ReplyMsg>(coord_index_, msg, std::max(left, std::chrono::milliseconds(1)));
     if (r.ok() || r.status().code() != StatusCode::kUnavailable) return r;
-    std::unique_lock<std::mutex> lock(coord_mu_);
-    if (coord_up_ && coord_reached_ == reached) return r;  // the coordinator itself said so
-    const bool back =
-        coord_cv_.wait_until(lock, deadline, [&] { return coord_reached_ != reached || closing_; });
-    if (closing_) return Status::Aborted("the client was destroyed before this call completed");
-    if (!back) {
-      return Status::Unavailable(r.status().message() + "; not reached again within " +
-                                 std::to_string(timeout.count()) + " ms");
+    switch (coordinator_.WaitForReturn(reached, deadline)) {
+      case Wait::kItSaidSo:
+        return r;
+      case Wait::kClosing:
+        return Status::Aborted("the client was destroyed before this call completed");
+      case Wait::kTimedOut:
+        return Status::Unavailable(r.status().message() + "; not reached again within " +
+                                   std::to_string(timeout.count()) + " ms");
+      case Wait::kBack:
+        break;
     }
   }
 }

@@ -17,11 +17,7 @@ Client::Impl::~Impl() {
   // Control calls still queued fail now; the one running ends as its round
   // trips fail below, and is waited for before the context goes.
   control_.Shutdown(Status::Aborted("the client was destroyed before this call started"));
-  {
-    std::lock_guard<std::mutex> lock(coord_mu_);
-    closing_ = true;
-  }
-  coord_cv_.notify_all();
+  coordinator_.Close();
   // A stream-ordered call whose stream reaches it from now on fails at once.
   if (poster_) poster_->Close();
   if (!ctx_) {
@@ -122,19 +118,10 @@ void Client::Impl::OnFrame(const std::shared_ptr<transport::Endpoint>& ep,
   fn(Status::Ok(), *h, frame);
 }
 
-void Client::Impl::NoteCoordinator(bool up) {
-  {
-    std::lock_guard<std::mutex> lock(coord_mu_);
-    coord_up_ = up;
-    if (up) coord_reached_++;
-  }
-  coord_cv_.notify_all();
-}
-
 void Client::Impl::OnShardLost(int shard, const Status& why) {
   ShardConn& s = shards_[shard];
   if (!s.dead.ok()) return;
-  if (shard == coord_index_) NoteCoordinator(false);
+  if (shard == coord_index_) coordinator_.Note(false);
   s.dead = Status::Unavailable(s.name() + " is gone: " + why.message());
   if (!stopping_) TLOG_ERROR("{}", s.dead.message());
   // Forced: a hung peer would never let a graceful close finish, and the
@@ -155,57 +142,70 @@ void Client::Impl::FailCallsOf(int shard, const Status& why) {
   for (auto& fn : waiting) fn();
 }
 
-Status Client::Impl::Start() {
-  task_ = options_.task;
-  if (options_.read_only) {
-    // A reader has no rank, and needs no workers in its spec: only the
-    // tasks it reads from.
-    if (options_.cluster.num_tasks("ps") == 0) {
-      return Status::InvalidArgument("cluster spec has no ps tasks");
-    }
-    if (task_.job.empty() || task_.index < 0) {
-      return Status::InvalidArgument("a read-only client needs a task name, e.g. evaluator 0");
-    }
-    for (const char* job : {"ps", "worker", "chief", "coordinator"}) {
-      if (task_.job == job) {
-        return Status::InvalidArgument(
-            "a read-only client cannot be " + task_.ToString() +
-            ", a task of the cluster; name it another job (e.g. evaluator 0)");
-      }
-    }
-    worker_rank_ = -1;
-  } else {
-    TESSERA_RETURN_IF_ERROR(options_.cluster.Validate());
-    if (IsReaderKey(options_.secret)) {
+namespace {
+
+// This client's worker rank, or -1 for a read-only client, once its task,
+// spec and secret fit what it is.
+Result<int> RankOf(const ClientOptions& o) {
+  const TaskId& task = o.task;
+  if (!o.read_only) {
+    TESSERA_RETURN_IF_ERROR(o.cluster.Validate());
+    if (IsReaderKey(o.secret)) {
       return Status::InvalidArgument(
-          "the secret given to " + task_.ToString() +
+          "the secret given to " + task.ToString() +
           " is a reader key, which lets read-only clients in (ClientOptions::read_only); a "
           "worker needs the cluster secret");
     }
-    auto rank = options_.cluster.worker_rank(task_);
-    if (!rank.ok()) return rank.status();
-    worker_rank_ = *rank;
+    return o.cluster.worker_rank(task);
   }
+  // A reader has no rank, and needs no workers in its spec: only the tasks
+  // it reads from.
+  if (o.cluster.num_tasks("ps") == 0)
+    return Status::InvalidArgument("cluster spec has no ps tasks");
+  if (task.job.empty() || task.index < 0) {
+    return Status::InvalidArgument("a read-only client needs a task name, e.g. evaluator 0");
+  }
+  for (const char* job : {"ps", "worker", "chief", "coordinator"}) {
+    if (task.job == job) {
+      return Status::InvalidArgument("a read-only client cannot be " + task.ToString() +
+                                     ", a task of the cluster; name it another job (e.g. "
+                                     "evaluator 0)");
+    }
+  }
+  return -1;
+}
+
+// Liveness fits the fabric and the host: the environment may set both
+// heartbeat times and the handshake's, and TESSERA_TIMEOUT_SCALE stretches
+// them (emulation). Then the other options' bounds.
+Status TakeTimeouts(ClientOptions* o, std::chrono::milliseconds* handshake_timeout) {
+  auto hb_timeout = TimeoutFromEnv("TESSERA_HEARTBEAT_TIMEOUT_MS", o->heartbeat_timeout);
+  if (!hb_timeout.ok()) return hb_timeout.status();
+  auto hb_interval = TimeoutFromEnv("TESSERA_HEARTBEAT_INTERVAL_MS", o->heartbeat_interval);
+  if (!hb_interval.ok()) return hb_interval.status();
+  auto hello = TimeoutFromEnv("TESSERA_HELLO_TIMEOUT_MS", *handshake_timeout);
+  if (!hello.ok()) return hello.status();
+  o->heartbeat_timeout = *hb_timeout;
+  o->heartbeat_interval = *hb_interval;
+  *handshake_timeout = *hello;
+  if (o->heartbeat_timeout.count() > 0 && o->heartbeat_interval.count() <= 0) {
+    return Status::InvalidArgument("heartbeat_interval must be above 0 when heartbeats are on");
+  }
+  if (o->chunk_bytes < 64) return Status::InvalidArgument("chunk_bytes must be at least 64");
+  return ParsePlacementPolicy(o->placement).status();
+}
+
+}  // namespace
+
+Status Client::Impl::Start() {
+  task_ = options_.task;
+  auto rank = RankOf(options_);
+  if (!rank.ok()) return rank.status();
+  worker_rank_ = *rank;
   TESSERA_RETURN_IF_ERROR(CheckSecretStrength(options_.secret, options_.allow_weak_secret));
   TESSERA_RETURN_IF_ERROR(LogLevelFromEnv().status());
   TESSERA_RETURN_IF_ERROR(CheckRetryBound());
-  if (options_.chunk_bytes < 64) return Status::InvalidArgument("chunk_bytes must be at least 64");
-  // Liveness fits the fabric and the host: the environment may set both
-  // heartbeat times, and TESSERA_TIMEOUT_SCALE stretches them (emulation).
-  auto hb_timeout = TimeoutFromEnv("TESSERA_HEARTBEAT_TIMEOUT_MS", options_.heartbeat_timeout);
-  if (!hb_timeout.ok()) return hb_timeout.status();
-  auto hb_interval = TimeoutFromEnv("TESSERA_HEARTBEAT_INTERVAL_MS", options_.heartbeat_interval);
-  if (!hb_interval.ok()) return hb_interval.status();
-  options_.heartbeat_timeout = *hb_timeout;
-  options_.heartbeat_interval = *hb_interval;
-  auto handshake_timeout = TimeoutFromEnv("TESSERA_HELLO_TIMEOUT_MS", handshake_timeout_);
-  if (!handshake_timeout.ok()) return handshake_timeout.status();
-  handshake_timeout_ = *handshake_timeout;
-  if (options_.heartbeat_timeout.count() > 0 && options_.heartbeat_interval.count() <= 0) {
-    return Status::InvalidArgument("heartbeat_interval must be above 0 when heartbeats are on");
-  }
-  auto placement = ParsePlacementPolicy(options_.placement);
-  if (!placement.ok()) return placement.status();
+  TESSERA_RETURN_IF_ERROR(TakeTimeouts(&options_, &handshake_timeout_));
 
   transport::ContextOptions topts;
   topts.backend = options_.transport;
@@ -237,68 +237,25 @@ Status Client::Impl::Start() {
   const int n = num_ps + (separate_coordinator ? 1 : 0);
   coord_index_ = separate_coordinator ? num_ps : 0;
   shards_.resize(static_cast<size_t>(n));
-  start_state_.assign(static_cast<size_t>(n), 0);
-  start_error_.assign(static_cast<size_t>(n), kNoAnswerYet);
+  std::vector<std::string> names;
   for (int i = 0; i < n; ++i) {
     shards_[i].task = i < num_ps ? TaskId{"ps", i} : options_.cluster.coordinator();
     shards_[i].addr = options_.cluster.address(shards_[i].task).value();
     // A tick may count at most two intervals of listening: a later one
     // means this process was busy, not that the shard was silent.
     shards_[i].silence = SilenceMeter(options_.heartbeat_timeout, 2 * options_.heartbeat_interval);
+    names.push_back(shards_[i].name());
   }
-  const auto start = std::chrono::steady_clock::now();
-  const auto deadline = start + options_.startup_timeout;
+  startup_ = std::make_unique<client::StartupWaiter>(std::move(names));
+  const auto deadline = std::chrono::steady_clock::now() + options_.startup_timeout;
   ctx_->Post([this, n, deadline] {
     for (int i = 0; i < n; ++i) ConnectShard(i, deadline);
   });
-
-  // Wait like TensorFlow did, but say for whom, at once (tasks start in
-  // any order, so an address with nothing on it yet is waited for), and
-  // give up in the end.
-  std::unique_lock<std::mutex> lock(start_mu_);
-  std::optional<std::chrono::steady_clock::time_point> next_report;
-  while (true) {
-    bool all_ready = true;
-    std::string missing, failed, refused;  // refused: those an attempt failed for
-    for (int i = 0; i < n; ++i) {
-      if (start_state_[i] == 1) continue;
-      all_ready = false;
-      const std::string line = shards_[i].name() + ": " + start_error_[i];
-      std::string& list = start_state_[i] < 0 ? failed : missing;
-      list += (list.empty() ? "" : "; ") + line;
-      if (start_state_[i] == 0 && start_error_[i] != kNoAnswerYet) {
-        refused += (refused.empty() ? "" : "; ") + line;
-      }
-    }
-    if (all_ready) break;
-    if (!failed.empty()) return Status(start_code_, "cannot join the cluster: " + failed);
-    auto now = std::chrono::steady_clock::now();
-    if (now >= deadline) {
-      return Status::DeadlineExceeded("ps tasks not reachable within " +
-                                      std::to_string(options_.startup_timeout.count()) +
-                                      " ms: " + missing);
-    }
-    if (!refused.empty() && (!next_report || now >= *next_report)) {
-      const auto left = std::chrono::duration_cast<std::chrono::seconds>(deadline - now);
-      TLOG_INFO("{} waiting up to {} s more for ps tasks (they may start in any order): {}",
-                task_.ToString(), left.count(), refused);
-      next_report = options_.report_interval.count() > 0
-                        ? now + options_.report_interval
-                        : std::chrono::steady_clock::time_point::max();
-    }
-    auto until = std::min(deadline, next_report.value_or(deadline));
-    if (options_.interrupted) {
-      lock.unlock();
-      const bool stop = options_.interrupted();
-      lock.lock();
-      if (stop) {
-        return Status::Cancelled("interrupted while waiting for ps tasks: " +
-                                 (missing.empty() ? std::string("none yet answered") : missing));
-      }
-      until = std::min(until, now + std::chrono::milliseconds(20));
-    }
-    start_cv_.wait_until(lock, until);
-  }
+  TESSERA_RETURN_IF_ERROR(startup_->Wait({.task = task_.ToString(),
+                                          .deadline = deadline,
+                                          .startup_timeout = options_.startup_timeout,
+                                          .report_interval = options_.report_interval,
+                                          .interrupted = options_.interrupted}));
   if (options_.heartbeat_timeout.count() > 0) {
     ctx_->Post([this] {
       for (auto& conn : shards_) conn.silence.Reset(std::chrono::steady_clock::now());
@@ -372,15 +329,11 @@ void Client::Impl::ConnectShard(int shard, std::chrono::steady_clock::time_point
                     // Nothing listening, or a name that does not resolve yet
                     // (a Kubernetes pod not yet running), is waited for.
                     const bool never = ep.status().code() == StatusCode::kFailedPrecondition;
-                    {
-                      std::lock_guard<std::mutex> lock(start_mu_);
-                      start_error_[shard] = ep.status().message();
-                      if (never) {
-                        start_state_[shard] = -1;
-                        start_code_ = ep.status().code();
-                      }
+                    if (never) {
+                      startup_->Failed(shard, ep.status());
+                    } else {
+                      startup_->Retrying(shard, ep.status().message());
                     }
-                    start_cv_.notify_all();  // Start says so at once
                     if (!never && std::chrono::steady_clock::now() < deadline) {
                       ctx_->PostAfter(std::chrono::milliseconds(300),
                                       [this, shard, deadline] { ConnectShard(shard, deadline); });
@@ -412,27 +365,19 @@ void Client::Impl::OnStartHandshake(int shard, std::chrono::steady_clock::time_p
     shard_of_.erase(c.ep.get());
     c.ep->Abort();
     c.ep.reset();
-    {
-      std::lock_guard<std::mutex> lock(start_mu_);
-      start_error_[shard] = st.message();
-    }
+    startup_->Retrying(shard, st.message());
     const auto pause = HandshakeBackoff(c.joining.attempts++);
     TLOG_WARN("{} {}; connecting again in {} ms", c.name(), st.message(), pause.count());
     ctx_->PostAfter(pause, [this, shard, deadline] { ConnectShard(shard, deadline); });
     return;
   }
   c.joining.attempts = 0;
-  {
-    std::lock_guard<std::mutex> lock(start_mu_);
-    start_state_[shard] = st.ok() ? 1 : -1;
-    if (!st.ok()) {
-      start_error_[shard] = st.message();
-      start_code_ = st.code();
-    }
+  if (!st.ok()) {
+    startup_->Failed(shard, st);
+    return OnShardLost(shard, st);
   }
-  start_cv_.notify_all();
-  if (!st.ok()) return OnShardLost(shard, st);
-  if (shard == coord_index_) NoteCoordinator(true);
+  startup_->Welcomed(shard);
+  if (shard == coord_index_) coordinator_.Note(true);
 }
 
 void Client::Impl::Reconnect(int shard) {
@@ -504,7 +449,7 @@ void Client::Impl::ReCreate(int shard) {
       return;
     }
     conn.dead = Status::Ok();
-    if (shard == coord_index_) NoteCoordinator(true);
+    if (shard == coord_index_) coordinator_.Note(true);
     TLOG_INFO("{} is back{}", conn.name(),
               conn.task.job == "ps" ? "; this worker's tensors on it were created again" : "");
     ReissueParked(shard);
@@ -581,62 +526,62 @@ void Client::Impl::Handshake(int shard, std::function<void(Status)> done) {
     fail(Status::DeadlineExceeded("took the connection but did not finish the handshake within " +
                                   std::to_string(handshake_timeout_.count()) + " ms"));
   });
-  shards_[shard].joining.request = turn->request = Request(
-      shard, handshake->hello(), 0,
-      [this, shard, read, fail, turn, handshake](const Status& st, const wire::Header&,
-                                                 std::span<const uint8_t> frame) {
-        auto auth = read(st, frame);
-        if (!auth.ok()) return fail(auth.status());
-        if (!std::holds_alternative<wire::Auth>(*auth)) {
-          return fail(Status::Internal("a welcome before the challenge"));
-        }
-        shards_[shard].joining.request = turn->request = Request(
-            shard, std::get<wire::Auth>(*auth), 0,
-            [this, shard, read, fail, handshake](const Status& st2, const wire::Header&,
-                                                 std::span<const uint8_t> f2) {
-              auto welcomed = read(st2, f2);
-              if (!welcomed.ok()) return fail(welcomed.status());
-              if (!std::holds_alternative<wire::Welcome>(*welcomed)) {
-                return fail(Status::Internal("a second challenge"));
-              }
-              const wire::Welcome* w = &std::get<wire::Welcome>(*welcomed);
-              ShardConn& s = shards_[shard];
-              s.ep->MarkAuthenticated();
-              if (w->session_protected()) {
-                // Before anything else is sent: the shard seals all after its welcome.
-                if (Status sealed = s.ep->ProtectSession(handshake->Keys()); !sealed.ok()) {
-                  return fail(sealed);
+  shards_[shard].joining.request = turn->request =
+      Request(shard, handshake->hello(), 0,
+              [this, shard, read, fail, turn, handshake](const Status& st, const wire::Header&,
+                                                         std::span<const uint8_t> frame) {
+                auto auth = read(st, frame);
+                if (!auth.ok()) return fail(auth.status());
+                if (!std::holds_alternative<wire::Auth>(*auth)) {
+                  return fail(Status::Internal("a welcome before the challenge"));
                 }
-                protected_sessions_++;
-              }
-              // The coordinator has no staging slot, nor has a reader one.
-              if (s.task.job == "ps" && !options_.read_only) {
-                auto staging = s.ep->Attach(w->staging_region);
-                if (!staging.ok()) return fail(staging.status());
-                if (AlignUp(options_.chunk_bytes, 64) > (*staging)->size()) {
-                  return fail(Status::InvalidArgument(
-                      "chunk_bytes " + std::to_string(options_.chunk_bytes) + " exceeds the " +
-                      std::to_string((*staging)->size()) + "-byte staging slot of " + s.name() +
-                      "; lower chunk_bytes or start the shard with a larger --staging-mib"));
-                }
-                s.alloc.Reset((*staging)->size());
-                s.staging = std::move(*staging);
-                if (!w->staging_ipc.empty()) {
-                  auto slot = gpu::IpcMapping::Open(w->staging_ipc.data(), w->staging_ipc.size(),
-                                                    options_.cuda_device);
-                  if (slot.ok()) {
-                    s.ipc.slot = std::move(*slot);
-                    ipc_shards_++;
-                    TLOG_INFO("{} shares this node: reached through CUDA IPC", s.name());
-                  } else {
-                    TLOG_WARN("{} offered CUDA IPC, which failed ({}): using the fabric", s.name(),
-                              slot.status().message());
-                  }
-                }
-              }
-              fail(Status::Ok());  // i.e. done
-            });
-      });
+                shards_[shard].joining.request = turn->request = Request(
+                    shard, std::get<wire::Auth>(*auth), 0,
+                    [this, shard, read, fail, handshake](const Status& st2, const wire::Header&,
+                                                         std::span<const uint8_t> f2) {
+                      auto welcomed = read(st2, f2);
+                      if (!welcomed.ok()) return fail(welcomed.status());
+                      if (!std::holds_alternative<wire::Welcome>(*welcomed)) {
+                        return fail(Status::Internal("a second challenge"));
+                      }
+                      fail(AcceptWelcome(shard, std::get<wire::Welcome>(*welcomed), *handshake));
+                    });
+              });
+}
+
+Status Client::Impl::AcceptWelcome(int shard, const wire::Welcome& w,
+                                   const wire::ClientHandshake& handshake) {
+  ShardConn& s = shards_[shard];
+  s.ep->MarkAuthenticated();
+  if (w.session_protected()) {
+    // Before anything else is sent: the shard seals all after its welcome.
+    TESSERA_RETURN_IF_ERROR(s.ep->ProtectSession(handshake.Keys()));
+    protected_sessions_++;
+  }
+  // The coordinator has no staging slot, nor has a reader one.
+  if (s.task.job != "ps" || options_.read_only) return Status::Ok();
+  auto staging = s.ep->Attach(w.staging_region);
+  if (!staging.ok()) return staging.status();
+  if (AlignUp(options_.chunk_bytes, 64) > (*staging)->size()) {
+    return Status::InvalidArgument(
+        "chunk_bytes " + std::to_string(options_.chunk_bytes) + " exceeds the " +
+        std::to_string((*staging)->size()) + "-byte staging slot of " + s.name() +
+        "; lower chunk_bytes or start the shard with a larger --staging-mib");
+  }
+  s.alloc.Reset((*staging)->size());
+  s.staging = std::move(*staging);
+  if (w.staging_ipc.empty()) return Status::Ok();
+  auto slot =
+      gpu::IpcMapping::Open(w.staging_ipc.data(), w.staging_ipc.size(), options_.cuda_device);
+  if (slot.ok()) {
+    s.ipc.slot = std::move(*slot);
+    ipc_shards_++;
+    TLOG_INFO("{} shares this node: reached through CUDA IPC", s.name());
+  } else {
+    TLOG_WARN("{} offered CUDA IPC, which failed ({}): using the fabric", s.name(),
+              slot.status().message());
+  }
+  return Status::Ok();
 }
 
 }  // namespace tessera
