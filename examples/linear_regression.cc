@@ -100,7 +100,7 @@ int main(int argc, char** argv) {
       gb += 2 * err / x.size();
     }
     st = c.Push({PushItem::Of<float>(*w, {&gw, 1}), PushItem::Of<float>(*b, {&gb, 1})},
-                static_cast<uint64_t>(step));
+                {.step = static_cast<uint64_t>(step)});
     if (st.ok()) {
       st = c.Pull({PullItem::AfterStep<float>(*w, {&wv, 1}, static_cast<uint64_t>(step) + 1),
                    PullItem::AfterStep<float>(*b, {&bv, 1}, static_cast<uint64_t>(step) + 1)});

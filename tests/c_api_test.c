@@ -88,7 +88,8 @@ static float barrier(tessera_client_t* c, tessera_tensor_t t, uint64_t step, flo
   fill(grad, SYNC_ELEMS, (float)(g_rank + 1));
   tessera_push_item_t push = {t, grad, SYNC_ELEMS * sizeof(float)};
   tessera_pull_item_t pull = {t, weights, SYNC_ELEMS * sizeof(float), 1, step + 1};
-  OK(tessera_client_push(c, &push, 1, step, &err));
+  OK(tessera_client_push_with_options(
+      c, &push, 1, &(tessera_push_options_t){.has_step = 1, .step = step}, &err));
   OK(tessera_client_pull(c, &pull, 1, &err));
   return weights[0];
 }
@@ -170,7 +171,8 @@ static void test_reader(int argc, char** argv, float expect) {
   OK(tessera_client_pull(r, &pull, 1, &err));
   CHECK(all_equal(got, SYNC_ELEMS, expect));
   tessera_push_item_t push = {t, got, sizeof got};
-  FAILS("read-only", tessera_client_push(r, &push, 1, 7, &err));
+  FAILS("read-only", tessera_client_push_with_options(
+                         r, &push, 1, &(tessera_push_options_t){.has_step = 1, .step = 7}, &err));
   FAILS("read-only", tessera_client_initialize(r, &err));
   tessera_client_destroy(r);
   tessera_options_destroy(o);
@@ -295,25 +297,34 @@ static void test_info(tessera_client_t* c, tessera_tensor_t t) {
 static void test_call_errors(tessera_client_t* c, tessera_tensor_t sync_add, tessera_tensor_t sgd) {
   float small[4] = {0};
   tessera_push_item_t wrong_size = {sgd, small, sizeof small};
-  FAILS("bytes", tessera_client_push(c, &wrong_size, 1, TESSERA_NO_STEP, &err));
+  FAILS("bytes", tessera_client_push_with_options(c, &wrong_size, 1, NULL, &err));
   tessera_pull_item_t unknown = {4242, small, sizeof small, 1, 0};
   FAILS("4242", tessera_client_pull(c, &unknown, 1, &err));
   /* A sync tensor needs its step; push_pull refuses it. */
   static float grad[SYNC_ELEMS], weights[SYNC_ELEMS];
   tessera_push_item_t no_step = {sync_add, grad, sizeof grad};
-  FAILS("sync_add", tessera_client_push(c, &no_step, 1, TESSERA_NO_STEP, &err));
+  FAILS("sync_add", tessera_client_push_with_options(c, &no_step, 1, NULL, &err));
   tessera_push_pull_item_t pp = {sync_add, grad, weights, sizeof grad};
   FAILS("sync_add", tessera_client_push_pull(c, &pp, 1, &err));
 
   /* NULL where memory must be is refused by name (a push with data=NULL
      used to crash the process). */
   tessera_push_item_t null_data = {sgd, NULL, SGD_ELEMS * sizeof(float)};
-  FAILS("null data pointer", tessera_client_push(c, &null_data, 1, TESSERA_NO_STEP, &err));
+  FAILS("null data pointer", tessera_client_push_with_options(c, &null_data, 1, NULL, &err));
   tessera_pull_item_t null_pull = {sgd, NULL, SGD_ELEMS * sizeof(float), 1, 0};
   FAILS("null data pointer", tessera_client_pull(c, &null_pull, 1, &err));
   tessera_push_pull_item_t null_weights = {sgd, grad, NULL, SGD_ELEMS * sizeof(float)};
   FAILS("null weights pointer", tessera_client_push_pull(c, &null_weights, 1, &err));
-  FAILS("items", tessera_client_push(c, NULL, 1, TESSERA_NO_STEP, &err));
+  FAILS("items", tessera_client_push_with_options(c, NULL, 1, NULL, &err));
+  /* Push options left uninitialised, or a step said to be there and to be
+     none, are refused by name, never read as some step. */
+  tessera_push_options_t garbage = {.has_step = 2, .step = 0};
+  FAILS("has_step is 2", tessera_client_push_with_options(c, &no_step, 1, &garbage, &err));
+  tessera_push_options_t none_step = {.has_step = 1, .step = TESSERA_NO_STEP};
+  FAILS("TESSERA_NO_STEP", tessera_client_push_with_options(c, &no_step, 1, &none_step, &err));
+  tessera_future_t* garbled = tessera_client_push_async_with_options(c, &no_step, 1, &garbage);
+  FAILS("has_step is 2", tessera_future_wait(garbled, &err));
+  tessera_future_destroy(garbled);
   FAILS("client is NULL", tessera_client_pull(NULL, &null_pull, 1, &err));
   tessera_future_t* refused = tessera_client_pull_async(c, NULL, 2);
   CHECK(refused != NULL && tessera_future_ready(refused) == 1);
@@ -321,7 +332,7 @@ static void test_call_errors(tessera_client_t* c, tessera_tensor_t sync_add, tes
   tessera_future_destroy(refused);
 
   /* An asynchronous call's error: through wait, wait_for and then. */
-  tessera_future_t* f = tessera_client_push_async(c, &wrong_size, 1, TESSERA_NO_STEP);
+  tessera_future_t* f = tessera_client_push_async_with_options(c, &wrong_size, 1, NULL);
   CHECK(f != NULL);
   FAILS("bytes", tessera_future_wait(f, &err));
   CHECK(tessera_future_ready(f) == 1);
@@ -432,7 +443,8 @@ int main(int argc, char** argv) {
   tessera_push_item_t push = {sync_add, grad, sizeof grad};
   tessera_pull_item_t pull = {sync_add, weights, sizeof weights, 1, 2};
   tessera_future_t* f[2];
-  f[0] = tessera_client_push_async(c, &push, 1, 1);
+  f[0] = tessera_client_push_async_with_options(
+      c, &push, 1, &(tessera_push_options_t){.has_step = 1, .step = 1});
   f[1] = tessera_client_pull_async_on_stream(c, &pull, 1, NULL); /* no stream: as pull_async */
   tessera_future_then(f[0], on_done, &g_then_ok);
   OK(tessera_future_wait_all(f, 2, &err));
@@ -445,7 +457,8 @@ int main(int argc, char** argv) {
   tessera_future_destroy(f[1]);
 
   /* Step 1 again: the shards drop it (stale), which is no error. */
-  tessera_future_t* dup = tessera_client_push_async(c, &push, 1, 1);
+  tessera_future_t* dup = tessera_client_push_async_with_options(
+      c, &push, 1, &(tessera_push_options_t){.has_step = 1, .step = 1});
   OK(tessera_future_wait(dup, &err));
   CHECK(tessera_future_num_dropped(dup) > 0);
   tessera_future_destroy(dup);
@@ -468,7 +481,7 @@ int main(int argc, char** argv) {
     FAILS("bogus", tessera_client_set_hyperparam(c, sgd, "bogus", 1, &err));
     FAILS("4242", tessera_client_set_hyperparam(c, 4242, "learning_rate", 1, &err));
     tessera_push_item_t sgd_push = {sgd, sgd_grad, sizeof sgd_grad};
-    OK(tessera_client_push(c, &sgd_push, 1, TESSERA_NO_STEP, &err));
+    OK(tessera_client_push_with_options(c, &sgd_push, 1, NULL, &err));
   } else {
     FAILS("chief", tessera_client_set_hyperparam(c, sgd, "learning_rate", 0.25, &err));
   }
@@ -482,7 +495,12 @@ int main(int argc, char** argv) {
   tessera_pull_item_t b_pull = {bounded, b_before, sizeof b_before, 1, 0};
   OK(tessera_client_pull(c, &b_pull, 1, &err));
   tessera_push_item_t b_push = {bounded, b_grad, sizeof b_grad};
+  /* Through the call before tessera_push_options_t, kept for one release:
+   * a wrapper of tessera_client_push_with_options. */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
   OK(tessera_client_push(c, &b_push, 1, 0, &err));
+#pragma GCC diagnostic pop
   b_pull.data = b_after;
   b_pull.min_step = 1; /* every worker pushed step 0 */
   OK(tessera_client_pull(c, &b_pull, 1, &err));

@@ -270,7 +270,7 @@ TEST_F(CheckpointTest, SyncRoundsCutAtOneStep) {
     for (int step = 0; step < kSteps; ++step) {
       std::vector<PushItem> push;
       for (auto t : ts) push.push_back(PushItem::Of<double>(t, ones));
-      ASSERT_TRUE(c.Push(push, static_cast<uint64_t>(step)).ok());
+      ASSERT_TRUE(c.Push(push, {.step = static_cast<uint64_t>(step)}).ok());
       ASSERT_TRUE(c.Pull({PullItem::AfterStep<double>(ts[0], got, step + 1)}).ok());
     }
   };
@@ -317,7 +317,7 @@ TEST_F(CheckpointTest, EveryNStepsKeepsTheLastK) {
     return !dirs.empty() && dirs.front().ends_with(name);
   };
   for (int step = 0; step < 10; ++step) {
-    ASSERT_TRUE(c.Push({PushItem::Of<float>(t, g)}, static_cast<uint64_t>(step)).ok());
+    ASSERT_TRUE(c.Push({PushItem::Of<float>(t, g)}, {.step = static_cast<uint64_t>(step)}).ok());
     ASSERT_TRUE(c.Pull({PullItem::AfterStep<float>(t, got, step + 1)}).ok());
     // Every second step's round is on disk before the next step, however
     // slow the machine: a round that started late would save a later state.
@@ -847,7 +847,7 @@ void KilledShardRestartsAndTrainingContinues(const ClusterSpec& spec, const std:
   auto step = [&](uint64_t s) {
     return c.Push({PushItem::Of<float>(ts[0], ones), PushItem::Of<float>(ts[1], ones),
                    PushItem::Of<float>(ts[2], ones32)},
-                  s);
+                  {.step = s});
   };
   for (uint64_t s = 0; s < 8; ++s) {
     ASSERT_TRUE(step(s).ok());
@@ -968,7 +968,8 @@ TEST_F(CheckpointTest, RetriedCallsRideOutAShardRestartedInPlace) {
       if (s == 6) testing::WaitUntil([&] { return checkpointed.load(); }, 30s);
       if (s == kKillAt && r == 1) testing::WaitUntil([&] { return released.load(); }, 30s);
       Status st =
-          c.Push({PushItem::Of<double>(ts[r][0], grad), PushItem::Of<double>(ts[r][1], grad)}, s);
+          c.Push({PushItem::Of<double>(ts[r][0], grad), PushItem::Of<double>(ts[r][1], grad)},
+                 {.step = s});
       if (st.ok() && s == kKillAt && r == 0) {
         pushed_at_kill = true;
         testing::WaitUntil([&] { return released.load(); }, 30s);
@@ -1102,7 +1103,8 @@ TEST_F(CheckpointTest, KilledStandaloneCoordinatorRestartsAndTrainingEndsExactly
         if (s == holds[h]) testing::WaitUntil([&] { return released > h; }, 60s);
       }
       Status st =
-          c.Push({PushItem::Of<double>(ts[r][0], grad), PushItem::Of<double>(ts[r][1], grad)}, s);
+          c.Push({PushItem::Of<double>(ts[r][0], grad), PushItem::Of<double>(ts[r][1], grad)},
+                 {.step = s});
       if (st.ok()) {
         st = c.Pull({PullItem::AfterStep<double>(ts[r][0], va, s + 1),
                      PullItem::AfterStep<double>(ts[r][1], vs, s + 1)});

@@ -354,7 +354,7 @@ TEST_P(ClientCallsTest, StreamOrderedCallWithoutAGpuSaysWhy) {
   std::vector<float> one(2, 1.0f), got(2);
   int not_a_stream = 0;  // never reached: there is no CUDA to hand it to
   const CallOptions on{&not_a_stream};
-  for (Future f : {c.PushAsync({PushItem::Of<float>(*w, one)}, on),
+  for (Future f : {c.PushAsync({PushItem::Of<float>(*w, one)}, {.call = on}),
                    c.PullAsync({PullItem::Of<float>(*w, got)}, on),
                    c.PushPullAsync({{*w, one.data(), got.data(), 8}}, on)}) {
     Status st = f.Wait();

@@ -202,7 +202,7 @@ TEST_P(ClusterTest, APushLargerThanTheStagingSlotGoesInParts) {
     pull.push_back(PullItem::Of<float>((*t)[i], back[i]));
   }
   for (uint64_t step = 0; step < 2; ++step) {
-    ASSERT_TRUE(c.Push(push, step).ok()) << "step " << step;
+    ASSERT_TRUE(c.Push(push, {.step = step}).ok()) << "step " << step;
     for (auto& p : pull) p.min_step = step + 1;
     ASSERT_TRUE(c.Pull(pull).ok()) << "step " << step;
   }

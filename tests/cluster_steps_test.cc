@@ -58,7 +58,7 @@ TEST_P(ClusterTest, TensorsDeclaredLaterStartWhereTheChiefInitialisedThem) {
   std::vector<float> one(4, 1.0f), got(4), got_other(4);
   auto step = [&](Client& c, Tensor t, uint64_t s) {
     std::vector<float>& into = &c == &chief ? got : got_other;
-    Status st = c.Push({PushItem::Of<float>(t, one)}, s);
+    Status st = c.Push({PushItem::Of<float>(t, one)}, {.step = s});
     if (st.ok()) st = c.Pull({PullItem::AfterStep<float>(t, into, s + 1)});
     return st;
   };
@@ -249,7 +249,7 @@ TEST_P(ClusterTest, ShardsReportEachSyncStepAtMostOnce) {
       if (!workers[w]->WaitForInit(10s).ok()) failures++;
       std::vector<double> g(n, 1.0), got(n);
       for (int t = 0; t < steps; ++t) {
-        if (!workers[w]->Push({PushItem::Of<double>(handles[w], g)}, t).ok()) failures++;
+        if (!workers[w]->Push({PushItem::Of<double>(handles[w], g)}, {.step = t}).ok()) failures++;
         if (!workers[w]->Pull({PullItem::AfterStep<double>(handles[w], got, t + 1)}).ok()) {
           failures++;
         }
@@ -286,23 +286,23 @@ TEST_P(ClusterTest, SyncDropsStaleBackupAndDuplicatePushes) {
   ASSERT_TRUE(c[0]->Initialize().ok());
   std::vector<float> one(4, 1.0f), got(4);
   auto waiting = c[2]->PullAsync({PullItem::AfterStep<float>(t[2], got, 1)});
-  ASSERT_TRUE(c[0]->Push({PushItem::Of<float>(t[0], one)}, 0).ok());
-  ASSERT_TRUE(c[0]->Push({PushItem::Of<float>(t[0], one)}, 0).ok());  // duplicate
+  ASSERT_TRUE(c[0]->Push({PushItem::Of<float>(t[0], one)}, {.step = 0}).ok());
+  ASSERT_TRUE(c[0]->Push({PushItem::Of<float>(t[0], one)}, {.step = 0}).ok());  // duplicate
   EXPECT_EQ(c[0]->counters().chunks_dropped_duplicate, 1u);
   std::this_thread::sleep_for(100ms);
   EXPECT_FALSE(waiting.ready()) << "step 0 has 1 of 2 replicas";
-  ASSERT_TRUE(c[1]->Push({PushItem::Of<float>(t[1], one)}, 0).ok());
+  ASSERT_TRUE(c[1]->Push({PushItem::Of<float>(t[1], one)}, {.step = 0}).ok());
   ASSERT_TRUE(waiting.Wait().ok());
   EXPECT_EQ(got, std::vector<float>(4, 2.0f));
-  ASSERT_TRUE(c[2]->Push({PushItem::Of<float>(t[2], one)}, 0).ok());  // backup: too late
+  ASSERT_TRUE(c[2]->Push({PushItem::Of<float>(t[2], one)}, {.step = 0}).ok());  // backup: too late
   EXPECT_EQ(c[2]->counters().chunks_dropped_stale, 1u);
   auto stats = servers_[0]->stats();
   EXPECT_EQ(stats.stale_pushes_dropped, 1u);
   EXPECT_EQ(stats.duplicate_pushes_dropped, 1u);
   EXPECT_EQ(stats.sync_steps_applied, 1u);
   // Step 1 goes on without the backup's stale contribution.
-  ASSERT_TRUE(c[2]->Push({PushItem::Of<float>(t[2], one)}, 1).ok());
-  ASSERT_TRUE(c[1]->Push({PushItem::Of<float>(t[1], one)}, 1).ok());
+  ASSERT_TRUE(c[2]->Push({PushItem::Of<float>(t[2], one)}, {.step = 1}).ok());
+  ASSERT_TRUE(c[1]->Push({PushItem::Of<float>(t[1], one)}, {.step = 1}).ok());
   ASSERT_TRUE(c[0]->Pull({PullItem::AfterStep<float>(t[0], got, 2)}).ok());
   EXPECT_EQ(got, std::vector<float>(4, 4.0f));
 }
@@ -314,8 +314,8 @@ TEST_P(ClusterTest, SyncStepFailsNamingTheMissingWorker) {
   configure_server_ = [](ServerOptions& o) { o.worker_rejoin_grace = 200ms; };
   auto [c0, c1, c2, t0, t1] = ThreeSyncWorkers(/*replicas_to_aggregate=*/3);
   std::vector<float> one(4, 1.0f), got(4);
-  ASSERT_TRUE(c0.Push({PushItem::Of<float>(t0, one)}, 0).ok());
-  ASSERT_TRUE(c1.Push({PushItem::Of<float>(t1, one)}, 0).ok());
+  ASSERT_TRUE(c0.Push({PushItem::Of<float>(t0, one)}, {.step = 0}).ok());
+  ASSERT_TRUE(c1.Push({PushItem::Of<float>(t1, one)}, {.step = 0}).ok());
   auto waiting = c0.PullAsync({PullItem::AfterStep<float>(t0, got, 1)});
   c2.reset();  // worker 2 goes away without pushing step 0
   Status st = waiting.WaitFor(10s);
@@ -335,8 +335,8 @@ TEST_P(ClusterTest, ASyncStepWaitsForAWorkerThatComesBack) {
   std::vector<float> one(4, 1.0f), got(4);
   c2.reset();  // worker 2 restarts: gone before it pushed step 0
   ASSERT_TRUE(testing::WaitUntil([&] { return servers_[0]->stats().worker_departures == 1; }, 10s));
-  ASSERT_TRUE(c0.Push({PushItem::Of<float>(t0, one)}, 0).ok());
-  ASSERT_TRUE(c1.Push({PushItem::Of<float>(t1, one)}, 0).ok());
+  ASSERT_TRUE(c0.Push({PushItem::Of<float>(t0, one)}, {.step = 0}).ok());
+  ASSERT_TRUE(c1.Push({PushItem::Of<float>(t1, one)}, {.step = 0}).ok());
   auto waiting = c0.PullAsync({PullItem::AfterStep<float>(t0, got, 1)});
   Client& back = Connect(2);
   TensorSpec spec{"w", DType::kF32, {4}, UpdateRule::kAdd, {}, -1};
@@ -344,7 +344,7 @@ TEST_P(ClusterTest, ASyncStepWaitsForAWorkerThatComesBack) {
   Tensor t2 = back.Declare(spec).value();
   ASSERT_TRUE(back.WaitForInit().ok());
   EXPECT_FALSE(waiting.ready());
-  ASSERT_TRUE(back.Push({PushItem::Of<float>(t2, one)}, 0).ok());
+  ASSERT_TRUE(back.Push({PushItem::Of<float>(t2, one)}, {.step = 0}).ok());
   ASSERT_TRUE(waiting.Wait().ok()) << waiting.Wait().ToString();
   EXPECT_EQ(got, std::vector<float>(4, 3.0f));
 }
@@ -356,8 +356,8 @@ TEST_P(ClusterTest, SyncStepCompletesWithTheRemainingReplicas) {
   c2.reset();
   std::this_thread::sleep_for(200ms);
   std::vector<float> one(4, 1.0f), got(4);
-  ASSERT_TRUE(c0.Push({PushItem::Of<float>(t0, one)}, 0).ok());
-  ASSERT_TRUE(c1.Push({PushItem::Of<float>(t1, one)}, 0).ok());
+  ASSERT_TRUE(c0.Push({PushItem::Of<float>(t0, one)}, {.step = 0}).ok());
+  ASSERT_TRUE(c1.Push({PushItem::Of<float>(t1, one)}, {.step = 0}).ok());
   ASSERT_TRUE(c0.Pull({PullItem::AfterStep<float>(t0, got, 1)}).ok());
   EXPECT_EQ(got, std::vector<float>(4, 2.0f));
 }
@@ -400,15 +400,15 @@ TEST_P(ClusterTest, BoundedStalenessWaitsForTheSlowestWorker) {
   ASSERT_TRUE(fast.Initialize().ok());
   std::vector<float> one(2, 1.0f), got(2);
   for (uint64_t step = 0; step < 3; ++step)
-    ASSERT_TRUE(fast.Push({PushItem::Of<float>(tf, one)}, step).ok());
+    ASSERT_TRUE(fast.Push({PushItem::Of<float>(tf, one)}, {.step = step}).ok());
   // fast is at step 3 with s = 1: it needs every worker past step 1 (2 steps pushed).
   auto pull = fast.PullAsync({PullItem::AfterStep<float>(tf, got, 3 - 1)});
   std::this_thread::sleep_for(100ms);
   EXPECT_FALSE(pull.ready());
-  ASSERT_TRUE(slow.Push({PushItem::Of<float>(ts, one)}, 0).ok());
+  ASSERT_TRUE(slow.Push({PushItem::Of<float>(ts, one)}, {.step = 0}).ok());
   std::this_thread::sleep_for(100ms);
   EXPECT_FALSE(pull.ready()) << "slow has pushed 1 step, 2 are needed";
-  ASSERT_TRUE(slow.Push({PushItem::Of<float>(ts, one)}, 1).ok());
+  ASSERT_TRUE(slow.Push({PushItem::Of<float>(ts, one)}, {.step = 1}).ok());
   ASSERT_TRUE(pull.Wait().ok());
   EXPECT_EQ(got, std::vector<float>(2, 5.0f));
 }

@@ -195,7 +195,7 @@ TEST_P(ClusterTest, SyncStepsMatchReferenceExactly) {
       std::vector<double> g(n), got(n);
       for (int t = 0; t < steps; ++t) {
         for (size_t i = 0; i < n; ++i) g[i] = gradient(w, t, i);
-        if (!workers[w]->Push({PushItem::Of<double>(handles[w], g)}, t).ok()) failures++;
+        if (!workers[w]->Push({PushItem::Of<double>(handles[w], g)}, {.step = t}).ok()) failures++;
         // Step t+1's weights: everyone's step t applied.
         if (!workers[w]->Pull({PullItem::AfterStep<double>(handles[w], got, t + 1)}).ok())
           failures++;

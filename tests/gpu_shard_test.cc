@@ -276,8 +276,8 @@ TEST(GpuShard, SyncStepsAndACheckpointRoundTrip) {
     for (uint64_t step = 0; step < 3; ++step) {
       auto ga = Values(DType::kF16, n, 10 + static_cast<int>(step));
       auto gb = Values(DType::kF16, n, 20 + static_cast<int>(step));
-      EXPECT_TRUE(a.Push({{ta, ga.data(), ga.size(), DType::kF16}}, step).ok());
-      EXPECT_TRUE(b.Push({{tb, gb.data(), gb.size(), DType::kF16}}, step).ok());
+      EXPECT_TRUE(a.Push({{ta, ga.data(), ga.size(), DType::kF16}}, {.step = step}).ok());
+      EXPECT_TRUE(b.Push({{tb, gb.data(), gb.size(), DType::kF16}}, {.step = step}).ok());
     }
     std::vector<uint8_t> got(n * 2);
     PullItem item{ta, got.data(), got.size(), 1, DType::kF16, 3};
@@ -480,8 +480,8 @@ TEST(GpuBuffers, StreamOrderedPushAndPull) {
   ASSERT_TRUE(gpu::EnqueueHostCall(stream.handle(), [released] { released.wait(); }).ok());
   ASSERT_TRUE(gpu::Copy(grad.data(), source.data(), n * 4, stream).ok());  // the "backward"
   const CallOptions on{stream.handle()};
-  Future push = (*c)->PushAsync({{w, grad.data(), n * 4, DType::kF32}}, on);
-  Future cancelled = (*c)->PushAsync({{w, grad.data(), n * 4, DType::kF32}}, on);
+  Future push = (*c)->PushAsync({{w, grad.data(), n * 4, DType::kF32}}, {.call = on});
+  Future cancelled = (*c)->PushAsync({{w, grad.data(), n * 4, DType::kF32}}, {.call = on});
   Future pull = (*c)->PullAsync({{w, weights.data(), n * 4, 2, DType::kF32}}, on);
   ASSERT_TRUE(gpu::Copy(seen.data(), weights.data(), n * 4, stream).ok());  // the "forward"
   EXPECT_TRUE(cancelled.Cancel()) << "the stream had not reached the second push";

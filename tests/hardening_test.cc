@@ -84,7 +84,7 @@ TEST_P(HardeningTest, SyncTensorsRefuseCallsThatWouldDropTheGradient) {
   EXPECT_EQ(push_pull.code(), StatusCode::kInvalidArgument);
   EXPECT_TRUE(Contains(push_pull.message(), "tensor 'w', which is sync")) << push_pull.ToString();
 
-  ASSERT_TRUE(c.Push({PushItem::Of<float>(*w, grad)}, 0).ok());
+  ASSERT_TRUE(c.Push({PushItem::Of<float>(*w, grad)}, {.step = 0}).ok());
   ASSERT_TRUE(c.Pull({PullItem::AfterStep<float>(*w, got, 1)}).ok());
   EXPECT_EQ(got, std::vector<float>(4, 1.0f)) << "step 0's gradient was lost";
   EXPECT_EQ(c.counters().chunks_dropped_stale, 0u);
@@ -154,8 +154,8 @@ TEST_P(HardeningTest, FailedSyncStepIsAnErrorToEveryPusher) {
   unsetenv("TESSERA_FAIL_AT");
   std::vector<float> one(4, 1.0f), got(4);
   for (uint64_t step : {0, 1}) {
-    ASSERT_TRUE(c0.Push({PushItem::Of<float>(t0, one)}, step).ok());
-    ASSERT_TRUE(c1.Push({PushItem::Of<float>(t1, one)}, step).ok());
+    ASSERT_TRUE(c0.Push({PushItem::Of<float>(t0, one)}, {.step = step}).ok());
+    ASSERT_TRUE(c1.Push({PushItem::Of<float>(t1, one)}, {.step = step}).ok());
   }
   for (Client* c : {&c0, &c1}) {
     Status st = c->Pull({PullItem::AfterStep<float>(c == &c0 ? t0 : t1, got, 2)});
@@ -167,7 +167,7 @@ TEST_P(HardeningTest, FailedSyncStepIsAnErrorToEveryPusher) {
         << st.ToString();
     EXPECT_TRUE(Contains(st.message(), "failure injected at 'apply-step'")) << st.ToString();
   }
-  Status late = c2->Push({PushItem::Of<float>(c2->Find("w").value(), one)}, 2);
+  Status late = c2->Push({PushItem::Of<float>(c2->Find("w").value(), one)}, {.step = 2});
   EXPECT_TRUE(Contains(late.message(), "sync step 1")) << late.ToString();
 }
 
@@ -192,7 +192,7 @@ TEST_P(HardeningTest, StuckSyncStepNamesTheStepAndWhoHasNotPushed) {
   }
   std::vector<float> one(4, 1.0f), got(4);
   for (auto& w : workers) {
-    ASSERT_TRUE(w->Push({PushItem::Of<float>(w->Find("w").value(), one)}, 0).ok());
+    ASSERT_TRUE(w->Push({PushItem::Of<float>(w->Find("w").value(), one)}, {.step = 0}).ok());
   }
   Status st = workers[0]->Pull({PullItem::AfterStep<float>(workers[0]->Find("w").value(), got, 1)});
   EXPECT_EQ(st.code(), StatusCode::kDeadlineExceeded) << st.ToString();
@@ -209,20 +209,20 @@ TEST_P(HardeningTest, DroppedChunksAreNamedInTheCallsResult) {
   auto [c0, c1, c2, t0, t1] = ThreeSyncWorkers(/*replicas_to_aggregate=*/2);
   std::vector<float> one(4, 1.0f);
   std::vector<DroppedChunk> dropped;
-  ASSERT_TRUE(c0.Push({PushItem::Of<float>(t0, one)}, 0, &dropped).ok());
+  ASSERT_TRUE(c0.Push({PushItem::Of<float>(t0, one)}, {.step = 0}, &dropped).ok());
   EXPECT_TRUE(dropped.empty());
-  ASSERT_TRUE(c1.Push({PushItem::Of<float>(t1, one)}, 0).ok());
+  ASSERT_TRUE(c1.Push({PushItem::Of<float>(t1, one)}, {.step = 0}).ok());
   // Worker 2 is the backup: step 0 had its two replicas.
   Tensor t2 = c2->Find("w").value();
-  ASSERT_TRUE(c2->Push({PushItem::Of<float>(t2, one)}, 0, &dropped).ok());
+  ASSERT_TRUE(c2->Push({PushItem::Of<float>(t2, one)}, {.step = 0}, &dropped).ok());
   ASSERT_EQ(dropped.size(), 1u);
   EXPECT_EQ(dropped[0].tensor, "w");
   EXPECT_EQ(dropped[0].chunk, 0u);
   EXPECT_EQ(dropped[0].step, 0u);
   EXPECT_EQ(dropped[0].why, DroppedChunk::Why::kStale);
   // A second push of step 1 by one worker.
-  ASSERT_TRUE(c0.Push({PushItem::Of<float>(t0, one)}, 1).ok());
-  Future again = c0.PushAsync({PushItem::Of<float>(t0, one)}, 1);
+  ASSERT_TRUE(c0.Push({PushItem::Of<float>(t0, one)}, {.step = 1}).ok());
+  Future again = c0.PushAsync({PushItem::Of<float>(t0, one)}, {.step = 1});
   ASSERT_TRUE(again.Wait().ok());
   ASSERT_EQ(again.dropped().size(), 1u);
   EXPECT_EQ(again.dropped()[0].why, DroppedChunk::Why::kDuplicate);

@@ -91,7 +91,7 @@ int SyncSteps(Client& c, const std::string& task, int me, int workers, uint64_t 
       push.push_back(PushItem::Of<double>((*handles)[i], grad));
       pull.push_back(PullItem::AfterStep<double>((*handles)[i], values[i], s + 1));
     }
-    st = c.Push(push, s);
+    st = c.Push(push, {.step = s});
     if (st.ok()) st = c.Pull(pull);
     if (!st.ok()) return Fail("step " + std::to_string(s), st);
   }

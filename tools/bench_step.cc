@@ -114,7 +114,7 @@ Status RunStep(const BenchOptions& o, const Fabric& fabric, std::vector<Row>* ro
       if (step == o.warmup) arrival.Now();
       for (auto& p : pull) p.min_step = static_cast<uint64_t>(step) + 1;
       const auto t0 = std::chrono::steady_clock::now();
-      Status st = client.Push(push, static_cast<uint64_t>(step));
+      Status st = client.Push(push, {.step = static_cast<uint64_t>(step)});
       if (st.ok()) st = client.Pull(pull);
       const auto t1 = std::chrono::steady_clock::now();
       if (!st.ok()) {

@@ -11,7 +11,7 @@
  *   if (tessera_client_is_chief(c)) tessera_client_initialize(c, &err);
  *   else tessera_client_wait_for_init(c, 60000, &err);
  *   tessera_push_item_t push = {w, grad, sizeof grad};
- *   tessera_client_push(c, &push, 1, TESSERA_NO_STEP, &err);
+ *   tessera_client_push_with_options(c, &push, 1, NULL, &err);
  *
  * Conventions:
  *  - Handles are opaque; each *_create, *_connect and *_async result is
@@ -88,6 +88,19 @@ typedef struct {
   const void* data;
   size_t bytes;
 } tessera_push_item_t;
+
+/* How a push is tagged and ordered (tessera::PushOptions). All zero (as
+ * `tessera_push_options_t opts = {0};` makes it) is a push without a step,
+ * not ordered on a stream. */
+typedef struct {
+  int has_step;  /* 1: `step` is the worker's step (sync and bounded tensors need one) */
+  uint64_t step; /* steps count from 0 */
+  /* A cudaStream_t, or NULL: the call starts once the work enqueued on the
+   * stream before it is done, and the stream's later work waits until the
+   * call completed; no host synchronisation. Without CUDA, a GPU or stream
+   * memory operations the call fails saying which. */
+  void* cuda_stream;
+} tessera_push_options_t;
 
 typedef struct {
   tessera_tensor_t tensor;
@@ -209,9 +222,11 @@ TESSERA_EXPORT int tessera_client_restored_step(const tessera_client_t* client, 
  * Client::start_step). */
 TESSERA_EXPORT int tessera_client_start_step(const tessera_client_t* client, uint64_t* step);
 
-/* step: TESSERA_NO_STEP, or the worker's step (sync and bounded tensors). */
-TESSERA_EXPORT void tessera_client_push(tessera_client_t* client, const tessera_push_item_t* items,
-                                        size_t count, uint64_t step, char** errptr);
+/* options: NULL for none (see tessera_push_options_t). */
+TESSERA_EXPORT void tessera_client_push_with_options(tessera_client_t* client,
+                                                     const tessera_push_item_t* items, size_t count,
+                                                     const tessera_push_options_t* options,
+                                                     char** errptr);
 TESSERA_EXPORT void tessera_client_pull(tessera_client_t* client, const tessera_pull_item_t* items,
                                         size_t count, char** errptr);
 TESSERA_EXPORT void tessera_client_push_pull(tessera_client_t* client,
@@ -219,9 +234,9 @@ TESSERA_EXPORT void tessera_client_push_pull(tessera_client_t* client,
                                              char** errptr);
 /* The same, returning at once; the items array may be freed on return, the
  * buffers it names may not. Never NULL. */
-TESSERA_EXPORT tessera_future_t* tessera_client_push_async(tessera_client_t* client,
-                                                           const tessera_push_item_t* items,
-                                                           size_t count, uint64_t step);
+TESSERA_EXPORT tessera_future_t* tessera_client_push_async_with_options(
+    tessera_client_t* client, const tessera_push_item_t* items, size_t count,
+    const tessera_push_options_t* options);
 TESSERA_EXPORT tessera_future_t* tessera_client_pull_async(tessera_client_t* client,
                                                            const tessera_pull_item_t* items,
                                                            size_t count);
@@ -231,14 +246,25 @@ TESSERA_EXPORT tessera_future_t* tessera_client_push_pull_async(
  * the work enqueued on the stream before it is done, and the stream's later
  * work waits until the call completed; no host synchronisation. Without
  * CUDA, a GPU or stream memory operations the future fails saying which. */
-TESSERA_EXPORT tessera_future_t* tessera_client_push_async_on_stream(
-    tessera_client_t* client, const tessera_push_item_t* items, size_t count, uint64_t step,
-    void* cuda_stream);
 TESSERA_EXPORT tessera_future_t* tessera_client_pull_async_on_stream(
     tessera_client_t* client, const tessera_pull_item_t* items, size_t count, void* cuda_stream);
 TESSERA_EXPORT tessera_future_t* tessera_client_push_pull_async_on_stream(
     tessera_client_t* client, const tessera_push_pull_item_t* items, size_t count,
     void* cuda_stream);
+/* The push calls before tessera_push_options_t, kept for one release: step
+ * is TESSERA_NO_STEP or the worker's step. */
+TESSERA_EXPORT TESSERA_DEPRECATED("use tessera_client_push_with_options") void tessera_client_push(
+    tessera_client_t* client, const tessera_push_item_t* items, size_t count, uint64_t step,
+    char** errptr);
+TESSERA_EXPORT TESSERA_DEPRECATED("use tessera_client_push_async_with_options")
+    tessera_future_t* tessera_client_push_async(tessera_client_t* client,
+                                                const tessera_push_item_t* items, size_t count,
+                                                uint64_t step);
+TESSERA_EXPORT TESSERA_DEPRECATED("use tessera_client_push_async_with_options")
+    tessera_future_t* tessera_client_push_async_on_stream(tessera_client_t* client,
+                                                          const tessera_push_item_t* items,
+                                                          size_t count, uint64_t step,
+                                                          void* cuda_stream);
 
 /* A tensor's optimizer state, one slot (Client::ReadOptimizerState): 0, Adam's
  * first moment, the momentum buffer or Adagrad's sum; 1, Adam's second

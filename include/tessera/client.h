@@ -4,7 +4,7 @@
 //   auto w = client->Declare({.name = "w", .dtype = DType::kF32, .shape = {1024},
 //                             .rule = UpdateRule::kAdd}).value();
 //   if (client->is_chief()) client->Initialize(); else client->WaitForInit();
-//   client->Push({{w, grad.data(), grad.size() * 4}});
+//   client->Push({{w, grad.data(), grad.size() * 4}}, {.step = step});
 //   client->Pull({{w, weights.data(), weights.size() * 4}});
 //
 // Thread safety: a Client may be shared by threads; each call is
@@ -247,6 +247,15 @@ struct TESSERA_EXPORT CallOptions {
   bool caller_waits = false;
 };
 
+// How a push is tagged and ordered (Client::Push, Client::PushAsync).
+struct TESSERA_EXPORT PushOptions {
+  // The worker's step the push belongs to (steps count from 0): sync and
+  // bounded tensors need it and refuse a push without one; none for async
+  // tensors.
+  std::optional<uint64_t> step;
+  CallOptions call;
+};
+
 // A chunk of a push that its shard dropped, as TensorFlow's
 // SyncReplicasOptimizer drops them (sync tensors only). kStale: its step had
 // been applied, or already had its replicas (a late or backup worker);
@@ -450,25 +459,11 @@ class TESSERA_EXPORT Client {
   Status WaitForInit(std::chrono::milliseconds timeout = std::chrono::milliseconds{60'000});
   Future WaitForInitAsync(std::chrono::milliseconds timeout = std::chrono::milliseconds{60'000});
 
-  Future PushAsync(const std::vector<PushItem>& items);
-  // A push tagged with the worker's step (sync and bounded tensors; steps
-  // count from 0).
-  Future PushAsync(const std::vector<PushItem>& items, uint64_t step);
-  Status Push(const std::vector<PushItem>& items, uint64_t step) {
-    return PushAsync(items, step, kWaitAtOnce).Wait();
-  }
-  // The same, also saying which chunks were dropped (see DroppedChunk).
-  Status Push(const std::vector<PushItem>& items, uint64_t step,
-              std::vector<DroppedChunk>* dropped) {
-    Future f = PushAsync(items, step, kWaitAtOnce);
-    Status st = f.Wait();
-    if (dropped != nullptr) *dropped = f.dropped();
-    return st;
-  }
+  // Pushes gradients, tagged with `options.step` where the tensors need
+  // one, ordered as `options.call` says.
+  Future PushAsync(const std::vector<PushItem>& items, const PushOptions& options = {});
   Future PullAsync(const std::vector<PullItem>& items);
   // The asynchronous calls ordered as `call` says (a CUDA stream).
-  Future PushAsync(const std::vector<PushItem>& items, const CallOptions& call);
-  Future PushAsync(const std::vector<PushItem>& items, uint64_t step, const CallOptions& call);
   Future PullAsync(const std::vector<PullItem>& items, const CallOptions& call);
   Future PushPullAsync(const std::vector<PushPullItem>& items, const CallOptions& call);
   // Pushes, then pulls each tensor's value with this push applied (async and
@@ -479,10 +474,34 @@ class TESSERA_EXPORT Client {
   Future PushPullAsync(const std::vector<PushPullItem>& items);
   // The blocking calls: the calling thread issues the call and picks up its
   // answer itself, waking no other thread on the way (CallOptions::caller_waits).
-  Status Push(const std::vector<PushItem>& items) { return PushAsync(items, kWaitAtOnce).Wait(); }
+  // `dropped` (may be null): the chunks of a sync tensor's push its shard
+  // dropped (see DroppedChunk), as Future::dropped() says of PushAsync.
+  Status Push(const std::vector<PushItem>& items, const PushOptions& options = {},
+              std::vector<DroppedChunk>* dropped = nullptr);
   Status Pull(const std::vector<PullItem>& items) { return PullAsync(items, kWaitAtOnce).Wait(); }
   Status PushPull(const std::vector<PushPullItem>& items) {
     return PushPullAsync(items, kWaitAtOnce).Wait();
+  }
+  // The forms before PushOptions, kept for one release.
+  [[deprecated("use PushAsync(items, {.step = step})")]] Future PushAsync(
+      const std::vector<PushItem>& items, uint64_t step) {
+    return PushAsync(items, PushOptions{.step = step});
+  }
+  [[deprecated("use Push(items, {.step = step})")]] Status Push(const std::vector<PushItem>& items,
+                                                                uint64_t step) {
+    return Push(items, PushOptions{.step = step});
+  }
+  [[deprecated("use Push(items, {.step = step}, dropped)")]] Status Push(
+      const std::vector<PushItem>& items, uint64_t step, std::vector<DroppedChunk>* dropped) {
+    return Push(items, PushOptions{.step = step}, dropped);
+  }
+  [[deprecated("use PushAsync(items, {.call = call})")]] Future PushAsync(
+      const std::vector<PushItem>& items, const CallOptions& call) {
+    return PushAsync(items, PushOptions{.call = call});
+  }
+  [[deprecated("use PushAsync(items, {.step = step, .call = call})")]] Future PushAsync(
+      const std::vector<PushItem>& items, uint64_t step, const CallOptions& call) {
+    return PushAsync(items, PushOptions{.step = step, .call = call});
   }
 
   // Chief only: new hyper-parameters for a tensor's optimizer from its next

@@ -12,3 +12,11 @@
 #else
 #define TESSERA_EXPORT
 #endif
+
+// A C function kept for one release after its replacement (C has no
+// [[deprecated]] before C23).
+#if defined(__GNUC__) || defined(__clang__)
+#define TESSERA_DEPRECATED(why) __attribute__((deprecated(why)))
+#else
+#define TESSERA_DEPRECATED(why)
+#endif

@@ -156,6 +156,27 @@ tessera::Status BadCall(const tessera_client_t* client, const void* items, size_
   return tessera::Status::Ok();
 }
 
+// NULL: none of the options. A has_step other than 0 or 1, or a step of
+// TESSERA_NO_STEP said to be one, is refused: an options struct left
+// uninitialised or half-converted from the calls that took a step.
+tessera::Result<tessera::PushOptions> PushOptionsOf(const tessera_push_options_t* options) {
+  if (options == nullptr) return tessera::PushOptions{};
+  if (options->has_step != 0 && options->has_step != 1) {
+    return tessera::Status::InvalidArgument("push options: has_step is " +
+                                            std::to_string(options->has_step) +
+                                            "; 1 for a push with a step, 0 without");
+  }
+  if (options->has_step == 1 && options->step == TESSERA_NO_STEP) {
+    return tessera::Status::InvalidArgument(
+        "push options: has_step is 1 but step is TESSERA_NO_STEP; set has_step to 0 for a "
+        "push without a step");
+  }
+  tessera::PushOptions out;
+  if (options->has_step == 1) out.step = options->step;
+  out.call.cuda_stream = options->cuda_stream;
+  return out;
+}
+
 std::vector<tessera::PushItem> PushItems(const tessera::Client& client,
                                          const tessera_push_item_t* items, size_t count) {
   std::vector<tessera::PushItem> out;
@@ -462,15 +483,15 @@ int tessera_client_start_step(const tessera_client_t* client, uint64_t* step) {
 
 // The blocking calls wait at once: the calling thread issues the call
 // itself (CallOptions::caller_waits).
-void tessera_client_push(tessera_client_t* client, const tessera_push_item_t* items, size_t count,
-                         uint64_t step, char** errptr) {
+void tessera_client_push_with_options(tessera_client_t* client, const tessera_push_item_t* items,
+                                      size_t count, const tessera_push_options_t* options,
+                                      char** errptr) {
   GuardedVoid(errptr, [&] {
     if (SaveError(errptr, BadCall(client, items, count))) return;
-    auto batch = PushItems(*client->client, items, count);
-    const tessera::CallOptions call{.caller_waits = true};
-    tessera::Future f = step == TESSERA_NO_STEP ? client->client->PushAsync(batch, call)
-                                                : client->client->PushAsync(batch, step, call);
-    SaveError(errptr, f.Wait());
+    auto push_options = PushOptionsOf(options);
+    if (SaveError(errptr, push_options.status())) return;
+    SaveError(errptr,
+              client->client->Push(PushItems(*client->client, items, count), *push_options));
   });
 }
 
@@ -495,10 +516,20 @@ void tessera_client_push_pull(tessera_client_t* client, const tessera_push_pull_
   });
 }
 
-tessera_future_t* tessera_client_push_async(tessera_client_t* client,
-                                            const tessera_push_item_t* items, size_t count,
-                                            uint64_t step) {
-  return tessera_client_push_async_on_stream(client, items, count, step, nullptr);
+tessera_future_t* tessera_client_push_async_with_options(tessera_client_t* client,
+                                                         const tessera_push_item_t* items,
+                                                         size_t count,
+                                                         const tessera_push_options_t* options) {
+  return OrAbort([&] {
+    if (auto bad = BadCall(client, items, count); !bad.ok()) {
+      return new tessera_future_t{tessera::Future::Failed(bad)};
+    }
+    auto push_options = PushOptionsOf(options);
+    if (!push_options.ok())
+      return new tessera_future_t{tessera::Future::Failed(push_options.status())};
+    return new tessera_future_t{
+        client->client->PushAsync(PushItems(*client->client, items, count), *push_options)};
+  });
 }
 
 tessera_future_t* tessera_client_pull_async(tessera_client_t* client,
@@ -510,22 +541,6 @@ tessera_future_t* tessera_client_push_pull_async(tessera_client_t* client,
                                                  const tessera_push_pull_item_t* items,
                                                  size_t count) {
   return tessera_client_push_pull_async_on_stream(client, items, count, nullptr);
-}
-
-tessera_future_t* tessera_client_push_async_on_stream(tessera_client_t* client,
-                                                      const tessera_push_item_t* items,
-                                                      size_t count, uint64_t step,
-                                                      void* cuda_stream) {
-  return OrAbort([&] {
-    if (auto bad = BadCall(client, items, count); !bad.ok()) {
-      return new tessera_future_t{tessera::Future::Failed(bad)};
-    }
-    auto batch = PushItems(*client->client, items, count);
-    const tessera::CallOptions call{cuda_stream};
-    return new tessera_future_t{step == TESSERA_NO_STEP
-                                    ? client->client->PushAsync(batch, call)
-                                    : client->client->PushAsync(batch, step, call)};
-  });
 }
 
 tessera_future_t* tessera_client_pull_async_on_stream(tessera_client_t* client,
@@ -550,6 +565,34 @@ tessera_future_t* tessera_client_push_pull_async_on_stream(tessera_client_t* cli
     return new tessera_future_t{client->client->PushPullAsync(
         PushPullItems(*client->client, items, count), tessera::CallOptions{cuda_stream})};
   });
+}
+
+// The push calls before tessera_push_options_t, kept for one release.
+namespace {
+tessera_push_options_t WithStep(uint64_t step, void* cuda_stream) {
+  return {step != TESSERA_NO_STEP ? 1 : 0, step, cuda_stream};
+}
+}  // namespace
+
+void tessera_client_push(tessera_client_t* client, const tessera_push_item_t* items, size_t count,
+                         uint64_t step, char** errptr) {
+  const tessera_push_options_t options = WithStep(step, nullptr);
+  tessera_client_push_with_options(client, items, count, &options, errptr);
+}
+
+tessera_future_t* tessera_client_push_async(tessera_client_t* client,
+                                            const tessera_push_item_t* items, size_t count,
+                                            uint64_t step) {
+  const tessera_push_options_t options = WithStep(step, nullptr);
+  return tessera_client_push_async_with_options(client, items, count, &options);
+}
+
+tessera_future_t* tessera_client_push_async_on_stream(tessera_client_t* client,
+                                                      const tessera_push_item_t* items,
+                                                      size_t count, uint64_t step,
+                                                      void* cuda_stream) {
+  const tessera_push_options_t options = WithStep(step, cuda_stream);
+  return tessera_client_push_async_with_options(client, items, count, &options);
 }
 
 void tessera_client_set_hyperparam(tessera_client_t* client, tessera_tensor_t tensor,

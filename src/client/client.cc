@@ -127,25 +127,25 @@ Future Client::SaveCheckpointAsync(CheckpointInfo* saved, std::chrono::milliseco
 Status Client::WaitForInit(std::chrono::milliseconds timeout) {
   return impl_->WaitForInit(timeout);
 }
-Future Client::PushAsync(const std::vector<PushItem>& items) {
-  return impl_->Push(items, 0, std::nullopt, {});
+Future Client::PushAsync(const std::vector<PushItem>& items, const PushOptions& options) {
+  return impl_->Push(items, 0, options.step, options.call);
 }
-Future Client::PushAsync(const std::vector<PushItem>& items, uint64_t step) {
-  return impl_->Push(items, 0, step, {});
+Status Client::Push(const std::vector<PushItem>& items, const PushOptions& options,
+                    std::vector<DroppedChunk>* dropped) {
+  PushOptions waited = options;
+  // Issued on this thread, which waits at once; a stream issues it itself.
+  waited.call.caller_waits = options.call.cuda_stream == nullptr;
+  Future f = PushAsync(items, waited);
+  Status st = f.Wait();
+  if (dropped != nullptr) *dropped = f.dropped();
+  return st;
 }
 Future Client::PullAsync(const std::vector<PullItem>& items) { return impl_->Pull(items, {}); }
-Future Client::PushPullAsync(const std::vector<PushPullItem>& items) {
-  return impl_->PushPull(items, {});
-}
-Future Client::PushAsync(const std::vector<PushItem>& items, const CallOptions& call) {
-  return impl_->Push(items, 0, std::nullopt, call);
-}
-Future Client::PushAsync(const std::vector<PushItem>& items, uint64_t step,
-                         const CallOptions& call) {
-  return impl_->Push(items, 0, step, call);
-}
 Future Client::PullAsync(const std::vector<PullItem>& items, const CallOptions& call) {
   return impl_->Pull(items, call);
+}
+Future Client::PushPullAsync(const std::vector<PushPullItem>& items) {
+  return impl_->PushPull(items, {});
 }
 Future Client::PushPullAsync(const std::vector<PushPullItem>& items, const CallOptions& call) {
   return impl_->PushPull(items, call);

@@ -97,7 +97,7 @@ class NodeGroup::Impl {
         info.dtype,
         BufferMemory::kCuda,
         ChunkPart{static_cast<uint32_t>(o_.local_rank), static_cast<uint32_t>(o_.local_size)}};
-    return client_.Push({item}, step);
+    return client_.Push({item}, {.step = step});
   }
 
   Status Pull(Tensor t, void* weights, uint64_t min_version, uint64_t min_step) {

@@ -325,9 +325,9 @@ class PyClient {
 
   std::unique_ptr<PyFuture> PushAsync(nb::handle items, std::optional<uint64_t> step,
                                       nb::handle stream) {
-    const CallOptions call = CallOn(stream);
-    return Started(PushItems(items), [step, call](Client& c, const std::vector<PushItem>& push) {
-      return step ? c.PushAsync(push, *step, call) : c.PushAsync(push, call);
+    const PushOptions options{.step = step, .call = CallOn(stream)};
+    return Started(PushItems(items), [options](Client& c, const std::vector<PushItem>& push) {
+      return c.PushAsync(push, options);
     });
   }
   std::unique_ptr<PyFuture> PullAsync(nb::handle items, uint64_t min_version, uint64_t min_step,
@@ -346,7 +346,7 @@ class PyClient {
 
   void Push(nb::handle items, std::optional<uint64_t> step) {
     Blocking(PushItems(items), [step](Client& c, const std::vector<PushItem>& push) {
-      return step ? c.PushAsync(push, *step, kWaitAtOnce) : c.PushAsync(push, kWaitAtOnce);
+      return c.PushAsync(push, {.step = step, .call = kWaitAtOnce});
     });
   }
   void Pull(nb::handle items, uint64_t min_version, uint64_t min_step) {

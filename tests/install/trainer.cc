@@ -40,7 +40,7 @@ int main(int argc, char** argv) {
   std::vector<float> grad(100'000, static_cast<float>(*rank + 1)), weights(100'000);
   const float per_step = static_cast<float>(workers * (workers + 1) / 2);
   for (uint64_t step = 0; step < 3; ++step) {
-    auto st = (*client)->Push({tessera::PushItem::Of<float>(*w, grad)}, step);
+    auto st = (*client)->Push({tessera::PushItem::Of<float>(*w, grad)}, {.step = step});
     if (!st.ok()) return Fail("push", st);
     st = (*client)->Pull({tessera::PullItem::AfterStep<float>(*w, weights, step + 1)});
     if (!st.ok()) return Fail("pull", st);
