@@ -40,29 +40,9 @@ Future Client::DeclareManyAsync(const std::vector<TensorSpec>& specs,
   return impl_->DeclareManyAsync(specs, tensors);
 }
 
-Result<Tensor> Client::Find(const std::string& name) const {
-  std::lock_guard<std::mutex> lock(impl_->tensors_mu_);
-  auto it = impl_->by_name_.find(name);
-  if (it == impl_->by_name_.end()) {
-    return Status::NotFound("tensor '" + name + "' was not declared by this client");
-  }
-  return Tensor{it->second, impl_->id_};
-}
+Result<Tensor> Client::Find(const std::string& name) const { return impl_->tensors_.Find(name); }
 
-Result<TensorInfo> Client::info(Tensor t) const {
-  std::lock_guard<std::mutex> lock(impl_->tensors_mu_);
-  if (t.client != impl_->id_ || t.index >= impl_->tensors_.size()) {
-    return impl_->ForeignHandle(t);
-  }
-  const auto& e = impl_->tensors_[t.index];
-  TensorInfo info{e.decl.name, e.decl.dtype, e.decl.shape, e.decl.rule, e.bytes,
-                  {},          {},           e.decl.mode,  e.decl.hyper};
-  for (const auto& c : e.chunks) {
-    info.shards.push_back(c.shard);
-    info.chunks.push_back({c.elem_offset, c.elem_count});
-  }
-  return info;
-}
+Result<TensorInfo> Client::info(Tensor t) const { return impl_->tensors_.Info(t); }
 
 bool Client::is_chief() const { return impl_->worker_rank_ == 0; }
 bool Client::read_only() const { return impl_->options_.read_only; }
@@ -72,14 +52,8 @@ Future Client::InitializeAsync() { return impl_->InitializeAsync(); }
 Future Client::WaitForInitAsync(std::chrono::milliseconds timeout) {
   return impl_->WaitForInitAsync(timeout);
 }
-std::optional<uint64_t> Client::restored_step() const {
-  std::lock_guard<std::mutex> lock(impl_->tensors_mu_);
-  return impl_->restored_step_;
-}
-std::optional<uint64_t> Client::start_step() const {
-  std::lock_guard<std::mutex> lock(impl_->tensors_mu_);
-  return impl_->start_step_;
-}
+std::optional<uint64_t> Client::restored_step() const { return impl_->tensors_.restored_step(); }
+std::optional<uint64_t> Client::start_step() const { return impl_->tensors_.start_step(); }
 Result<Client::CheckpointInfo> Client::SaveCheckpoint(std::chrono::milliseconds timeout) {
   return impl_->SaveCheckpoint(timeout);
 }

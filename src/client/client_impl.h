@@ -1,6 +1,7 @@
 // Client::Impl, the worker's side, shared by the files that implement it:
 // future.cc (waiting), shard_link.cc (connections: connect, handshake,
-// heartbeats, reconnect, re-create), tensor_table.cc (declares and lookups),
+// heartbeats, reconnect, re-create), declare.cc (declares; the tensors are
+// a client::TensorTable),
 // push_path.cc, pull_path.cc, push_pull.cc, gpu_path.cc (GPU buffers),
 // coordinator_calls.cc (init barrier, global step, hyper-parameters), and
 // client.cc (the public API). Everything marked "loop thread" runs on the
@@ -27,6 +28,7 @@
 #include "client/silence_meter.h"
 #include "client/staging_allocator.h"
 #include "client/startup_waiter.h"
+#include "client/tensor_table.h"
 #include "core/inline_function.h"
 #include "core/log.h"
 #include "core/pool_allocator.h"
@@ -48,9 +50,6 @@ class Client::Impl {
   // This client's id (Client::id()), which its Tensors carry.
   const uint32_t id_ = NextId();
   static uint32_t NextId();
-  // Why `t` is no handle of this client's: another client's (a closed one,
-  // whose index would name another tensor here), none's, or never issued.
-  Status ForeignHandle(Tensor t) const;
 
   Status Start();
   // Reads TESSERA_RETRY_LOST_SHARD_MS over the option and checks the bound
@@ -91,24 +90,9 @@ class Client::Impl {
   Future Pull(const std::vector<PullItem>& items, const CallOptions& call);
   Future PushPull(const std::vector<PushPullItem>& items, const CallOptions& call);
 
-  struct Chunk {
-    int shard;
-    uint64_t elem_offset, elem_count, byte_offset, bytes;
-    uint32_t key_id = 0, arena_id = 0;
-    uint64_t arena_offset = 0;
-  };
-  // A declared tensor: the one declaration every layer shares (modes filled
-  // in, the hyper-parameters in effect), how the chief makes its first
-  // value, and where its chunks live.
-  struct TensorEntry {
-    wire::TensorDecl decl;
-    std::vector<uint8_t> initial;  // TensorSpec::initial
-    Initializer initializer;       // when `initial` is empty
-    uint64_t bytes;
-    std::vector<Chunk> chunks;
-    bool restored = false;     // the shards loaded it from a checkpoint
-    bool initialized = false;  // the chief initialised it already
-  };
+  using Chunk = client::Chunk;
+  using TensorEntry = client::TensorEntry;
+  using TensorHot = client::TensorHot;
 
   ClientOptions options_;
   // When the next heartbeat is due (loop thread): a later one shows that
@@ -129,29 +113,7 @@ class Client::Impl {
   std::atomic<uint64_t> ipc_bytes_{0}, staged_bytes_{0}, gpu_inline_bytes_{0};
   std::atomic<int> ipc_shards_{0};
   std::atomic<uint64_t> protected_sessions_{0};  // handshakes that ended protected
-  // From the coordinator's declare replies.
-  std::optional<uint64_t> restored_step_;  // under tensors_mu_
-  // From the chief's Initialize, or the coordinator's answer to WaitForInit.
-  std::optional<uint64_t> start_step_;  // under tensors_mu_
-
-  mutable std::mutex tensors_mu_;
-  std::deque<TensorEntry>
-      tensors_;  // index = Tensor::index; append-only, so chunk pointers stay valid
-  // What every call reads of a declared tensor, one short dense entry each
-  // (index = Tensor::index, under tensors_mu_): a batch's checks and split
-  // then touch one cache line per two tensors instead of each declaration's
-  // heap objects, whose dependent loads were most of a 256-tensor call's
-  // split (perf). None of it changes after the declare.
-  struct TensorHot {
-    const TensorEntry* entry;
-    const Chunk* chunks;  // entry->chunks, in place
-    uint64_t bytes;
-    uint32_t chunk_count;
-    DType dtype;
-    Consistency kind;
-  };
-  std::vector<TensorHot> hot_;
-  std::unordered_map<std::string, uint32_t> by_name_;
+  client::TensorTable tensors_{id_};
 
  private:
   // The control calls themselves, on the control queue's thread.
@@ -315,7 +277,7 @@ class Client::Impl {
   // names the call in errors. (A plain function, called for sync tensors
   // only: nothing per item beyond the checks themselves.)
   using RefuseSync = Status (*)(const TensorEntry&);
-  // The error for an item whose buffer is a null pointer (tensors_mu_ held).
+  // The error for an item whose buffer is a null pointer (the tensor table locked).
   Status NullBuffer(const ItemView& v, const char* what) const;
   template <typename Item>
   Result<ByShard> SplitByShard(const std::vector<Item>& items, const char* what,
@@ -458,19 +420,6 @@ class Client::Impl {
   // (arena_pull.cc).
   struct ArenaPull;
   void AcceptPullReply(int shard, ChunkIos ios, const wire::PullReply& reply, const PartDone& done);
-  Result<const TensorEntry*> Lookup(Tensor t, size_t bytes, std::optional<DType> dtype,
-                                    bool check_bytes = true) const;
-  // The same with tensors_mu_ held by the caller (one lock for a whole batch).
-  Result<const TensorEntry*> LookupLocked(Tensor t, size_t bytes, std::optional<DType> dtype,
-                                          bool check_bytes = true) const;
-  // LookupLocked's checks without their errors: the entry, or null when
-  // LookupLocked would fail (inline, for the items of a batch).
-  const TensorHot* MatchLocked(Tensor t, size_t bytes, std::optional<DType> dtype) const {
-    if (t.client != id_ || t.index >= hot_.size()) return nullptr;
-    const TensorHot* h = &hot_[t.index];
-    if ((dtype && *dtype != h->dtype) || bytes != h->bytes) return nullptr;
-    return h;
-  }
   // What a read-only client says when asked to write: `what` ("push").
   Status ReadOnlyRefusal(const std::string& what) const {
     return Status::FailedPrecondition(task_.ToString() + " is a read-only client: it cannot " +

@@ -19,10 +19,11 @@ Status Client::Impl::InitializeNow() {
   size_t restored = 0, kept = 0;
   bool any_stepped = false;
   {
-    std::lock_guard<std::mutex> lock(tensors_mu_);
-    generated.reserve(tensors_.size());
-    for (uint32_t i = 0; i < tensors_.size(); ++i) {
-      auto& e = tensors_[i];
+    auto lock = tensors_.Lock();
+    auto& entries = tensors_.EntriesLocked();
+    generated.reserve(entries.size());
+    for (uint32_t i = 0; i < entries.size(); ++i) {
+      auto& e = entries[i];
       any_stepped = any_stepped || e.decl.mode.kind != Consistency::kAsync;
       if (e.restored || e.initialized) {
         // Restored from a checkpoint, or initialised before (a restarted
@@ -42,7 +43,7 @@ Status Client::Impl::InitializeNow() {
   }
   if (restored > 0) {
     TLOG_INFO("{}: {} tensor(s) restored from the checkpoint of global step {}; initialising {}",
-              task_.ToString(), restored, restored_step_.value_or(0), items.size());
+              task_.ToString(), restored, tensors_.restored_step().value_or(0), items.size());
   }
   if (kept > 0) {
     TLOG_INFO("{}: {} tensor(s) were initialised before; not initialising them again",
@@ -65,9 +66,7 @@ Status Client::Impl::InitializeNow() {
   auto ack =
       CallCoordinator<wire::InitDone, wire::Ack>(wire::InitDone{cluster_step}, options_.op_timeout);
   if (!ack.ok()) return ack.status();
-  std::lock_guard<std::mutex> lock(tensors_mu_);
-  for (auto& e : tensors_) e.initialized = true;
-  start_step_ = cluster_step;
+  tensors_.Initialized(cluster_step);
   return Status::Ok();
 }
 
@@ -79,7 +78,7 @@ Status Client::Impl::SetHyperparams(Tensor t, const Hyperparams& hyper) {
                                       " changes hyper-parameters");
   }
   TESSERA_RETURN_IF_ERROR(hyper.Validate());
-  auto entry = Lookup(t, 0, std::nullopt, /*check_bytes=*/false);
+  auto entry = tensors_.Lookup(t, 0, std::nullopt, /*check_bytes=*/false);
   if (!entry.ok()) return entry.status();
   // The coordinator first: checkpoints save what it holds, and re-creates
   // on a restarted shard carry it.
@@ -87,9 +86,8 @@ Status Client::Impl::SetHyperparams(Tensor t, const Hyperparams& hyper) {
       wire::UpdateHyper{(*entry)->decl.name, hyper}, options_.op_timeout);
   if (!recorded.ok()) return recorded.status();
   {
-    std::lock_guard<std::mutex> lock(tensors_mu_);
-    auto& mutable_entry = tensors_[t.index];
-    mutable_entry.decl.hyper = hyper;
+    auto lock = tensors_.Lock();
+    tensors_.EntriesLocked()[t.index].decl.hyper = hyper;
   }
   std::vector<wire::SetHyper> by_shard(shards_.size());
   for (const auto& c : (*entry)->chunks) by_shard[c.shard].key_ids.push_back(c.key_id);
@@ -133,8 +131,7 @@ Result<uint64_t> Client::Impl::GlobalStep() {
 Status Client::Impl::WaitForInitNow(std::chrono::milliseconds timeout) {
   auto ack = CallCoordinator<wire::WaitInit, wire::StepReply>(wire::WaitInit{}, timeout);
   if (ack.ok()) {
-    std::lock_guard<std::mutex> lock(tensors_mu_);
-    start_step_ = ack->step;
+    tensors_.SetStartStep(ack->step);
     return Status::Ok();
   }
   if (ack.status().code() == StatusCode::kDeadlineExceeded) {

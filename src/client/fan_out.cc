@@ -8,7 +8,7 @@ namespace tessera {
 
 Status Client::Impl::NullBuffer(const ItemView& v, const char* what) const {
   std::string name = "a tensor";
-  if (auto e = LookupLocked(v.tensor, v.bytes, v.dtype, /*check_bytes=*/false); e.ok()) {
+  if (auto e = tensors_.LookupLocked(v.tensor, v.bytes, v.dtype, /*check_bytes=*/false); e.ok()) {
     name = "tensor '" + (*e)->decl.name + "'";
   }
   const char* which = v.data == nullptr ? (v.has_out ? "gradient" : "data") : "weights";
@@ -23,7 +23,7 @@ Result<Client::Impl::ByShard> Client::Impl::SplitByShard(const std::vector<Item>
   // Asked once a call: without a usable GPU only a buffer said to be GPU
   // memory needs a look (to refuse it), not every item's.
   const bool ask_cuda = gpu::PointersMayBeDevice();
-  std::lock_guard<std::mutex> lock(tensors_mu_);
+  auto lock = tensors_.Lock();
   for (const auto& item : items) {
     const ItemView v = ViewOf(item);
     if (v.bytes > 0 && (v.data == nullptr || (v.has_out && v.out == nullptr))) {
@@ -41,9 +41,9 @@ Result<Client::Impl::ByShard> Client::Impl::SplitByShard(const std::vector<Item>
       }
     }
     // The checks' cheap form first; the errors are built only when one fails.
-    const TensorHot* h = MatchLocked(v.tensor, v.bytes, v.dtype);
+    const TensorHot* h = tensors_.MatchLocked(v.tensor, v.bytes, v.dtype);
     if (h == nullptr) {
-      return LookupLocked(v.tensor, v.bytes, v.dtype)
+      return tensors_.LookupLocked(v.tensor, v.bytes, v.dtype)
           .status()
           .WithContext(std::string(what) + (on_gpu ? " with GPU memory" : ""));
     }

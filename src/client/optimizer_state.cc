@@ -20,7 +20,7 @@ uint64_t SlotElementBytes(DType dtype, Client::StateSlot slot) {
 }  // namespace
 
 Result<Client::OptimizerState> Client::Impl::ReadOptimizerState(Tensor t, Client::StateSlot slot) {
-  auto entry = Lookup(t, 0, std::nullopt, /*check_bytes=*/false);
+  auto entry = tensors_.Lookup(t, 0, std::nullopt, /*check_bytes=*/false);
   if (!entry.ok()) return entry.status().WithContext("optimizer state");
   const TensorEntry& e = **entry;
   const uint64_t esz = SlotElementBytes(e.decl.dtype, slot);
@@ -60,7 +60,7 @@ Status Client::Impl::WriteOptimizerState(Tensor t, Client::StateSlot slot,
     return Status::FailedPrecondition(task_.ToString() +
                                       " is not the chief: only the chief sets optimizer state");
   }
-  auto entry = Lookup(t, 0, std::nullopt, /*check_bytes=*/false);
+  auto entry = tensors_.Lookup(t, 0, std::nullopt, /*check_bytes=*/false);
   if (!entry.ok()) return entry.status().WithContext("optimizer state");
   const TensorEntry& e = **entry;
   const uint64_t esz = SlotElementBytes(e.decl.dtype, slot);

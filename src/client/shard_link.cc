@@ -424,8 +424,8 @@ void Client::Impl::ReCreate(int shard) {
   wire::Create create;
   std::vector<Chunk*> chunks;
   {
-    std::lock_guard<std::mutex> lock(tensors_mu_);
-    for (auto& e : tensors_) {
+    auto lock = tensors_.Lock();
+    for (auto& e : tensors_.EntriesLocked()) {
       for (uint32_t c = 0; c < e.chunks.size(); ++c) {
         Chunk& chunk = e.chunks[c];
         if (chunk.shard != shard) continue;
