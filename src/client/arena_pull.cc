@@ -45,7 +45,7 @@ void Client::Impl::ArenaPull::FromIpcArenas() {
     bytes += io.chunk->bytes;
   }
   if (copied.ok()) copied = impl->GpuWait();
-  impl->ipc_bytes_ += copied.ok() ? bytes : 0;
+  impl->counts_.ipc_bytes += copied.ok() ? bytes : 0;
   Release();
   Finish(copied.WithContext("copying from the CUDA IPC mapping of " + s.name()));
 }
@@ -163,7 +163,7 @@ Status Client::Impl::ArenaPull::CopyUp() {
     src += n;
   }
   if (up.ok()) up = impl->GpuWait();
-  if (up.ok()) impl->staged_bytes_ += bounce.size();
+  if (up.ok()) impl->counts_.staged_bytes += bounce.size();
   return up.WithContext("staging into GPU memory through host memory");
 }
 

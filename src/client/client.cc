@@ -137,13 +137,13 @@ ClientCounters Client::counters() const {
   out.put_bytes = c.put_bytes;
   out.gets = c.gets;
   out.get_bytes = c.get_bytes;
-  out.chunks_dropped_stale = impl_->dropped_stale_;
-  out.chunks_dropped_duplicate = impl_->dropped_duplicate_;
-  out.cuda_ipc_bytes = impl_->ipc_bytes_;
-  out.host_staged_bytes = impl_->staged_bytes_;
-  out.gpu_inline_bytes = impl_->gpu_inline_bytes_;
-  out.cuda_ipc_shards = impl_->ipc_shards_;
-  out.protected_sessions = impl_->protected_sessions_;
+  out.chunks_dropped_stale = impl_->counts_.dropped_stale;
+  out.chunks_dropped_duplicate = impl_->counts_.dropped_duplicate;
+  out.cuda_ipc_bytes = impl_->counts_.ipc_bytes;
+  out.host_staged_bytes = impl_->counts_.staged_bytes;
+  out.gpu_inline_bytes = impl_->counts_.gpu_inline_bytes;
+  out.cuda_ipc_shards = impl_->counts_.ipc_shards;
+  out.protected_sessions = impl_->counts_.protected_sessions;
   return out;
 }
 

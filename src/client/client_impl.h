@@ -20,10 +20,12 @@
 #include <unordered_map>
 #include <vector>
 
+#include "client/call_counters.h"
 #include "client/control_queue.h"
 #include "client/coordinator_reach.h"
 #include "client/future_state.h"
 #include "client/gather_buffer.h"
+#include "client/lost_shard_retry.h"
 #include "client/pending_requests.h"
 #include "client/silence_meter.h"
 #include "client/staging_allocator.h"
@@ -52,9 +54,6 @@ class Client::Impl {
   static uint32_t NextId();
 
   Status Start();
-  // Reads TESSERA_RETRY_LOST_SHARD_MS over the option and checks the bound
-  // (retry.cc).
-  Status CheckRetryBound();
   // The control calls, on the control queue (control_queue.h): blocking
   // forms wait for theirs, so that both are ordered alike.
   Result<std::vector<Tensor>> DeclareMany(const std::vector<TensorSpec>& specs);
@@ -105,14 +104,11 @@ class Client::Impl {
   std::shared_ptr<LoopPoster> poster_;      // over ctx_, for CUDA's host functions
 
   client::ControlQueue control_;
-  std::atomic<uint64_t> dropped_stale_{0}, dropped_duplicate_{0};  // sync push outcomes
-  // GPU buffers (see ClientCounters).
+  client::CallCounters counts_;
+  // GPU buffers.
   Status fabric_gpu_;        // whether the fabric reaches GPU memory, else why not
   std::string ipc_node_id_;  // sent in hellos when this worker can use CUDA IPC
   gpu::Stream stream_;       // loop thread; created on first use
-  std::atomic<uint64_t> ipc_bytes_{0}, staged_bytes_{0}, gpu_inline_bytes_{0};
-  std::atomic<int> ipc_shards_{0};
-  std::atomic<uint64_t> protected_sessions_{0};  // handshakes that ended protected
   client::TensorTable tensors_{id_};
 
  private:
@@ -125,10 +121,6 @@ class Client::Impl {
   // Held in place (core/inline_function.h): a small call's reply handler,
   // with its chunks and completion, costs no allocation.
   using ReplyFn = InlineFunction<void(Status, const wire::Header&, std::span<const uint8_t>), 160>;
-
-  // A call's part to one shard that is issued again when the shard is lost
-  // and comes back (retry.cc).
-  struct RetriedPart;
 
   struct ShardConn {
     // Joining the shard, at the start and after it was lost (loop thread).
@@ -154,12 +146,6 @@ class Client::Impl {
           ops;
       uint64_t next_id = 1;
     };
-    // Parts that failed because this shard was lost, held until it is back
-    // (ClientOptions::retry_lost_shard_within), in the order they failed.
-    struct Parked {
-      std::deque<std::shared_ptr<RetriedPart>> parts;
-      bool sweep_scheduled = false;  // SweepParked is
-    };
 
     TaskId task;
     TaskAddress addr;
@@ -176,7 +162,6 @@ class Client::Impl {
     // Listening time without any traffic from the shard (heartbeats).
     SilenceMeter silence;
     InFlight in_flight;
-    Parked parked;
     std::string name() const { return task.ToString() + " (" + addr.ToString() + ")"; }
   };
 
@@ -381,35 +366,26 @@ class Client::Impl {
   // Fills `msg`, whose vectors keep their capacity (the loop thread's
   // push_scratch_, which the caller encodes at once).
   Status InlinePush(const ChunkIos& ios, PushStep tag, wire::Push* msg);
-  // How one shard's part of a pull or push_pull ended: held in place, as
-  // the reply handlers that carry it.
-  using PartDone = InlineFunction<void(Status), 32>;
+  // How one shard's part of a pull or push_pull ended.
+  using PartDone = client::PartDone;
 
-  // retry.cc. Issues one shard's part of a call, `issue(ios, done)`, and
-  // finishes `op` with its outcome, except that with `retryable` (the part
-  // may be sent twice) and retry_lost_shard_within set, a part that failed
-  // because the shard was lost waits for the shard's return and is issued
-  // again (ReissueParked), until its bound passes. Without the option this
-  // costs nothing beyond the call itself.
+  // Issues one shard's part of a call, `issue(ios, done)`, and finishes `op`
+  // with its outcome, except that with `retryable` (the part may be sent
+  // twice) and retry_lost_shard_within set, a part that failed because the
+  // shard was lost waits for the shard's return and is issued again
+  // (client::LostShardRetry), until its bound passes. Without the option
+  // this costs nothing beyond the call itself.
   template <typename Issue>
   void IssuePart(int shard, ChunkIos ios, const std::shared_ptr<Future::State>& op, bool retryable,
                  Issue issue) {
-    if (!retryable || options_.retry_lost_shard_within.count() == 0) {
+    if (!retryable || !retry_) {
       return issue(std::move(ios), PartDone([op](const Status& st) { op->Finish(st); }));
     }
-    IssueRetried(NewRetriedPart(shard, std::move(ios), op, std::move(issue)));
+    retry_->IssuePart(shard, op,
+                      [ios = std::move(ios), issue = std::move(issue)](PartDone done) mutable {
+                        issue(ios, std::move(done));
+                      });
   }
-  using IssueFn = std::function<void(ChunkIos, PartDone)>;
-  std::shared_ptr<RetriedPart> NewRetriedPart(int shard, ChunkIos ios,
-                                              std::shared_ptr<Future::State> op, IssueFn issue);
-  void IssueRetried(const std::shared_ptr<RetriedPart>& part);
-  void OnRetriedPartDone(const std::shared_ptr<RetriedPart>& part, const Status& st);
-  // The shard is back: its parked parts are issued again, in order.
-  void ReissueParked(int shard);
-  // Fails parked parts whose bound passed, and keeps trying the shard while
-  // any wait (a timer, while there are some).
-  void SweepParked(int shard);
-  void FailParked(int shard, const Status& why);
 
   void PullFromShard(int shard, ChunkIos ios, const PartDone& done);
   // push_pull's one round trip to a shard, for gradients that travel inline:
@@ -452,6 +428,9 @@ class Client::Impl {
 
   // What Start waits for; it stays while the loop may still report to it.
   std::unique_ptr<client::StartupWaiter> startup_;
+  // Parts held over a lost shard's restart (null: retry_lost_shard_within
+  // is off). Loop thread.
+  std::unique_ptr<client::LostShardRetry> retry_;
   bool stopping_ = false;
   // How long a shard may take to answer the handshake: the shard's own
   // hello deadline (TESSERA_HELLO_TIMEOUT_MS), after which it would have

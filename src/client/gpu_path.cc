@@ -90,7 +90,7 @@ void Client::Impl::MapArena(ShardConn& s, const wire::ArenaKey& a) {
 }
 
 void Client::Impl::UnmapShard(ShardConn& s) {
-  if (s.ipc.slot.data() != nullptr) ipc_shards_--;
+  if (s.ipc.slot.data() != nullptr) counts_.ipc_shards--;
   s.ipc.slot = gpu::IpcMapping{};
   s.ipc.arenas.clear();
 }

@@ -67,7 +67,7 @@ void Client::Impl::AcceptPullReply(int shard, ChunkIos ios, const wire::PullRepl
         if (Status st2 = GpuCopyAsync(io.local, src, io.chunk->bytes); !st2.ok()) {
           return done(st2.WithContext("pull into GPU memory"));
         }
-        gpu_inline_bytes_ += io.chunk->bytes;
+        counts_.gpu_inline_bytes += io.chunk->bytes;
         to_gpu = true;
       } else {
         std::memcpy(io.local, src, io.chunk->bytes);

@@ -14,10 +14,10 @@ void Client::Impl::NoteOutcomes(const std::vector<uint8_t>& outcomes, const Chun
   for (size_t i = 0; i < outcomes.size(); ++i) {
     DroppedChunk::Why why;
     if (outcomes[i] == static_cast<uint8_t>(wire::PushOutcome::kStale)) {
-      dropped_stale_++;
+      counts_.dropped_stale++;
       why = DroppedChunk::Why::kStale;
     } else if (outcomes[i] == static_cast<uint8_t>(wire::PushOutcome::kDuplicate)) {
-      dropped_duplicate_++;
+      counts_.dropped_duplicate++;
       why = DroppedChunk::Why::kDuplicate;
     } else {
       continue;
@@ -94,7 +94,7 @@ Status Client::Impl::InlinePush(const ChunkIos& ios, PushStep tag, wire::Push* o
     if (Status st = GpuCopyAsync(into, io.local, io.chunk->bytes); !st.ok()) {
       return st.WithContext("push from GPU memory");
     }
-    gpu_inline_bytes_ += io.chunk->bytes;
+    counts_.gpu_inline_bytes += io.chunk->bytes;
     from_gpu = true;
   }
   if (from_gpu) TESSERA_RETURN_IF_ERROR(GpuWait().WithContext("push from GPU memory"));

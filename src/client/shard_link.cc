@@ -28,6 +28,7 @@ Client::Impl::~Impl() {
   std::promise<void> closed;
   ctx_->Post([this, &closed] {
     stopping_ = true;
+    if (retry_) retry_->Stop();
     for (auto& s : shards_) {
       // One-sided operations still in flight are cancelled (Abort), so that
       // none writes into a caller's buffer after its call failed.
@@ -42,7 +43,7 @@ Client::Impl::~Impl() {
       if (s.dead.ok())
         s.dead = Status::Aborted("the client was destroyed before this call completed");
       FailCallsOf(static_cast<int>(shard), s.dead);
-      FailParked(static_cast<int>(shard), s.dead);
+      if (retry_) retry_->FailHeld(static_cast<int>(shard), s.dead);
     }
     pending_.Clear();
     // Remote regions must go before the context.
@@ -204,7 +205,7 @@ Status Client::Impl::Start() {
   worker_rank_ = *rank;
   TESSERA_RETURN_IF_ERROR(CheckSecretStrength(options_.secret, options_.allow_weak_secret));
   TESSERA_RETURN_IF_ERROR(LogLevelFromEnv().status());
-  TESSERA_RETURN_IF_ERROR(CheckRetryBound());
+  TESSERA_RETURN_IF_ERROR(client::LostShardRetry::TakeBound(&options_));
   TESSERA_RETURN_IF_ERROR(TakeTimeouts(&options_, &handshake_timeout_));
 
   transport::ContextOptions topts;
@@ -247,6 +248,13 @@ Status Client::Impl::Start() {
     names.push_back(shards_[i].name());
   }
   startup_ = std::make_unique<client::StartupWaiter>(std::move(names));
+  if (options_.retry_lost_shard_within.count() > 0) {
+    retry_ = std::make_unique<client::LostShardRetry>(
+        *ctx_, options_.retry_lost_shard_within, shards_.size(),
+        client::LostShardRetry::Shards{.lost = [this](int s) { return !shards_[s].dead.ok(); },
+                                       .reconnect = [this](int s) { Reconnect(s); },
+                                       .name = [this](int s) { return shards_[s].name(); }});
+  }
   const auto deadline = std::chrono::steady_clock::now() + options_.startup_timeout;
   ctx_->Post([this, n, deadline] {
     for (int i = 0; i < n; ++i) ConnectShard(i, deadline);
@@ -452,7 +460,7 @@ void Client::Impl::ReCreate(int shard) {
     if (shard == coord_index_) coordinator_.Note(true);
     TLOG_INFO("{} is back{}", conn.name(),
               conn.task.job == "ps" ? "; this worker's tensors on it were created again" : "");
-    ReissueParked(shard);
+    if (retry_) retry_->ShardBack(shard);
   };
   if (create.entries.empty()) return finish(Status::Ok());
   Request(shard, create, 0,
@@ -556,7 +564,7 @@ Status Client::Impl::AcceptWelcome(int shard, const wire::Welcome& w,
   if (w.session_protected()) {
     // Before anything else is sent: the shard seals all after its welcome.
     TESSERA_RETURN_IF_ERROR(s.ep->ProtectSession(handshake.Keys()));
-    protected_sessions_++;
+    counts_.protected_sessions++;
   }
   // The coordinator has no staging slot, nor has a reader one.
   if (s.task.job != "ps" || options_.read_only) return Status::Ok();
@@ -575,7 +583,7 @@ Status Client::Impl::AcceptWelcome(int shard, const wire::Welcome& w,
       gpu::IpcMapping::Open(w.staging_ipc.data(), w.staging_ipc.size(), options_.cuda_device);
   if (slot.ok()) {
     s.ipc.slot = std::move(*slot);
-    ipc_shards_++;
+    counts_.ipc_shards++;
     TLOG_INFO("{} shares this node: reached through CUDA IPC", s.name());
   } else {
     TLOG_WARN("{} offered CUDA IPC, which failed ({}): using the fabric", s.name(),

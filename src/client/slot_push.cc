@@ -111,7 +111,7 @@ void Client::Impl::SlotPush::IntoIpcSlot(const Ptr& self) {
   }
   if (st.ok()) st = impl->GpuWait();
   if (!st.ok()) return Finish(st.WithContext("copying into the CUDA IPC slot of " + s.name()), {});
-  impl->ipc_bytes_ += bytes;
+  impl->counts_.ipc_bytes += bytes;
   impl->Request(shard, msg, flags | wire::kFlagIpcSlot,
                 impl->OnPushReply(std::move(sent), tag.step, op,
                                   [self](const Status& st2, std::span<const uint64_t> v) {
@@ -136,7 +136,7 @@ Status Client::Impl::SlotPush::StageThroughHost() {
   }
   if (st.ok()) st = impl->GpuWait();
   if (!st.ok()) return st.WithContext("staging a GPU buffer through host memory");
-  impl->staged_bytes_ += need;
+  impl->counts_.staged_bytes += need;
   return Status::Ok();
 }
 
