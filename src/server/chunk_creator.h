@@ -34,7 +34,7 @@ class ChunkCreator {
     CoordinatorPort* hosted = nullptr;   // the coordinator hosted here, or null
     ckpt::CheckpointKey checkpoint_key;  // what restored checkpoints are checked with
   };
-  explicit ChunkCreator(Lent lent) : lent_(std::move(lent)) {}
+  explicit ChunkCreator(Lent lent) : lent_(lent) {}
   ChunkCreator(const ChunkCreator&) = delete;
   ChunkCreator& operator=(const ChunkCreator&) = delete;
 

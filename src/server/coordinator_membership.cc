@@ -5,7 +5,7 @@
 namespace tessera::server {
 
 CoordinatorMembership::CoordinatorMembership(Lent lent, Events events)
-    : lent_(std::move(lent)), events_(std::move(events)) {
+    : lent_(lent), events_(std::move(events)) {
   if (lent_.hosted == nullptr) link_ = OpenLink();
   steps_.emplace(*lent_.ctx, coordinator());
 }
@@ -60,6 +60,7 @@ std::vector<MessageBytes> CoordinatorMembership::JoinFrames() {
   // end: the coordinator answers workers once every ps task got that far,
   // so its global step is whole by then.
   std::vector<MessageBytes> frames;
+  frames.reserve(joins.size() + 2);
   for (const auto& join : joins) frames.push_back(wire::Encode(join, 3));
   steps_->AppendJoinFrames(&frames);
   wire::Join end;
