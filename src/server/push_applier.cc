@@ -288,8 +288,8 @@ bool PushApplier::TryApply(Held& push) {
   Borrowed<wire::PushReply> borrowed(reply_);
   wire::PushReply& reply = *borrowed;
   ResetReply(reply, push.msg.entries.size());
-  const bool count_staged = from_slot && !from_ipc && lent_.table->staged();
   const apply::Target& target = lent_.target;
+  const bool count_staged = from_slot && !from_ipc && target.staged;
   const bool host_memory = target.host;
   for (size_t i = 0; i < push.msg.entries.size(); ++i) {
     const auto& e = push.msg.entries[i];

@@ -3,22 +3,7 @@
 // and end), shard_status; its units (shard.h) hold the rest.
 #include "server/shard.h"
 
-#include <sys/resource.h>
-
-#include <algorithm>
-#include <cstring>
-#include <future>
-#include <set>
-
-#include "core/dtype.h"
 #include "core/log.h"
-#include "core/node_id.h"
-#include "core/timeouts.h"
-#include "gpu/cuda.h"
-#include "kernels/update.h"
-#include "transport/run_on_loop.h"
-#include "transport/sockaddr.h"
-#include "wire/limits.h"
 
 namespace tessera::server {
 
