@@ -48,14 +48,15 @@ MAX_FUNCTION_LINES = 80
 # The push and pull paths: the client's movers and the shard's apply and
 # pull service, and the wire's codecs for both.
 PATH_SOURCES = [
-    "src/client/push_path.cc",
-    "src/client/slot_push.cc",
-    "src/client/pull_path.cc",
-    "src/client/arena_pull.cc",
-    "src/client/push_pull.cc",
-    "src/client/gpu_path.cc",
+    "src/client/data_calls.cc",
+    "src/client/split_by_shard.cc",
     "src/client/fan_out.cc",
-    "src/client/shard_link.cc",
+    "src/client/push_sender.cc",
+    "src/client/slot_push.cc",
+    "src/client/pull_receiver.cc",
+    "src/client/arena_pull.cc",
+    "src/client/gpu_access.cc",
+    "src/client/shard_links.cc",
     "src/server/server.cc",
     "src/server/push_applier.cc",
     "src/server/pull_server.cc",

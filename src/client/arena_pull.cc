@@ -7,13 +7,13 @@
 
 #include "client/arena_pull.h"
 
-namespace tessera {
+namespace tessera::client {
 
-void Client::Impl::ArenaPull::Start(Impl* impl, int shard, ChunkIos ios, uint64_t lease,
+void PullReceiver::ArenaPull::Start(PullReceiver* receiver, int shard, ChunkIos ios, uint64_t lease,
                                     const PartDone& done) {
-  ShardConn& s = impl->shards_[shard];
+  ShardLink& s = receiver->links_[shard];
   auto pull = std::allocate_shared<ArenaPull>(PoolAllocator<ArenaPull>());
-  pull->impl = impl;
+  pull->receiver = receiver;
   pull->outstanding = static_cast<int>(ios.size());
   pull->shard = shard;
   pull->op_id = s.in_flight.next_id++;
@@ -23,29 +23,29 @@ void Client::Impl::ArenaPull::Start(Impl* impl, int shard, ChunkIos ios, uint64_
   s.in_flight.ops[pull->op_id] = [pull](const Status& why) { pull->Finish(why); };
   if (pull->AllMapped()) return pull->FromIpcArenas();
   std::vector<uint8_t*> into;  // where each get lands, when some go through host memory
-  if (!impl->fabric_gpu_.ok()) into = pull->PlanHostBounce();
+  if (!receiver->gpu_.fabric_reaches()) into = pull->PlanHostBounce();
   pull->Get(pull, into);
 }
 
-bool Client::Impl::ArenaPull::AllMapped() const {
-  const ShardConn& s = impl->shards_[shard];
+bool PullReceiver::ArenaPull::AllMapped() const {
+  const ShardLink& s = receiver->links_[shard];
   bool all = !ios.empty();
   for (const auto& io : ios) all &= s.ipc.arenas.count(io.chunk->arena_id) > 0;
   return all;
 }
 
 // Same node, GPU shard: device copies out of the mapped arenas.
-void Client::Impl::ArenaPull::FromIpcArenas() {
-  ShardConn& s = impl->shards_[shard];
+void PullReceiver::ArenaPull::FromIpcArenas() {
+  ShardLink& s = receiver->links_[shard];
   Status copied;
   uint64_t bytes = 0;
   for (const auto& io : ios) {
     const uint8_t* src = s.ipc.arenas.at(io.chunk->arena_id).data() + io.chunk->arena_offset;
-    if (copied.ok()) copied = impl->GpuCopyAsync(io.local, src, io.chunk->bytes);
+    if (copied.ok()) copied = receiver->gpu_.CopyAsync(io.local, src, io.chunk->bytes);
     bytes += io.chunk->bytes;
   }
-  if (copied.ok()) copied = impl->GpuWait();
-  impl->counts_.ipc_bytes += copied.ok() ? bytes : 0;
+  if (copied.ok()) copied = receiver->gpu_.Wait();
+  receiver->counts_.ipc_bytes += copied.ok() ? bytes : 0;
   Release();
   Finish(copied.WithContext("copying from the CUDA IPC mapping of " + s.name()));
 }
@@ -53,7 +53,7 @@ void Client::Impl::ArenaPull::FromIpcArenas() {
 // GPU chunks on a fabric that cannot reach GPU memory are read into host
 // memory and copied up once the gets are done: where each chunk's get lands
 // (empty: each where it belongs).
-std::vector<uint8_t*> Client::Impl::ArenaPull::PlanHostBounce() {
+std::vector<uint8_t*> PullReceiver::ArenaPull::PlanHostBounce() {
   std::vector<uint8_t*> into;
   uint64_t need = 0;
   for (const auto& io : ios) need += io.on_gpu ? io.chunk->bytes : 0;
@@ -74,8 +74,8 @@ std::vector<uint8_t*> Client::Impl::ArenaPull::PlanHostBounce() {
 // between them, padding or tensors this pull left out, are read and
 // dropped); the others as they are, in batches from one arena (Endpoint::
 // GetMany: a fabric that copies them itself copies them back to back).
-void Client::Impl::ArenaPull::Get(const Ptr& self, const std::vector<uint8_t*>& into) {
-  ShardConn& s = impl->shards_[shard];
+void PullReceiver::ArenaPull::Get(const Ptr& self, const std::vector<uint8_t*>& into) {
+  ShardLink& s = receiver->links_[shard];
   const uint64_t gather_up_to = s.ep->GatherUpTo();
   // Chunks [batch_first, batch_first + batch.size()), issued when the next
   // chunk cannot join it, and at the end.
@@ -110,7 +110,7 @@ void Client::Impl::ArenaPull::Get(const Ptr& self, const std::vector<uint8_t*>& 
           if (ios[i].on_gpu || c->arena_id != chunk->arena_id) return std::nullopt;
           return client::PeerSpan{c->arena_offset, c->bytes};
         });
-    uint8_t* gathered = run.end - k >= 2 ? s.gather.Take(*impl->ctx_, run.span) : nullptr;
+    uint8_t* gathered = run.end - k >= 2 ? s.gather.Take(receiver->ctx_, run.span) : nullptr;
     if (gathered == nullptr) {
       if (batch.empty()) {
         batch_first = first;
@@ -134,7 +134,7 @@ void Client::Impl::ArenaPull::Get(const Ptr& self, const std::vector<uint8_t*>& 
 // through the gather buffer, copied out to where each belongs (unless the
 // pull already ended: the shard was lost, and the caller's memory may be
 // gone) and the buffer given back. The last chunk read ends the pull.
-void Client::Impl::ArenaPull::Read(const Status& st, uint32_t first, uint32_t end,
+void PullReceiver::ArenaPull::Read(const Status& st, uint32_t first, uint32_t end,
                                    const uint8_t* gathered) {
   if (gathered != nullptr) {
     if (st.ok() && !finished) {
@@ -144,27 +144,27 @@ void Client::Impl::ArenaPull::Read(const Status& st, uint32_t first, uint32_t en
         std::memcpy(ios[i].local, gathered + (c->arena_offset - base), c->bytes);
       }
     }
-    impl->shards_[shard].gather.Give(gathered);
+    receiver->links_[shard].gather.Give(gathered);
   }
   if (!st.ok() && status.ok()) status = st;
   outstanding -= static_cast<int>(end - first);
   if (outstanding > 0) return;
   if (!bounce.empty() && status.ok()) status = CopyUp();
   Release();
-  Finish(status.ok() ? status : impl->ShardError(shard, status));
+  Finish(status.ok() ? status : receiver->links_[shard].Error(status));
 }
 
 // The GPU chunks read into host memory, up to where they belong.
-Status Client::Impl::ArenaPull::CopyUp() {
+Status PullReceiver::ArenaPull::CopyUp() {
   const uint8_t* src = bounce.data();
   Status up;
   for (const auto& [dst, n] : bounce_to) {
-    if (up.ok()) up = impl->GpuCopyAsync(dst, src, n);
+    if (up.ok()) up = receiver->gpu_.CopyAsync(dst, src, n);
     src += n;
   }
-  if (up.ok()) up = impl->GpuWait();
-  if (up.ok()) impl->counts_.staged_bytes += bounce.size();
+  if (up.ok()) up = receiver->gpu_.Wait();
+  if (up.ok()) receiver->counts_.staged_bytes += bounce.size();
   return up.WithContext("staging into GPU memory through host memory");
 }
 
-}  // namespace tessera
+}  // namespace tessera::client

@@ -2,17 +2,17 @@
 // granted (arena_pull.cc).
 #pragma once
 
-#include "client/client_impl.h"
+#include "client/pull_receiver.h"
 
-namespace tessera {
+namespace tessera::client {
 
 // What the gets share, from the pool: each get's completion holds only this
 // and its chunks' range, and so stays inside its Completion (no allocation
 // per get).
-struct Client::Impl::ArenaPull {
+struct PullReceiver::ArenaPull {
   using Ptr = std::shared_ptr<ArenaPull>;
 
-  Impl* impl = nullptr;
+  PullReceiver* receiver = nullptr;
   int outstanding = 0;  // chunks not yet read
   Status status;
   bool finished = false;
@@ -31,17 +31,18 @@ struct Client::Impl::ArenaPull {
   void Finish(const Status& result) {
     if (finished) return;
     finished = true;
-    impl->shards_[shard].in_flight.ops.erase(op_id);
+    receiver->links_[shard].in_flight.ops.erase(op_id);
     done(result);
   }
   // The bytes are ours: the shard may update them again.
   void Release() {
-    ShardConn& conn = impl->shards_[shard];
+    ShardLink& conn = receiver->links_[shard];
     if (conn.dead.ok() && conn.ep) {
-      conn.ep->Send(kProtocolMsg, wire::Encode(wire::Release{lease}, 0));
+      conn.ep->Send(wire::kProtocolMsg, wire::Encode(wire::Release{lease}, 0));
     }
   }
-  static void Start(Impl* impl, int shard, ChunkIos ios, uint64_t lease, const PartDone& done);
+  static void Start(PullReceiver* receiver, int shard, ChunkIos ios, uint64_t lease,
+                    const PartDone& done);
   bool AllMapped() const;
   void FromIpcArenas();
   std::vector<uint8_t*> PlanHostBounce();
@@ -50,4 +51,4 @@ struct Client::Impl::ArenaPull {
   Status CopyUp();
 };
 
-}  // namespace tessera
+}  // namespace tessera::client

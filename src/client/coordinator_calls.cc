@@ -10,7 +10,7 @@ namespace tessera {
 Status Client::Impl::InitializeNow() {
   if (options_.read_only) return ReadOnlyRefusal("initialise the parameters");
   if (worker_rank_ != 0) {
-    return Status::FailedPrecondition(task_.ToString() + " is not the chief (" +
+    return Status::FailedPrecondition(options_.task.ToString() + " is not the chief (" +
                                       options_.cluster.chief().ToString() +
                                       " is); use WaitForInit");
   }
@@ -43,11 +43,12 @@ Status Client::Impl::InitializeNow() {
   }
   if (restored > 0) {
     TLOG_INFO("{}: {} tensor(s) restored from the checkpoint of global step {}; initialising {}",
-              task_.ToString(), restored, tensors_.restored_step().value_or(0), items.size());
+              options_.task.ToString(), restored, tensors_.restored_step().value_or(0),
+              items.size());
   }
   if (kept > 0) {
     TLOG_INFO("{}: {} tensor(s) were initialised before; not initialising them again",
-              task_.ToString(), kept);
+              options_.task.ToString(), kept);
   }
   // Sync and bounded tensors start at the cluster's step: declared after
   // training began, they join the steps the workers are at. It is decided
@@ -63,8 +64,8 @@ Status Client::Impl::InitializeNow() {
     TESSERA_RETURN_IF_ERROR(
         Push(items, wire::kFlagInit, cluster_step, {}).Wait().WithContext("initialising"));
   }
-  auto ack =
-      CallCoordinator<wire::InitDone, wire::Ack>(wire::InitDone{cluster_step}, options_.op_timeout);
+  auto ack = links_->CallCoordinator<wire::InitDone, wire::Ack>(wire::InitDone{cluster_step},
+                                                                options_.op_timeout);
   if (!ack.ok()) return ack.status();
   tensors_.Initialized(cluster_step);
   return Status::Ok();
@@ -73,7 +74,7 @@ Status Client::Impl::InitializeNow() {
 Status Client::Impl::SetHyperparams(Tensor t, const Hyperparams& hyper) {
   if (options_.read_only) return ReadOnlyRefusal("change hyper-parameters");
   if (worker_rank_ != 0) {
-    return Status::FailedPrecondition(task_.ToString() + " is not the chief; only " +
+    return Status::FailedPrecondition(options_.task.ToString() + " is not the chief; only " +
                                       options_.cluster.chief().ToString() +
                                       " changes hyper-parameters");
   }
@@ -82,20 +83,20 @@ Status Client::Impl::SetHyperparams(Tensor t, const Hyperparams& hyper) {
   if (!entry.ok()) return entry.status();
   // The coordinator first: checkpoints save what it holds, and re-creates
   // on a restarted shard carry it.
-  auto recorded = CallCoordinator<wire::UpdateHyper, wire::Ack>(
+  auto recorded = links_->CallCoordinator<wire::UpdateHyper, wire::Ack>(
       wire::UpdateHyper{(*entry)->decl.name, hyper}, options_.op_timeout);
   if (!recorded.ok()) return recorded.status();
   {
     auto lock = tensors_.Lock();
     tensors_.EntriesLocked()[t.index].decl.hyper = hyper;
   }
-  std::vector<wire::SetHyper> by_shard(shards_.size());
+  std::vector<wire::SetHyper> by_shard(links_->size());
   for (const auto& c : (*entry)->chunks) by_shard[c.shard].key_ids.push_back(c.key_id);
   for (size_t s = 0; s < by_shard.size(); ++s) {
     if (by_shard[s].key_ids.empty()) continue;
     by_shard[s].hyper = hyper;
-    auto ack =
-        Call<wire::SetHyper, wire::Ack>(static_cast<int>(s), by_shard[s], options_.op_timeout);
+    auto ack = links_->Call<wire::SetHyper, wire::Ack>(static_cast<int>(s), by_shard[s],
+                                                       options_.op_timeout);
     if (!ack.ok()) return ack.status();
   }
   return Status::Ok();
@@ -114,22 +115,31 @@ Result<uint64_t> Client::Impl::StepToStartAt() {
   // The ps tasks only: a coordinator of its own holds no tensors.
   const int num_ps = options_.cluster.num_tasks("ps");
   for (int s = 0; s < num_ps; ++s) {
-    auto reached = Call<wire::SyncStep, wire::StepReply>(s, wire::SyncStep{}, options_.op_timeout);
+    auto reached =
+        links_->Call<wire::SyncStep, wire::StepReply>(s, wire::SyncStep{}, options_.op_timeout);
     if (!reached.ok()) return reached.status();
     step = std::max(step, reached->step);
   }
   return step;
 }
 
+Result<Client::CheckpointInfo> Client::Impl::SaveCheckpoint(std::chrono::milliseconds timeout) {
+  if (options_.read_only) return ReadOnlyRefusal("ask for a checkpoint");
+  auto saved = links_->CallCoordinator<wire::SaveCheckpoint, wire::CheckpointSaved>(
+      wire::SaveCheckpoint{}, timeout);
+  if (!saved.ok()) return saved.status();
+  return Client::CheckpointInfo{saved->global_step, saved->path};
+}
+
 Result<uint64_t> Client::Impl::GlobalStep() {
   auto reply =
-      CallCoordinator<wire::GetStep, wire::StepReply>(wire::GetStep{}, options_.op_timeout);
+      links_->CallCoordinator<wire::GetStep, wire::StepReply>(wire::GetStep{}, options_.op_timeout);
   if (!reply.ok()) return reply.status();
   return reply->step;
 }
 
 Status Client::Impl::WaitForInitNow(std::chrono::milliseconds timeout) {
-  auto ack = CallCoordinator<wire::WaitInit, wire::StepReply>(wire::WaitInit{}, timeout);
+  auto ack = links_->CallCoordinator<wire::WaitInit, wire::StepReply>(wire::WaitInit{}, timeout);
   if (ack.ok()) {
     tensors_.SetStartStep(ack->step);
     return Status::Ok();

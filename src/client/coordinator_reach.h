@@ -1,7 +1,7 @@
 // Whether a client reaches its coordinator, and how often it has: a call to
 // the coordinator that failed because the coordinator was lost waits here
 // for it to be reached again, then is sent once more
-// (Client::Impl::CallCoordinator). The loop thread notes; any thread waits.
+// (ShardLinks::CallCoordinator). The loop thread notes; any thread waits.
 #pragma once
 
 #include <chrono>

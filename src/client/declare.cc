@@ -2,19 +2,14 @@
 // on each shard that holds chunks of them; the result goes into the
 // client's tensor table.
 
+#include <future>
+
 #include "ckpt/checkpoint.h"
 #include "client/client_impl.h"
 #include "core/bytes.h"
 #include "core/placement.h"
 
 namespace tessera {
-
-uint32_t Client::Impl::NextId() {
-  static std::atomic<uint32_t> last{0};
-  uint32_t id = 0;
-  while (id == 0) id = last.fetch_add(1, std::memory_order_relaxed) + 1;  // 0 is no client's
-  return id;
-}
 
 Result<std::vector<Tensor>> Client::Impl::DeclareMany(const std::vector<TensorSpec>& specs) {
   Result<std::vector<Tensor>> out = Status::Internal("the declare did not run");
@@ -88,7 +83,8 @@ Result<std::vector<Tensor>> Client::Impl::DeclareNow(const std::vector<TensorSpe
     TESSERA_RETURN_IF_ERROR(wire::ValidateTensorDecl(declare.tensors.back()));
     TESSERA_RETURN_IF_ERROR(ckpt::CheckNotSlotName(spec.name));
   }
-  auto placed = CallCoordinator<wire::Declare, wire::DeclareReply>(declare, options_.op_timeout);
+  auto placed =
+      links_->CallCoordinator<wire::Declare, wire::DeclareReply>(declare, options_.op_timeout);
   if (!placed.ok()) return placed.status();
   if (placed->tensors.size() != specs.size())
     return Status::Internal("declare reply does not match the request");
@@ -96,11 +92,11 @@ Result<std::vector<Tensor>> Client::Impl::DeclareNow(const std::vector<TensorSpe
   // chief set since, or those saved in the checkpoint the cluster restored.
   for (size_t i = 0; i < placed->hyper.size(); ++i) declare.tensors[i].hyper = placed->hyper[i];
 
-  std::vector<TensorEntry> entries(specs.size());
-  std::vector<wire::Create> creates(shards_.size());
-  std::vector<std::vector<std::pair<size_t, size_t>>> owners(shards_.size());  // (tensor, chunk)
+  std::vector<client::TensorEntry> entries(specs.size());
+  std::vector<wire::Create> creates(links_->size());
+  std::vector<std::vector<std::pair<size_t, size_t>>> owners(links_->size());  // (tensor, chunk)
   for (size_t i = 0; i < specs.size(); ++i) {
-    TensorEntry& e = entries[i];
+    client::TensorEntry& e = entries[i];
     e.decl = declare.tensors[i];
     e.initial = specs[i].initial;
     e.initializer = specs[i].initializer;
@@ -111,7 +107,7 @@ Result<std::vector<Tensor>> Client::Impl::DeclareNow(const std::vector<TensorSpe
     const auto& chunks = placed->tensors[i];
     for (size_t c = 0; c < chunks.size(); ++c) {
       const auto& pc = chunks[c];
-      if (pc.shard >= shards_.size())
+      if (pc.shard >= links_->size())
         return Status::Internal("coordinator placed a chunk on an unknown shard");
       e.chunks.push_back({static_cast<int>(pc.shard), pc.elem_offset, pc.elem_count,
                           pc.elem_offset * esize, pc.elem_count * esize});
@@ -125,36 +121,20 @@ Result<std::vector<Tensor>> Client::Impl::DeclareNow(const std::vector<TensorSpe
       owners[pc.shard].emplace_back(i, c);
     }
   }
-  for (size_t s = 0; s < shards_.size(); ++s) {
+  for (size_t s = 0; s < links_->size(); ++s) {
     if (creates[s].entries.empty()) continue;
-    auto reply =
-        Call<wire::Create, wire::CreateReply>(static_cast<int>(s), creates[s], options_.op_timeout);
+    auto reply = links_->Call<wire::Create, wire::CreateReply>(static_cast<int>(s), creates[s],
+                                                               options_.op_timeout);
     if (!reply.ok()) return reply.status();
-    if (reply->keys.size() != owners[s].size())
-      return Status::Internal("create reply does not match the request");
-    // Attach arenas on the loop thread, where the endpoint lives.
-    std::promise<Status> attached;
+    std::vector<client::Chunk*> chunks;
+    for (auto [ti, ci] : owners[s]) chunks.push_back(&entries[ti].chunks[ci]);
+    // On the loop thread, where the endpoint lives.
+    std::promise<Status> taken;
     ctx_->Post([&] {
-      for (const auto& a : reply->arenas) {
-        auto r = shards_[s].ep ? shards_[s].ep->Attach(a.region)
-                               : Result<std::unique_ptr<transport::RemoteRegion>>(shards_[s].dead);
-        if (!r.ok()) return attached.set_value(r.status());
-        shards_[s].arenas[a.arena_id] = std::move(*r);
-        MapArena(shards_[s], a);
-      }
-      attached.set_value(Status::Ok());
+      taken.set_value(
+          (*links_)[static_cast<int>(s)].TakeCreated(*reply, chunks, options_.cuda_device));
     });
-    TESSERA_RETURN_IF_ERROR(attached.get_future().get());
-    for (size_t k = 0; k < reply->keys.size(); ++k) {
-      auto [ti, ci] = owners[s][k];
-      Chunk& chunk = entries[ti].chunks[ci];
-      const auto& loc = reply->keys[k];
-      if (loc.byte_length != chunk.bytes)
-        return Status::Internal("shard holds a chunk of another size");
-      chunk.key_id = loc.key_id;
-      chunk.arena_id = loc.arena_id;
-      chunk.arena_offset = loc.arena_offset;
-    }
+    TESSERA_RETURN_IF_ERROR(taken.get_future().get());
   }
 
   return tensors_.Add(std::move(entries), placed->restored_step);

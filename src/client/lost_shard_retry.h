@@ -13,16 +13,13 @@
 #include <string>
 #include <vector>
 
+#include "client/chunk_io.h"
 #include "client/future_state.h"
 #include "core/inline_function.h"
 #include "tessera/client.h"
 #include "transport/transport.h"
 
 namespace tessera::client {
-
-// How one shard's part of a call ended: held in place, as the reply
-// handlers that carry it.
-using PartDone = InlineFunction<void(Status), 32>;
 
 class LostShardRetry {
  public:

@@ -22,18 +22,18 @@ uint64_t SlotElementBytes(DType dtype, Client::StateSlot slot) {
 Result<Client::OptimizerState> Client::Impl::ReadOptimizerState(Tensor t, Client::StateSlot slot) {
   auto entry = tensors_.Lookup(t, 0, std::nullopt, /*check_bytes=*/false);
   if (!entry.ok()) return entry.status().WithContext("optimizer state");
-  const TensorEntry& e = **entry;
+  const client::TensorEntry& e = **entry;
   const uint64_t esz = SlotElementBytes(e.decl.dtype, slot);
   Client::OptimizerState out;
-  for (const Chunk& c : e.chunks)
+  for (const client::Chunk& c : e.chunks)
     out.bytes.resize(std::max<uint64_t>(out.bytes.size(), (c.elem_offset + c.elem_count) * esz));
   bool first = true;
-  for (const Chunk& c : e.chunks) {
+  for (const client::Chunk& c : e.chunks) {
     const uint64_t bytes = c.elem_count * esz;
     for (uint64_t off = 0; off < bytes; off += wire::kMaxStateBytes) {
       const auto len = static_cast<uint32_t>(std::min<uint64_t>(wire::kMaxStateBytes, bytes - off));
-      const Chunk* chunk = &c;
-      auto reply = CallMade<wire::StateReply>(
+      const client::Chunk* chunk = &c;
+      auto reply = links_->CallMade<wire::StateReply>(
           c.shard,
           [chunk, slot, off, len] {
             return wire::GetState{chunk->key_id, static_cast<wire::StateSlotId>(slot), off, len};
@@ -57,27 +57,27 @@ Status Client::Impl::WriteOptimizerState(Tensor t, Client::StateSlot slot,
                                          const Client::OptimizerState& state) {
   if (options_.read_only) return ReadOnlyRefusal("set optimizer state");
   if (worker_rank_ != 0) {
-    return Status::FailedPrecondition(task_.ToString() +
+    return Status::FailedPrecondition(options_.task.ToString() +
                                       " is not the chief: only the chief sets optimizer state");
   }
   auto entry = tensors_.Lookup(t, 0, std::nullopt, /*check_bytes=*/false);
   if (!entry.ok()) return entry.status().WithContext("optimizer state");
-  const TensorEntry& e = **entry;
+  const client::TensorEntry& e = **entry;
   const uint64_t esz = SlotElementBytes(e.decl.dtype, slot);
   uint64_t total = 0;
-  for (const Chunk& c : e.chunks) total += c.elem_count * esz;
+  for (const client::Chunk& c : e.chunks) total += c.elem_count * esz;
   if (state.bytes.size() != total) {
     return Status::InvalidArgument("optimizer state of '" + e.decl.name +
                                    "': " + std::to_string(state.bytes.size()) +
                                    " bytes for a slot of " + std::to_string(total));
   }
-  for (const Chunk& c : e.chunks) {
+  for (const client::Chunk& c : e.chunks) {
     const uint64_t bytes = c.elem_count * esz;
     for (uint64_t off = 0; off < bytes; off += wire::kMaxStateBytes) {
       const uint64_t len = std::min<uint64_t>(wire::kMaxStateBytes, bytes - off);
       const uint8_t* from = state.bytes.data() + c.elem_offset * esz + off;
-      const Chunk* chunk = &c;
-      auto done = CallMade<wire::Ack>(
+      const client::Chunk* chunk = &c;
+      auto done = links_->CallMade<wire::Ack>(
           c.shard,
           [chunk, slot, off, len, from, updates = state.updates] {
             wire::SetState m{chunk->key_id, static_cast<wire::StateSlotId>(slot), off, updates, {}};

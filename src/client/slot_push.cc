@@ -6,15 +6,15 @@
 #include <algorithm>
 #include <cstring>
 
-#include "client/client_impl.h"
+#include "client/push_sender.h"
 #include "core/bytes.h"
 
-namespace tessera {
+namespace tessera::client {
 
 // What the call's groups and puts share, from the pool (object and count in
 // one block): each put's completion holds only this and its group, and so
 // stays inside its Completion (no allocation per put).
-struct Client::Impl::SlotPush {
+struct PushSender::SlotPush {
   // Pipelined: the entries go in groups of about kGroupBytes (never
   // splitting a tensor, whose chunks here must apply at once), and each
   // group's push-done is sent as soon as its puts are complete at the shard,
@@ -28,7 +28,7 @@ struct Client::Impl::SlotPush {
   using Ptr = std::shared_ptr<SlotPush>;
   using GroupPtr = std::shared_ptr<Group>;
 
-  Impl* impl = nullptr;
+  PushSender* sender = nullptr;
   int shard = 0;
   uint32_t flags = 0;
   PushStep tag;
@@ -50,7 +50,7 @@ struct Client::Impl::SlotPush {
   void Finish(const Status& st, std::span<const uint64_t> result) {
     if (finished) return;
     finished = true;
-    ShardConn& conn = impl->shards_[shard];
+    ShardLink& conn = sender->links_[shard];
     conn.in_flight.ops.erase(op_id);
     conn.alloc.Free(offset);
     if (!conn.waiting_for_staging.empty()) {
@@ -68,12 +68,12 @@ struct Client::Impl::SlotPush {
   void OnGroupReply(const Group& g, const wire::Header& h, std::span<const uint8_t> frame);
 };
 
-void Client::Impl::PushThroughSlot(int shard, ChunkIos ios, uint32_t flags, PushStep tag,
-                                   const std::shared_ptr<Future::State>& op, uint64_t offset,
-                                   const PushDone& done) {
-  ShardConn& s = shards_[shard];
+void PushSender::SendThroughSlot(int shard, ChunkIos ios, uint32_t flags, PushStep tag,
+                                 const std::shared_ptr<Future::State>& op, uint64_t offset,
+                                 const PushDone& done) {
+  ShardLink& s = links_[shard];
   auto push = std::allocate_shared<SlotPush>(PoolAllocator<SlotPush>());
-  push->impl = this;
+  push->sender = this;
   push->shard = shard;
   push->flags = flags;
   push->tag = tag;
@@ -85,7 +85,7 @@ void Client::Impl::PushThroughSlot(int shard, ChunkIos ios, uint32_t flags, Push
   push->sent = std::move(ios);
   s.in_flight.ops[push->op_id] = [push](const Status& why) { push->Finish(why, {}); };
   if (s.ipc.slot.data() != nullptr) return push->IntoIpcSlot(push);
-  if (!fabric_gpu_.ok()) {
+  if (!gpu_.fabric_reaches()) {
     if (Status st = push->StageThroughHost(); !st.ok()) return push->Finish(st, {});
   }
   auto groups = push->LayOutGroups();
@@ -96,8 +96,8 @@ void Client::Impl::PushThroughSlot(int shard, ChunkIos ios, uint32_t flags, Push
 
 // Same node, GPU shard: copy straight into the mapped slot (from GPU or host
 // memory), wait for the copies, then say so in one push-done.
-void Client::Impl::SlotPush::IntoIpcSlot(const Ptr& self) {
-  ShardConn& s = impl->shards_[shard];
+void PushSender::SlotPush::IntoIpcSlot(const Ptr& self) {
+  ShardLink& s = sender->links_[shard];
   wire::Push msg;
   msg.step = tag.step;
   msg.step_parts = tag.parts;
@@ -105,22 +105,22 @@ void Client::Impl::SlotPush::IntoIpcSlot(const Ptr& self) {
   Status st;
   for (const auto& io : sent) {
     msg.entries.push_back({io.chunk->key_id, rel, io.chunk->bytes});
-    if (st.ok()) st = impl->GpuCopyAsync(s.ipc.slot.data() + rel, io.local, io.chunk->bytes);
+    if (st.ok()) st = sender->gpu_.CopyAsync(s.ipc.slot.data() + rel, io.local, io.chunk->bytes);
     rel += AlignUp(io.chunk->bytes, 64);
     bytes += io.chunk->bytes;
   }
-  if (st.ok()) st = impl->GpuWait();
+  if (st.ok()) st = sender->gpu_.Wait();
   if (!st.ok()) return Finish(st.WithContext("copying into the CUDA IPC slot of " + s.name()), {});
-  impl->counts_.ipc_bytes += bytes;
-  impl->Request(shard, msg, flags | wire::kFlagIpcSlot,
-                impl->OnPushReply(std::move(sent), tag.step, op,
-                                  [self](const Status& st2, std::span<const uint64_t> v) {
-                                    self->Finish(st2, v);
-                                  }));
+  sender->counts_.ipc_bytes += bytes;
+  sender->links_.Request(shard, msg, flags | wire::kFlagIpcSlot,
+                         sender->OnReply(std::move(sent), tag.step, op,
+                                         [self](const Status& st2, std::span<const uint64_t> v) {
+                                           self->Finish(st2, v);
+                                         }));
 }
 
 // The GPU chunks into host memory, where the puts read them.
-Status Client::Impl::SlotPush::StageThroughHost() {
+Status PushSender::SlotPush::StageThroughHost() {
   uint64_t need = 0;
   for (const auto& io : sent) need += io.on_gpu ? io.chunk->bytes : 0;
   if (need == 0) return Status::Ok();
@@ -130,20 +130,19 @@ Status Client::Impl::SlotPush::StageThroughHost() {
   for (auto& io : sent) {
     if (!io.on_gpu) continue;
     uint8_t* host = bounce.data() + at;
-    if (st.ok()) st = impl->GpuCopyAsync(host, io.local, io.chunk->bytes);
+    if (st.ok()) st = sender->gpu_.CopyAsync(host, io.local, io.chunk->bytes);
     io.local = host;
     at += io.chunk->bytes;
   }
-  if (st.ok()) st = impl->GpuWait();
+  if (st.ok()) st = sender->gpu_.Wait();
   if (!st.ok()) return st.WithContext("staging a GPU buffer through host memory");
-  impl->counts_.staged_bytes += need;
+  sender->counts_.staged_bytes += need;
   return Status::Ok();
 }
 
 // Whole tensors up to about kGroupBytes a group, each entry's place in the
 // slot after the one before it.
-auto Client::Impl::SlotPush::LayOutGroups() const
-    -> std::vector<GroupPtr, PoolAllocator<GroupPtr>> {
+auto PushSender::SlotPush::LayOutGroups() const -> std::vector<GroupPtr, PoolAllocator<GroupPtr>> {
   std::vector<GroupPtr, PoolAllocator<GroupPtr>> groups;
   uint64_t rel = offset;
   for (size_t i = 0; i < sent.size();) {
@@ -176,8 +175,8 @@ auto Client::Impl::SlotPush::LayOutGroups() const
 // the puts at once; elsewhere a flush waits for them first. Either way the
 // reply comes after the puts' completions, so the buffers they read
 // (`bounce`) outlive them.
-void Client::Impl::SlotPush::PutGroup(const Ptr& self, const GroupPtr& g, bool ordered) {
-  ShardConn& s = impl->shards_[shard];
+void PushSender::SlotPush::PutGroup(const Ptr& self, const GroupPtr& g, bool ordered) {
+  ShardLink& s = sender->links_[shard];
   // Ordered: one count for the push-done's turn. Otherwise also one for the
   // flush, and one per put (added as each is issued).
   g->outstanding = ordered ? 1 : 2;
@@ -189,7 +188,7 @@ void Client::Impl::SlotPush::PutGroup(const Ptr& self, const GroupPtr& g, bool o
     if (!ordered) g->outstanding++;
     GroupPtr counted = ordered ? nullptr : g;
     return [self, counted = std::move(counted), gathered](const Status& st) {
-      if (gathered != nullptr) self->impl->shards_[self->shard].gather.Give(gathered);
+      if (gathered != nullptr) self->sender->links_[self->shard].gather.Give(gathered);
       if (!st.ok() && self->status.ok()) self->status = st;
       if (counted && --counted->outstanding == 0) self->SendPushDone(self, counted);
     };
@@ -205,7 +204,7 @@ void Client::Impl::SlotPush::PutGroup(const Ptr& self, const GroupPtr& g, bool o
           if (sent[g->first + i].on_gpu) return std::nullopt;
           return client::PeerSpan{entries[i].staging_offset, entries[i].byte_length};
         });
-    uint8_t* gathered = run.end - k >= 2 ? s.gather.Take(*impl->ctx_, run.span) : nullptr;
+    uint8_t* gathered = run.end - k >= 2 ? s.gather.Take(sender->ctx_, run.span) : nullptr;
     if (gathered == nullptr) {
       pieces.push_back(
           {sent[g->first + k].local, entries[k].byte_length, base + entries[k].staging_offset});
@@ -229,19 +228,20 @@ void Client::Impl::SlotPush::PutGroup(const Ptr& self, const GroupPtr& g, bool o
 }
 
 // A group's push-done, once its puts are complete at the shard.
-void Client::Impl::SlotPush::SendPushDone(const Ptr& self, const GroupPtr& g) {
+void PushSender::SlotPush::SendPushDone(const Ptr& self, const GroupPtr& g) {
   if (finished) return;
-  if (!status.ok()) return Finish(impl->ShardError(shard, status), {});
-  impl->Request(shard, g->msg, flags,
-                [self, g](const Status& st, const wire::Header& h, std::span<const uint8_t> frame) {
-                  if (!st.ok()) return self->Finish(st, {});
-                  self->OnGroupReply(*g, h, frame);
-                });
+  if (!status.ok()) return Finish(sender->links_[shard].Error(status), {});
+  sender->links_.Request(
+      shard, g->msg, flags,
+      [self, g](const Status& st, const wire::Header& h, std::span<const uint8_t> frame) {
+        if (!st.ok()) return self->Finish(st, {});
+        self->OnGroupReply(*g, h, frame);
+      });
 }
 
-void Client::Impl::SlotPush::OnGroupReply(const Group& g, const wire::Header& h,
-                                          std::span<const uint8_t> frame) {
-  wire::PushReply& reply = impl->push_reply_scratch_;
+void PushSender::SlotPush::OnGroupReply(const Group& g, const wire::Header& h,
+                                        std::span<const uint8_t> frame) {
+  wire::PushReply& reply = sender->reply_scratch_;
   if (Status decoded = wire::DecodeBodyInto(h, frame, &reply); !decoded.ok()) {
     return Finish(decoded, {});
   }
@@ -249,7 +249,7 @@ void Client::Impl::SlotPush::OnGroupReply(const Group& g, const wire::Header& h,
       reply.outcomes.size() > g.msg.entries.size()) {
     return Finish(Status::Internal("push reply does not match the request"), {});
   }
-  impl->NoteOutcomes(reply.outcomes, &sent[g.first], tag.step, op.get());
+  sender->NoteOutcomes(reply.outcomes, &sent[g.first], tag.step, op.get());
   if (Status refused = Refusals(reply, &sent[g.first]); !refused.ok()) {
     return Finish(refused, {});
   }
@@ -258,4 +258,4 @@ void Client::Impl::SlotPush::OnGroupReply(const Group& g, const wire::Header& h,
   if (--groups_left == 0) Finish(Status::Ok(), versions);
 }
 
-}  // namespace tessera
+}  // namespace tessera::client

@@ -34,7 +34,7 @@ Admission::Decision Admission::Admit(ConnId conn, const std::string& host, Clock
     if (const double tokens = StrangerTokens(now); tokens < 1.0) {
       const auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(
           options_.stranger_refill * (1.0 - tokens));
-      // ResourceExhausted: a client told so tries again later (shard_link.cc).
+      // ResourceExhausted: a client told so tries again later (shard_joiner.cc).
       d.admitted = Status::ResourceExhausted(
           "too many failed authentications from addresses outside the cluster spec lately; " +
           host + " is refused for another " + std::to_string(std::max<int64_t>(1, wait.count())) +
