@@ -39,6 +39,7 @@ ShardJoiner::ShardJoiner(ShardLinks& links, transport::Context& ctx, const Clien
 Status ShardJoiner::JoinAll(const StartupWaiter::Options& waiting) {
   const int n = static_cast<int>(links_.size());
   std::vector<std::string> names;
+  names.reserve(links_.size());
   for (int i = 0; i < n; ++i) names.push_back(links_[i].name());
   startup_ = std::make_unique<StartupWaiter>(std::move(names));
   ctx_.Post([this, n, deadline = waiting.deadline] {
