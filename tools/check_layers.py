@@ -15,10 +15,19 @@ the shard reaches the coordinator through server/coordinator_port.h.
   check_layers.py ROOT              check the tree at ROOT
   check_layers.py --self-test ROOT  check that wrong-way includes planted in a
                                     copy of the tree at ROOT are caught
+  check_layers.py --search-paths ROOT BUILD
+                                    check that the build gives each layer's
+                                    library only its own include root and those
+                                    of the layers below (meson.build): compiled
+                                    with a library's own flags, a header of any
+                                    layer it may not use is not found
 """
+import json
 import os
 import re
+import shlex
 import shutil
+import subprocess
 import sys
 import tempfile
 
@@ -164,9 +173,102 @@ def self_test(tree):
     return 0
 
 
+def a_header(root, layer):
+    """One header of `layer`, as an include names it ("core/status.h")."""
+    directory = os.path.join(root, LAYERS[layer][0])
+    for name in sorted(os.listdir(directory)):
+        if name.endswith(".h"):
+            return f"{layer}/{name}"
+    return None
+
+
+def a_compile_command(root, layer, commands):
+    """The flags one of the layer's own sources (not a test's) was compiled
+    with, as an argument list, and where it ran; None when the build
+    compiles none (a layer this build leaves out)."""
+    directory = os.path.join(os.path.realpath(root), LAYERS[layer][0]) + os.sep
+    for c in commands:
+        path = os.path.realpath(os.path.join(c["directory"], c["file"]))
+        if path.startswith(directory) and path.endswith(".cc"):
+            return shlex.split(c["command"]), c["directory"]
+    return None
+
+
+def search_paths(root, build, planted=()):
+    """Each layer's library, asked with its own flags which layers' headers
+    it finds (__has_include): its own, and none it may not include."""
+    with open(os.path.join(build, "compile_commands.json"), encoding="utf-8") as f:
+        commands = json.load(f)
+    problems, checked, walled = [], 0, 0
+    with tempfile.TemporaryDirectory() as tmp:
+        probe = os.path.join(tmp, "probe.cc")
+        for layer, (_, allowed) in LAYERS.items():
+            found = a_compile_command(root, layer, commands)
+            if layer == "tessera" or found is None:
+                continue
+            args, cwd = found
+            forbidden = [to for to in LAYERS if to not in allowed + [layer, "tessera"]]
+            own = a_header(root, layer)
+            lines = [f'#if !__has_include("{own}")\n#error "OWN {layer}"\n#endif\n'] if own else []
+            walled += any(a_header(root, to) for to in forbidden)
+            for to in forbidden:
+                header = a_header(root, to)
+                if header is None:
+                    continue
+                lines.append(f'#if __has_include("{header}")\n#error "FOUND {header}"\n#endif\n')
+            with open(probe, "w", encoding="utf-8") as f:
+                f.writelines(lines)
+            # The library's command, preprocessing the probe instead of its
+            # source, and nothing written.
+            argv = [a for a in args if a != "ccache"]
+            out = argv.index("-o")
+            argv[out + 1] = os.devnull
+            argv[argv.index("-c") + 1] = probe
+            argv = [a for a in argv if a not in ("-MD",)]
+            if "-MF" in argv:
+                i = argv.index("-MF")
+                del argv[i:i + 2]
+            if "-MQ" in argv:
+                i = argv.index("-MQ")
+                del argv[i:i + 2]
+            run = subprocess.run(argv + list(planted) + ["-E"], cwd=cwd, capture_output=True, text=True, check=False)
+            for m in re.finditer(r'#error "(OWN|FOUND) ([^"]+)"', run.stderr):
+                if m.group(1) == "OWN":
+                    problems.append(f"{layer}: its library does not find its own headers")
+                else:
+                    problems.append(f"{layer}: its library finds {m.group(2)}, which {layer} may "
+                                    f"not include (only {', '.join([layer] + allowed)})")
+            if run.returncode != 0 and not problems:
+                problems.append(f"{layer}: the probe did not preprocess: {run.stderr.strip()}")
+            checked += 1
+    if checked == 0:
+        problems.append(f"no layer's library found in {build}/compile_commands.json")
+    return problems, checked, walled
+
+
 def main(argv):
     if len(argv) == 3 and argv[1] == "--self-test":
         return self_test(argv[2])
+    if len(argv) == 4 and argv[1] == "--search-paths":
+        problems, checked, walled = search_paths(argv[2], argv[3])
+        for p in problems:
+            print(p)
+        if problems:
+            return 1
+        # The check itself, shown able to fail: every library given the
+        # whole tree's search path (as one include directory for all gave
+        # it) finds what it may not.
+        tree = os.path.realpath(argv[2])
+        planted, _, _ = search_paths(argv[2], argv[3], ["-I" + os.path.join(tree, "src"), "-I" + tree])
+        wrong = [p for p in planted if "finds" not in p]
+        if wrong or len({p.split(":")[0] for p in planted}) != walled:
+            print(f"self-test: with the whole tree on every search path, expected each of the "
+                  f"{walled} layers with a wall to find a header it may not include; got:", planted)
+            return 1
+        print(f"{checked} layers' libraries find only their own headers and those below them "
+              f"(and, given the whole tree's search path, {len(planted)} wrong-way headers were "
+              f"found)")
+        return 0
     if len(argv) != 2:
         print(__doc__.strip(), file=sys.stderr)
         return 2
