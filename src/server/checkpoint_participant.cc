@@ -55,14 +55,7 @@ void CheckpointParticipant::OnPrepare(const wire::CkptPrepare& m) {
   frozen_round_ = m.round;
   wire::CkptPrepared reply;
   reply.round = m.round;
-  table_.ForEach([&](Param& p) {
-    if (!p.initialized) return;
-    reply.chunks++;
-    if (p.entry.tensor.mode.kind != Consistency::kSync) return;
-    reply.min_step = reply.has_sync ? std::min(reply.min_step, p.step) : p.step;
-    reply.max_step = reply.has_sync ? std::max(reply.max_step, p.step) : p.step;
-    reply.has_sync = true;
-  });
+  tables_.ReportForPrepare(&reply);
   options_.send_to_coordinator(wire::Encode(reply, 0));
   ctx_.PostAfter(options_.round_timeout, [this, round = m.round] {
     if (stopping_ || !frozen_ || frozen_round_ != round) return;

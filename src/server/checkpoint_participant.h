@@ -20,6 +20,7 @@
 #include "core/bytes.h"
 #include "server/param_memory.h"
 #include "server/param_table.h"
+#include "server/tables.h"
 #include "transport/transport.h"
 #include "wire/messages.h"
 
@@ -35,9 +36,14 @@ class CheckpointParticipant {
     std::function<void(MessageBytes)> send_to_coordinator;
     std::function<void()> resumed;  // updates may apply again
   };
-  CheckpointParticipant(ParamTable& table, ParamMemory& memory, transport::Context& ctx,
+  // The dense table's chunks are what a round names today.
+  CheckpointParticipant(Tables& tables, ParamMemory& memory, transport::Context& ctx,
                         Options options)
-      : table_(table), memory_(memory), ctx_(ctx), options_(std::move(options)) {}
+      : tables_(tables),
+        table_(tables.dense()),
+        memory_(memory),
+        ctx_(ctx),
+        options_(std::move(options)) {}
   ~CheckpointParticipant() { JoinWriter(); }
   CheckpointParticipant(const CheckpointParticipant&) = delete;
   CheckpointParticipant& operator=(const CheckpointParticipant&) = delete;
@@ -85,6 +91,7 @@ class CheckpointParticipant {
   void Fail(uint64_t round, const Status& st);
   void Unfreeze();
 
+  Tables& tables_;
   ParamTable& table_;
   ParamMemory& memory_;
   transport::Context& ctx_;

@@ -44,7 +44,7 @@ std::unique_ptr<CoordinatorLink> CoordinatorMembership::OpenLink() {
 std::vector<MessageBytes> CoordinatorMembership::JoinFrames() {
   std::vector<wire::Join> joins(1);
   joins.back().more = true;  // the join's end follows them
-  lent_.table->ForEach([&](const Param& p) {
+  lent_.tables->dense().ForEach([&](const Param& p) {
     if (joins.back().chunks.size() == wire::Join::kMaxChunks) {
       joins.emplace_back();
       joins.back().more = true;
@@ -64,7 +64,7 @@ std::vector<MessageBytes> CoordinatorMembership::JoinFrames() {
   for (const auto& join : joins) frames.push_back(wire::Encode(join, 3));
   steps_->AppendJoinFrames(&frames);
   wire::Join end;
-  end.sync_step = lent_.table->SyncStepReached();
+  end.sync_step = lent_.tables->SyncStepReached();
   frames.push_back(wire::Encode(end, 3));
   return frames;
 }

@@ -15,9 +15,9 @@
 #include "server/bye_round.h"
 #include "server/coordinator_link.h"
 #include "server/coordinator_port.h"
-#include "server/param_table.h"
 #include "server/peer_sessions.h"
 #include "server/step_reporter.h"
+#include "server/tables.h"
 #include "tessera/server.h"
 #include "transport/transport.h"
 #include "wire/messages.h"
@@ -31,7 +31,7 @@ class CoordinatorMembership {
     transport::Context* ctx = nullptr;
     const ServerOptions* options = nullptr;
     const PeerSessions* sessions = nullptr;  // the hello deadline the link keeps too
-    const ParamTable* table = nullptr;       // what a join tells
+    const Tables* tables = nullptr;          // what a join tells
     ByeRound* bye = nullptr;
     CoordinatorPort* hosted = nullptr;  // hosted in this process, or null: the link
   };

@@ -163,6 +163,17 @@ Param* ParamTable::Find(const std::string& name, uint32_t chunk_index) {
   return it == by_name_.end() ? nullptr : params_[it->second].get();
 }
 
+void ParamTable::ReportForPrepare(wire::CkptPrepared* reply) const {
+  for (const auto& p : params_) {
+    if (!p->initialized) continue;
+    reply->chunks++;
+    if (p->entry.tensor.mode.kind != Consistency::kSync) continue;
+    reply->min_step = reply->has_sync ? std::min(reply->min_step, p->step) : p->step;
+    reply->max_step = reply->has_sync ? std::max(reply->max_step, p->step) : p->step;
+    reply->has_sync = true;
+  }
+}
+
 uint64_t ParamTable::SyncStepReached() const {
   uint64_t step = 0;
   for (const auto& p : params_) {

@@ -2,7 +2,8 @@
 // of a few large arenas the fabric allocated (remotely readable, never
 // remotely writable), in the shard's memory (host or GPU). Where the fabric
 // cannot reach GPU memory and the user allowed host staging, the arenas are
-// host memory holding a published copy of each GPU-resident chunk.
+// host memory holding a published copy of each GPU-resident chunk. The
+// shard's first table (table.h): its units use this class directly.
 #pragma once
 
 #include <algorithm>
@@ -10,11 +11,13 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
 #include "kernels/update.h"
 #include "server/param_memory.h"
+#include "server/table.h"
 #include "transport/transport.h"
 #include "wire/messages.h"
 
@@ -115,7 +118,7 @@ struct alignas(64) Param {
   Status failure_;
 };
 
-class ParamTable {
+class ParamTable final : public Table {
  public:
   // Arenas are allocated of `arena_kind`: the memory's own kind, or host
   // memory for staging GPU-resident values.
@@ -141,7 +144,13 @@ class ParamTable {
   // naming the first that does not.
   Status CheckRoom(const std::vector<wire::CreateEntry>& entries, uint64_t budget,
                    uint64_t max_chunks) const;
-  uint64_t held_bytes() const { return held_bytes_; }
+  // Table: what the shard asks of every table.
+  std::string_view kind() const override { return "dense"; }
+  size_t entries() const override { return params_.size(); }
+  uint64_t held_bytes() const override { return held_bytes_; }
+  uint64_t SyncStepReached() const override;
+  void ReportForPrepare(wire::CkptPrepared* reply) const override;
+
   // Inline: every entry of every push and pull looks its key up.
   Param* Find(uint32_t key_id) { return key_id < params_.size() ? params_[key_id].get() : nullptr; }
   const Param* Find(uint32_t key_id) const {
@@ -157,8 +166,6 @@ class ParamTable {
     for (const auto& p : params_) fn(static_cast<const Param&>(*p));
   }
   size_t size() const { return params_.size(); }
-  // The furthest step this table's initialised sync chunks reached (0: none).
-  uint64_t SyncStepReached() const;
   size_t num_arenas() const { return arenas_.size(); }
   std::vector<uint8_t> DescribeArena(uint32_t arena_id) const {
     return arenas_[arena_id].region->Describe();

@@ -19,10 +19,12 @@ Status Shard::Open() {
     // until the end of training).
     TESSERA_RETURN_IF_ERROR(ckpt::CheckWritableDirectory(options_.checkpoint_dir));
   }
-  table_ = std::make_unique<ParamTable>(ctx_, &memory_->memory(), memory_->arena_kind(),
-                                        options_.arena_bytes, options_.cluster.num_workers());
+  tables_ = std::make_unique<Tables>(
+      std::make_unique<ParamTable>(ctx_, &memory_->memory(), memory_->arena_kind(),
+                                   options_.arena_bytes, options_.cluster.num_workers()));
+  ParamTable* dense = &tables_->dense();
   membership_.emplace(
-      CoordinatorMembership::Lent{ctx_, &options_, sessions_, table_.get(), lent_.bye,
+      CoordinatorMembership::Lent{ctx_, &options_, sessions_, tables_.get(), lent_.bye,
                                   lent_.hosted},
       CoordinatorMembership::Events{
           .first_joined = [this](const wire::JoinReply& reply) { creates_->Ready(reply); },
@@ -30,20 +32,20 @@ Status Shard::Open() {
           .coordinator_stopped = [this] { lent_.coordinator_stopped(); },
           .link_closed = [this] { checkpoints_->Abandon(); }});
   checkpoints_ = std::make_unique<CheckpointParticipant>(
-      *table_, memory_->memory(), *ctx_,
+      *tables_, memory_->memory(), *ctx_,
       CheckpointParticipant::Options{
           .task = TaskId{"ps", options_.task_index}.ToString(),
           .round_timeout = options_.checkpoint_timeout,
           .send_to_coordinator =
               [this](MessageBytes f) { membership_->coordinator().Send(std::move(f)); },
           .resumed = [this] { RetryWaiting(); }});
-  state_.emplace(*table_, memory_->memory(), *sessions_, *checkpoints_);
-  creates_.emplace(ChunkCreator::Lent{&options_, sessions_, table_.get(), memory_.get(),
-                                      lent_.hosted, lent_.checkpoint_key});
-  pulls_.emplace(PullServer::Lent{ctx_, sessions_, table_.get(), memory_->target(),
-                                  options_.lease_timeout, [this] { RetryWaiting(); }},
+  state_.emplace(*dense, memory_->memory(), *sessions_, *checkpoints_);
+  creates_.emplace(ChunkCreator::Lent{&options_, sessions_, dense, memory_.get(), lent_.hosted,
+                                      lent_.checkpoint_key});
+  pulls_.emplace(PullServer::Lent{ctx_, sessions_, dense, memory_->target(), options_.lease_timeout,
+                                  [this] { RetryWaiting(); }},
                  *lent_.roster, options_.cluster);
-  pushes_.emplace(PushApplier::Lent{&options_, sessions_, table_.get(), memory_->target(),
+  pushes_.emplace(PushApplier::Lent{&options_, sessions_, dense, memory_->target(),
                                     checkpoints_.get(), &membership_->steps(), &*pulls_});
   return Status::Ok();
 }
@@ -124,7 +126,7 @@ void Shard::OnRequest(Peer& peer, const wire::Header& h, std::span<const uint8_t
     case wire::Opcode::kSyncStep:
       return decoded.operator()<wire::SyncStep>([&](wire::SyncStep) {
         peer.ep->Send(wire::kProtocolMsg,
-                      wire::Encode(wire::StepReply{table_->SyncStepReached()}, h.request_id));
+                      wire::Encode(wire::StepReply{tables_->SyncStepReached()}, h.request_id));
       });
     default:
       return sessions_->Drop(peer,
@@ -173,7 +175,7 @@ void Shard::Release() {
   // them after the server stopped.
   membership_.reset();
   checkpoints_.reset();
-  table_.reset();  // regions outlive their context safely (they hold the ucp context)
+  tables_.reset();  // regions outlive their context safely (they hold the ucp context)
 }
 
 void Shard::OnPull(Peer& peer, uint64_t request_id, wire::Pull msg) {
@@ -196,14 +198,14 @@ void Shard::OnSetHyper(Peer& peer, uint64_t request_id, const wire::SetHyper& ms
                                 Status::PermissionDenied(peer.hello.task + " is not the chief"));
   }
   for (uint32_t key : msg.key_ids) {
-    if (table_->Find(key) == nullptr) {
+    if (tables_->dense().Find(key) == nullptr) {
       return sessions_->SendError(
           peer, request_id,
           Status::NotFound("set-hyper for unknown key id " + std::to_string(key)));
     }
   }
   for (uint32_t key : msg.key_ids) {
-    Param* p = table_->Find(key);
+    Param* p = tables_->dense().Find(key);
     p->hyper = msg.hyper;
     TLOG_INFO("{}: learning rate {} from update {} on", p->display_name, msg.hyper.learning_rate,
               p->updates + 1);

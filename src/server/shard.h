@@ -22,6 +22,7 @@
 #include "server/coordinator_port.h"
 #include "server/optimizer_state_access.h"
 #include "server/param_table.h"
+#include "server/tables.h"
 #include "server/peer.h"
 #include "server/peer_sessions.h"
 #include "server/pull_server.h"
@@ -113,7 +114,7 @@ class Shard {
   PeerSessions* const sessions_;
   // From Open on; progress thread only.
   std::unique_ptr<ShardMemory> memory_;
-  std::unique_ptr<ParamTable> table_;
+  std::unique_ptr<Tables> tables_;
   std::optional<CoordinatorMembership> membership_;
   // Checkpoint rounds, this shard's side (messages from the coordinator).
   std::unique_ptr<CheckpointParticipant> checkpoints_;
