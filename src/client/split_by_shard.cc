@@ -50,11 +50,9 @@ Status PartError(const ChunkPart& p, const TensorEntry& e) {
 }
 
 // Where the item's buffers are: whether `data` and `out` are GPU memory.
-Status FindMemory(const ItemView& v, bool ask_cuda, bool* on_gpu, bool* out_on_gpu) {
-  *on_gpu = *out_on_gpu = false;
-  if (v.memory != BufferMemory::kCuda && !(ask_cuda && v.memory != BufferMemory::kHost)) {
-    return Status::Ok();
-  }
+// Called only for an item that may be (the caller's test, inline: a
+// Status per item would cost a batch of small tensors its construction).
+Status FindMemory(const ItemView& v, bool* on_gpu, bool* out_on_gpu) {
   auto r = GpuAccess::OnGpu(v.data, v.memory);
   if (!r.ok()) return r.status();
   *on_gpu = *r;
@@ -81,9 +79,9 @@ Result<ByShard> SplitByShard(const TensorTable& tensors, size_t num_shards,
     if (v.bytes > 0 && (v.data == nullptr || (v.has_out && v.out == nullptr))) {
       return NullBuffer(tensors, v, what);
     }
-    bool on_gpu, out_on_gpu;
-    if (Status st = FindMemory(v, ask_cuda, &on_gpu, &out_on_gpu); !st.ok()) {
-      return st.WithContext(what);
+    bool on_gpu = false, out_on_gpu = false;
+    if (v.memory == BufferMemory::kCuda || (ask_cuda && v.memory != BufferMemory::kHost)) {
+      if (Status st = FindMemory(v, &on_gpu, &out_on_gpu); !st.ok()) return st.WithContext(what);
     }
     // The checks' cheap form first; the errors are built only when one fails.
     const TensorHot* h = tensors.MatchLocked(v.tensor, v.bytes, v.dtype);
