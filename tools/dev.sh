@@ -354,11 +354,13 @@ case "${1:-}" in
       --no-suite engines --no-rebuild
     # The same code against another UCX (1.22, with CUDA modules; no GPU
     # here, so it reports host memory and the GPU tests skip saying so).
-    # Only what UCX carries: the engines' jobs and the cases of Tessera's
-    # own sockets (*/native_tcp, its protected cases too) never load a UCX
-    # transport, and ran above.
+    # Only what UCX carries: the engines' jobs, the cases of Tessera's own
+    # sockets (*/native_tcp, its protected cases too) and the checkpoint
+    # suite (its clusters run on those sockets: tests/cluster_fixture.h)
+    # never load a UCX transport, and ran above.
     stage "build: UCX 1.22" wait_build build-ucx-cu12
-    GTEST_FILTER='-*/native_tcp*' stage "tests: UCX 1.22" run_suite build-ucx-cu12 \
+    GTEST_FILTER='-*/native_tcp*:CheckpointTest.*:CheckpointCrashTest.*' \
+      stage "tests: UCX 1.22" run_suite build-ucx-cu12 \
       --suite unit --suite integration --no-suite engines --no-rebuild
     # pip install . into a fresh venv (built behind the tests, above), and
     # the package's suite against it.
