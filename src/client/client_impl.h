@@ -5,6 +5,8 @@
 // (PushSender, PullReceiver, GpuAccess). Files: client_impl.cc (start and
 // end), data_calls.cc (push, pull, push_pull), declare.cc,
 // coordinator_calls.cc, optimizer_state.cc, client.cc (the public API).
+// What the units' headers call the loop thread is the transport's progress
+// thread, or a caller's thread while it drives the loop (Future::Wait).
 #pragma once
 
 #include <chrono>
