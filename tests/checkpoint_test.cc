@@ -699,7 +699,8 @@ TEST_F(CheckpointTest, SeparateCoordinatorCheckpointsAndRestores) {
   std::vector<std::vector<uint8_t>> saved_values;
   auto start = [&] {
     NewSpec(2, 1);
-    ASSERT_TRUE(spec_.AddJob("coordinator", {{"127.0.0.1", testing::UnusedPort()}}).ok());
+    ASSERT_TRUE(
+        spec_.AddJob("coordinator", {{"127.0.0.1", testing::UnusedPortsBeside(spec_, 1)[0]}}).ok());
     for (int i = 0; i < 2; ++i) servers_.push_back(Server::Start(ServerOpts(i)).value());
     auto o = ServerOpts(0);
     o.job = "coordinator";
@@ -1053,7 +1054,8 @@ TEST_F(CheckpointTest, ARetriedCallFailsWhenTheShardIsNotBackInTime) {
 TEST_F(CheckpointTest, KilledStandaloneCoordinatorRestartsAndTrainingEndsExactly) {
   if (std::getenv("TESSERA_BIN") == nullptr) GTEST_SKIP() << "TESSERA_BIN is not set";
   NewSpec(2, 2);
-  ASSERT_TRUE(spec_.AddJob("coordinator", {{"127.0.0.1", testing::UnusedPort()}}).ok());
+  ASSERT_TRUE(
+      spec_.AddJob("coordinator", {{"127.0.0.1", testing::UnusedPortsBeside(spec_, 1)[0]}}).ok());
   testing::ShardProcesses tasks(spec_, secret_, 2, {"--checkpoint-dir", dir_.string()});
   const int coordinator = 2;
   constexpr uint64_t kSteps = 60;

@@ -92,7 +92,7 @@ class ClusterFixture {
   // coordinator).
   void AddPsAndWorkers(int num_ps, int num_workers) {
     std::vector<TaskAddress> ps, workers;
-    const auto ports = testing::UnusedPorts(static_cast<size_t>(num_ps + num_workers));
+    const auto ports = testing::UnusedPortsBeside(spec_, static_cast<size_t>(num_ps + num_workers));
     for (int i = 0; i < num_ps; ++i) ps.push_back({host_, ports[i]});
     for (int i = 0; i < num_workers; ++i) workers.push_back({host_, ports[num_ps + i]});
     ASSERT_TRUE(spec_.AddJob("ps", ps).ok());

@@ -416,7 +416,7 @@ TEST_P(ClusterTest, BoundedStalenessWaitsForTheSlowestWorker) {
 // TensorFlow's dedicated "chief" task: it is rank 0, initialises, and the
 // workers wait for it.
 TEST_P(ClusterTest, DedicatedChiefTaskInitialises) {
-  ASSERT_TRUE(spec_.AddJob("chief", {{"127.0.0.1", testing::UnusedPort()}}).ok());
+  ASSERT_TRUE(spec_.AddJob("chief", {{"127.0.0.1", testing::UnusedPortsBeside(spec_, 1)[0]}}).ok());
   StartCluster(1, 1);
   auto chief_opts = Options(0);
   chief_opts.task = {"chief", 0};

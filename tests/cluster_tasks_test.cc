@@ -39,7 +39,8 @@ using testing::RawPeer;
 using testing::ShardProcesses;
 
 TEST_P(ClusterTest, SeparateCoordinatorTask) {
-  ASSERT_TRUE(spec_.AddJob("coordinator", {{"127.0.0.1", testing::UnusedPort()}}).ok());
+  ASSERT_TRUE(
+      spec_.AddJob("coordinator", {{"127.0.0.1", testing::UnusedPortsBeside(spec_, 1)[0]}}).ok());
   StartCluster(2, 2);
   ServerOptions opts;
   opts.cluster = spec_;

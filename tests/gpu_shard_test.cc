@@ -36,8 +36,9 @@ class OneShard {
  public:
   OneShard(const std::string& memory, int workers, const std::string& checkpoint_dir = "") {
     std::vector<TaskAddress> w;
-    for (int i = 0; i < workers; ++i) w.push_back({"127.0.0.1", testing::UnusedPort()});
-    status_ = spec_.AddJob("ps", {{"127.0.0.1", testing::UnusedPort()}});
+    const auto ports = testing::UnusedPorts(static_cast<size_t>(workers) + 1);
+    for (int i = 0; i < workers; ++i) w.push_back({"127.0.0.1", ports[i + 1]});
+    status_ = spec_.AddJob("ps", {{"127.0.0.1", ports[0]}});
     if (status_.ok()) status_ = spec_.AddJob("worker", w);
     if (!status_.ok()) return;
     ServerOptions o;
@@ -129,8 +130,9 @@ TEST(GpuShardStart, HostStagingOnlyWhenAllowed) {
     GTEST_SKIP() << "needs a GPU: " << gpu_st.message();
   }
   ClusterSpec spec;
-  ASSERT_TRUE(spec.AddJob("ps", {{"127.0.0.1", testing::UnusedPort()}}).ok());
-  ASSERT_TRUE(spec.AddJob("worker", {{"127.0.0.1", testing::UnusedPort()}}).ok());
+  const auto ports = testing::UnusedPorts(2);
+  ASSERT_TRUE(spec.AddJob("ps", {{"127.0.0.1", ports[0]}}).ok());
+  ASSERT_TRUE(spec.AddJob("worker", {{"127.0.0.1", ports[1]}}).ok());
   ServerOptions o;
   o.cluster = spec;
   o.secret = kSecret;
@@ -375,10 +377,9 @@ TEST(GpuBuffers, CudaIpcToAShardProcessOnThisNode) {
   }
   ASSERT_NE(std::getenv("TESSERA_BIN"), nullptr) << "run by meson, which sets TESSERA_BIN";
   ClusterSpec spec;
-  ASSERT_TRUE(spec.AddJob("ps", {{"127.0.0.1", testing::UnusedPort()}}).ok());
-  ASSERT_TRUE(spec.AddJob("worker", {{"127.0.0.1", testing::UnusedPort()},
-                                     {"127.0.0.1", testing::UnusedPort()}})
-                  .ok());
+  const auto ports = testing::UnusedPorts(3);
+  ASSERT_TRUE(spec.AddJob("ps", {{"127.0.0.1", ports[0]}}).ok());
+  ASSERT_TRUE(spec.AddJob("worker", {{"127.0.0.1", ports[1]}, {"127.0.0.1", ports[2]}}).ok());
   testing::ShardProcesses shard(spec, kSecret, 1,
                                 {"--memory", "cuda", "--allow-host-staging", "--staging-mib", "8"});
   ASSERT_TRUE(shard.started());
@@ -449,8 +450,9 @@ TEST(GpuBuffers, StreamOrderedPushAndPull) {
   }
   ASSERT_NE(std::getenv("TESSERA_BIN"), nullptr) << "run by meson, which sets TESSERA_BIN";
   ClusterSpec spec;
-  ASSERT_TRUE(spec.AddJob("ps", {{"127.0.0.1", testing::UnusedPort()}}).ok());
-  ASSERT_TRUE(spec.AddJob("worker", {{"127.0.0.1", testing::UnusedPort()}}).ok());
+  const auto ports = testing::UnusedPorts(2);
+  ASSERT_TRUE(spec.AddJob("ps", {{"127.0.0.1", ports[0]}}).ok());
+  ASSERT_TRUE(spec.AddJob("worker", {{"127.0.0.1", ports[1]}}).ok());
   testing::ShardProcesses shard(spec, kSecret, 1,
                                 {"--memory", "cuda", "--allow-host-staging", "--staging-mib", "8"});
   ASSERT_TRUE(shard.started());

@@ -29,8 +29,9 @@ struct Cluster {
 Cluster StartCluster(int workers) {
   Cluster c;
   std::vector<TaskAddress> w;
-  for (int i = 0; i < workers; ++i) w.push_back({"127.0.0.1", testing::UnusedPort()});
-  EXPECT_TRUE(c.spec.AddJob("ps", {{"127.0.0.1", testing::UnusedPort()}}).ok());
+  const auto ports = testing::UnusedPorts(static_cast<size_t>(workers) + 1);
+  for (int i = 0; i < workers; ++i) w.push_back({"127.0.0.1", ports[i + 1]});
+  EXPECT_TRUE(c.spec.AddJob("ps", {{"127.0.0.1", ports[0]}}).ok());
   EXPECT_TRUE(c.spec.AddJob("worker", w).ok());
   ServerOptions o;
   o.cluster = c.spec;

@@ -26,10 +26,11 @@ class OnPathTest : public ::testing::Test, public testing::ClusterFixture {
   // One shard, listening on its own port; the spec, which the worker
   // connects by, names the relay's.
   void Start(SessionProtection shard_side) {
-    const uint16_t shard_port = testing::UnusedPort();
+    const auto ports = testing::UnusedPorts(2);
+    const uint16_t shard_port = ports[0];
     relay_ = std::make_unique<testing::FlippingRelay>(shard_port);
     ASSERT_TRUE(spec_.AddJob("ps", {{host_, relay_->port()}}).ok());
-    ASSERT_TRUE(spec_.AddJob("worker", {{host_, testing::UnusedPort()}}).ok());
+    ASSERT_TRUE(spec_.AddJob("worker", {{host_, ports[1]}}).ok());
     configure_server_ = [=](ServerOptions& o) {
       o.bind_port = shard_port;
       o.session_protection = shard_side;

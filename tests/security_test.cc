@@ -53,10 +53,9 @@ class SecurityTest : public ClusterTest {
 
   // One `tessera server` process and two worker tasks in the spec.
   void StartServer(std::map<int, std::vector<std::string>> env = {}) {
-    ASSERT_TRUE(spec_.AddJob("ps", {{host_, testing::UnusedPort()}}).ok());
-    ASSERT_TRUE(
-        spec_.AddJob("worker", {{host_, testing::UnusedPort()}, {host_, testing::UnusedPort()}})
-            .ok());
+    const auto ports = testing::UnusedPorts(3);
+    ASSERT_TRUE(spec_.AddJob("ps", {{host_, ports[0]}}).ok());
+    ASSERT_TRUE(spec_.AddJob("worker", {{host_, ports[1]}, {host_, ports[2]}}).ok());
     server_ = std::make_unique<ShardProcesses>(
         spec_, secret_, 1, std::vector<std::string>{"--staging-mib", "4"}, std::move(env));
     ASSERT_TRUE(server_->started()) << "TESSERA_BIN is not set";

@@ -22,6 +22,22 @@ namespace tessera::testing {
 uint16_t UnusedPort() { return PickListenPort("127.0.0.1"); }
 std::vector<uint16_t> UnusedPorts(size_t n) { return PickListenPorts("127.0.0.1", n); }
 
+std::vector<uint16_t> UnusedPortsBeside(const ClusterSpec& spec, size_t n) {
+  size_t taken = 0;
+  for (const auto& [job, tasks] : spec.jobs()) taken += tasks.size();
+  std::vector<uint16_t> ports = PickListenPorts("127.0.0.1", n + taken);
+  std::erase_if(ports, [&](uint16_t port) {
+    for (const auto& [job, tasks] : spec.jobs()) {
+      for (const auto& t : tasks) {
+        if (t.port == port) return true;
+      }
+    }
+    return false;
+  });
+  ports.resize(n);
+  return ports;
+}
+
 bool WaitUntil(const std::function<bool()>& done, std::chrono::milliseconds limit) {
   const auto deadline = std::chrono::steady_clock::now() + limit;
   while (!done()) {

@@ -53,10 +53,15 @@ class Waiter {
   std::future<T> future_;
 };
 
-// A TCP port on 127.0.0.1 that nothing listens on right now.
+// A TCP port on 127.0.0.1 that nothing listens on right now. One port
+// alone: two picks in a row can give the same port (nothing listens on it
+// between them), and a spec refuses an address given twice.
 uint16_t UnusedPort();
 // `n` of them, all different: the tasks of one cluster spec.
 std::vector<uint16_t> UnusedPorts(size_t n);
+// `n` different ones that no task of `spec` has either: the tasks of a job
+// added to a spec that holds others.
+std::vector<uint16_t> UnusedPortsBeside(const ClusterSpec& spec, size_t n);
 
 // Polls `done` until it holds or `limit` passes; whether it held. For tests
 // that wait for a condition instead of sleeping "long enough".

@@ -30,8 +30,23 @@ WHY_STDERR = re.compile(
     r"terminate called|Segmentation fault|Aborted")
 
 
+# A gtest assertion's block: its message (a Status's text, say) matches no
+# pattern, so the lines after "FILE:LINE: Failure" are kept up to the blank
+# line or the "[ ... ]" marker that ends the block.
+GTEST_FAILURE = re.compile(r":\d+: Failure$")
+BLOCK_END = re.compile(r"^\s*$|^\[")
+
+
 def why_lines(text, pattern, limit):
-    lines = [line for line in text.splitlines() if pattern.search(line)]
+    lines = []
+    in_block = False
+    for line in text.splitlines():
+        if in_block and BLOCK_END.search(line):
+            in_block = False
+        if in_block or pattern.search(line):
+            lines.append(line)
+        if GTEST_FAILURE.search(line):
+            in_block = True
     return lines[:limit], max(0, len(lines) - limit)
 
 
@@ -63,7 +78,11 @@ def self_test():
     failed = {"name": "security", "result": "FAIL", "returncode": 1, "duration": 66.2,
               "stdout": "[ RUN      ] Flood.Guesses\nsecurity_test.cc:470: Failure\n"
                         "Expected: (most_fds) <= (bound), actual: 545 vs 540\n"
-                        "[  FAILED  ] Flood.Guesses (4633 ms)\n",
+                        "[  FAILED  ] Flood.Guesses (4633 ms)\n"
+                        "[ RUN      ] Start.OnAFreePort\nshard_test.cc:269: Failure\n"
+                        "Value of: shard.status().ok()\n  Actual: false\nExpected: true\n"
+                        "UNAVAILABLE: listen on 127.0.0.1:20000: the port is in use\n\n"
+                        "outside any block\n[  FAILED  ] Start.OnAFreePort (21 ms)\n",
               "stderr": "I [ps0] worker left\nW [ps0] refused: Error: bad proof\n"}
     passed = {"name": "wire", "result": "OK", "returncode": 0, "duration": 0.6,
               "stdout": "Expected: nothing, this passed\n", "stderr": ""}
@@ -79,6 +98,8 @@ def self_test():
         "exits 0": rc == 0,
         "names the failed test": "== why security FAIL" in text,
         "prints the assertion": "actual: 545 vs 540" in text and "security_test.cc:470" in text,
+        "prints an assertion's message": "the port is in use" in text,
+        "ends the block at its blank line": "outside any block" not in text,
         "leaves the server's log out": "refused" not in text,
         "leaves the passing test out": "wire" not in text,
     }

@@ -31,7 +31,12 @@ stop_slurm() {
   rm -rf "$dir"
 }
 trap stop_slurm EXIT
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+# Two ports at once, both bound while picked: two picks in a row could give
+# the same one.
+read -r ctld_port slurmd_port < <(python3 -c 'import socket
+s = [socket.socket() for _ in range(2)]
+for x in s: x.bind(("127.0.0.1", 0))
+print(*(x.getsockname()[1] for x in s))')
 
 # munge, with a key and a socket of this test's own.
 dd if=/dev/urandom of="$dir/munge.key" bs=1024 count=1 2> /dev/null
@@ -49,8 +54,8 @@ SlurmdUser=root
 AuthType=auth/munge
 AuthInfo=socket=$dir/munge.sock
 CredType=cred/munge
-SlurmctldPort=$(free_port)
-SlurmdPort=$(free_port)
+SlurmctldPort=$ctld_port
+SlurmdPort=$slurmd_port
 StateSaveLocation=$dir/state
 SlurmdSpoolDir=$dir/spool
 SlurmctldPidFile=$dir/slurmctld.pid
