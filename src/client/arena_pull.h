@@ -2,6 +2,7 @@
 // granted (arena_pull.cc).
 #pragma once
 
+#include "client/host_bounce.h"
 #include "client/pull_receiver.h"
 
 namespace tessera::client {
@@ -22,9 +23,9 @@ struct PullReceiver::ArenaPull {
   PartDone done;
   // The chunks: where a gathered get's bytes are copied out to.
   ChunkIos ios;
-  // GPU chunks read into host memory, copied up once every get is done.
-  std::vector<uint8_t> bounce;
-  std::vector<std::pair<uint8_t*, size_t>> bounce_to;  // (GPU destination, bytes)
+  // GPU chunks read into host memory (a fabric that cannot reach GPU
+  // memory, and the user allowed staging), copied up once every get is done.
+  HostBounce bounce;
 
   // Runs once: when the gets are done, on a failure, or when the shard is
   // lost.
@@ -43,12 +44,8 @@ struct PullReceiver::ArenaPull {
   }
   static void Start(PullReceiver* receiver, int shard, ChunkIos ios, uint64_t lease,
                     const PartDone& done);
-  bool AllMapped() const;
-  void FromIpcArenas();
-  std::vector<uint8_t*> PlanHostBounce();
-  void Get(const Ptr& self, const std::vector<uint8_t*>& into);
+  void Get(const Ptr& self);
   void Read(const Status& st, uint32_t first, uint32_t end, const uint8_t* gathered);
-  Status CopyUp();
 };
 
 }  // namespace tessera::client

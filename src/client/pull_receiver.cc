@@ -3,7 +3,6 @@
 #include "client/pull_receiver.h"
 
 #include <algorithm>
-#include <cstring>
 
 #include "client/arena_pull.h"
 
@@ -30,7 +29,9 @@ PullReceiver::PullReceiver(ShardLinks& links, GpuAccess& gpu, CallCounters& coun
       counts_(counts),
       ctx_(ctx),
       inline_max_(static_cast<uint32_t>(std::min(inline_bytes, wire::kMaxInlineBytes))),
-      wait_ms_(ShardWaitMs(op_timeout)) {}
+      wait_ms_(ShardWaitMs(op_timeout)),
+      inline_(gpu, counts),
+      ipc_(gpu, counts) {}
 
 bool PullReceiver::Reachable(int shard, const PartDone& done) {
   const ShardLink& s = links_[shard];
@@ -75,33 +76,8 @@ ReplyFn PullReceiver::OnReply(int shard, ChunkIos ios, PartDone done) {
 void PullReceiver::Accept(int shard, ChunkIos ios, const wire::PullReply& reply,
                           const PartDone& done) {
   // Inline: no lease to give back.
-  if (reply.lease_id == 0) return done(CopyInline(ios, reply));
+  if (reply.lease_id == 0) return done(inline_.Unpack(ios, reply.data));
   ArenaPull::Start(this, shard, std::move(ios), reply.lease_id, done);
-}
-
-Status PullReceiver::CopyInline(const ChunkIos& ios, const wire::PullReply& reply) {
-  uint64_t total = 0;
-  for (const auto& io : ios) total += io.chunk->bytes;
-  if (total != reply.data.size()) {
-    return Status::Internal("inline pull reply of " + std::to_string(reply.data.size()) +
-                            " bytes for " + std::to_string(total));
-  }
-  const uint8_t* src = reply.data.data();
-  bool to_gpu = false;
-  for (const auto& io : ios) {
-    if (io.on_gpu) {
-      if (Status st = gpu_.CopyAsync(io.local, src, io.chunk->bytes); !st.ok()) {
-        return st.WithContext("pull into GPU memory");
-      }
-      counts_.gpu_inline_bytes += io.chunk->bytes;
-      to_gpu = true;
-    } else {
-      std::memcpy(io.local, src, io.chunk->bytes);
-    }
-    src += io.chunk->bytes;
-  }
-  // The reply's bytes must stay until the copies are done.
-  return to_gpu ? gpu_.Wait().WithContext("pull into GPU memory") : Status::Ok();
 }
 
 }  // namespace tessera::client

@@ -1,8 +1,9 @@
 // Receives one shard's part of a pull: asks for the chunks, and lands the
 // reply's bytes in the caller's buffers, copied from the reply when they
-// came inline, else read out of the shard's arenas under the lease it
-// granted (arena_pull.cc). push_pull's inline round trip ends here too: the
-// shard answers that push with the weights it produced. Loop thread.
+// came inline (inline_route.h), else read out of the shard's arenas under
+// the lease it granted (arena_pull.cc). push_pull's inline round trip ends
+// here too: the shard answers that push with the weights it produced. Loop
+// thread.
 #pragma once
 
 #include <chrono>
@@ -11,6 +12,8 @@
 #include "client/call_counters.h"
 #include "client/chunk_io.h"
 #include "client/gpu_access.h"
+#include "client/inline_route.h"
+#include "client/ipc_route.h"
 #include "client/shard_links.h"
 #include "transport/transport.h"
 #include "wire/messages.h"
@@ -36,8 +39,6 @@ class PullReceiver {
   // The handler of a reply carrying a pull's answer: decoded, then Accept.
   ReplyFn OnReply(int shard, ChunkIos ios, PartDone done);
   void Accept(int shard, ChunkIos ios, const wire::PullReply& reply, const PartDone& done);
-  // The reply's bytes, inline, into the chunks' buffers.
-  Status CopyInline(const ChunkIos& ios, const wire::PullReply& reply);
 
   ShardLinks& links_;
   GpuAccess& gpu_;
@@ -45,6 +46,8 @@ class PullReceiver {
   transport::Context& ctx_;
   const uint32_t inline_max_;
   const uint32_t wait_ms_;  // how long a shard may hold a pull
+  InlineRoute inline_;
+  IpcRoute ipc_;
   // The last pull built and the last reply decoded: each used up before
   // the next is made, so reusing them saves their allocations.
   wire::Pull scratch_;

@@ -4,14 +4,13 @@
 #include "client/push_sender.h"
 
 #include <algorithm>
-#include <cstring>
 
 #include "core/bytes.h"
 
 namespace tessera::client {
 
 void PushSender::NoteOutcomes(const std::vector<uint8_t>& outcomes, const ChunkIo* ios,
-                                uint64_t step, Future::State* op) {
+                              uint64_t step, Future::State* op) {
   for (size_t i = 0; i < outcomes.size(); ++i) {
     DroppedChunk::Why why;
     if (outcomes[i] == static_cast<uint8_t>(wire::PushOutcome::kStale)) {
@@ -52,9 +51,8 @@ Status PushSender::Refusals(const wire::PushReply& reply, const ChunkIo* ios) {
   return Status(reply.refusals.front().code, why);
 }
 
-ReplyFn PushSender::OnReply(ChunkIos sent, uint64_t step,
-                                                std::shared_ptr<Future::State> op,
-                                                PushDone finish) {
+ReplyFn PushSender::OnReply(ChunkIos sent, uint64_t step, std::shared_ptr<Future::State> op,
+                            PushDone finish) {
   return [this, step, op = std::move(op), sent = std::move(sent), finish = std::move(finish)](
              const Status& st, const wire::Header& h, std::span<const uint8_t> frame) {
     if (!st.ok()) return finish(st, {});
@@ -72,33 +70,10 @@ ReplyFn PushSender::OnReply(ChunkIos sent, uint64_t step,
 }
 
 Result<const wire::Push*> PushSender::InlineMessage(const ChunkIos& ios, PushStep tag) {
-  uint64_t raw = 0;
-  for (const auto& io : ios) raw += io.chunk->bytes;
   wire::Push& msg = scratch_;
   msg.step = tag.step;
   msg.step_parts = tag.parts;
-  // Both lists sized once (the scratch message keeps their capacity), then
-  // filled in place: a batch of small tensors costs a copy each, no more.
-  msg.entries.resize(ios.size());
-  msg.payload.resize(raw);
-  bool from_gpu = false;
-  uint64_t at = 0;
-  for (size_t i = 0; i < ios.size(); ++i) {
-    const ChunkIo& io = ios[i];
-    msg.entries[i] = {io.chunk->key_id, at, io.chunk->bytes};
-    uint8_t* into = msg.payload.data() + at;
-    at += io.chunk->bytes;
-    if (!io.on_gpu) {
-      std::memcpy(into, io.local, io.chunk->bytes);
-      continue;
-    }
-    if (Status st = gpu_.CopyAsync(into, io.local, io.chunk->bytes); !st.ok()) {
-      return st.WithContext("push from GPU memory");
-    }
-    counts_.gpu_inline_bytes += io.chunk->bytes;
-    from_gpu = true;
-  }
-  if (from_gpu) TESSERA_RETURN_IF_ERROR(gpu_.Wait().WithContext("push from GPU memory"));
+  TESSERA_RETURN_IF_ERROR(inline_.Pack(ios, msg));
   return &msg;
 }
 
@@ -133,16 +108,16 @@ void PushSender::SendNextPart(const std::shared_ptr<InParts>& parts) {
   const PushStep tag{parts->tag.step, parts->next == 0 ? parts->tag.parts : 0};
   parts->next = end;
   Send(parts->shard, std::move(part), parts->flags, tag, parts->op,
-              [this, parts](const Status& st, std::span<const uint64_t> v) {
-                if (!st.ok()) return parts->done(st, {});
-                parts->versions.insert(parts->versions.end(), v.begin(), v.end());
-                if (parts->next < parts->ios.size()) return SendNextPart(parts);
-                parts->done(Status::Ok(), parts->versions);
-              });
+       [this, parts](const Status& st, std::span<const uint64_t> v) {
+         if (!st.ok()) return parts->done(st, {});
+         parts->versions.insert(parts->versions.end(), v.begin(), v.end());
+         if (parts->next < parts->ios.size()) return SendNextPart(parts);
+         parts->done(Status::Ok(), parts->versions);
+       });
 }
 
 void PushSender::Send(int shard, ChunkIos ios, uint32_t flags, PushStep tag,
-                               const std::shared_ptr<Future::State>& op, PushDone done) {
+                      const std::shared_ptr<Future::State>& op, PushDone done) {
   const uint64_t step = tag.step;
   ShardLink& s = links_[shard];
   if (!s.dead.ok()) {

@@ -1,8 +1,8 @@
 // Sends one shard's part of a push: its bytes inline in the push message
-// when small, else into the worker's staging slot on the shard (copied into
-// the CUDA IPC slot, or put one-sided: slot_push.cc), in parts when larger
-// than the slot; then each chunk's outcome, as the shard reports it. Loop
-// thread.
+// when small (inline_route.h), else into the worker's staging slot on the
+// shard (copied into the CUDA IPC slot, or put one-sided: slot_push.cc), in
+// parts when larger than the slot; then each chunk's outcome, as the shard
+// reports it. Loop thread.
 #pragma once
 
 #include <cstdint>
@@ -13,6 +13,8 @@
 #include "client/chunk_io.h"
 #include "client/future_state.h"
 #include "client/gpu_access.h"
+#include "client/inline_route.h"
+#include "client/ipc_route.h"
 #include "client/shard_links.h"
 #include "transport/transport.h"
 #include "wire/messages.h"
@@ -25,7 +27,13 @@ class PushSender {
   // (ClientOptions::inline_bytes).
   PushSender(ShardLinks& links, GpuAccess& gpu, CallCounters& counts, transport::Context& ctx,
              uint64_t inline_bytes)
-      : links_(links), gpu_(gpu), counts_(counts), ctx_(ctx), inline_bytes_(inline_bytes) {}
+      : links_(links),
+        gpu_(gpu),
+        counts_(counts),
+        ctx_(ctx),
+        inline_bytes_(inline_bytes),
+        inline_(gpu, counts),
+        ipc_(gpu, counts) {}
 
   // Whether a push of these chunks to one shard carries their bytes inside
   // its message.
@@ -70,6 +78,8 @@ class PushSender {
   CallCounters& counts_;
   transport::Context& ctx_;
   const uint64_t inline_bytes_;
+  InlineRoute inline_;
+  IpcRoute ipc_;
   // The last push built and the last reply decoded. Each is used up before
   // the next is made (a request is encoded as soon as it is built; a
   // reply's versions are read before anything else runs), so reusing them

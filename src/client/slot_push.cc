@@ -1,11 +1,13 @@
 // One push through the worker's staging slot on one shard, once its space
 // in the slot is ours. Its chunks take one route: copied into the CUDA IPC
-// slot (same node, GPU shard), or put one-sided, GPU chunks first copied to
-// host memory where the fabric cannot reach GPU memory.
+// slot (same node, GPU shard: ipc_route.h), or put one-sided
+// (one_sided_moves.h), GPU chunks first copied to host memory where the
+// fabric cannot reach GPU memory (host_bounce.h).
 
 #include <algorithm>
-#include <cstring>
 
+#include "client/host_bounce.h"
+#include "client/one_sided_moves.h"
 #include "client/push_sender.h"
 #include "core/bytes.h"
 
@@ -43,7 +45,7 @@ struct PushSender::SlotPush {
   ChunkIos sent;
   // GPU chunks copied to host memory first (a fabric that cannot reach GPU
   // memory, and the user allowed staging); read by the puts.
-  std::vector<uint8_t> bounce;
+  HostBounce bounce;
 
   // Runs once: when every group is answered, on a failure, or when the shard
   // is lost. Frees the slot's space for the next push waiting for it.
@@ -61,7 +63,6 @@ struct PushSender::SlotPush {
     done(st, result);
   }
   void IntoIpcSlot(const Ptr& self);
-  Status StageThroughHost();
   std::vector<GroupPtr, PoolAllocator<GroupPtr>> LayOutGroups() const;
   void PutGroup(const Ptr& self, const GroupPtr& g, bool ordered);
   void SendPushDone(const Ptr& self, const GroupPtr& g);
@@ -84,9 +85,11 @@ void PushSender::SendThroughSlot(int shard, ChunkIos ios, uint32_t flags, PushSt
   push->versions.resize(ios.size());
   push->sent = std::move(ios);
   s.in_flight.ops[push->op_id] = [push](const Status& why) { push->Finish(why, {}); };
-  if (s.ipc.slot.data() != nullptr) return push->IntoIpcSlot(push);
+  if (IpcRoute::SlotMapped(s)) return push->IntoIpcSlot(push);
   if (!gpu_.fabric_reaches()) {
-    if (Status st = push->StageThroughHost(); !st.ok()) return push->Finish(st, {});
+    if (Status st = push->bounce.Down(gpu_, counts_, push->sent); !st.ok()) {
+      return push->Finish(st, {});
+    }
   }
   auto groups = push->LayOutGroups();
   push->groups_left = groups.size();
@@ -97,47 +100,22 @@ void PushSender::SendThroughSlot(int shard, ChunkIos ios, uint32_t flags, PushSt
 // Same node, GPU shard: copy straight into the mapped slot (from GPU or host
 // memory), wait for the copies, then say so in one push-done.
 void PushSender::SlotPush::IntoIpcSlot(const Ptr& self) {
-  ShardLink& s = sender->links_[shard];
   wire::Push msg;
   msg.step = tag.step;
   msg.step_parts = tag.parts;
-  uint64_t rel = offset, bytes = 0;
-  Status st;
+  uint64_t rel = offset;
   for (const auto& io : sent) {
     msg.entries.push_back({io.chunk->key_id, rel, io.chunk->bytes});
-    if (st.ok()) st = sender->gpu_.CopyAsync(s.ipc.slot.data() + rel, io.local, io.chunk->bytes);
     rel += AlignUp(io.chunk->bytes, 64);
-    bytes += io.chunk->bytes;
   }
-  if (st.ok()) st = sender->gpu_.Wait();
-  if (!st.ok()) return Finish(st.WithContext("copying into the CUDA IPC slot of " + s.name()), {});
-  sender->counts_.ipc_bytes += bytes;
+  if (Status st = sender->ipc_.IntoSlot(sender->links_[shard], sent, msg.entries); !st.ok()) {
+    return Finish(st, {});
+  }
   sender->links_.Request(shard, msg, flags | wire::kFlagIpcSlot,
                          sender->OnReply(std::move(sent), tag.step, op,
                                          [self](const Status& st2, std::span<const uint64_t> v) {
                                            self->Finish(st2, v);
                                          }));
-}
-
-// The GPU chunks into host memory, where the puts read them.
-Status PushSender::SlotPush::StageThroughHost() {
-  uint64_t need = 0;
-  for (const auto& io : sent) need += io.on_gpu ? io.chunk->bytes : 0;
-  if (need == 0) return Status::Ok();
-  bounce.resize(need);
-  uint64_t at = 0;
-  Status st;
-  for (auto& io : sent) {
-    if (!io.on_gpu) continue;
-    uint8_t* host = bounce.data() + at;
-    if (st.ok()) st = sender->gpu_.CopyAsync(host, io.local, io.chunk->bytes);
-    io.local = host;
-    at += io.chunk->bytes;
-  }
-  if (st.ok()) st = sender->gpu_.Wait();
-  if (!st.ok()) return st.WithContext("staging a GPU buffer through host memory");
-  sender->counts_.staged_bytes += need;
-  return Status::Ok();
 }
 
 // Whole tensors up to about kGroupBytes a group, each entry's place in the
@@ -165,9 +143,7 @@ auto PushSender::SlotPush::LayOutGroups() const -> std::vector<GroupPtr, PoolAll
   return groups;
 }
 
-// The group's chunks into the slot: a run of small host chunks side by side
-// as one put from the gather buffer, the rest as one batch (Endpoint::
-// PutMany, which a fabric that copies them itself copies back to back).
+// The group's chunks into the slot (one_sided_moves.h).
 //
 // The shard reads the slot once the push-done arrives: this group's puts
 // (and every earlier one) must have landed by then. On an endpoint that
@@ -180,10 +156,10 @@ void PushSender::SlotPush::PutGroup(const Ptr& self, const GroupPtr& g, bool ord
   // Ordered: one count for the push-done's turn. Otherwise also one for the
   // flush, and one per put (added as each is issued).
   g->outstanding = ordered ? 1 : 2;
-  // The completion of one put, or of the group's batch. `gathered`: the
-  // gather buffer's space it read, given back. It holds what it needs and
-  // no more (40 bytes: inside its Completion); `counted` is the group when
-  // its push-done waits for this put.
+  // The completion of one put, or of a batch. `gathered`: the gather
+  // buffer's space it read, given back. It holds what it needs and no more
+  // (40 bytes: inside its Completion); `counted` is the group when its
+  // push-done waits for this put.
   auto put_done = [&](const uint8_t* gathered) -> transport::Completion {
     if (!ordered) g->outstanding++;
     GroupPtr counted = ordered ? nullptr : g;
@@ -193,32 +169,24 @@ void PushSender::SlotPush::PutGroup(const Ptr& self, const GroupPtr& g, bool ord
       if (counted && --counted->outstanding == 0) self->SendPushDone(self, counted);
     };
   };
-  std::vector<transport::RmaPiece, PoolAllocator<transport::RmaPiece>> pieces;
   const auto& entries = g->msg.entries;
-  pieces.reserve(entries.size());
-  const uint64_t base = s.staging->base();
-  const uint64_t gather_up_to = s.ep->GatherUpTo();
-  for (size_t k = 0; k < entries.size();) {
-    const auto run = client::GatherBuffer::RunFrom(
-        k, entries.size(), gather_up_to, [&](size_t i) -> std::optional<client::PeerSpan> {
-          if (sent[g->first + i].on_gpu) return std::nullopt;
-          return client::PeerSpan{entries[i].staging_offset, entries[i].byte_length};
-        });
-    uint8_t* gathered = run.end - k >= 2 ? s.gather.Take(sender->ctx_, run.span) : nullptr;
-    if (gathered == nullptr) {
-      pieces.push_back(
-          {sent[g->first + k].local, entries[k].byte_length, base + entries[k].staging_offset});
-      ++k;
-      continue;
-    }
-    for (size_t i = k; i < run.end; ++i) {
-      std::memcpy(gathered + (entries[i].staging_offset - entries[k].staging_offset),
-                  sent[g->first + i].local, entries[i].byte_length);
-    }
-    s.ep->Put(gathered, run.span, *s.staging, base + entries[k].staging_offset, put_done(gathered));
-    k = run.end;
-  }
-  if (!pieces.empty()) s.ep->PutMany(pieces, *s.staging, put_done(nullptr));
+  const ChunkIo* ios = &sent[g->first];
+  auto at = [&](size_t i) {
+    return OneSidedChunk{ios[i].local, entries[i].byte_length, s.staging.get(),
+                         entries[i].staging_offset, ios[i].on_gpu};
+  };
+  ForEachOneSidedMove(
+      s, sender->ctx_, entries.size(), at,
+      [&](size_t first, size_t end, uint8_t* buffer, uint64_t span,
+          const transport::RemoteRegion& region, uint64_t addr) {
+        CopyRunIn(buffer, at, first, end);
+        s.ep->Put(buffer, span, region, addr, put_done(buffer));
+      },
+      [&](size_t, std::span<const transport::RmaPiece> pieces,
+          const transport::RemoteRegion& region) {
+        s.ep->PutMany(pieces, region, put_done(nullptr));
+      },
+      [](size_t) {});  // the slot is always lent
   auto turn_done = [self, g](const Status& st) {
     if (!st.ok() && self->status.ok()) self->status = st;
     if (--g->outstanding == 0) self->SendPushDone(self, g);
