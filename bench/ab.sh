@@ -2,7 +2,8 @@
 # A/B of two builds of `tessera` in the same minutes: the same `tessera bench`
 # arguments run with OLD, then NEW, N rounds alternating (so that a noisy
 # spell of the machine hits both), then each point's median p50 per build and
-# their ratio, with every round's figure, and the median p99 per build.
+# their ratio, with a bootstrap 90% interval of that ratio and every
+# round's figure, and the median p99 per build.
 #   bench/ab.sh OLD_TESSERA NEW_TESSERA [bench arguments...]     (N=3 rounds)
 # e.g. build the previous main into /tmp/old (git worktree add /tmp/old-src
 # main~1; meson setup /tmp/old /tmp/old-src; ninja -C /tmp/old tools/tessera),
@@ -26,8 +27,19 @@ for r in $(seq "$rounds"); do
   done
 done
 python3 - "$out" "$rounds" <<'PY'
-import json, statistics, sys
+import json, random, statistics, sys
 out, rounds = sys.argv[1], int(sys.argv[2])
+
+
+def interval(o, n, draws=2000):
+    """A bootstrap 90% interval of the ratio of medians: the rounds of each
+    build drawn again with replacement. Where it straddles 1.00 the rounds
+    do not tell the builds apart; where it is wide the machine needs more."""
+    rng = random.Random(0)
+    ratios = sorted(statistics.median(rng.choices(n, k=len(n))) /
+                    statistics.median(rng.choices(o, k=len(o))) for _ in range(draws))
+    return ratios[int(0.05 * draws)], ratios[int(0.95 * draws) - 1]
+
 points = {}
 for v in ("old", "new"):
     for r in range(1, rounds + 1):
@@ -36,8 +48,8 @@ for v in ("old", "new"):
             key = (row["scenario"], row["transport"] + (" + hog" if row.get("load") == "hog" else ""),
                    row["bytes"], row["batch"])
             points.setdefault(key, {}).setdefault(v, []).append(row)
-print("| scenario | transport | bytes | batch | old p50 µs | new p50 µs | new/old | old rounds | new rounds | p99 µs old → new | allocs/op old → new |")
-print("|---|---|---:|---:|---:|---:|---:|---|---|---|---|")
+print("| scenario | transport | bytes | batch | old p50 µs | new p50 µs | new/old | 90% interval | old rounds | new rounds | p99 µs old → new | allocs/op old → new |")
+print("|---|---|---:|---:|---:|---:|---:|---|---|---|---|---|")
 for (scenario, transport, size, batch), by in points.items():
     o = [x["p50_us"] for x in by.get("old", [])]
     n = [x["p50_us"] for x in by.get("new", [])]
@@ -46,7 +58,9 @@ for (scenario, transport, size, batch), by in points.items():
     mo, mn = statistics.median(o), statistics.median(n)
     allocs = lambda rows: statistics.median(x.get("allocs_per_op", -1) for x in rows)
     p99 = lambda rows: statistics.median(x["p99_us"] for x in rows)
+    lo, hi = interval(o, n)
     print(f"| {scenario} | {transport} | {size} | {batch} | {mo:.1f} | {mn:.1f} | {mn / mo:.2f} | "
+          f"{lo:.2f}-{hi:.2f} | "
           f"{', '.join(f'{x:.1f}' for x in o)} | {', '.join(f'{x:.1f}' for x in n)} | "
           f"{p99(by['old']):.1f} → {p99(by['new']):.1f} | "
           f"{allocs(by['old']):.1f} → {allocs(by['new']):.1f} |")

@@ -241,14 +241,21 @@ TEST_P(ClusterTest, PullNeverSeesAHalfAppliedUpdate) {
     std::vector<float> ones(n, 1.0f);
     while (!stop) ASSERT_TRUE(writer.Push({PushItem::Of<float>(*w, ones)}).ok());
   });
+  // Pulls until 50 of them found the weights changed since the pull before
+  // (pushes were applied between and beside them), however fast this build
+  // runs; a bounded number.
   std::vector<float> got(n);
-  int torn = 0;
-  for (int i = 0; i < 300; ++i) {
+  int torn = 0, changed = 0;
+  float last = -1.0f;
+  for (int i = 0; i < 5000 && changed < 50; ++i) {
     ASSERT_TRUE(reader.Pull({PullItem::Of<float>(*r, got)}).ok());
     if (std::any_of(got.begin(), got.end(), [&](float x) { return x != got[0]; })) torn++;
+    if (i > 0 && got[0] != last) changed++;
+    last = got[0];
   }
   stop = true;
   pusher.join();
+  EXPECT_EQ(changed, 50) << "the pushes did not go on beside the pulls";
   EXPECT_EQ(torn, 0);
 }
 
