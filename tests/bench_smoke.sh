@@ -45,6 +45,21 @@ else
   echo "bench smoke: no matplotlib in .venv; plot not drawn"
 fi
 
+# bench/ab.sh, as docs/PERFORMANCE.md runs it, with one build on both sides:
+# a row per point, its ratio of medians and that ratio's interval.
+N=2 "$here/../bench/ab.sh" "$TESSERA_BIN" "$TESSERA_BIN" push --transport tcp --sizes 8 \
+  --iters 5 --warmup 1 > "$out/ab.md"
+python3 - "$out/ab.md" <<'PY'
+import re, sys
+rows = [line.split("|") for line in open(sys.argv[1]) if line.startswith("| push | tcp | 8 |")]
+assert len(rows) == 1, open(sys.argv[1]).read()
+ratio, interval = rows[0][7].strip(), rows[0][8].strip()
+assert re.fullmatch(r"\d+\.\d\d", ratio), ratio
+lo, hi = (float(x) for x in interval.split("-"))
+assert 0 < lo <= hi, interval
+print(f"ab.sh: push tcp 8 B new/old {ratio}, 90% interval {interval}")
+PY
+
 # Against a running cluster (--cluster): one `tessera server` started here.
 port=$(python3 -c '
 import random, socket
