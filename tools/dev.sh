@@ -355,13 +355,14 @@ case "${1:-}" in
     # The same code against another UCX (1.22, with CUDA modules; no GPU
     # here, so it reports host memory and the GPU tests skip saying so).
     # Only what UCX carries: the engines' jobs, the cases of Tessera's own
-    # sockets (*/native_tcp, its protected cases too) and the checkpoint
-    # suite (its clusters run on those sockets: tests/cluster_fixture.h)
-    # never load a UCX transport, and ran above.
+    # sockets (*/native_tcp, its protected cases too), the checkpoint suite
+    # (its clusters run on those sockets: tests/cluster_fixture.h) and the
+    # docs' commands (Tessera's tcp, the default) never load a UCX
+    # transport (strace: no UCX transport module opened), and ran above.
     stage "build: UCX 1.22" wait_build build-ucx-cu12
     GTEST_FILTER='-*/native_tcp*:CheckpointTest.*:*/CheckpointCrashTest.*' \
       stage "tests: UCX 1.22" run_suite build-ucx-cu12 \
-      --suite unit --suite integration --no-suite engines --no-rebuild
+      --suite unit --suite integration --no-suite engines --no-suite docs --no-rebuild
     # pip install . into a fresh venv (built behind the tests, above), and
     # the package's suite against it.
     stage "build: python package (pip install .)" wait_build build-pip
