@@ -44,16 +44,7 @@ std::unique_ptr<CoordinatorLink> CoordinatorMembership::OpenLink() {
 std::vector<MessageBytes> CoordinatorMembership::JoinFrames() {
   std::vector<wire::Join> joins(1);
   joins.back().more = true;  // the join's end follows them
-  lent_.tables->dense().ForEach([&](const Param& p) {
-    if (joins.back().chunks.size() == wire::Join::kMaxChunks) {
-      joins.emplace_back();
-      joins.back().more = true;
-    }
-    wire::CreateEntry e = p.entry;
-    e.tensor.hyper = p.hyper;  // as set at run time
-    joins.back().chunks.push_back(std::move(e));
-    joins.back().initialized.push_back(p.initialized ? 1 : 0);
-  });
+  lent_.tables->AddToJoin(&joins);
   // The chunks, then the last sync steps reported (a restarted coordinator
   // counts the global step from them; one that lived ignores steps it
   // counted) and those counted while the link was down, then the join's

@@ -3,7 +3,8 @@
 // remotely writable), in the shard's memory (host or GPU). Where the fabric
 // cannot reach GPU memory and the user allowed host staging, the arenas are
 // host memory holding a published copy of each GPU-resident chunk. The
-// shard's first table (table.h): its units use this class directly.
+// entries of the dense table (dense_table.h), whose units use this class
+// directly.
 #pragma once
 
 #include <algorithm>
@@ -17,7 +18,6 @@
 
 #include "kernels/update.h"
 #include "server/param_memory.h"
-#include "server/table.h"
 #include "transport/transport.h"
 #include "wire/messages.h"
 
@@ -118,7 +118,7 @@ struct alignas(64) Param {
   Status failure_;
 };
 
-class ParamTable final : public Table {
+class ParamTable {
  public:
   // Arenas are allocated of `arena_kind`: the memory's own kind, or host
   // memory for staging GPU-resident values.
@@ -144,12 +144,20 @@ class ParamTable final : public Table {
   // naming the first that does not.
   Status CheckRoom(const std::vector<wire::CreateEntry>& entries, uint64_t budget,
                    uint64_t max_chunks) const;
-  // Table: what the shard asks of every table.
-  std::string_view kind() const override { return "dense"; }
-  size_t entries() const override { return params_.size(); }
-  uint64_t held_bytes() const override { return held_bytes_; }
-  uint64_t SyncStepReached() const override;
-  void ReportForPrepare(wire::CkptPrepared* reply) const override;
+  // Frees the chunks and arenas, once nothing reads or writes them (the
+  // progress thread stopped).
+  void Release() {
+    by_name_.clear();
+    params_.clear();
+    arenas_.clear();
+  }
+  // The bytes its chunks take (FootprintOf each).
+  uint64_t held_bytes() const { return held_bytes_; }
+  // The furthest step its initialised sync chunks reached (0: none).
+  uint64_t SyncStepReached() const;
+  // A checkpoint round's prepare: the initialised chunks counted into
+  // `reply`, and the steps of the sync ones into its range.
+  void ReportForPrepare(wire::CkptPrepared* reply) const;
 
   // Inline: every entry of every push and pull looks its key up.
   Param* Find(uint32_t key_id) { return key_id < params_.size() ? params_[key_id].get() : nullptr; }

@@ -387,7 +387,7 @@ bool PushApplier::TryApplyStep(Param& p) {
     TLOG_ERROR("{}", p.failure().message());
   }
   steps_applied_++;
-  lent_.checkpoints->StepApplied(p);
+  lent_.cut->StepApplied(p);
   if (lent_.options->log_updates && p.entry.elem_count <= 8) {
     LogUpdate(p, "step " + std::to_string(p.step - 1) + " of " +
                      std::to_string(mode.replicas_to_aggregate) + " workers");

@@ -14,6 +14,7 @@
 #include "core/spares.h"
 #include "server/apply.h"
 #include "server/checkpoint_participant.h"
+#include "server/dense_cut.h"
 #include "server/param_table.h"
 #include "server/peer.h"
 #include "server/peer_sessions.h"
@@ -31,8 +32,9 @@ class PushApplier {
     const ServerOptions* options = nullptr;
     PeerSessions* sessions = nullptr;
     ParamTable* table = nullptr;
-    apply::Target target;  // where values change
-    CheckpointParticipant* checkpoints = nullptr;
+    apply::Target target;                                // where values change
+    const CheckpointParticipant* checkpoints = nullptr;  // whether a round holds updates
+    DenseCut* cut = nullptr;                             // a round's cut, told of steps
     StepReporter* steps = nullptr;
     PullServer* pulls = nullptr;  // a push_pull's weights
   };

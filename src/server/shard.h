@@ -1,12 +1,11 @@
-// The shard: holds the parameter table and serves the workers the server's
+// The shard: holds the tables and serves the workers the server's
 // PeerSessions authenticated (the server's Router hands it their requests),
 // composed of units that each own their state: its memory (ShardMemory),
-// creates (ChunkCreator), pushes (PushApplier), pulls and leases
-// (PullServer), optimizer state (OptimizerStateAccess), checkpoint rounds
-// (CheckpointParticipant) and its membership of the coordinator's cluster
-// (CoordinatorMembership: hosted in this process, or over a link). What
-// crosses units goes through here: a push applied or a lease ended lets what
-// waited move. All its state lives on the transport's progress thread.
+// its tables (Tables: the dense tensors' today, DenseTable), checkpoint
+// rounds (CheckpointParticipant) and its membership of the coordinator's
+// cluster (CoordinatorMembership: hosted in this process, or over a link).
+// A request goes to the table serving its opcode. All its state lives on
+// the transport's progress thread.
 #pragma once
 
 #include <memory>
@@ -17,17 +16,12 @@
 #include "ckpt/checkpoint.h"
 #include "server/bye_round.h"
 #include "server/checkpoint_participant.h"
-#include "server/chunk_creator.h"
 #include "server/coordinator_membership.h"
 #include "server/coordinator_port.h"
-#include "server/optimizer_state_access.h"
-#include "server/param_table.h"
-#include "server/tables.h"
 #include "server/peer.h"
 #include "server/peer_sessions.h"
-#include "server/pull_server.h"
-#include "server/push_applier.h"
 #include "server/shard_memory.h"
+#include "server/tables.h"
 #include "server/worker_roster.h"
 #include "tessera/server.h"
 #include "transport/transport.h"
@@ -56,15 +50,16 @@ class Shard {
   Shard(const Shard&) = delete;
   Shard& operator=(const Shard&) = delete;
 
-  // Its memory, parameter table, checkpoint rounds and link (not yet
-  // connected), before the server listens.
+  // Its memory, tables, checkpoint rounds and link (not yet connected),
+  // before the server listens.
   Status Open();
   // Serves: the lease timer and, off the coordinator, the link's first join.
   void Begin();
   // What the parameters are held in, for the server's first log line.
   std::string DescribeMemory() const;
 
-  // The opcodes a shard serves (creates, pushes, pulls, optimizer state).
+  // The opcodes a shard serves: its tables' (creates, pushes, pulls,
+  // optimizer state) and the sync step.
   static bool Serves(wire::Opcode op);
   // Progress thread from here on.
   // An authenticated peer's request of an opcode it Serves.
@@ -99,10 +94,8 @@ class Shard {
   void AddStatus(nlohmann::json* status) const;
 
  private:
-  void OnPull(Peer& peer, uint64_t request_id, wire::Pull msg);
-  void OnSetHyper(Peer& peer, uint64_t request_id, const wire::SetHyper& msg);
-  // Updates that waited, then the pulls they unblock.
-  void RetryWaiting();
+  // Every table's updates that waited, then the pulls they unblock.
+  void RetryWaiting() { tables_.RetryWaiting(); }
   // The waiting pulls are judged again when the earliest departed worker
   // still awaited stops being awaited (worker_rejoin_grace): one timer at a
   // time, however often workers come and go.
@@ -114,14 +107,12 @@ class Shard {
   PeerSessions* const sessions_;
   // From Open on; progress thread only.
   std::unique_ptr<ShardMemory> memory_;
-  std::unique_ptr<Tables> tables_;
+  // Its tables stay until the shard goes (Release frees their memory):
+  // stats() may read their counters after the server stopped.
+  Tables tables_;
   std::optional<CoordinatorMembership> membership_;
   // Checkpoint rounds, this shard's side (messages from the coordinator).
   std::unique_ptr<CheckpointParticipant> checkpoints_;
-  std::optional<OptimizerStateAccess> state_;  // get-state and set-state
-  std::optional<ChunkCreator> creates_;
-  std::optional<PullServer> pulls_;
-  std::optional<PushApplier> pushes_;
   bool rejoin_recheck_scheduled_ = false;
   bool stopping_ = false;
 };

@@ -12,9 +12,7 @@ void Shard::AddStatus(nlohmann::json* status) const {
 }
 
 void Shard::AddStats(ServerStats* s) const {
-  if (creates_) creates_->AddStats(s);
-  if (pushes_) pushes_->AddStats(s);
-  if (pulls_) pulls_->AddStats(s);
+  tables_.AddStats(s);
   if (memory_) memory_->AddStats(s);
 }
 

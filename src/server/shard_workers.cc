@@ -12,8 +12,7 @@ Status Shard::OnWorkerJoins(Peer& peer, wire::Welcome* welcome) {
 
 void Shard::OnPeerGone(const Peer& peer, bool rank_departed) {
   if (rank_departed) RecheckAfterRejoinGrace();
-  pulls_->PeerGone(peer);
-  pushes_->PeerGone(peer);
+  tables_.OnPeerGone(peer);
   RetryWaiting();
 }
 
