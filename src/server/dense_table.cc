@@ -16,7 +16,7 @@ DenseTable::DenseTable(Lent lent)
       creates_(ChunkCreator::Lent{lent_.options, lent_.sessions, &chunks_, lent_.memory,
                                   lent_.hosted, lent_.checkpoint_key}),
       pulls_(PullServer::Lent{lent_.ctx, lent_.sessions, &chunks_, lent_.memory->target(),
-                              lent_.options->lease_timeout, [this] { lent_.retry_all(); }},
+                              lent_.options->lease_timeout, [this] { RetryWaiting(); }},
              *lent_.roster, lent_.options->cluster),
       pushes_(PushApplier::Lent{lent_.options, lent_.sessions, &chunks_, lent_.memory->target(),
                                 lent_.checkpoints, &cut_, lent_.steps, &pulls_}) {}
@@ -59,7 +59,7 @@ void DenseTable::OnRequest(Peer& peer, const wire::Header& h, std::span<const ui
           [&](const wire::Create& m) { creates_.Serve(peer, h.request_id, m); });
     case wire::Opcode::kPush:
       return DecodedIntoSpare(peer, h, frame, pushes_.spares(), [&](wire::Push m) {
-        if (pushes_.Serve(peer, h.request_id, h.flags, std::move(m))) lent_.retry_all();
+        if (pushes_.Serve(peer, h.request_id, h.flags, std::move(m))) RetryWaiting();
       });
     case wire::Opcode::kPull:
       return DecodedIntoSpare(peer, h, frame, pulls_.spares(),
@@ -69,7 +69,7 @@ void DenseTable::OnRequest(Peer& peer, const wire::Header& h, std::span<const ui
           [&](const wire::SetHyper& m) { OnSetHyper(peer, h.request_id, m); });
     case wire::Opcode::kRelease:
       return decoded.operator()<wire::Release>([&](const wire::Release& m) {
-        if (pulls_.Release(peer, m)) lent_.retry_all();
+        if (pulls_.Release(peer, m)) RetryWaiting();
       });
     case wire::Opcode::kGetState:
       return decoded.operator()<wire::GetState>(
@@ -91,7 +91,7 @@ void DenseTable::OnPull(Peer& peer, uint64_t request_id, wire::Pull msg) {
     pulls_.spares().Give(std::move(msg));
     return lent_.sessions->SendError(peer, request_id, st);
   }
-  if (pushes_.ResumeForPull(peer, msg)) lent_.retry_all();  // what waits for that step
+  if (pushes_.ResumeForPull(peer, msg)) RetryWaiting();  // what waits for that step
   pulls_.Serve(peer, request_id, std::move(msg));
 }
 

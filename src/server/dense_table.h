@@ -3,7 +3,8 @@
 // pushes (PushApplier), pulls and leases (PullServer), optimizer state
 // (OptimizerStateAccess) and checkpoint cuts (DenseCut). The shard hands it
 // the requests of its opcodes, one call per message; what crosses its units
-// goes through here (a push applied or a lease ended lets what waited move).
+// goes through here (a push applied or a lease ended lets what waited in
+// this table move: no other table's entries changed).
 // Progress thread only, but AddStats.
 #pragma once
 
@@ -43,7 +44,6 @@ class DenseTable final : public Table {
     ckpt::CheckpointKey checkpoint_key{};  // what restored checkpoints are checked with
     CheckpointParticipant* checkpoints = nullptr;
     StepReporter* steps = nullptr;
-    std::function<void()> retry_all;  // every table's waiting updates and pulls
   };
   explicit DenseTable(Lent lent);
   DenseTable(const DenseTable&) = delete;

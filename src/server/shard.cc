@@ -44,8 +44,7 @@ Status Shard::Open() {
                                                     .hosted = lent_.hosted,
                                                     .checkpoint_key = lent_.checkpoint_key,
                                                     .checkpoints = checkpoints_.get(),
-                                                    .steps = &membership_->steps(),
-                                                    .retry_all = [this] { RetryWaiting(); }}));
+                                                    .steps = &membership_->steps()}));
 }
 
 void Shard::Begin() {
