@@ -183,9 +183,17 @@ def a_header(root, layer):
 
 
 def a_compile_command(root, layer, commands):
-    """The flags one of the layer's own sources (not a test's) was compiled
-    with, as an argument list, and where it ran; None when the build
-    compiles none (a layer this build leaves out)."""
+    """The flags the layer's library compiled one of its sources with, as an
+    argument list, and where it ran; None when the build compiles none (a
+    layer this build leaves out). A library's objects go to its own
+    directory (libtessera_LAYER.a.p/), also where it is compiled as one
+    unit (-Dunity_layers), whose source is then generated in the build; a
+    layer that is no such library (tools, python) is found by its sources."""
+    library = f"libtessera_{layer}.a.p/"
+    for c in commands:
+        args = shlex.split(c["command"])
+        if "-o" in args and args[args.index("-o") + 1].startswith(library):
+            return args, c["directory"]
     directory = os.path.join(os.path.realpath(root), LAYERS[layer][0]) + os.sep
     for c in commands:
         path = os.path.realpath(os.path.join(c["directory"], c["file"]))
