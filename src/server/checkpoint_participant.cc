@@ -1,8 +1,5 @@
 #include "server/checkpoint_participant.h"
 
-#include <algorithm>
-
-#include "core/dtype.h"
 #include "core/log.h"
 
 namespace tessera::server {

@@ -33,10 +33,14 @@ void DenseTable::DecodedIntoSpare(Peer& peer, const wire::Header& h, std::span<c
   Msg m = spares.Take();
   if (Status st = wire::DecodeBodyInto(h, frame, &m); !st.ok()) {
     spares.Give(std::move(m));
-    return lent_.sessions->SendError(
-        peer, h.request_id, st.WithContext(std::string(wire::OpcodeName(h.opcode)) + " refused"));
+    return Refuse(peer, h, st);
   }
   serve(std::move(m));
+}
+
+void DenseTable::Refuse(Peer& peer, const wire::Header& h, const Status& why) {
+  lent_.sessions->SendError(peer, h.request_id,
+                            why.WithContext(std::string(wire::OpcodeName(h.opcode)) + " refused"));
 }
 
 void DenseTable::OnRequest(Peer& peer, const wire::Header& h, std::span<const uint8_t> frame) {
@@ -46,11 +50,7 @@ void DenseTable::OnRequest(Peer& peer, const wire::Header& h, std::span<const ui
   // connection stays usable.
   auto decoded = [&]<typename Msg>(auto serve) {
     auto m = wire::DecodeBody<Msg>(h, frame);
-    if (!m.ok()) {
-      return lent_.sessions->SendError(
-          peer, h.request_id,
-          m.status().WithContext(std::string(wire::OpcodeName(h.opcode)) + " refused"));
-    }
+    if (!m.ok()) return Refuse(peer, h, m.status());
     serve(std::move(*m));
   };
   switch (h.opcode) {

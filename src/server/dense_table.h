@@ -8,10 +8,6 @@
 // Progress thread only, but AddStats.
 #pragma once
 
-#include <functional>
-#include <memory>
-#include <optional>
-
 #include "ckpt/checkpoint.h"
 #include "core/spares.h"
 #include "server/checkpoint_participant.h"
@@ -74,9 +70,11 @@ class DenseTable final : public Table {
  private:
   void OnPull(Peer& peer, uint64_t request_id, wire::Pull msg);
   void OnSetHyper(Peer& peer, uint64_t request_id, const wire::SetHyper& msg);
+  // A request whose body this table cannot accept: its error to the peer.
+  void Refuse(Peer& peer, const wire::Header& h, const Status& why);
   // The body decoded into a message an earlier call of its kind handed back
   // (`spares`), so that its vectors keep their capacity, and handed to
-  // `serve`; or its error to the peer.
+  // `serve`; or Refuse.
   template <typename Msg, typename Serve>
   void DecodedIntoSpare(Peer& peer, const wire::Header& h, std::span<const uint8_t> frame,
                         Spares<Msg>& spares, Serve serve);
