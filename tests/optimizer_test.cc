@@ -8,57 +8,13 @@
 
 #include "core/dtype.h"
 #include "kernels/update.h"
+#include "optimizer_reference.h"
 
 namespace tessera::kernels {
 namespace {
 
-struct RefState {
-  std::vector<double> p, s0, s1;
-};
-
-// The textbook definitions, one element at a time (PyTorch's semantics).
-void ReferenceStep(UpdateRule rule, const Hyperparams& h, RefState& st,
-                   const std::vector<double>& g, uint64_t t) {
-  const double lr = h.learning_rate, wd = h.weight_decay, mu = h.momentum, b1 = h.beta1,
-               b2 = h.beta2, eps = h.epsilon;
-  for (size_t i = 0; i < st.p.size(); ++i) {
-    double& p = st.p[i];
-    switch (rule) {
-      case UpdateRule::kSgd:
-        p -= lr * (g[i] + wd * p);
-        break;
-      case UpdateRule::kMomentum: {
-        double gi = g[i] + wd * p;
-        st.s0[i] = mu * st.s0[i] + gi;
-        p -= lr * (h.nesterov ? gi + mu * st.s0[i] : st.s0[i]);
-        break;
-      }
-      case UpdateRule::kAdam:
-      case UpdateRule::kAdamW: {
-        double gi = g[i];
-        if (rule == UpdateRule::kAdamW) {
-          p *= 1 - lr * wd;
-        } else {
-          gi += wd * p;
-        }
-        st.s0[i] = b1 * st.s0[i] + (1 - b1) * gi;
-        st.s1[i] = b2 * st.s1[i] + (1 - b2) * gi * gi;
-        double mhat = st.s0[i] / (1 - std::pow(b1, static_cast<double>(t)));
-        double vhat = st.s1[i] / (1 - std::pow(b2, static_cast<double>(t)));
-        p -= lr * mhat / (std::sqrt(vhat) + eps);
-        break;
-      }
-      case UpdateRule::kAdagrad: {
-        double gi = g[i] + wd * p;
-        st.s0[i] += gi * gi;
-        p -= lr * gi / (std::sqrt(st.s0[i]) + eps);
-        break;
-      }
-      default:
-        break;
-    }
-  }
-}
+using test::ReferenceStep;
+using test::RefState;
 
 struct Case {
   UpdateRule rule;

@@ -71,6 +71,12 @@ struct TESSERA_EXPORT Initializer {
   static Initializer GlorotNormal(uint64_t seed = 0) {
     return {Kind::kGlorotNormal, 0.0, -0.05, 0.05, 0.0, 0.05, seed};
   }
+  // An error naming what is wrong (an unknown kind, uniform low >= high, a
+  // normal stddev <= 0, a value that is not finite), or OK.
+  Status Validate() const;
+  // Glorot's kinds draw from the tensor's fans: they need a fixed shape.
+  bool needs_shape() const { return kind == Kind::kGlorotUniform || kind == Kind::kGlorotNormal; }
+  bool operator==(const Initializer&) const = default;
 };
 
 // The bytes an initializer gives a tensor of this name, dtype and shape.

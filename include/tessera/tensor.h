@@ -65,6 +65,10 @@ enum class UpdateRule : uint8_t {
   kAdam = 5,      // bias-corrected moments; weight decay added to the gradient
   kAdamW = 6,     // Adam with decoupled weight decay: p *= 1 - lr * wd first
   kAdagrad = 7,   // a += g'^2; p -= lr * g' / (sqrt(a) + eps)
+  // FTRL-Proximal, as tf.keras.optimizers.Ftrl (learning_rate_power -0.5),
+  // with FtrlHyperparams: the rule of click-through-rate models. Embedding
+  // tables only.
+  kFtrl = 8,
 };
 
 TESSERA_EXPORT const char* UpdateRuleName(UpdateRule rule);
@@ -91,6 +95,26 @@ struct TESSERA_EXPORT Hyperparams {
   Status Validate() const;
   bool operator==(const Hyperparams&) const = default;
 };
+
+// FTRL-Proximal's own hyper-parameters (its learning rate is
+// Hyperparams::learning_rate; weight decay does not apply to it). Defaults
+// are tf.keras.optimizers.Ftrl's.
+struct TESSERA_EXPORT FtrlHyperparams {
+  float l1 = 0.0f;                   // l1_regularization_strength
+  float l2 = 0.0f;                   // l2_regularization_strength
+  float beta = 0.0f;                 // added to sqrt(n) in the denominator
+  float initial_accumulator = 0.1f;  // n's start
+
+  // An error naming the bad field, or OK.
+  Status Validate() const;
+  bool operator==(const FtrlHyperparams&) const = default;
+};
+
+// A rule's hyper-parameters checked for that rule: both structs' Validate,
+// and for ftrl a learning rate above 0 and no weight decay (its l2 is what
+// regularises).
+TESSERA_EXPORT Status ValidateRuleHyperparams(UpdateRule rule, const Hyperparams& hyper,
+                                              const FtrlHyperparams& ftrl);
 
 // How pushes from several workers combine (per tensor).
 enum class Consistency : uint8_t {

@@ -10,62 +10,12 @@
 
 #include "core/dtype.h"
 #include "kernels/cpu/halves_cpu.h"
+#include "kernels/cpu/optimizer_loops.h"
 #include "kernels/optimizer_params.h"
 #include "kernels/update.h"
 
 namespace tessera::kernels {
 namespace {
-
-template <typename T>
-using Params = OptimizerParams<T>;
-
-template <typename T>
-void Sgd(T* __restrict p, const T* __restrict g, size_t n, const Params<T>& k) {
-  for (size_t i = 0; i < n; ++i) p[i] -= k.lr * (g[i] + k.wd * p[i]);
-}
-
-template <typename T>
-void Momentum(T* __restrict p, const T* __restrict g, T* __restrict b, size_t n,
-              const Params<T>& k) {
-  if (k.nesterov) {
-    for (size_t i = 0; i < n; ++i) {
-      T gi = g[i] + k.wd * p[i];
-      b[i] = k.mu * b[i] + gi;
-      p[i] -= k.lr * (gi + k.mu * b[i]);
-    }
-  } else {
-    for (size_t i = 0; i < n; ++i) {
-      b[i] = k.mu * b[i] + (g[i] + k.wd * p[i]);
-      p[i] -= k.lr * b[i];
-    }
-  }
-}
-
-// decoupled: AdamW (p *= 1 - lr * wd, gradient untouched); else L2 in the gradient.
-template <typename T, bool kDecoupled>
-[[gnu::always_inline]] inline void Adam(T* __restrict p, const T* __restrict g, T* __restrict m,
-                                        T* __restrict v, size_t n, const Params<T>& k) {
-  const T step_size = k.lr / k.bc1;
-  const T inv_sqrt_bc2 = T(1) / std::sqrt(k.bc2);
-  const T decay = T(1) - k.lr * k.wd;
-  for (size_t i = 0; i < n; ++i) {
-    T gi = kDecoupled ? g[i] : g[i] + k.wd * p[i];
-    if (kDecoupled) p[i] *= decay;
-    m[i] = k.b1 * m[i] + (T(1) - k.b1) * gi;
-    v[i] = k.b2 * v[i] + (T(1) - k.b2) * gi * gi;
-    p[i] -= step_size * m[i] / (std::sqrt(v[i]) * inv_sqrt_bc2 + k.eps);
-  }
-}
-
-template <typename T>
-[[gnu::always_inline]] inline void Adagrad(T* __restrict p, const T* __restrict g, T* __restrict a,
-                                           size_t n, const Params<T>& k) {
-  for (size_t i = 0; i < n; ++i) {
-    T gi = g[i] + k.wd * p[i];
-    a[i] += gi * gi;
-    p[i] -= k.lr * gi / (std::sqrt(a[i]) + k.eps);
-  }
-}
 
 // Adam and Adagrad spend their time in square roots and divides, not in
 // memory: f32 gets copies built for wider vector units, chosen at load time
@@ -112,6 +62,7 @@ void Step(UpdateRule rule, T* p, const T* g, T* s0, T* s1, size_t n, const Param
       return Adagrad(p, g, s0, n, k);
     case UpdateRule::kAssign:
     case UpdateRule::kAdd:
+    case UpdateRule::kFtrl:  // embedding rows only (rows_cpu.cc); CheckRule refused it
       return;
   }
 }
@@ -125,6 +76,7 @@ int StateSlots(UpdateRule rule) {
       return 1;
     case UpdateRule::kAdam:
     case UpdateRule::kAdamW:
+    case UpdateRule::kFtrl:  // z and n
       return 2;
     default:
       return 0;
@@ -138,6 +90,9 @@ bool NeedsMaster(DType dtype, UpdateRule rule) {
 }
 
 Status CheckRule(UpdateRule rule, DType dtype) {
+  if (rule == UpdateRule::kFtrl) {
+    return Status::InvalidArgument("rule ftrl is for embedding tables, not dense tensors");
+  }
   if (IsOptimizer(rule) && (dtype == DType::kI32 || dtype == DType::kI64)) {
     return Status::InvalidArgument(std::string("rule ") + UpdateRuleName(rule) +
                                    " needs a floating dtype, not " + DTypeName(dtype));

@@ -27,6 +27,7 @@ std::pair<double, double> Fans(const Shape& shape) {
 Result<std::vector<uint8_t>> InitialValue(const Initializer& init, const std::string& name,
                                           DType dtype, const Shape& shape) {
   using Kind = Initializer::Kind;
+  TESSERA_RETURN_IF_ERROR(init.Validate().WithContext("tensor '" + name + "'"));
   auto n = NumElements(shape);
   if (!n.ok()) return n.status().WithContext("tensor '" + name + "'");
   const size_t esize = DTypeSize(dtype);
@@ -37,17 +38,6 @@ Result<std::vector<uint8_t>> InitialValue(const Initializer& init, const std::st
                                    "': a random initializer needs a floating dtype");
   }
   if (init.kind == Kind::kZeros) return out;
-  if (init.kind > Kind::kGlorotNormal) {
-    // Reachable from the C API and bindings, where the kind is a plain integer.
-    return Status::InvalidArgument("tensor '" + name + "': unknown initializer kind " +
-                                   std::to_string(static_cast<int>(init.kind)));
-  }
-  if (init.kind == Kind::kUniform && !(init.low < init.high)) {
-    return Status::InvalidArgument("tensor '" + name + "': uniform initializer needs low < high");
-  }
-  if ((init.kind == Kind::kNormal || init.kind == Kind::kTruncatedNormal) && !(init.stddev > 0)) {
-    return Status::InvalidArgument("tensor '" + name + "': normal initializer needs stddev > 0");
-  }
   // One stream per (seed, tensor name): tensors differ, runs repeat.
   std::mt19937_64 rng(init.seed ^ std::hash<std::string>{}(name));
   auto [fan_in, fan_out] = Fans(shape);

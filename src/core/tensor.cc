@@ -1,4 +1,5 @@
 #include "tessera/tensor.h"
+#include "tessera/client.h"
 
 #include "core/dtype.h"
 
@@ -90,19 +91,22 @@ const char* UpdateRuleName(UpdateRule rule) {
       return "adamw";
     case UpdateRule::kAdagrad:
       return "adagrad";
+    case UpdateRule::kFtrl:
+      return "ftrl";
   }
   return "invalid";
 }
 
-bool IsValidUpdateRule(uint8_t raw) { return raw >= 1 && raw <= 7; }
+bool IsValidUpdateRule(uint8_t raw) { return raw >= 1 && raw <= 8; }
 
 Result<UpdateRule> ParseUpdateRule(std::string_view name) {
-  for (uint8_t raw = 1; raw <= 7; ++raw) {
+  for (uint8_t raw = 1; raw <= 8; ++raw) {
     auto rule = static_cast<UpdateRule>(raw);
     if (name == UpdateRuleName(rule)) return rule;
   }
-  return Status::InvalidArgument("unknown update rule '" + std::string(name) +
-                                 "' (expected assign, add, sgd, momentum, adam, adamw or adagrad)");
+  return Status::InvalidArgument(
+      "unknown update rule '" + std::string(name) +
+      "' (expected assign, add, sgd, momentum, adam, adamw, adagrad or ftrl)");
 }
 
 Status Hyperparams::Validate() const {
@@ -120,6 +124,52 @@ Status Hyperparams::Validate() const {
   if (!(epsilon > 0.0f) || std::isinf(epsilon)) return bad("epsilon", epsilon, "finite and > 0");
   if (!(initial_accumulator >= 0.0f) || std::isinf(initial_accumulator)) {
     return bad("initial_accumulator", initial_accumulator, "finite and >= 0");
+  }
+  return Status::Ok();
+}
+
+Status FtrlHyperparams::Validate() const {
+  auto bad = [](const char* field, float value, const char* want) {
+    return Status::InvalidArgument(std::string("ftrl hyper-parameter ") + field + " = " +
+                                   std::to_string(value) + " (must be " + want + ")");
+  };
+  if (!(l1 >= 0.0f) || std::isinf(l1)) return bad("l1", l1, "finite and >= 0");
+  if (!(l2 >= 0.0f) || std::isinf(l2)) return bad("l2", l2, "finite and >= 0");
+  if (!(beta >= 0.0f) || std::isinf(beta)) return bad("beta", beta, "finite and >= 0");
+  if (!(initial_accumulator >= 0.0f) || std::isinf(initial_accumulator)) {
+    return bad("initial_accumulator", initial_accumulator, "finite and >= 0");
+  }
+  return Status::Ok();
+}
+
+Status ValidateRuleHyperparams(UpdateRule rule, const Hyperparams& hyper,
+                               const FtrlHyperparams& ftrl) {
+  TESSERA_RETURN_IF_ERROR(hyper.Validate());
+  if (rule != UpdateRule::kFtrl) return Status::Ok();
+  TESSERA_RETURN_IF_ERROR(ftrl.Validate());
+  if (!(hyper.learning_rate > 0.0f)) {
+    return Status::InvalidArgument("rule ftrl needs learning_rate > 0");
+  }
+  if (hyper.weight_decay != 0.0f) {
+    return Status::InvalidArgument("weight_decay does not apply to rule ftrl (its l2 regularises)");
+  }
+  return Status::Ok();
+}
+
+Status Initializer::Validate() const {
+  if (kind > Kind::kGlorotNormal) {
+    // Reachable from the C API and bindings, where the kind is a plain integer.
+    return Status::InvalidArgument("unknown initializer kind " +
+                                   std::to_string(static_cast<int>(kind)));
+  }
+  for (double v : {value, low, high, mean, stddev}) {
+    if (!std::isfinite(v)) return Status::InvalidArgument("an initializer's values must be finite");
+  }
+  if (kind == Kind::kUniform && !(low < high)) {
+    return Status::InvalidArgument("uniform initializer needs low < high");
+  }
+  if ((kind == Kind::kNormal || kind == Kind::kTruncatedNormal) && !(stddev > 0)) {
+    return Status::InvalidArgument("normal initializer needs stddev > 0");
   }
   return Status::Ok();
 }

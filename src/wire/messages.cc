@@ -44,6 +44,10 @@ Status ValidateTensorDecl(const TensorDecl& t) {
     return Status::InvalidArgument("tensor '" + t.name +
                                    "': averaging needs a floating dtype; sum instead");
   }
+  if (t.rule == UpdateRule::kFtrl) {
+    return Status::InvalidArgument("tensor '" + t.name +
+                                   "': rule ftrl is for embedding tables, not dense tensors");
+  }
   if (IsOptimizer(t.rule) && integer) {
     return Status::InvalidArgument("tensor '" + t.name + "': rule " + UpdateRuleName(t.rule) +
                                    " needs a floating dtype, not " + DTypeName(t.dtype));
