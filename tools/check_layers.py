@@ -38,18 +38,20 @@ LAYERS = {
     "gpu": ("src/gpu", ["core", "tessera"]),
     "transport": ("transport", ["gpu", "core", "tessera"]),
     "kernels": ("kernels", ["gpu", "core", "tessera"]),
+    "embed": ("src/embed", ["kernels", "core", "tessera"]),
     "wire": ("src/wire", ["core", "tessera"]),
     "ckpt": ("src/ckpt", ["core", "tessera"]),
     "rendezvous": ("src/rendezvous", ["core", "tessera"]),
     "coord": ("src/coord", ["wire", "ckpt", "core", "tessera"]),
     "server": ("src/server",
-               ["coord", "wire", "ckpt", "kernels", "transport", "gpu", "core", "tessera"]),
+               ["coord", "wire", "ckpt", "embed", "kernels", "transport", "gpu", "core",
+                "tessera"]),
     "client": ("src/client", ["wire", "ckpt", "transport", "gpu", "core", "tessera"]),
     # The C API is written against the public C++ API only, as any consumer would be.
     "capi": ("src/capi", ["tessera"]),
     # So is the Python extension (python/tessera's _tessera).
     "python": ("src/python", ["tessera"]),
-    "tools": ("tools", ["client", "server", "coord", "wire", "ckpt", "rendezvous", "kernels",
+    "tools": ("tools", ["client", "server", "coord", "wire", "ckpt", "rendezvous", "embed", "kernels",
                         "transport", "gpu", "core", "tessera"]),
 }
 BACKENDS = ("transport/ucx/", "transport/tcp/", "transport/verbs/")
