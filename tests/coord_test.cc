@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "coord/coordinator.h"
+#include "coord/table_registry.h"
 #include "server/step_counter.h"
 
 namespace tessera {
@@ -151,6 +152,59 @@ TEST(StepCounter, AsyncStepsTravelAsOneCount) {
   auto reports = counter.TakeReports();
   ASSERT_EQ(reports.size(), 1u);
   EXPECT_EQ(reports[0], (wire::StepsApplied{5, 0, {}}));
+}
+
+wire::EmbeddingDecl Table(const std::string& name, uint32_t dim) {
+  wire::EmbeddingDecl t;
+  t.name = name;
+  t.dim = dim;
+  t.max_rows_per_shard = 100;
+  return t;
+}
+
+TEST(TableRegistry, IdsFollowFirstDeclarationsAndTheFirstHyperParametersStay) {
+  coord::TableRegistry tables;
+  auto user = tables.Declare(Table("user", 8), "/job:worker/task:0");
+  ASSERT_TRUE(user.ok());
+  EXPECT_EQ(user->table_id, 1u);
+  auto item = tables.Declare(Table("item", 16), "/job:worker/task:0");
+  ASSERT_TRUE(item.ok());
+  EXPECT_EQ(item->table_id, 2u);
+  wire::EmbeddingDecl again = Table("user", 8);
+  again.hyper.learning_rate = 0.5f;
+  auto user2 = tables.Declare(again, "/job:worker/task:1");
+  ASSERT_TRUE(user2.ok());
+  EXPECT_EQ(user2->table_id, 1u);
+  EXPECT_EQ(user2->table.hyper.learning_rate, Table("user", 8).hyper.learning_rate);
+  EXPECT_EQ(tables.size(), 2u);
+}
+
+TEST(TableRegistry, ADeclarationThatDisagreesIsRefusedNamingTheFieldAndBothTasks) {
+  coord::TableRegistry tables;
+  ASSERT_TRUE(tables.Declare(Table("user", 8), "/job:worker/task:0").ok());
+  auto wider = tables.Declare(Table("user", 9), "/job:worker/task:1");
+  ASSERT_FALSE(wider.ok());
+  const std::string& why = wider.status().message();
+  EXPECT_NE(why.find("'user'"), std::string::npos) << why;
+  EXPECT_NE(why.find("another dim"), std::string::npos) << why;
+  EXPECT_NE(why.find("/job:worker/task:0"), std::string::npos) << why;
+  EXPECT_NE(why.find("/job:worker/task:1"), std::string::npos) << why;
+  wire::EmbeddingDecl seeded = Table("user", 8);
+  seeded.initializer.seed = 5;
+  auto other_seed = tables.Declare(seeded, "/job:worker/task:1");
+  ASSERT_FALSE(other_seed.ok());
+  EXPECT_NE(other_seed.status().message().find("initializer"), std::string::npos);
+}
+
+TEST(TableRegistry, HoldsAtMostItsLimitOfTables) {
+  coord::TableRegistry tables;
+  for (size_t i = 0; i < coord::TableRegistry::kMaxTables; ++i) {
+    ASSERT_TRUE(tables.Declare(Table("t" + std::to_string(i), 4), "w").ok());
+  }
+  auto over = tables.Declare(Table("one-more", 4), "w");
+  ASSERT_FALSE(over.ok());
+  EXPECT_EQ(over.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_TRUE(tables.Declare(Table("t0", 4), "w").ok()) << "a declared table is still found";
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 
 #include "core/bytes.h"
 #include "wire/messages.h"
+#include "wire/row_messages.h"
 
 namespace tessera::wire {
 namespace {
@@ -36,6 +37,20 @@ Sample Make(const char* name, const Msg& msg, uint32_t flags = 0) {
             auto back = Decode<Msg>(f);
             return back.ok() && *back == msg;
           }};
+}
+
+EmbeddingDecl Table() {
+  EmbeddingDecl t;
+  t.name = "item_id";
+  t.dim = 16;
+  t.dtype = DType::kBF16;
+  t.rule = UpdateRule::kFtrl;
+  t.hyper.learning_rate = 0.05f;
+  t.ftrl = {0.01f, 0.02f, 1.0f, 0.1f};
+  t.initializer = Initializer::TruncatedNormal(0.0, 0.01, 9);
+  t.mode = ConsistencyMode::Sync(2, 3);
+  t.max_rows_per_shard = uint64_t{1} << 30;
+  return t;
 }
 
 std::vector<Sample> Samples() {
@@ -100,6 +115,14 @@ std::vector<Sample> Samples() {
       Make("checkpoint_saved", CheckpointSaved{40, "/ckpt/step-00000040"}),
       Make("status", StatusRequest{}),
       Make("status_reply", StatusReply{R"({"task": "/job:ps/task:0"})"}),
+      Make("declare_table", DeclareTable{Table()}),
+      Make("declare_table_reply", DeclareTableReply{3, Table()}),
+      Make("create_table", CreateTable{3, Table()}),
+      Make("rows_pull", RowsPull{3, 7, 100, {1, -5, INT64_MAX}}),
+      Make("rows_pull_reply", RowsPullReply{std::vector<uint8_t>(96, 3)}),
+      Make("rows_push", RowsPush{3, 7, false, {1, -5}, std::vector<uint8_t>(64, 4)}),
+      Make("rows_push_end", RowsPush{3, 7, true, {9}, std::vector<uint8_t>(32, 4)}),
+      Make("rows_push_reply", RowsPushReply{5, 2, 1, 1}),
   };
 }
 

@@ -186,6 +186,14 @@ void Service::Serve(const WorkerRef& from, const wire::Header& h, std::span<cons
         return SendError(host_, options_.name, from.peer, h.request_id, reply.status());
       return Reply(host_, from.peer, h.request_id, *reply);
     }
+    case wire::Opcode::kDeclareTable: {
+      auto m = wire::DecodeBody<wire::DeclareTable>(h, frame);
+      if (!m.ok()) return bad(m.status());
+      auto reply = tables_.Declare(m->table, from.task);
+      if (!reply.ok())
+        return SendError(host_, options_.name, from.peer, h.request_id, reply.status());
+      return Reply(host_, from.peer, h.request_id, *reply);
+    }
     case wire::Opcode::kGetStep:
       return Reply(host_, from.peer, h.request_id, wire::StepReply{coord_.global_step()});
     case wire::Opcode::kUpdateHyper: {

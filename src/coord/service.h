@@ -31,6 +31,7 @@
 #include "coord/join_gate.h"
 #include "coord/peer_ref.h"
 #include "coord/round_tally.h"
+#include "coord/table_registry.h"
 #include "wire/messages.h"
 
 namespace tessera::coord {
@@ -121,6 +122,7 @@ class Service {
   ServiceOptions options_;
   Host host_;
   Coordinator coord_;
+  TableRegistry tables_;  // embedding tables
   std::unique_ptr<ckpt::Checkpoint> restored_;
   std::string restore_path_;
   std::unique_ptr<Checkpointer> checkpointer_;

@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <bit>
 #include <cstring>
 
 #include "wire/field_codec.h"
@@ -49,6 +50,37 @@ Result<Hyperparams> GetHyper(ByteReader& r) {
   return h;
 }
 
+void PutDouble(MessageWriter& w, double d) { w.Put(std::bit_cast<uint64_t>(d)); }
+
+bool GetDouble(ByteReader& r, double* d) {
+  uint64_t bits = 0;
+  if (!r.Get(&bits)) return false;
+  *d = std::bit_cast<double>(bits);
+  return true;
+}
+
+void PutMode(MessageWriter& w, const ConsistencyMode& mode) {
+  w.Put(static_cast<uint8_t>(mode.kind));
+  w.Put(mode.replicas_to_aggregate);
+  w.Put(mode.total_num_replicas);
+  w.Put(static_cast<uint8_t>(mode.average ? 1 : 0));
+  w.Put(mode.staleness);
+}
+
+// Its kind is checked by the declaration's validation (ConsistencyMode::Validate).
+Result<ConsistencyMode> GetMode(ByteReader& r) {
+  ConsistencyMode mode;
+  uint8_t kind = 0, average = 0;
+  if (!r.Get(&kind) || !r.Get(&mode.replicas_to_aggregate) || !r.Get(&mode.total_num_replicas) ||
+      !r.Get(&average) || !r.Get(&mode.staleness)) {
+    return Truncated("consistency mode");
+  }
+  if (average > 1) return Status::InvalidArgument("bad average flag");
+  mode.kind = static_cast<Consistency>(kind);
+  mode.average = average == 1;
+  return mode;
+}
+
 void PutTensorDecl(MessageWriter& w, const TensorDecl& t) {
   w.PutString(t.name);
   w.Put(static_cast<uint8_t>(t.dtype));
@@ -57,11 +89,7 @@ void PutTensorDecl(MessageWriter& w, const TensorDecl& t) {
   for (int64_t d : t.shape) w.Put(d);
   w.Put(t.pinned_shard);
   PutHyper(w, t.hyper);
-  w.Put(static_cast<uint8_t>(t.mode.kind));
-  w.Put(t.mode.replicas_to_aggregate);
-  w.Put(t.mode.total_num_replicas);
-  w.Put(static_cast<uint8_t>(t.mode.average ? 1 : 0));
-  w.Put(t.mode.staleness);
+  PutMode(w, t.mode);
 }
 
 Result<TensorDecl> GetTensorDecl(ByteReader& r) {
@@ -95,14 +123,9 @@ Result<TensorDecl> GetTensorDecl(ByteReader& r) {
   auto hyper = GetHyper(r);
   if (!hyper.ok()) return hyper.status().WithContext("tensor '" + t.name + "'");
   t.hyper = *hyper;
-  uint8_t kind = 0, average = 0;
-  if (!r.Get(&kind) || !r.Get(&t.mode.replicas_to_aggregate) ||
-      !r.Get(&t.mode.total_num_replicas) || !r.Get(&average) || !r.Get(&t.mode.staleness)) {
-    return Truncated("consistency mode");
-  }
-  if (average > 1) return Status::InvalidArgument("tensor '" + t.name + "': bad average flag");
-  t.mode.kind = static_cast<Consistency>(kind);
-  t.mode.average = average == 1;
+  auto mode = GetMode(r);
+  if (!mode.ok()) return mode.status().WithContext("tensor '" + t.name + "'");
+  t.mode = *mode;
   TESSERA_RETURN_IF_ERROR(ValidateTensorDecl(t));
   return t;
 }

@@ -32,7 +32,12 @@ constexpr size_t kHyperBytes = 7 * 4 + 1;
 void PutHyper(MessageWriter& w, const Hyperparams& h);
 Result<Hyperparams> GetHyper(ByteReader& r);
 
+void PutDouble(MessageWriter& w, double d);
+bool GetDouble(ByteReader& r, double* d);
+
 constexpr size_t kModeBytes = 1 + 4 + 4 + 1 + 4;
+void PutMode(MessageWriter& w, const ConsistencyMode& mode);
+Result<ConsistencyMode> GetMode(ByteReader& r);
 constexpr size_t kMinTensorDeclBytes = 4 + 1 + 1 + 1 + 4 + kHyperBytes + kModeBytes;
 void PutTensorDecl(MessageWriter& w, const TensorDecl& t);
 Result<TensorDecl> GetTensorDecl(ByteReader& r);

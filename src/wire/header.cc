@@ -86,6 +86,20 @@ const char* OpcodeName(Opcode op) {
       return "state-reply";
     case Opcode::kSetState:
       return "set-state";
+    case Opcode::kDeclareTable:
+      return "declare-table";
+    case Opcode::kDeclareTableReply:
+      return "declare-table-reply";
+    case Opcode::kCreateTable:
+      return "create-table";
+    case Opcode::kRowsPull:
+      return "rows-pull";
+    case Opcode::kRowsPullReply:
+      return "rows-pull-reply";
+    case Opcode::kRowsPush:
+      return "rows-push";
+    case Opcode::kRowsPushReply:
+      return "rows-push-reply";
   }
   return "unknown";
 }
@@ -145,6 +159,7 @@ Result<Header> DecodeHeader(std::span<const uint8_t> frame) {
 bool AddressesCoordinator(Opcode op) {
   switch (op) {
     case Opcode::kDeclare:
+    case Opcode::kDeclareTable:
     case Opcode::kGetStep:
     case Opcode::kUpdateHyper:
     case Opcode::kSaveCheckpoint:

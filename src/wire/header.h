@@ -73,8 +73,15 @@ enum class Opcode : uint16_t {
   kGetState = 37,
   kStateReply = 38,
   kSetState = 39,
+  kDeclareTable = 40,
+  kDeclareTableReply = 41,
+  kCreateTable = 42,
+  kRowsPull = 43,
+  kRowsPullReply = 44,
+  kRowsPush = 45,
+  kRowsPushReply = 46,
 };
-constexpr uint16_t kMaxOpcode = 39;
+constexpr uint16_t kMaxOpcode = 46;
 const char* OpcodeName(Opcode op);
 // A worker's request that the coordinator answers, wherever it runs (the
 // others a worker sends are a ps task's to answer).

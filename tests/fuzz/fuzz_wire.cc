@@ -8,6 +8,7 @@
 
 #include "fuzz_check.h"
 #include "wire/messages.h"
+#include "wire/row_messages.h"
 
 namespace {
 
@@ -98,6 +99,27 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       break;
     case Opcode::kSetState:
       DecodeAs<SetState>(*h, frame);
+      break;
+    case Opcode::kDeclareTable:
+      DecodeAs<DeclareTable>(*h, frame);
+      break;
+    case Opcode::kDeclareTableReply:
+      DecodeAs<DeclareTableReply>(*h, frame);
+      break;
+    case Opcode::kCreateTable:
+      DecodeAs<CreateTable>(*h, frame);
+      break;
+    case Opcode::kRowsPull:
+      DecodeAs<RowsPull>(*h, frame);
+      break;
+    case Opcode::kRowsPullReply:
+      DecodeAs<RowsPullReply>(*h, frame);
+      break;
+    case Opcode::kRowsPush:
+      DecodeAs<RowsPush>(*h, frame);
+      break;
+    case Opcode::kRowsPushReply:
+      DecodeAs<RowsPushReply>(*h, frame);
       break;
     case Opcode::kUpdateHyper:
       DecodeAs<UpdateHyper>(*h, frame);

@@ -14,6 +14,7 @@
 #include "tessera/cluster.h"
 #include "transport/tcp/tcp_frame.h"
 #include "wire/handshake.h"
+#include "wire/row_messages.h"
 
 namespace {
 
@@ -102,6 +103,22 @@ void WireSeeds(const fs::path& dir) {
   put(Encode(StatusRequest{}, 32));
   put(Encode(StatusReply{R"({"task":"/job:ps/task:0"})"}, 33));
   put(Encode(Bye{}, 34));
+  wire::EmbeddingDecl table;
+  table.name = "user_id";
+  table.dim = 8;
+  table.rule = UpdateRule::kFtrl;
+  table.hyper.learning_rate = 0.1f;
+  table.hyper.weight_decay = 0.0f;
+  table.initializer = Initializer::Uniform(-0.05, 0.05, 7);
+  table.max_rows_per_shard = 1000;
+  put(Encode(DeclareTable{table}, 40));
+  put(Encode(DeclareTableReply{2, table}, 41));
+  put(Encode(CreateTable{2, table}, 42));
+  put(Encode(RowsPull{2, 0, 0, {5, -1, 1LL << 40}}, 43));
+  put(Encode(RowsPullReply{std::vector<uint8_t>(64, 1)}, 44));
+  put(Encode(RowsPush{2, 3, false, {5, 9}, std::vector<uint8_t>(64, 2)}, 45));
+  put(Encode(RowsPush{2, 3, true, {}, {}}, 45));
+  put(Encode(RowsPushReply{2, 1, 0, 0}, 46));
 }
 
 // Two frames, as fuzz_handshake.cc reads them.
