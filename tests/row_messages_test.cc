@@ -105,6 +105,15 @@ Status DecodeRaw(const std::function<void(MessageWriter&)>& body) {
   return Decode<Msg>(f).status();
 }
 
+TEST(RowMessages, TableIdsAreBounded) {
+  for (uint32_t id : {0u, kMaxEmbeddingTables + 1, 0xffffffffu}) {
+    auto made = Decode<CreateTable>(Encode(CreateTable{id, GoodTable()}, 1));
+    ASSERT_FALSE(made.ok()) << "table id " << id;
+    EXPECT_NE(made.status().message().find("table id"), std::string::npos);
+  }
+  EXPECT_TRUE(Decode<CreateTable>(Encode(CreateTable{kMaxEmbeddingTables, GoodTable()}, 1)).ok());
+}
+
 TEST(RowMessages, IdCountsAreBoundedByTheFrameAndTheLimit) {
   // A count the bytes cannot hold: refused before anything is allocated.
   auto lying = DecodeRaw<RowsPull>([](MessageWriter& w) {

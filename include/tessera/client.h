@@ -253,6 +253,40 @@ struct TESSERA_EXPORT CallOptions {
   bool caller_waits = false;
 };
 
+// An embedding table (docs/embeddings.md): rows of `dim` elements keyed by
+// any int64 id, spread over the ps tasks by a hash of the id, each made by
+// its first push (a pull of an id without a row reads its initial value,
+// which depends on the initializer's seed, the table's name and the id
+// alone). Each row keeps its optimizer state and its own step count.
+struct TESSERA_EXPORT EmbeddingSpec {
+  std::string name;
+  uint32_t dim = 0;
+  DType dtype = DType::kF32;  // f32, f16 or bf16
+  UpdateRule rule = UpdateRule::kAdagrad;
+  Hyperparams hyper = {};
+  FtrlHyperparams ftrl = {};  // rule kFtrl
+  // Uniform, normal, truncated normal or constant (Glorot's kinds need a
+  // fixed shape).
+  Initializer initializer = Initializer::Uniform(-0.05, 0.05);
+  // Async only so far; sync and bounded tables are refused by name.
+  ConsistencyMode mode = {};
+  // The most rows one ps task holds of it; a push that would make more is
+  // refused (ResourceExhausted). Checked against each ps task's memory when
+  // the table is declared.
+  uint64_t max_rows_per_shard = uint64_t{1} << 24;
+};
+
+// A declared embedding table: cheap to copy, valid for the life of the
+// Client that declared it, and refused by any other (as Tensor). `dim` and
+// `dtype` are the table's, for sizing buffers; a call checks them.
+struct TESSERA_EXPORT Embedding {
+  uint32_t index = UINT32_MAX;  // among its client's tables
+  uint32_t client = 0;
+  uint32_t dim = 0;
+  DType dtype = DType::kF32;
+  size_t row_bytes() const { return size_t{dim} * DTypeSize(dtype); }
+};
+
 // How a push is tagged and ordered (Client::Push, Client::PushAsync).
 struct TESSERA_EXPORT PushOptions {
   // The worker's step the push belongs to (steps count from 0): sync and
@@ -487,6 +521,29 @@ class TESSERA_EXPORT Client {
   Status Pull(const std::vector<PullItem>& items) { return PullAsync(items, kWaitAtOnce).Wait(); }
   Status PushPull(const std::vector<PushPullItem>& items) {
     return PushPullAsync(items, kWaitAtOnce).Wait();
+  }
+
+  // Embedding tables. The first declaration of a name gives the table its
+  // id and creates it on every ps task; a later one (on any worker) must
+  // agree with it, and gets the hyper-parameters of the first. A control
+  // call, ordered with the others.
+  Result<Embedding> DeclareEmbedding(const EmbeddingSpec& spec);
+  // The rows of `ids` into `rows`: ids.size() rows of the table's dim and
+  // dtype, row i for ids[i] (an id may repeat; it is asked for once).
+  // `rows` must stay valid until the Future completes.
+  Future PullRowsAsync(Embedding table, std::span<const int64_t> ids, void* rows);
+  Status PullRows(Embedding table, std::span<const int64_t> ids, void* rows) {
+    return PullRowsAsync(table, ids, rows).Wait();
+  }
+  // Gradient rows for `ids`: grads holds ids.size() rows of the table's dim
+  // and dtype, row i for ids[i]. The rows of an id that repeats are summed
+  // (in f32, in the order given) and sent once. `options.step` tags the
+  // push (async tables need none). Copied before the call returns.
+  Future PushRowsAsync(Embedding table, std::span<const int64_t> ids, const void* grads,
+                       const PushOptions& options = {});
+  Status PushRows(Embedding table, std::span<const int64_t> ids, const void* grads,
+                  const PushOptions& options = {}) {
+    return PushRowsAsync(table, ids, grads, options).Wait();
   }
   // The forms before PushOptions, kept for one release.
   [[deprecated("use PushAsync(items, {.step = step})")]] Future PushAsync(

@@ -124,6 +124,29 @@ Future Client::PushPullAsync(const std::vector<PushPullItem>& items) {
 Future Client::PushPullAsync(const std::vector<PushPullItem>& items, const CallOptions& call) {
   return impl_->PushPull(items, call);
 }
+Result<Embedding> Client::DeclareEmbedding(const EmbeddingSpec& spec) {
+  Result<Embedding> out = Status::Internal("the declare did not run");
+  // The job runs before its future completes, so `out` and `spec` outlive it.
+  Status st = impl_->control_
+                  .Submit([&] {
+                    out = impl_->rows().Declare(spec);
+                    return out.status();
+                  })
+                  .Wait();
+  if (!st.ok()) return st;
+  return out;
+}
+Future Client::PullRowsAsync(Embedding table, std::span<const int64_t> ids, void* rows) {
+  return impl_->rows().Pull(table, ids, rows);
+}
+Future Client::PushRowsAsync(Embedding table, std::span<const int64_t> ids, const void* grads,
+                             const PushOptions& options) {
+  if (options.call.cuda_stream != nullptr) {
+    return FailedFuture(Status::InvalidArgument(
+        "a push of rows is not ordered on a CUDA stream (call.cuda_stream)"));
+  }
+  return impl_->rows().Push(table, ids, grads, options.step.value_or(0));
+}
 int Client::num_shards() const { return impl_->options_.cluster.num_tasks("ps"); }
 
 ClientCounters Client::counters() const {

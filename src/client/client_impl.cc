@@ -192,6 +192,7 @@ Status Client::Impl::OpenContext(std::chrono::milliseconds handshake_timeout) {
   sender_ = std::make_unique<client::PushSender>(*links_, *gpu_, counts_, ctx_ref, inline_bytes);
   receiver_ = std::make_unique<client::PullReceiver>(*links_, *gpu_, counts_, ctx_ref, inline_bytes,
                                                      options_.op_timeout);
+  rows_ = std::make_unique<client::RowCalls>(id_, options_, ctx_ref, *links_, *fan_out_);
   ctx_->SetHandler(
       wire::kProtocolMsg,
       [links = links_.get()](const std::shared_ptr<transport::Endpoint>& ep,

@@ -3,7 +3,8 @@
 // (ShardLinks, joined by ShardJoiner, kept by Heartbeats), the tensor table,
 // the data calls' split and fan-out (SplitByShard, FanOut) and their movers
 // (PushSender, PullReceiver, GpuAccess). Files: client_impl.cc (start and
-// end), data_calls.cc (push, pull, push_pull), declare.cc,
+// end), data_calls.cc (push, pull, push_pull), declare.cc, row_calls.cc
+// (embedding tables),
 // coordinator_calls.cc, optimizer_state.cc, client.cc (the public API).
 // What the units' headers call the loop thread is the transport's progress
 // thread, or a caller's thread while it drives the loop (Future::Wait).
@@ -22,6 +23,7 @@
 #include "client/heartbeats.h"
 #include "client/pull_receiver.h"
 #include "client/push_sender.h"
+#include "client/row_calls.h"
 #include "client/shard_joiner.h"
 #include "client/shard_links.h"
 #include "client/tensor_table.h"
@@ -69,6 +71,8 @@ class Client::Impl {
               const CallOptions& call);
   Future Pull(const std::vector<PullItem>& items, const CallOptions& call);
   Future PushPull(const std::vector<PushPullItem>& items, const CallOptions& call);
+  // Embedding tables (row_calls.h); their declare is a control call.
+  client::RowCalls& rows() { return *rows_; }
 
   ClientOptions options_;
   int worker_rank_ = 0;  // -1 for a read-only client
@@ -100,6 +104,7 @@ class Client::Impl {
   std::unique_ptr<client::FanOut> fan_out_;
   std::unique_ptr<client::PushSender> sender_;
   std::unique_ptr<client::PullReceiver> receiver_;
+  std::unique_ptr<client::RowCalls> rows_;
 };
 
 }  // namespace tessera

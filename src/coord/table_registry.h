@@ -19,7 +19,7 @@ namespace tessera::coord {
 class TableRegistry {
  public:
   // Bounds what declares can make the coordinator hold.
-  static constexpr size_t kMaxTables = 4096;
+  static constexpr size_t kMaxTables = wire::kMaxEmbeddingTables;
 
   Result<wire::DeclareTableReply> Declare(const wire::EmbeddingDecl& table, const std::string& who);
   size_t size() const { return tables_.size(); }

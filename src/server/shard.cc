@@ -5,6 +5,7 @@
 
 #include "core/log.h"
 #include "server/dense_table.h"
+#include "server/row_tables.h"
 
 namespace tessera::server {
 
@@ -35,7 +36,7 @@ Status Shard::Open() {
           .send_to_coordinator =
               [this](MessageBytes f) { membership_->coordinator().Send(std::move(f)); },
           .resumed = [this] { RetryWaiting(); }});
-  return tables_.Add(
+  TESSERA_RETURN_IF_ERROR(tables_.Add(
       std::make_unique<DenseTable>(DenseTable::Lent{.options = &options_,
                                                     .ctx = ctx_,
                                                     .sessions = sessions_,
@@ -44,7 +45,9 @@ Status Shard::Open() {
                                                     .hosted = lent_.hosted,
                                                     .checkpoint_key = lent_.checkpoint_key,
                                                     .checkpoints = checkpoints_.get(),
-                                                    .steps = &membership_->steps()}));
+                                                    .steps = &membership_->steps()})));
+  return tables_.Add(
+      std::make_unique<RowTables>(RowTables::Lent{.options = &options_, .sessions = sessions_}));
 }
 
 void Shard::Begin() {
@@ -64,6 +67,9 @@ bool Shard::Serves(wire::Opcode op) {
     case wire::Opcode::kGetState:
     case wire::Opcode::kSetState:
     case wire::Opcode::kSyncStep:
+    case wire::Opcode::kCreateTable:
+    case wire::Opcode::kRowsPull:
+    case wire::Opcode::kRowsPush:
       return true;
     default:
       return false;

@@ -28,7 +28,7 @@ constexpr uint32_t kMagic = 0x41525354;  // "TSRA" read as little-endian
 // clients (the reader role, authenticated with the reader key). 8: init-done
 // carries the step its tensors start at, and wait-init is answered with it;
 // sync-step asks a ps task how far its sync tensors got.
-constexpr uint16_t kVersion = 10;
+constexpr uint16_t kVersion = 11;
 constexpr size_t kHeaderSize = 24;
 // No control message is larger: tensor data never travels in messages.
 constexpr uint32_t kMaxBodyLength = 16u << 20;

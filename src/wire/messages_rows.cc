@@ -163,6 +163,10 @@ void CreateTable::EncodeBody(MessageWriter& w) const {
 Result<CreateTable> CreateTable::DecodeBody(ByteReader& r) {
   CreateTable m;
   if (!r.Get(&m.table_id)) return Truncated("table_id");
+  if (m.table_id == 0 || m.table_id > kMaxEmbeddingTables) {
+    return Status::InvalidArgument("table id " + std::to_string(m.table_id) + " (1 to " +
+                                   std::to_string(kMaxEmbeddingTables) + ")");
+  }
   auto t = GetEmbeddingDecl(r);
   if (!t.ok()) return t.status();
   m.table = std::move(*t);

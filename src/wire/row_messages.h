@@ -18,6 +18,9 @@ namespace tessera::wire {
 // A row is at most this wide: 64 KiB of f32, so that one row always fits
 // a message and a shard's state per row stays bounded.
 constexpr uint32_t kMaxEmbeddingDim = 1u << 14;
+// Tables one cluster may declare: table ids run from 1 to this, so that
+// no peer can make the coordinator or a ps task hold more.
+constexpr uint32_t kMaxEmbeddingTables = 4096;
 // Ids per pull or push message; a call with more is split by the worker.
 constexpr uint32_t kMaxIdsPerMessage = 1u << 16;
 // Bytes of rows in one message (a pull's reply, a push's gradients); the
