@@ -96,12 +96,12 @@ TEST_P(ClusterTest, AnEmbeddingTableDeclaredOtherwiseIsRefusedByName) {
   EXPECT_NE(why.find("'item'"), std::string::npos) << why;
   EXPECT_NE(why.find("another dim"), std::string::npos) << why;
   EXPECT_NE(why.find("/job:worker/task:0"), std::string::npos) << why;
-  // Sync tables are not served yet: said, not taken for async.
-  EmbeddingSpec sync = SgdTable("clicks", 4);
-  sync.mode = ConsistencyMode::Sync(2, 2);
-  auto refused = w0.DeclareEmbedding(sync);
+  // Bounded tables are not served yet: said, not taken for async.
+  EmbeddingSpec bounded = SgdTable("clicks", 4);
+  bounded.mode = ConsistencyMode::Bounded(2);
+  auto refused = w0.DeclareEmbedding(bounded);
   ASSERT_FALSE(refused.ok());
-  EXPECT_NE(refused.status().message().find("sync embedding tables are not served yet"),
+  EXPECT_NE(refused.status().message().find("bounded embedding tables are not served yet"),
             std::string::npos)
       << refused.status().ToString();
   EmbeddingSpec glorot = SgdTable("glorot", 4);
@@ -197,6 +197,61 @@ TEST_P(ClusterTest, RowMessagesAClientNeverSendsAreRefusedByName) {
   std::vector<float> row(4);
   ASSERT_TRUE(w.PullRows(*t, std::vector<int64_t>{here}, row.data()).ok());
   EXPECT_EQ(row, InitialRow(spec, here));
+}
+
+// A sync table: each worker's rows of a step held until both completed it,
+// then summed per id in rank order, averaged, and applied once per row; a
+// row nobody touched stays; a pull of the next step waits for it, and one
+// whose step never completes says who has not.
+TEST_P(ClusterTest, SyncEmbeddingStepsApplyOnceBothWorkersCompletedThem) {
+  StartCluster(2, 2);
+  ClientOptions short_wait = Options(0);
+  short_wait.op_timeout = std::chrono::seconds(2);
+  Client& w0 = Connect(short_wait);
+  Client& w1 = Connect(1);
+  EmbeddingSpec spec = SgdTable("sync_rows", 4);
+  spec.mode = ConsistencyMode::Sync(2, 2);  // averaged
+  auto t0 = w0.DeclareEmbedding(spec);
+  auto t1 = w1.DeclareEmbedding(spec);
+  ASSERT_TRUE(t0.ok() && t1.ok()) << t0.status().ToString() << t1.status().ToString();
+
+  const std::vector<int64_t> ids0 = {1, 2}, ids1 = {2, 3};
+  const std::vector<float> g0 = {1, 2, 3, 4, 5, 6, 7, 8};
+  const std::vector<float> g1 = {0.5f, 0.25f, 0.125f, 1, 9, 10, 11, 12};
+  ASSERT_TRUE(w0.PushRows(*t0, ids0, g0.data(), {.step = 0}).ok());
+  const std::vector<int64_t> all = {1, 2, 3, 4};
+  std::vector<float> rows(16);
+  Future waiting = w0.PullRowsAsync(*t0, all, rows.data(), /*min_step=*/1);
+  EXPECT_FALSE(waiting.ready()) << "step 0 cannot apply before worker 1 completed it";
+  ASSERT_TRUE(w1.PushRows(*t1, ids1, g1.data(), {.step = 0}).ok());
+  ASSERT_TRUE(waiting.Wait().ok()) << waiting.Wait().ToString();
+
+  auto want = [&](int64_t id, size_t j, float g) {
+    return InitialRow(spec, id)[j] - 0.5f * (g * 0.5f);
+  };
+  for (size_t j = 0; j < 4; ++j) {
+    EXPECT_EQ(rows[0 * 4 + j], want(1, j, g0[j])) << "id 1, " << j;
+    EXPECT_EQ(rows[1 * 4 + j], want(2, j, g0[4 + j] + g1[j])) << "id 2, " << j;
+    EXPECT_EQ(rows[2 * 4 + j], want(3, j, g1[4 + j])) << "id 3, " << j;
+    EXPECT_EQ(rows[3 * 4 + j], InitialRow(spec, 4)[j]) << "id 4 was touched by nobody";
+  }
+  // A second push of an applied step is stale: dropped, nothing moves.
+  ASSERT_TRUE(w1.PushRows(*t1, ids1, g1.data(), {.step = 0}).ok());
+  std::vector<float> again(16);
+  ASSERT_TRUE(w1.PullRows(*t1, all, again.data(), 1).ok());
+  EXPECT_EQ(again, rows);
+  // A sync push needs its step.
+  auto no_step = w0.PushRows(*t0, ids0, g0.data());
+  ASSERT_FALSE(no_step.ok());
+  EXPECT_NE(no_step.message().find("needs its step"), std::string::npos);
+  // Worker 0 completes step 1, worker 1 never does: the pull of step 2
+  // says so (within worker 0's wait, its op timeout less a fifth).
+  ASSERT_TRUE(w0.PushRows(*t0, std::vector<int64_t>{}, nullptr, {.step = 1}).ok());
+  auto stuck = w0.PullRows(*t0, all, rows.data(), 2);
+  ASSERT_FALSE(stuck.ok());
+  EXPECT_EQ(stuck.code(), StatusCode::kDeadlineExceeded) << stuck.ToString();
+  EXPECT_NE(stuck.message().find("not complete from worker 1"), std::string::npos)
+      << stuck.ToString();
 }
 
 }  // namespace

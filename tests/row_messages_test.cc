@@ -9,6 +9,7 @@
 #include <string>
 
 #include "wire/row_messages.h"
+#include "wire_raw.h"
 
 namespace tessera::wire {
 namespace {
@@ -92,18 +93,7 @@ TEST(RowMessages, ATableDeclarationIsCheckedFieldByField) {
   }
 }
 
-// A frame whose body is written by hand, for counts no encoder writes.
-template <typename Msg>
-Status DecodeRaw(const std::function<void(MessageWriter&)>& body) {
-  MessageBytes f;
-  Header h;
-  h.opcode = Msg::kOpcode;
-  EncodeHeader(h, &f);
-  MessageWriter w(&f);
-  body(w);
-  w.PatchU32(12, static_cast<uint32_t>(f.size() - kHeaderSize));
-  return Decode<Msg>(f).status();
-}
+using test::DecodeRaw;
 
 TEST(RowMessages, TableIdsAreBounded) {
   for (uint32_t id : {0u, kMaxEmbeddingTables + 1, 0xffffffffu}) {

@@ -12,6 +12,7 @@
 #include "core/bytes.h"
 #include "wire/messages.h"
 #include "wire/row_messages.h"
+#include "wire_raw.h"
 
 namespace tessera::wire {
 namespace {
@@ -253,18 +254,7 @@ TEST(Wire, HeaderFieldsValidated) {
   expect_bad(15, 0x7f, "huge body length", "exceeds");
 }
 
-// Writes a frame with a hand-made body, for fields encoders never produce.
-template <typename Msg>
-Status DecodeRaw(const std::function<void(MessageWriter&)>& body) {
-  MessageBytes f;
-  Header h;
-  h.opcode = Msg::kOpcode;
-  EncodeHeader(h, &f);
-  MessageWriter w(&f);
-  body(w);
-  w.PatchU32(12, static_cast<uint32_t>(f.size() - kHeaderSize));
-  return Decode<Msg>(f).status();
-}
+using test::DecodeRaw;
 
 void HyperBody(MessageWriter& w, std::vector<float> values = {}, uint8_t flags = 0) {
   const Hyperparams d;

@@ -268,7 +268,7 @@ struct TESSERA_EXPORT EmbeddingSpec {
   // Uniform, normal, truncated normal or constant (Glorot's kinds need a
   // fixed shape).
   Initializer initializer = Initializer::Uniform(-0.05, 0.05);
-  // Async only so far; sync and bounded tables are refused by name.
+  // Async or sync (bounded tables are refused by name so far).
   ConsistencyMode mode = {};
   // The most rows one ps task holds of it; a push that would make more is
   // refused (ResourceExhausted). Checked against each ps task's memory when
@@ -530,15 +530,22 @@ class TESSERA_EXPORT Client {
   Result<Embedding> DeclareEmbedding(const EmbeddingSpec& spec);
   // The rows of `ids` into `rows`: ids.size() rows of the table's dim and
   // dtype, row i for ids[i] (an id may repeat; it is asked for once).
-  // `rows` must stay valid until the Future completes.
-  Future PullRowsAsync(Embedding table, std::span<const int64_t> ids, void* rows);
-  Status PullRows(Embedding table, std::span<const int64_t> ids, void* rows) {
-    return PullRowsAsync(table, ids, rows).Wait();
+  // `rows` must stay valid until the Future completes. A sync table's pull
+  // waits until the table applied `min_step` steps (after pushing step t,
+  // t + 1), or says which workers have not completed the step.
+  Future PullRowsAsync(Embedding table, std::span<const int64_t> ids, void* rows,
+                       uint64_t min_step = 0);
+  Status PullRows(Embedding table, std::span<const int64_t> ids, void* rows,
+                  uint64_t min_step = 0) {
+    return PullRowsAsync(table, ids, rows, min_step).Wait();
   }
   // Gradient rows for `ids`: grads holds ids.size() rows of the table's dim
   // and dtype, row i for ids[i]. The rows of an id that repeats are summed
-  // (in f32, in the order given) and sent once. `options.step` tags the
-  // push (async tables need none). Copied before the call returns.
+  // (in f32, in the order given) and sent once. Copied before the call
+  // returns. A sync table takes one push per worker and step, tagged with
+  // `options.step`: the worker's rows of that step (none is a push too),
+  // which completes its step on every ps task; the step applies once
+  // replicas_to_aggregate workers completed it.
   Future PushRowsAsync(Embedding table, std::span<const int64_t> ids, const void* grads,
                        const PushOptions& options = {});
   Status PushRows(Embedding table, std::span<const int64_t> ids, const void* grads,

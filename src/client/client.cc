@@ -136,8 +136,9 @@ Result<Embedding> Client::DeclareEmbedding(const EmbeddingSpec& spec) {
   if (!st.ok()) return st;
   return out;
 }
-Future Client::PullRowsAsync(Embedding table, std::span<const int64_t> ids, void* rows) {
-  return impl_->rows().Pull(table, ids, rows);
+Future Client::PullRowsAsync(Embedding table, std::span<const int64_t> ids, void* rows,
+                             uint64_t min_step) {
+  return impl_->rows().Pull(table, ids, rows, min_step);
 }
 Future Client::PushRowsAsync(Embedding table, std::span<const int64_t> ids, const void* grads,
                              const PushOptions& options) {
@@ -145,7 +146,7 @@ Future Client::PushRowsAsync(Embedding table, std::span<const int64_t> ids, cons
     return FailedFuture(Status::InvalidArgument(
         "a push of rows is not ordered on a CUDA stream (call.cuda_stream)"));
   }
-  return impl_->rows().Push(table, ids, grads, options.step.value_or(0));
+  return impl_->rows().Push(table, ids, grads, options.step);
 }
 int Client::num_shards() const { return impl_->options_.cluster.num_tasks("ps"); }
 

@@ -150,7 +150,8 @@ void RowCalls::Send(std::vector<std::pair<int, Msg>> messages,
   });
 }
 
-Future RowCalls::Pull(Embedding table, std::span<const int64_t> ids, void* rows) {
+Future RowCalls::Pull(Embedding table, std::span<const int64_t> ids, void* rows,
+                      uint64_t min_step) {
   auto declared = Lookup(table);
   if (!declared.ok()) return FailedFuture(declared.status().WithContext("pull of rows"));
   auto op = fan_out_.NewOp();
@@ -166,8 +167,12 @@ Future RowCalls::Pull(Embedding table, std::span<const int64_t> ids, void* rows)
   auto parts = SplitByTask(ids, distinct->first, placement_, IdsPerMessage(row_bytes));
   std::vector<std::pair<int, wire::RowsPull>> messages;
   auto positions = std::make_shared<std::vector<std::vector<uint32_t>>>();
+  // As a dense pull's: the shard says what it waits for before the worker's
+  // own timeout would end the call without a reason.
+  const auto wait_ms =
+      static_cast<uint32_t>(options_.op_timeout.count() - options_.op_timeout.count() / 5);
   for (auto& [task, part] : parts) {
-    wire::RowsPull m{declared->table_id, 0, 0, {}};
+    wire::RowsPull m{declared->table_id, min_step, wait_ms, {}};
     for (uint32_t p : part) m.ids.push_back(ids[p]);
     messages.emplace_back(task, std::move(m));
     positions->push_back(std::move(part));
@@ -202,55 +207,81 @@ Future RowCalls::Pull(Embedding table, std::span<const int64_t> ids, void* rows)
   return Future(op);
 }
 
-Future RowCalls::Push(Embedding table, std::span<const int64_t> ids, const void* grads,
-                      uint64_t step) {
-  auto declared = Lookup(table);
-  if (!declared.ok()) return FailedFuture(declared.status().WithContext("push of rows"));
-  auto op = fan_out_.NewOp();
-  op->Add(1);  // held until the parts are handed over
-  if (ids.empty()) {
-    op->Finish(Status::Ok());
-    return Future(op);
-  }
-  if (grads == nullptr) return FailedFuture(Status::InvalidArgument("push of rows from null"));
-  const size_t row_bytes = table.row_bytes();
+std::vector<std::pair<int, wire::RowsPush>> RowCalls::PushMessages(const Declared& table,
+                                                                   std::span<const int64_t> ids,
+                                                                   const uint8_t* grads,
+                                                                   uint64_t step) {
+  const uint32_t dim = table.decl.dim;
+  const DType dtype = table.decl.dtype;
+  const size_t row_bytes = size_t{dim} * DTypeSize(dtype);
   const Distinct distinct(ids);
-  const auto* in = static_cast<const uint8_t*>(grads);
   // An id that repeats: its rows summed in f32 in the order given, then
   // rounded once to the table's dtype.
   std::unordered_map<uint32_t, std::vector<float>> sums;
-  if (distinct.repeats()) {
-    for (uint32_t i = 0; i < ids.size(); ++i) {
-      if (distinct.from[i] == i) continue;
-      auto& sum = sums[distinct.from[i]];
-      const uint8_t* first = in + size_t{distinct.from[i]} * row_bytes;
-      if (sum.empty()) {
-        sum.resize(table.dim);
-        for (uint32_t j = 0; j < table.dim; ++j) sum[j] = Element(table.dtype, first, j);
-      }
-      for (uint32_t j = 0; j < table.dim; ++j)
-        sum[j] += Element(table.dtype, in + i * row_bytes, j);
+  for (uint32_t i = 0; distinct.repeats() && i < ids.size(); ++i) {
+    if (distinct.from[i] == i) continue;
+    auto& sum = sums[distinct.from[i]];
+    if (sum.empty()) {
+      sum.resize(dim);
+      const uint8_t* first = grads + size_t{distinct.from[i]} * row_bytes;
+      for (uint32_t j = 0; j < dim; ++j) sum[j] = Element(dtype, first, j);
     }
+    for (uint32_t j = 0; j < dim; ++j) sum[j] += Element(dtype, grads + i * row_bytes, j);
   }
-  auto parts = SplitByTask(ids, distinct.first, placement_, IdsPerMessage(row_bytes));
   std::vector<std::pair<int, wire::RowsPush>> messages;
-  for (auto& [task, part] : parts) {
-    wire::RowsPush m{declared->table_id, step, false, {}, {}};
+  for (auto& [task, part] :
+       SplitByTask(ids, distinct.first, placement_, IdsPerMessage(row_bytes))) {
+    wire::RowsPush m{table.table_id, step, false, {}, {}};
     m.grads.resize(part.size() * row_bytes);
     for (size_t r = 0; r < part.size(); ++r) {
       m.ids.push_back(ids[part[r]]);
       uint8_t* to = m.grads.data() + r * row_bytes;
       auto sum = sums.find(part[r]);
       if (sum == sums.end()) {
-        std::memcpy(to, in + size_t{part[r]} * row_bytes, row_bytes);
-      } else {
-        const size_t esize = DTypeSize(table.dtype);
-        for (uint32_t j = 0; j < table.dim; ++j)
-          StoreAs(table.dtype, sum->second[j], to + j * esize);
+        std::memcpy(to, grads + size_t{part[r]} * row_bytes, row_bytes);
+        continue;
       }
+      const size_t esize = DTypeSize(dtype);
+      for (uint32_t j = 0; j < dim; ++j) StoreAs(dtype, sum->second[j], to + j * esize);
     }
     messages.emplace_back(task, std::move(m));
   }
+  if (table.decl.mode.kind != Consistency::kSync) return messages;
+  // Each task's last message ends the step there; a task without rows gets
+  // a message that only ends it.
+  std::vector<int> last(placement_.num_shards(), -1);
+  for (size_t k = 0; k < messages.size(); ++k) last[messages[k].first] = static_cast<int>(k);
+  for (int task = 0; task < placement_.num_shards(); ++task) {
+    if (last[task] >= 0) {
+      messages[last[task]].second.end_of_step = true;
+    } else {
+      messages.emplace_back(task, wire::RowsPush{table.table_id, step, true, {}, {}});
+    }
+  }
+  return messages;
+}
+
+Future RowCalls::Push(Embedding table, std::span<const int64_t> ids, const void* grads,
+                      std::optional<uint64_t> step) {
+  auto declared = Lookup(table);
+  if (!declared.ok()) return FailedFuture(declared.status().WithContext("push of rows"));
+  const bool sync = declared->decl.mode.kind == Consistency::kSync;
+  if (sync && !step) {
+    return FailedFuture(Status::InvalidArgument("a push of rows of sync embedding table '" +
+                                                declared->decl.name +
+                                                "' needs its step (PushOptions::step)"));
+  }
+  auto op = fan_out_.NewOp();
+  op->Add(1);  // held until the parts are handed over
+  if (ids.empty() && !sync) {
+    op->Finish(Status::Ok());
+    return Future(op);
+  }
+  if (grads == nullptr && !ids.empty()) {
+    return FailedFuture(Status::InvalidArgument("push of rows from null"));
+  }
+  auto messages =
+      PushMessages(*declared, ids, static_cast<const uint8_t*>(grads), step.value_or(0));
   const std::string name = declared->decl.name;
   Send(std::move(messages), op,
        [name](size_t, const wire::Header& h, std::span<const uint8_t> frame) -> Status {

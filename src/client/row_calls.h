@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -31,8 +32,9 @@ class RowCalls {
 
   // The control queue's thread. A read-only client is refused.
   Result<Embedding> Declare(const EmbeddingSpec& spec);
-  Future Pull(Embedding table, std::span<const int64_t> ids, void* rows);
-  Future Push(Embedding table, std::span<const int64_t> ids, const void* grads, uint64_t step);
+  Future Pull(Embedding table, std::span<const int64_t> ids, void* rows, uint64_t min_step);
+  Future Push(Embedding table, std::span<const int64_t> ids, const void* grads,
+              std::optional<uint64_t> step);
 
  private:
   struct Declared {
@@ -42,6 +44,12 @@ class RowCalls {
   // The declaration a handle names, or an error naming what is wrong with it.
   Result<Declared> Lookup(Embedding table) const;
   Result<wire::EmbeddingDecl> ToDecl(const EmbeddingSpec& spec) const;
+  // A push's messages: its rows by ps task, in messages that fit; for a
+  // sync table each task's last message ends the step (one with no rows
+  // for a task the push has none for).
+  std::vector<std::pair<int, wire::RowsPush>> PushMessages(const Declared& table,
+                                                           std::span<const int64_t> ids,
+                                                           const uint8_t* grads, uint64_t step);
   // Sends each message of a call on the loop thread; `op` finishes once
   // per message, with `on_reply(k, status, header, frame)`'s outcome.
   template <typename Msg, typename OnReply>

@@ -9,6 +9,7 @@
 
 #include "core/row_placement.h"
 #include "embed/row_store.h"
+#include "server/sync_row_steps.h"
 #include "tessera/status.h"
 #include "wire/row_messages.h"
 
@@ -18,6 +19,7 @@ struct HeldRows {
   uint32_t table_id = 0;
   wire::EmbeddingDecl decl;
   std::unique_ptr<embed::RowStore> rows;
+  std::unique_ptr<SyncRowSteps> sync;  // sync tables only
 
   // An error naming the first id of `ids` another ps task holds, or OK.
   Status CheckPlaced(std::span<const int64_t> ids, const RowPlacement& placement,

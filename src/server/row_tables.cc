@@ -1,5 +1,7 @@
 #include "server/row_tables.h"
 
+#include <algorithm>
+
 #include "core/host_memory.h"
 #include "core/log.h"
 
@@ -9,7 +11,31 @@ RowTables::RowTables(Lent lent)
     : lent_(lent),
       placement_(lent.options->cluster.num_tasks("ps")),
       pulls_(*lent.sessions),
+      waits_({lent.ctx, lent.sessions,
+              [this](uint32_t table_id, uint64_t step) {
+                auto it = tables_.find(table_id);
+                if (it == tables_.end() || !it->second.sync) return std::string("a table gone");
+                return it->second.Describe() + ": " + it->second.sync->Missing(step);
+              }}),
       pushes_(*lent.sessions) {}
+
+uint64_t RowTables::SyncStepReached() const {
+  uint64_t furthest = 0;
+  for (const auto& [id, t] : tables_) {
+    if (t.sync) furthest = std::max(furthest, t.sync->applied_steps());
+  }
+  return furthest;
+}
+
+void RowTables::OnPull(Peer& peer, uint64_t request_id, HeldRows& table,
+                       const wire::RowsPull& msg) {
+  // A sync table's pull waits until the step it asks for is applied (none
+  // waits before the first push: no step was pushed to wait for).
+  if (table.sync && table.sync->started() && msg.min_step > table.sync->applied_steps()) {
+    return waits_.Hold(peer, request_id, msg);
+  }
+  pulls_.Serve(peer, request_id, table, msg);
+}
 
 size_t RowTables::entries() const {
   size_t rows = 0;
@@ -50,7 +76,7 @@ void RowTables::OnRequest(Peer& peer, const wire::Header& h, std::span<const uin
         if (Status st = t->CheckPlaced(m.ids, placement_, lent_.options->task_index); !st.ok()) {
           return Refuse(peer, h, st);
         }
-        pulls_.Serve(peer, h.request_id, *t, m);
+        OnPull(peer, h.request_id, *t, m);
       });
     case wire::Opcode::kRowsPush:
       return decoded.operator()<wire::RowsPush>([&](const wire::RowsPush& m) {
@@ -59,7 +85,11 @@ void RowTables::OnRequest(Peer& peer, const wire::Header& h, std::span<const uin
         if (Status st = t->CheckPlaced(m.ids, placement_, lent_.options->task_index); !st.ok()) {
           return Refuse(peer, h, st);
         }
-        pushes_.Serve(peer, h.request_id, *t, m);
+        if (!pushes_.Serve(peer, h.request_id, *t, m)) return;
+        waits_.Release(m.table_id, t->sync->applied_steps(),
+                       [&](Peer& p, uint64_t id, const wire::RowsPull& pull) {
+                         pulls_.Serve(p, id, *t, pull);
+                       });
       });
     default:
       return lent_.sessions->Drop(peer,
@@ -82,9 +112,10 @@ HeldRows* RowTables::Find(Peer& peer, uint64_t request_id, uint32_t table_id) {
 Result<HeldRows> RowTables::Make(const wire::CreateTable& msg) const {
   const wire::EmbeddingDecl& d = msg.table;
   const std::string who = "embedding table '" + d.name + "'";
-  if (d.mode.kind != Consistency::kAsync) {
-    return Status::Unimplemented(who + ": " + ConsistencyName(d.mode.kind) +
-                                 " embedding tables are not served yet; declare it async");
+  if (d.mode.kind == Consistency::kBounded) {
+    return Status::Unimplemented(who +
+                                 ": bounded embedding tables are not served yet; declare it "
+                                 "async or sync");
   }
   auto rows = embed::RowStore::Make({.table = d.name,
                                      .rule = {d.rule, d.dtype, d.hyper, d.ftrl},
@@ -103,7 +134,13 @@ Result<HeldRows> RowTables::Make(const wire::CreateTable& msg) const {
         std::to_string(promised) + " bytes; " + std::to_string(available) +
         " are available here (lower max_rows_per_shard)");
   }
-  return HeldRows{msg.table_id, d, std::move(*rows)};
+  HeldRows held{msg.table_id, d, std::move(*rows), nullptr};
+  if (d.mode.kind == Consistency::kSync) {
+    held.sync =
+        std::make_unique<SyncRowSteps>(d.mode.replicas_to_aggregate, d.mode.total_num_replicas,
+                                       d.mode.average, d.dim, d.max_rows_per_shard);
+  }
+  return held;
 }
 
 void RowTables::OnCreate(Peer& peer, uint64_t request_id, const wire::CreateTable& msg) {

@@ -2,8 +2,9 @@
 // this ps task, one RowStore each under the id the coordinator gave it.
 // create-table makes a table (every worker sends it; the same declaration
 // again is answered as the first), rows-pull reads rows (RowsPullServer),
-// rows-push updates them (RowsPushApplier). What is not served yet is
-// refused by name: sync and bounded tables at create; a checkpoint round
+// rows-push updates them (RowsPushApplier; a sync table's steps by
+// SyncRowSteps, and pulls that wait for a step by RowsPullWaits). What is
+// not served yet is refused by name: bounded tables at create; a checkpoint round
 // while a table exists (a checkpoint without its rows would restore a
 // model that lost them). Progress thread only, but AddStats.
 #pragma once
@@ -15,6 +16,7 @@
 #include "server/held_rows.h"
 #include "server/peer_sessions.h"
 #include "server/rows_pull_server.h"
+#include "server/rows_pull_waits.h"
 #include "server/rows_push_applier.h"
 #include "server/table.h"
 #include "tessera/server.h"
@@ -25,6 +27,7 @@ class RowTables final : public Table {
  public:
   struct Lent {
     const ServerOptions* options = nullptr;
+    transport::Context* ctx = nullptr;
     PeerSessions* sessions = nullptr;
   };
   explicit RowTables(Lent lent);
@@ -39,13 +42,13 @@ class RowTables final : public Table {
   void OnRequest(Peer& peer, const wire::Header& h, std::span<const uint8_t> frame) override;
   void Ready(const wire::JoinReply&) override {}
   void RetryWaiting() override {}
-  void OnPeerGone(const Peer&) override {}
+  void OnPeerGone(const Peer& peer) override { waits_.Forget(peer); }
   void Begin() override {}
-  void Stop() override {}
+  void Stop() override { waits_.Stop(); }
   void Release() override { tables_.clear(); }
   void AddStats(ServerStats*) const override {}
 
-  uint64_t SyncStepReached() const override { return 0; }
+  uint64_t SyncStepReached() const override;
   void AddToJoin(std::vector<wire::Join>*) const override {}
   void ReportForPrepare(wire::CkptPrepared*) const override {}
   Result<bool> BeginCut(CutRound* round) override;
@@ -53,6 +56,7 @@ class RowTables final : public Table {
 
  private:
   void OnCreate(Peer& peer, uint64_t request_id, const wire::CreateTable& msg);
+  void OnPull(Peer& peer, uint64_t request_id, HeldRows& table, const wire::RowsPull& msg);
   // A table made from its declaration, or why not.
   Result<HeldRows> Make(const wire::CreateTable& msg) const;
   // The table a request names, or null after the peer was told why not.
@@ -63,6 +67,7 @@ class RowTables final : public Table {
   const RowPlacement placement_;
   std::map<uint32_t, HeldRows> tables_;
   RowsPullServer pulls_;
+  RowsPullWaits waits_;
   RowsPushApplier pushes_;
 };
 

@@ -46,8 +46,8 @@ Status Shard::Open() {
                                                     .checkpoint_key = lent_.checkpoint_key,
                                                     .checkpoints = checkpoints_.get(),
                                                     .steps = &membership_->steps()})));
-  return tables_.Add(
-      std::make_unique<RowTables>(RowTables::Lent{.options = &options_, .sessions = sessions_}));
+  return tables_.Add(std::make_unique<RowTables>(
+      RowTables::Lent{.options = &options_, .ctx = ctx_, .sessions = sessions_}));
 }
 
 void Shard::Begin() {
