@@ -254,5 +254,24 @@ TEST_P(ClusterTest, SyncEmbeddingStepsApplyOnceBothWorkersCompletedThem) {
       << stuck.ToString();
 }
 
+// Pulls that wait for a step are bounded: a worker asking for a step far
+// ahead, without a deadline, again and again, is refused past the bound.
+TEST_P(ClusterTest, RowsPullsWaitingForAStepAreBounded) {
+  StartCluster(1, 2);
+  Client& w = Connect(0);
+  EmbeddingSpec spec = SgdTable("sync_bound", 4);
+  spec.mode = ConsistencyMode::Sync(2, 2);
+  auto t = w.DeclareEmbedding(spec);
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  ASSERT_TRUE(w.PushRows(*t, std::vector<int64_t>{}, nullptr, {.step = 0}).ok());  // starts it
+  RawPeer raw(spec_.tasks("ps")[0], transport_);
+  ASSERT_TRUE(raw.connected());
+  ASSERT_TRUE(wire::Decode<wire::Welcome>(raw.Authenticate(secret_, WorkerHello(1))).ok());
+  for (uint64_t i = 0; i <= 4096; ++i) raw.Send(wire::RowsPull{1, 1000, 0, {5}}, 10 + i);
+  auto err = wire::Decode<wire::Error>(raw.Next());
+  ASSERT_TRUE(err.ok()) << err.status().ToString();
+  EXPECT_NE(err->message.find("rows-pulls waiting"), std::string::npos) << err->message;
+}
+
 }  // namespace
 }  // namespace tessera

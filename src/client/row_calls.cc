@@ -154,13 +154,15 @@ Future RowCalls::Pull(Embedding table, std::span<const int64_t> ids, void* rows,
                       uint64_t min_step) {
   auto declared = Lookup(table);
   if (!declared.ok()) return FailedFuture(declared.status().WithContext("pull of rows"));
+  if (rows == nullptr && !ids.empty()) {
+    return FailedFuture(Status::InvalidArgument("pull of rows into null"));
+  }
   auto op = fan_out_.NewOp();
   op->Add(1);  // held until the parts are handed over
   if (ids.empty()) {
     op->Finish(Status::Ok());
     return Future(op);
   }
-  if (rows == nullptr) return FailedFuture(Status::InvalidArgument("pull of rows into null"));
   const size_t row_bytes = table.row_bytes();
   auto distinct = std::make_shared<Distinct>(ids);
   auto* out = static_cast<uint8_t*>(rows);
@@ -271,14 +273,14 @@ Future RowCalls::Push(Embedding table, std::span<const int64_t> ids, const void*
                                                 declared->decl.name +
                                                 "' needs its step (PushOptions::step)"));
   }
+  if (grads == nullptr && !ids.empty()) {
+    return FailedFuture(Status::InvalidArgument("push of rows from null"));
+  }
   auto op = fan_out_.NewOp();
   op->Add(1);  // held until the parts are handed over
   if (ids.empty() && !sync) {
     op->Finish(Status::Ok());
     return Future(op);
-  }
-  if (grads == nullptr && !ids.empty()) {
-    return FailedFuture(Status::InvalidArgument("push of rows from null"));
   }
   auto messages =
       PushMessages(*declared, ids, static_cast<const uint8_t*>(grads), step.value_or(0));

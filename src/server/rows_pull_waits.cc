@@ -5,6 +5,12 @@
 namespace tessera::server {
 
 void RowsPullWaits::Hold(Peer& peer, uint64_t request_id, wire::RowsPull msg) {
+  if (held_.size() >= kMaxHeld) {
+    return lent_.sessions->SendError(
+        peer, request_id,
+        Status::ResourceExhausted("this ps task holds " + std::to_string(kMaxHeld) +
+                                  " rows-pulls waiting for their step already"));
+  }
   const uint64_t token = next_token_++;
   const uint32_t wait_ms = msg.wait_ms;
   held_.push_back({&peer, request_id, std::move(msg), token});

@@ -27,6 +27,10 @@ class RowsPullWaits {
   };
   explicit RowsPullWaits(Lent lent) : lent_(std::move(lent)) {}
 
+  // Pulls held at once, over every peer: each may name 65,536 ids and wait
+  // without a deadline of its own (wait_ms 0), so a worker cannot make the
+  // shard hold more than this many; one beyond is refused.
+  static constexpr size_t kMaxHeld = 4096;
   void Hold(Peer& peer, uint64_t request_id, wire::RowsPull msg);
   // Hands each pull of the table that `applied` steps satisfy to
   // `serve(peer, request_id, msg)`, and forgets it.
